@@ -1,0 +1,21 @@
+"""Hot paths of ray_lite, each written twice.
+
+Every module ``x`` here exists as a compiled twin ``_x_c.pyx`` and a
+pure-Python twin ``_x_py.py`` with the same names, signatures and errors;
+``x.py`` picks one at import time.  ``RAY_LITE_NO_EXTENSIONS=1`` forces the
+pure-Python twins (and, at build time, skips compiling them).
+
+The pure-Python twins are the executable specification: when the two
+disagree, the compiled one is wrong.
+"""
+import os
+
+#: True when the environment asks for the pure-Python twins.
+NO_EXTENSIONS = os.environ.get("RAY_LITE_NO_EXTENSIONS", "") not in ("", "0")
+
+from . import codec, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+
+#: True when every hot path runs its compiled twin.
+USING_EXTENSIONS = codec.COMPILED and ring.COMPILED and stream_table.COMPILED
+
+__all__ = ["NO_EXTENSIONS", "USING_EXTENSIONS", "codec", "ring", "stream_table"]

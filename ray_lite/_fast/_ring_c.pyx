@@ -1,0 +1,1056 @@
+# cython: language_level=3
+"""Single-producer/single-consumer message ring over shared memory: the
+compiled twin.
+
+Same names, behaviour, errors and segment layout as ``_ring_py`` (whose
+docstring is the specification); the two interoperate across processes.
+What differs is how: the hot paths here run on raw pointers into the mapping
+with C11-model atomics (``_ring_c.pxd``), codec frames are encoded straight
+into the ring slot (``encode_to_ptr``) and decoded from it
+(``decode_from_ptr``), and waiting releases the GIL.  The creation,
+attachment and side-segment code is shared with ``_ring_py`` (cold paths, one
+implementation of the header).
+
+The C-level API in ``_ring_c.pxd`` (``rl_wait``/``rl_wake``, and
+``rl_ring_reserve``/``publish``/``peek``/``release`` on a ``RingEnd``) runs
+without the GIL; ``ray_lite/bench/_ringbench_c.pyx`` drives it.
+"""
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.list cimport PyList_GET_SIZE
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.errno cimport EINTR
+from libc.string cimport memcpy, memset
+from posix.unistd cimport close as c_close, getpid, read as c_read, write as c_write
+
+from ._codec_c cimport decode_from_ptr, encode_to_ptr
+
+import os
+
+from . import _ring_py as _spec
+from . import shm
+from ._codec_c import OOB_THRESHOLD
+from ._codec_c import decode as _codec_decode
+from .errors import (
+    BufferTooSmallError,
+    ChannelClosedError,
+    DecodeError,
+    MessageTooLargeError,
+    PeerDiedError,
+    RingEmpty,
+)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+    int sched_getcpu()
+
+__all__ = [
+    "ShmRing", "DEFAULT_CAPACITY", "DEFAULT_MAX_MESSAGE_SIZE", "MIN_CAPACITY", "MAX_CAPACITY",
+    "RingEmpty", "ChannelClosedError", "MessageTooLargeError", "PeerDiedError",
+]
+
+DEFAULT_CAPACITY = _spec.DEFAULT_CAPACITY
+DEFAULT_MAX_MESSAGE_SIZE = _spec.DEFAULT_MAX_MESSAGE_SIZE
+MIN_CAPACITY = _spec.MIN_CAPACITY
+MAX_CAPACITY = _spec.MAX_CAPACITY
+
+# Layout (see _ring_py); checked against the specification at import below.
+cdef enum:
+    HEADER_SIZE = 512
+    H_MAX_MESSAGE = 24
+    H_INLINE_LIMIT = 32
+    H_PRODUCER_PID = 40
+    H_CONSUMER_PID = 48
+    H_FLAGS = 60
+    H_PRODUCER_CLOSED = 64
+    H_CONSUMER_CLOSED = 68
+    H_WRITE_POS = 128
+    H_PRODUCER_CPU = 136
+    H_READ_POS = 256
+    H_CONSUMER_CPU = 264
+    H_CONSUMER_SLEEPING = 384
+    H_FD_ARMED = 388
+    H_PRODUCER_SLEEPING = 392
+    FLAG_WEAK_ORDERING = 1
+    KIND_WRAP = 1
+    KIND_BYTES = 2
+    KIND_VALUE = 3
+    KIND_SIDE_BYTES = 4
+    KIND_SIDE_VALUE = 5
+    KIND_SIDE_FRAME = 6
+    RL_CORRUPT = 100        # internal: a record that cannot be right
+
+for _const, _value in (("HEADER_SIZE", HEADER_SIZE), ("H_MAX_MESSAGE", H_MAX_MESSAGE),
+                       ("H_INLINE_LIMIT", H_INLINE_LIMIT), ("H_PRODUCER_PID", H_PRODUCER_PID),
+                       ("H_CONSUMER_PID", H_CONSUMER_PID), ("H_FLAGS", H_FLAGS),
+                       ("H_PRODUCER_CLOSED", H_PRODUCER_CLOSED), ("H_CONSUMER_CLOSED", H_CONSUMER_CLOSED),
+                       ("H_WRITE_POS", H_WRITE_POS), ("H_READ_POS", H_READ_POS),
+                       ("H_PRODUCER_CPU", H_PRODUCER_CPU), ("H_CONSUMER_CPU", H_CONSUMER_CPU),
+                       ("H_CONSUMER_SLEEPING", H_CONSUMER_SLEEPING), ("H_FD_ARMED", H_FD_ARMED),
+                       ("H_PRODUCER_SLEEPING", H_PRODUCER_SLEEPING),
+                       ("FLAG_WEAK_ORDERING", FLAG_WEAK_ORDERING), ("KIND_WRAP", KIND_WRAP),
+                       ("KIND_BYTES", KIND_BYTES), ("KIND_VALUE", KIND_VALUE),
+                       ("KIND_SIDE_BYTES", KIND_SIDE_BYTES), ("KIND_SIDE_VALUE", KIND_SIDE_VALUE),
+                       ("KIND_SIDE_FRAME", KIND_SIDE_FRAME)):
+    if getattr(_spec, _const) != _value:
+        raise ImportError(f"_ring_c and _ring_py disagree on {_const}")
+
+# Waiting.  A round trip between two active processes takes ~1 µs, so a
+# short spin holding the GIL catches most replies without paying for a GIL
+# release; the spin continues without the GIL, then sched_yield (lets a peer
+# sharing our core run), then futex sleep in slices.
+cdef int64_t SPIN_GIL_NS = 3000
+cdef int64_t SPIN_NS = 20000
+cdef int YIELDS = 4
+cdef int64_t SLICE_NS = 100000000       # peer-death and Ctrl-C checks at least this often
+
+cdef int64_t SLICE_NS_WEAK = 2000000    # a pure-Python end may lose a wake-up (see _ring_py)
+cdef int64_t AGAIN_NS = 100000000       # raw API returns RL_AGAIN this often to let callers check signals
+
+def _set_wait_policy(spin_gil_ns=None, spin_ns=None, yields=None, slice_ns=None):
+    """Tune the waiting strategy of rings set up afterwards (experiments, benchmarks)."""
+    global SPIN_GIL_NS, SPIN_NS, YIELDS, SLICE_NS
+    if spin_gil_ns is not None:
+        SPIN_GIL_NS = spin_gil_ns
+    if spin_ns is not None:
+        SPIN_NS = spin_ns
+    if yields is not None:
+        YIELDS = yields
+    if slice_ns is not None:
+        SLICE_NS = slice_ns
+    return dict(spin_gil_ns=SPIN_GIL_NS, spin_ns=SPIN_NS, yields=YIELDS, slice_ns=SLICE_NS)
+
+
+cdef tuple _NO_BUFFERS = ()
+cdef Py_ssize_t _OOB_THRESHOLD = OOB_THRESHOLD if OOB_THRESHOLD is not None else -1
+
+
+cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
+    return (n + 7) & ~(<uint64_t>7)
+
+
+cdef inline uint64_t* _u64(RingEnd* e, Py_ssize_t off) noexcept nogil:
+    return <uint64_t*>(e.header + off)
+
+
+cdef inline uint32_t* _u32(RingEnd* e, Py_ssize_t off) noexcept nogil:
+    return <uint32_t*>(e.header + off)
+
+
+# ------------------------------------------------------------ waiting ---
+cdef int rl_wait(uint32_t* sleep_word, rl_ready_fn ready, void* ctx, int64_t deadline_ns,
+                 const rl_wait_policy* policy, bint spin) noexcept nogil:
+    cdef int64_t now, until, slice_ns
+    cdef int i, r
+    if ready(ctx):
+        return RL_OK
+    now = rl_now_ns()
+    if deadline_ns >= 0 and now >= deadline_ns:
+        return RL_TIMEOUT
+    if spin:
+        if policy.spin_ns > 0:
+            until = now + policy.spin_ns
+            if deadline_ns >= 0 and until > deadline_ns:
+                until = deadline_ns
+            while True:
+                for i in range(16):
+                    rl_cpu_relax()
+                    if ready(ctx):
+                        return RL_OK
+                if rl_now_ns() >= until:
+                    break
+        for i in range(policy.yields):
+            sched_yield()
+            if ready(ctx):
+                return RL_OK
+        now = rl_now_ns()
+        if deadline_ns >= 0 and now >= deadline_ns:
+            return RL_TIMEOUT
+    # Dekker with the waker: flag, full fence, re-check (it: publish, fence, look at the flag).
+    rl_store_relaxed_u32(sleep_word, 1)
+    rl_fence_seq_cst()
+    if ready(ctx):
+        rl_store_relaxed_u32(sleep_word, 0)
+        return RL_OK
+    slice_ns = policy.slice_ns
+    if deadline_ns >= 0 and deadline_ns - now < slice_ns:
+        slice_ns = deadline_ns - now
+    r = rl_futex_wait(sleep_word, 1, slice_ns)
+    rl_store_relaxed_u32(sleep_word, 0)
+    if ready(ctx):
+        return RL_OK
+    if deadline_ns >= 0 and rl_now_ns() >= deadline_ns:
+        return RL_TIMEOUT
+    return RL_INTERRUPTED if r == EINTR else RL_AGAIN
+
+
+cdef void rl_wake(uint32_t* sleep_word) noexcept nogil:
+    rl_fence_seq_cst()
+    if rl_load_relaxed_u32(sleep_word) and rl_exchange_u32(sleep_word, 0):
+        rl_futex_wake(sleep_word)
+
+
+# ------------------------------------------------------- ring helpers ---
+cdef bint _data_ready(void* ctx) noexcept nogil:
+    cdef RingEnd* e = <RingEnd*>ctx
+    return (rl_load_acquire_u64(_u64(e, H_WRITE_POS)) != e.pos
+            or rl_load_acquire_u32(_u32(e, H_PRODUCER_CLOSED)) != 0
+            or rl_load_relaxed_u32(_u32(e, H_CONSUMER_CLOSED)) != 0
+            or e.peer_dead)
+
+
+cdef bint _space_ready(void* ctx) noexcept nogil:
+    cdef RingEnd* e = <RingEnd*>ctx
+    e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
+    return (e.capacity - (e.pos - e.cache) >= e.need
+            or rl_load_relaxed_u32(_u32(e, H_CONSUMER_CLOSED)) != 0
+            or rl_load_relaxed_u32(_u32(e, H_PRODUCER_CLOSED)) != 0
+            or e.peer_dead)
+
+
+cdef void _learn_peer(RingEnd* e) noexcept nogil:
+    cdef int64_t pid
+    if e.peer_pid == 0:
+        pid = <int64_t>rl_load_acquire_u64(_u64(e, H_CONSUMER_PID if e.is_producer else H_PRODUCER_PID))
+        if pid != 0:
+            e.peer_pid = pid
+            if pid != e.my_pid:
+                e.peer_pidfd = rl_pidfd_open(<int>pid)
+
+
+cdef bint _peer_alive(RingEnd* e) noexcept nogil:
+    cdef bint dead
+    if e.peer_dead:
+        return False
+    _learn_peer(e)
+    if e.peer_pid == 0 or e.peer_pid == e.my_pid:
+        return True
+    if e.peer_pidfd >= 0:
+        dead = rl_fd_readable(e.peer_pidfd)
+    else:
+        dead = rl_pid_exited(<int>e.peer_pid)
+    if dead:
+        e.peer_dead = 1
+    return not dead
+
+
+cdef bint _peer_on_my_cpu(RingEnd* e) noexcept nogil:
+    """True when the peer last acted on this ring (publish, release) on the CPU we run on.
+
+    The peer is then not running (we are): spinning would only delay it.
+    """
+    cdef uint32_t cpu = <uint32_t>(sched_getcpu() + 1)
+    return cpu != 0 and rl_load_relaxed_u32(_u32(e, H_CONSUMER_CPU if e.is_producer else H_PRODUCER_CPU)) == cpu
+
+
+cdef int rl_ring_wait_ready(RingEnd* e, int64_t deadline_ns, bint spin) noexcept nogil:
+    cdef rl_wait_policy policy = e.policy
+    cdef int st
+    if spin and _peer_on_my_cpu(e):
+        # Both ends on this CPU: the peer runs only when we stop, so spinning
+        # only delays it (a 20 µs spin made such round trips 15x slower).
+        # sched_yield hands it the CPU at once.
+        policy.spin_ns = 0
+    if rl_load_relaxed_u32(_u32(e, H_FLAGS)) & FLAG_WEAK_ORDERING and policy.slice_ns > SLICE_NS_WEAK:
+        policy.slice_ns = SLICE_NS_WEAK
+    if e.is_producer:
+        st = rl_wait(_u32(e, H_PRODUCER_SLEEPING), _space_ready, e, deadline_ns, &policy, spin)
+    else:
+        st = rl_wait(_u32(e, H_CONSUMER_SLEEPING), _data_ready, e, deadline_ns, &policy, spin)
+    if st == RL_AGAIN and not _peer_alive(e):
+        return RL_OK        # the condition now holds: the caller looks again
+    return st
+
+
+cdef inline Py_ssize_t _contiguous_room(RingEnd* e, char** slot) noexcept nogil:
+    """Payload room at the write position without waiting or wrapping; -1 if the ring is full.
+
+    The consumer's line is re-read only when the cached read_pos offers less
+    than the end of the area (capped at the inline limit) could.
+    """
+    cdef uint64_t off = e.pos & e.mask
+    cdef uint64_t to_end = e.capacity - off
+    cdef uint64_t free = e.capacity - (e.pos - e.cache)
+    cdef uint64_t room
+    if free < to_end and free < e.inline_limit + 8:
+        e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
+        free = e.capacity - (e.pos - e.cache)
+    if free < 16:
+        return -1
+    e.pending_hdr = off
+    e.pending_skip = 0
+    slot[0] = e.data + off + 8
+    room = (to_end if to_end < free else free) - 8
+    return <Py_ssize_t>(room if room < e.inline_limit else e.inline_limit)
+
+
+cdef inline Py_ssize_t _room_after_reserve(RingEnd* e) noexcept nogil:
+    cdef uint64_t to_end = e.capacity - e.pending_hdr
+    cdef uint64_t free = e.capacity - (e.pos + e.pending_skip - e.cache)
+    cdef uint64_t room = (to_end if to_end < free else free) - 8
+    return <Py_ssize_t>(room if room < e.inline_limit else e.inline_limit)
+
+
+cdef inline int64_t _next_record(RingEnd* e) noexcept nogil:
+    cdef uint64_t off
+    while True:
+        if e.pos == e.cache:
+            e.cache = rl_load_acquire_u64(_u64(e, H_WRITE_POS))
+            if e.pos == e.cache:
+                return -1
+        off = e.pos & e.mask
+        if ((<uint64_t*>(e.data + off))[0] >> 32) == KIND_WRAP:
+            e.pos += e.capacity - off
+            continue
+        return <int64_t>off
+
+
+# ------------------------------------------------------ raw-record API ---
+cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** payload) noexcept nogil:
+    cdef uint64_t rec, off, to_end, need
+    cdef int st
+    cdef bint spin = not e.resume
+    cdef int64_t started = -1
+    e.resume = 0
+    if n > e.inline_limit:
+        return RL_TOO_BIG
+    rec = 8 + _align8(n)
+    while True:
+        if (rl_load_relaxed_u32(_u32(e, H_CONSUMER_CLOSED))
+                or rl_load_relaxed_u32(_u32(e, H_PRODUCER_CLOSED))):
+            return RL_CLOSED
+        if e.peer_dead:
+            return RL_PEER_DIED
+        off = e.pos & e.mask
+        to_end = e.capacity - off
+        need = rec if rec <= to_end else to_end + rec
+        if e.capacity - (e.pos - e.cache) < need:
+            e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
+        if e.capacity - (e.pos - e.cache) >= need:
+            if rec <= to_end:
+                e.pending_hdr = off
+                e.pending_skip = 0
+                payload[0] = e.data + off + 8
+            else:
+                # Published together with the record, by one store of write_pos.
+                (<uint64_t*>(e.data + off))[0] = (<uint64_t>KIND_WRAP) << 32
+                e.pending_hdr = 0
+                e.pending_skip = to_end
+                payload[0] = e.data + 8
+            return RL_OK
+        e.need = need
+        if started < 0:
+            started = rl_now_ns()
+        st = rl_ring_wait_ready(e, deadline_ns, spin)
+        spin = False
+        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
+            continue
+        if st != RL_OK:
+            return st
+
+
+cdef void rl_ring_publish(RingEnd* e, uint32_t kind, uint64_t n) noexcept nogil:
+    cdef uint32_t* armed
+    (<uint64_t*>(e.data + e.pending_hdr))[0] = ((<uint64_t>kind) << 32) | n
+    e.pos += e.pending_skip + 8 + _align8(n)
+    rl_store_release_u64(_u64(e, H_WRITE_POS), e.pos)
+    # On write_pos's line, which this store owns anyway: no extra coherence traffic.
+    rl_store_relaxed_u32(_u32(e, H_PRODUCER_CPU), <uint32_t>(sched_getcpu() + 1))
+    rl_wake(_u32(e, H_CONSUMER_SLEEPING))       # includes the full fence
+    armed = _u32(e, H_FD_ARMED)
+    if rl_load_relaxed_u32(armed) and rl_exchange_u32(armed, 0):
+        c_write(e.fifo_fd, b"\1", 1)            # EAGAIN (full FIFO) is fine: it is readable
+
+
+cdef int rl_ring_write(RingEnd* e, const char* src, uint64_t n, int64_t deadline_ns) noexcept nogil:
+    cdef char* slot
+    cdef int st = rl_ring_reserve(e, n, deadline_ns, &slot)
+    if st == RL_OK:
+        memcpy(slot, src, n)
+        rl_ring_publish(e, KIND_BYTES, n)
+    return st
+
+
+cdef int rl_ring_peek(RingEnd* e, int64_t deadline_ns, const char** payload, uint64_t* n,
+                      uint32_t* kind) noexcept nogil:
+    cdef int64_t off
+    cdef uint64_t word
+    cdef int st
+    cdef bint spin = not e.resume
+    cdef int64_t started = -1
+    e.resume = 0
+    while True:
+        if rl_load_relaxed_u32(_u32(e, H_CONSUMER_CLOSED)):
+            return RL_CLOSED
+        off = _next_record(e)
+        if off < 0:
+            # "closed" (and death) are looked at before write_pos is read again,
+            # so everything published before the close is drained first.
+            if rl_load_acquire_u32(_u32(e, H_PRODUCER_CLOSED)):
+                off = _next_record(e)
+                if off < 0:
+                    return RL_CLOSED
+            elif e.peer_dead:
+                off = _next_record(e)
+                if off < 0:
+                    return RL_PEER_DIED
+        if off >= 0:
+            word = (<uint64_t*>(e.data + off))[0]
+            n[0] = word & 0xFFFFFFFFu
+            kind[0] = <uint32_t>(word >> 32)
+            if n[0] > e.capacity - <uint64_t>off - 8:
+                return RL_CORRUPT
+            payload[0] = e.data + off + 8
+            e.cur_rec = 8 + _align8(n[0])
+            return RL_OK
+        if started < 0:
+            started = rl_now_ns()
+        st = rl_ring_wait_ready(e, deadline_ns, spin)
+        spin = False
+        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
+            continue
+        if st != RL_OK:
+            return st
+
+
+cdef void rl_ring_release(RingEnd* e) noexcept nogil:
+    e.pos += e.cur_rec
+    e.cur_rec = 0
+    rl_store_release_u64(_u64(e, H_READ_POS), e.pos)
+    rl_store_relaxed_u32(_u32(e, H_CONSUMER_CPU), <uint32_t>(sched_getcpu() + 1))
+    rl_wake(_u32(e, H_PRODUCER_SLEEPING))
+
+
+cdef bint rl_ring_poll(RingEnd* e) noexcept nogil:
+    return e.pos != e.cache or _data_ready(e)
+
+
+cdef bint _ready(RingEnd* e) noexcept nogil:
+    return _space_ready(e) if e.is_producer else _data_ready(e)
+
+
+cdef inline void _spin_with_gil(RingEnd* e) noexcept:
+    """The first microseconds of a wait, GIL held: a reply usually lands here."""
+    cdef int64_t until
+    cdef int i
+    if _peer_on_my_cpu(e):
+        return
+    until = rl_now_ns() + SPIN_GIL_NS
+    while True:
+        for i in range(16):
+            if _ready(e):
+                return
+            rl_cpu_relax()
+        if rl_now_ns() >= until:
+            return
+
+
+cdef int64_t _deadline_ns(object timeout) except? -2:
+    cdef double t
+    if timeout is None:
+        return -1
+    t = timeout
+    if t <= 0:
+        return 0
+    return rl_now_ns() + <int64_t>(t * 1e9)
+
+
+# ------------------------------------------------------------- the ring ---
+@cython.final
+cdef class ShmRing:
+    """One end of a shared-memory SPSC message ring (see ``_ring_py``)."""
+
+    def __cinit__(self):
+        self._has_view = False
+        self._closed = True         # until set up
+        self._released = True
+        self._in_op = False
+        self._pins = 0
+        self._oob = []
+        self.end.fifo_fd = -1
+        self.end.peer_pidfd = -1
+        self.end.peer_dead = 0
+        self.end.peer_pid = 0
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use ShmRing.create() or ShmRing.attach()")
+
+    @classmethod
+    def create(cls, capacity=DEFAULT_CAPACITY, *, side, prefix=None,
+               max_message_size=DEFAULT_MAX_MESSAGE_SIZE):
+        name, mm = _spec._create_segment(capacity, side, prefix, max_message_size, weak=False)
+        try:
+            return _setup(name, side, mm)
+        except BaseException:
+            mm.close()
+            shm.unlink_segment(name)
+            _spec._unlink_fifo(name)
+            raise
+
+    @classmethod
+    def attach(cls, name, *, side):
+        mm = _spec._attach_segment(name, side, weak=False)
+        try:
+            return _setup(name, side, mm)
+        except BaseException:
+            mm.close()
+            raise
+
+    # -- properties --------------------------------------------------------
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def side(self):
+        return self._side
+
+    @property
+    def capacity(self):
+        return self.end.capacity
+
+    @property
+    def max_message_size(self):
+        return self.end.max_message
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def peer_pid(self):
+        if not self._closed:
+            _learn_peer(&self.end)
+        return self.end.peer_pid
+
+    def __repr__(self):
+        return (f"<ShmRing {self._name} {self._side} capacity={self.end.capacity} "
+                f"{'closed' if self._closed else 'open'}>")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("a ShmRing cannot be pickled: send its name and attach() in the other process")
+
+    # -- peer ----------------------------------------------------------------
+    def peer_fd(self):
+        if self._closed:
+            raise ChannelClosedError(f"ring {self._name} is closed")
+        _learn_peer(&self.end)
+        return self.end.peer_pidfd
+
+    def peer_alive(self):
+        if self.end.peer_dead:
+            return False
+        if self._closed:
+            raise ChannelClosedError(f"ring {self._name} is closed")
+        return _peer_alive(&self.end)
+
+    # -- operation guard -------------------------------------------------------
+    cdef int _enter(self, bint producer) except -1:
+        # The mapping must outlive an operation that released the GIL (or
+        # ran Python code: decode, pickle): close() from another thread
+        # defers the unmapping to _leave.
+        if self._closed:
+            raise ChannelClosedError(f"ring {self._name} is closed")
+        if producer != self.end.is_producer:
+            raise ValueError(f"ring {self._name}: {'put' if producer else 'get'}() is for the "
+                             f"{'producer' if producer else 'consumer'} end; this is the {self._side}")
+        if self._in_op:
+            raise RuntimeError(f"ring {self._name}: one end used by two threads at once")
+        if producer:
+            if rl_load_relaxed_u32(_u32(&self.end, H_CONSUMER_CLOSED)):
+                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+            if self.end.peer_dead:
+                raise PeerDiedError(f"ring {self._name}: the consumer process {self.end.peer_pid} died")
+        self._in_op = True
+        self._pins += 1
+        return 0
+
+    cdef void _leave(self):
+        self._in_op = False
+        self._pins -= 1
+        if self._closed and self._pins == 0:
+            self._release()
+
+    cdef int _raise_status(self, int st) except -1:
+        if st == RL_TIMEOUT:
+            raise TimeoutError(f"ring {self._name}: timed out")
+        if st == RL_CLOSED:
+            if self._closed:
+                raise ChannelClosedError(f"ring {self._name} is closed")
+            if self.end.is_producer:
+                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+            raise ChannelClosedError(f"ring {self._name}: the producer closed the channel")
+        if st == RL_PEER_DIED:
+            raise PeerDiedError(f"ring {self._name}: the {'consumer' if self.end.is_producer else 'producer'} "
+                                f"process {self.end.peer_pid} died")
+        if st == RL_CORRUPT:
+            raise DecodeError(f"ring {self._name}: corrupt record")
+        raise AssertionError(f"unexpected ring status {st}")
+
+    # -- producer ----------------------------------------------------------
+    cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1:
+        cdef RingEnd* e = &self.end
+        cdef int st = rl_ring_reserve(e, n, 0, slot)
+        cdef int64_t deadline
+        if st == RL_TIMEOUT:
+            deadline = _deadline_ns(timeout)
+            _spin_with_gil(e)
+            while True:
+                with nogil:
+                    st = rl_ring_reserve(e, n, deadline, slot)
+                if st != RL_AGAIN and st != RL_INTERRUPTED:
+                    break
+                PyErr_CheckSignals()
+                e.resume = 1
+        if st != RL_OK:
+            self._raise_status(st)
+        return 0
+
+    def put_bytes(self, data, timeout=None):
+        cdef RingEnd* e = &self.end
+        cdef Py_buffer buf
+        cdef bint has_buf = False
+        cdef const char* src
+        cdef Py_ssize_t n
+        cdef char* slot
+        self._enter(True)
+        try:
+            if PyBytes_CheckExact(data):
+                src = PyBytes_AS_STRING(data)
+                n = PyBytes_GET_SIZE(data)
+            else:
+                try:
+                    PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE)
+                except BufferError:
+                    raise ValueError("put_bytes needs a C-contiguous bytes-like object") from None
+                has_buf = True
+                src = <const char*>buf.buf
+                n = buf.len
+            if <uint64_t>n > e.max_message:
+                raise MessageTooLargeError(
+                    f"message of {n} bytes exceeds max_message_size={e.max_message}")
+            if <uint64_t>n <= e.inline_limit:
+                self._reserve(n, timeout, &slot)
+                memcpy(slot, src, n)
+                rl_ring_publish(e, KIND_BYTES, n)
+            else:
+                self._put_side(KIND_SIDE_BYTES, [memoryview(data).cast("B")], timeout)
+        finally:
+            if has_buf:
+                PyBuffer_Release(&buf)
+            self._leave()
+
+    def put(self, obj, timeout=None):
+        cdef RingEnd* e = &self.end
+        cdef char* slot
+        cdef Py_ssize_t room, n, need
+        self._enter(True)
+        try:
+            if PyList_GET_SIZE(self._oob):
+                del self._oob[:]
+            room = _contiguous_room(e, &slot)
+            if room < 0:
+                self._put_slow(obj, 1, timeout)
+                return
+            need = 0
+            n = 0
+            try:
+                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
+            except BufferTooSmallError as exc:
+                need = max(exc.needed, room + 1)
+            if need:
+                # Outside the except block: errors while waiting must not chain to it.
+                self._put_slow(obj, need, timeout)
+                return
+            if PyList_GET_SIZE(self._oob) == 0:
+                if <uint64_t>n > e.max_message:
+                    raise MessageTooLargeError(
+                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
+                rl_ring_publish(e, KIND_VALUE, n)
+                return
+            if self._put_oob(slot, n, room, timeout):
+                self._put_slow(obj, self._put_oob_need, timeout)
+        finally:
+            self._leave()
+
+    cdef int _put_slow(self, object obj, Py_ssize_t need, object timeout) except -1:
+        """Encode after waiting for ``need`` payload bytes (wrapping if need be)."""
+        cdef RingEnd* e = &self.end
+        cdef char* slot
+        cdef Py_ssize_t room, n
+        while True:
+            if <uint64_t>need > e.inline_limit:
+                return self._put_big(obj, timeout)
+            self._reserve(need, timeout, &slot)
+            room = _room_after_reserve(e)
+            if PyList_GET_SIZE(self._oob):
+                del self._oob[:]
+            try:
+                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
+            except BufferTooSmallError as exc:
+                need = max(exc.needed, room + 1, need + 1)
+                continue
+            if PyList_GET_SIZE(self._oob) == 0:
+                if <uint64_t>n > e.max_message:
+                    raise MessageTooLargeError(
+                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
+                rl_ring_publish(e, KIND_VALUE, n)
+                return 0
+            if not self._put_oob(slot, n, room, timeout):
+                return 0
+            need = self._put_oob_need
+
+    cdef int _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1:
+        """The frame at ``slot`` has out-of-band buffers: ship them in a side segment.
+
+        Returns 1 (with ``_put_oob_need`` set) when the record needs more room
+        than ``room``: the caller waits for it and encodes again.
+        """
+        cdef RingEnd* e = &self.end
+        cdef list buffers = self._oob
+        cdef Py_ssize_t payload
+        self._oob = []
+        total = n + sum([b.nbytes for b in buffers])
+        if total > e.max_message:
+            raise MessageTooLargeError(
+                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+        side_name = shm.new_name(self._prefix)
+        payload = <Py_ssize_t>_align8(n) + 16 + <Py_ssize_t>_align8(len(side_name)) + 8
+        if <uint64_t>payload > e.inline_limit:
+            # The frame itself is large: it joins its buffers in the side segment.
+            self._put_side(KIND_SIDE_FRAME, [PyBytes_FromStringAndSize(slot, n)] + buffers, timeout)
+            return 0
+        if payload > room:
+            self._put_oob_need = payload
+            return 1
+        size = _spec._write_side_segment(side_name, buffers)
+        self._write_side_ref(slot, n, side_name.encode("ascii"), size, KIND_SIDE_VALUE)
+        return 0
+
+    cdef int _put_big(self, object obj, object timeout) except -1:
+        """A frame over the inline limit: encode it aside, then ship it in a side segment."""
+        cdef RingEnd* e = &self.end
+        cdef Py_ssize_t size = max(<Py_ssize_t>e.inline_limit * 2, 4096)
+        cdef Py_ssize_t n
+        cdef list buffers
+        cdef bytearray scratch
+        while True:
+            scratch = bytearray(size)
+            buffers = []
+            try:
+                n = encode_to_ptr(obj, <char*>scratch, size, buffers, _OOB_THRESHOLD)
+                break
+            except BufferTooSmallError as exc:
+                size = max(exc.needed, size * 2)
+                if <uint64_t>size > e.max_message:
+                    raise MessageTooLargeError(
+                        f"message of at least {size} bytes exceeds "
+                        f"max_message_size={e.max_message}") from None
+        total = n + sum([b.nbytes for b in buffers])
+        if total > e.max_message:
+            raise MessageTooLargeError(
+                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+        return self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:n]] + buffers, timeout)
+
+    cdef int _put_side(self, uint32_t kind, list pieces, object timeout) except -1:
+        cdef char* slot
+        name = shm.new_name(self._prefix)
+        size = _spec._write_side_segment(name, pieces)
+        try:
+            self._reserve(16 + _align8(len(name)) + 8, timeout, &slot)
+            self._write_side_ref(slot, 0, name.encode("ascii"), size, kind)
+        except BaseException:
+            shm.unlink_segment(name)
+            raise
+        return 0
+
+    cdef int _write_side_ref(self, char* payload, uint64_t inline_len, bytes name, uint64_t size,
+                             uint32_t kind) except -1:
+        cdef uint64_t ref = _align8(inline_len)
+        cdef uint64_t name_len = len(name)
+        cdef uint64_t trailer = ref + 16 + _align8(name_len)
+        memset(payload + inline_len, 0, trailer + 8 - inline_len)
+        (<uint64_t*>(payload + ref))[0] = size
+        (<uint32_t*>(payload + ref + 8))[0] = <uint32_t>name_len
+        memcpy(payload + ref + 16, PyBytes_AS_STRING(name), name_len)
+        (<uint64_t*>(payload + trailer))[0] = inline_len
+        rl_ring_publish(&self.end, kind, trailer + 8)
+        return 0
+
+    # -- consumer ----------------------------------------------------------
+    cdef int _peek(self, object timeout, const char** payload, uint64_t* n, uint32_t* kind) except -1:
+        cdef RingEnd* e = &self.end
+        cdef int st
+        cdef int64_t deadline = _deadline_ns(timeout)
+        _spin_with_gil(e)
+        while True:
+            with nogil:
+                st = rl_ring_peek(e, deadline, payload, n, kind)
+            if st != RL_AGAIN and st != RL_INTERRUPTED:
+                break
+            PyErr_CheckSignals()
+            e.resume = 1
+        if st != RL_OK:
+            self._raise_status(st)
+        return 0
+
+    def get(self, timeout=None):
+        cdef const char* payload
+        cdef uint64_t n
+        cdef uint32_t kind
+        cdef int st
+        self._enter(False)
+        try:
+            st = rl_ring_peek(&self.end, 0, &payload, &n, &kind)
+            if st == RL_TIMEOUT:
+                self._peek(timeout, &payload, &n, &kind)
+            elif st != RL_OK:
+                self._raise_status(st)
+            return self._consume(payload, n, kind)
+        finally:
+            self._leave()
+
+    def get_nowait(self):
+        cdef const char* payload
+        cdef uint64_t n
+        cdef uint32_t kind
+        cdef int st
+        self._enter(False)
+        try:
+            st = rl_ring_peek(&self.end, 0, &payload, &n, &kind)
+            if st == RL_TIMEOUT:
+                raise RingEmpty()
+            if st != RL_OK:
+                self._raise_status(st)
+            return self._consume(payload, n, kind)
+        finally:
+            self._leave()
+
+    cdef object _consume(self, const char* payload, uint64_t n, uint32_t kind):
+        try:
+            if kind == KIND_BYTES:
+                return PyBytes_FromStringAndSize(payload, n)
+            if kind == KIND_VALUE:
+                return decode_from_ptr(payload, n, _NO_BUFFERS)
+            if kind == KIND_SIDE_BYTES or kind == KIND_SIDE_VALUE or kind == KIND_SIDE_FRAME:
+                return self._consume_side(payload, n, kind)
+            raise DecodeError(f"ring {self._name}: unknown record kind {kind}")
+        finally:
+            rl_ring_release(&self.end)
+
+    cdef object _consume_side(self, const char* payload, uint64_t n, uint32_t kind):
+        cdef uint64_t inline_len, ref, name_len
+        if n < 24:
+            raise DecodeError(f"ring {self._name}: corrupt side reference")
+        inline_len = (<const uint64_t*>(payload + n - 8))[0]
+        ref = _align8(inline_len)
+        if inline_len > n or ref + 16 > n - 8:
+            raise DecodeError(f"ring {self._name}: corrupt side reference")
+        size = (<const uint64_t*>(payload + ref))[0]
+        name_len = (<const uint32_t*>(payload + ref + 8))[0]
+        if name_len > n - 8 - ref - 16:
+            raise DecodeError(f"ring {self._name}: corrupt side reference")
+        name = PyBytes_FromStringAndSize(payload + ref + 16, name_len).decode("ascii", "replace")
+        entries = _spec._map_side_segment(name, size)
+        if kind == KIND_SIDE_BYTES:
+            if len(entries) != 1:
+                raise DecodeError(f"side segment {name!r}: expected 1 entry")
+            return entries[0].tobytes()
+        if kind == KIND_SIDE_VALUE:
+            return decode_from_ptr(payload, inline_len, entries)
+        if not entries:
+            raise DecodeError(f"side segment {name!r}: no frame")
+        return _codec_decode(entries[0], entries[1:])
+
+    def poll(self):
+        if self._closed:
+            return True
+        if self.end.is_producer:
+            raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
+        return rl_ring_poll(&self.end)
+
+    cdef int _check_consumer(self) except -1:
+        if self._closed:
+            raise ChannelClosedError(f"ring {self._name} is closed")
+        if self.end.is_producer:
+            raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
+        return 0
+
+    def fileno(self):
+        self._check_consumer()
+        return self.end.fifo_fd
+
+    def arm_fd(self):
+        cdef RingEnd* e = &self.end
+        self._check_consumer()
+        if rl_ring_poll(e):
+            return False
+        rl_store_relaxed_u32(_u32(e, H_FD_ARMED), 1)
+        rl_fence_seq_cst()
+        if rl_ring_poll(e):
+            rl_store_relaxed_u32(_u32(e, H_FD_ARMED), 0)
+            return False
+        return True
+
+    def clear_fd(self):
+        cdef char buf[256]
+        if self._closed or self.end.is_producer:
+            return
+        rl_store_relaxed_u32(_u32(&self.end, H_FD_ARMED), 0)
+        while c_read(self.end.fifo_fd, buf, sizeof(buf)) == sizeof(buf):
+            pass
+
+    # -- closing -------------------------------------------------------------
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        # Pinned like an operation: unlinking runs Python code (the GIL may
+        # pass to a thread whose operation ends now) and then reads the data area.
+        self._pins += 1
+        try:
+            self._close()
+        finally:
+            self._pins -= 1
+            if self._pins == 0:
+                self._release()
+
+    cdef int _close(self) except -1:
+        cdef RingEnd* e = &self.end
+        cdef uint32_t theirs
+        rl_store_release_u32(_u32(e, H_PRODUCER_CLOSED if e.is_producer else H_CONSUMER_CLOSED), 1)
+        # Wake everyone: the peer, and threads of this process blocked on this end.
+        rl_fence_seq_cst()
+        rl_store_relaxed_u32(_u32(e, H_CONSUMER_SLEEPING), 0)
+        rl_futex_wake(_u32(e, H_CONSUMER_SLEEPING))
+        rl_store_relaxed_u32(_u32(e, H_PRODUCER_SLEEPING), 0)
+        rl_futex_wake(_u32(e, H_PRODUCER_SLEEPING))
+        rl_store_relaxed_u32(_u32(e, H_FD_ARMED), 0)
+        c_write(e.fifo_fd, b"\1", 1)
+        theirs = rl_load_acquire_u32(_u32(e, H_CONSUMER_CLOSED if e.is_producer else H_PRODUCER_CLOSED))
+        _learn_peer(e)
+        if (theirs or e.peer_pid == 0
+                or (e.peer_pid != e.my_pid and not _peer_alive(e))):
+            self._unlink_unread_side_segments()
+        shm.unlink_segment(self._name)
+        _spec._unlink_fifo(self._name)
+        return 0
+
+    cdef _unlink_unread_side_segments(self):
+        cdef RingEnd* e = &self.end
+        cdef uint64_t pos = rl_load_acquire_u64(_u64(e, H_READ_POS))
+        cdef uint64_t end = rl_load_acquire_u64(_u64(e, H_WRITE_POS))
+        cdef uint64_t off, word, n
+        cdef uint32_t kind
+        if end - pos > e.capacity:
+            return
+        while pos < end:
+            off = pos & e.mask
+            word = (<uint64_t*>(e.data + off))[0]
+            kind = <uint32_t>(word >> 32)
+            n = word & 0xFFFFFFFFu
+            if kind == KIND_WRAP:
+                pos += e.capacity - off
+                continue
+            if n > e.capacity - off - 8:
+                return
+            if kind == KIND_SIDE_BYTES or kind == KIND_SIDE_VALUE or kind == KIND_SIDE_FRAME:
+                try:
+                    shm.unlink_segment(self._side_name(e.data + off + 8, n))
+                except (DecodeError, ValueError):
+                    pass
+            pos += 8 + _align8(n)
+
+    cdef str _side_name(self, const char* payload, uint64_t n):
+        cdef uint64_t inline_len, ref, name_len
+        if n < 24:
+            raise DecodeError("corrupt side reference")
+        inline_len = (<const uint64_t*>(payload + n - 8))[0]
+        ref = _align8(inline_len)
+        if inline_len > n or ref + 16 > n - 8:
+            raise DecodeError("corrupt side reference")
+        name_len = (<const uint32_t*>(payload + ref + 8))[0]
+        if name_len > n - 8 - ref - 16:
+            raise DecodeError("corrupt side reference")
+        return PyBytes_FromStringAndSize(payload + ref + 16, name_len).decode("ascii", "replace")
+
+    cdef int _release(self) except -1:
+        if self._released:
+            return 0
+        self._released = True
+        if self.end.fifo_fd >= 0:
+            c_close(self.end.fifo_fd)
+            self.end.fifo_fd = -1
+        if self.end.peer_pidfd >= 0:
+            c_close(self.end.peer_pidfd)
+            self.end.peer_pidfd = -1
+        self.end.header = NULL
+        self.end.data = NULL
+        if self._has_view:
+            self._has_view = False
+            PyBuffer_Release(&self._view)
+        if self._mm is not None:
+            self._mm.close()
+        return 0
+
+    def __del__(self):
+        # An end dropped without close() still wakes its peer and unlinks.
+        if not self._closed:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def __dealloc__(self):
+        if self.end.fifo_fd >= 0:
+            c_close(self.end.fifo_fd)
+        if self.end.peer_pidfd >= 0:
+            c_close(self.end.peer_pidfd)
+        if self._has_view:
+            PyBuffer_Release(&self._view)
+
+
+cdef ShmRing _setup(str name, str side, object mm):
+    cdef ShmRing self = ShmRing.__new__(ShmRing)
+    cdef RingEnd* e = &self.end
+    self._name = name
+    self._side = side
+    self._mm = mm
+    PyObject_GetBuffer(mm, &self._view, PyBUF_WRITABLE)
+    self._has_view = True
+    self._released = False
+    e.header = <char*>self._view.buf
+    e.data = e.header + HEADER_SIZE
+    e.capacity = (<uint64_t*>(e.header + 16))[0]
+    e.mask = e.capacity - 1
+    e.inline_limit = rl_load_relaxed_u64(_u64(e, H_INLINE_LIMIT))
+    e.max_message = rl_load_relaxed_u64(_u64(e, H_MAX_MESSAGE))
+    e.is_producer = side == "producer"
+    e.my_pid = getpid()
+    e.resume = 0
+    e.policy.spin_ns = SPIN_NS
+    e.policy.yields = YIELDS
+    e.policy.slice_ns = SLICE_NS
+    if e.is_producer:
+        e.pos = rl_load_acquire_u64(_u64(e, H_WRITE_POS))
+        e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
+    else:
+        e.pos = rl_load_acquire_u64(_u64(e, H_READ_POS))
+        e.cache = rl_load_acquire_u64(_u64(e, H_WRITE_POS))
+    self._prefix = name[:(<uint32_t*>(e.header + 56))[0]]
+    try:
+        e.fifo_fd = _spec._open_fifo(name)
+    except BaseException:
+        self._release()
+        raise
+    self._closed = False
+    _learn_peer(e)
+    return self

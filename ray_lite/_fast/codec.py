@@ -1,0 +1,53 @@
+"""Serialization of values and yields (compiled twin ``_codec_c``, fallback ``_codec_py``).
+
+Frame: one msgpack object.  Common types (None, bool, int up to 64 bits,
+float, str, bytes, list, dict) are plain msgpack and need no copy besides the
+write into the destination.  Everything else is a msgpack *ext* (see
+``EXT_*``): tuples stay tuples, ints beyond 64 bits round-trip, and anything
+msgpack cannot represent is pickled (protocol 5, cloudpickle so that functions
+and classes defined in ``__main__`` travel by value).  Bytes-like values at
+least ``oob_threshold`` bytes long, and pickle-5 out-of-band buffers (numpy
+arrays), are not copied into the frame: they are returned to the caller as
+*out-of-band buffers* for the transport to deliver beside the frame, and
+``decode`` takes them back in the same order.
+
+Public names (identical in both twins):
+
+``encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD) -> (end, buffers)``
+    Write the frame of ``obj`` into the writable buffer ``buf`` starting at
+    ``offset``; return the offset just past the frame and the list of
+    out-of-band buffers (1-D byte memoryviews).  ``oob_threshold=None``
+    keeps everything in the frame.  Raises ``BufferTooSmallError`` when the
+    frame does not fit, ``SerializationError`` for values nothing can serialise.
+``dumps(obj) -> bytes``
+    The frame as bytes, everything in-band.
+``decode(data, buffers=()) -> obj``
+    Decode exactly one frame that fills ``data`` (any bytes-like object,
+    typically a memoryview of a ring slot).  The result never refers to the
+    memory of ``data``; it may refer, zero-copy, to the out-of-band buffers.
+    Truncated, corrupt or trailing input raises ``DecodeError``.
+``loads(data) -> obj``
+    ``decode(data)``.
+"""
+from ._select import load_twin
+from .errors import BufferTooSmallError, DecodeError, SerializationError
+
+_impl, COMPILED = load_twin("codec")
+
+EXT_TUPLE = _impl.EXT_TUPLE
+EXT_BIGINT = _impl.EXT_BIGINT
+EXT_PICKLE = _impl.EXT_PICKLE
+EXT_OOB = _impl.EXT_OOB
+OOB_THRESHOLD = _impl.OOB_THRESHOLD
+MAX_DEPTH = _impl.MAX_DEPTH
+
+encode_into = _impl.encode_into
+dumps = _impl.dumps
+decode = _impl.decode
+loads = _impl.loads
+
+__all__ = [
+    "COMPILED", "EXT_TUPLE", "EXT_BIGINT", "EXT_PICKLE", "EXT_OOB", "OOB_THRESHOLD",
+    "MAX_DEPTH", "encode_into", "dumps", "decode", "loads",
+    "BufferTooSmallError", "DecodeError", "SerializationError",
+]

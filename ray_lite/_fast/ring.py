@@ -1,0 +1,159 @@
+"""Single-producer/single-consumer ring of messages over shared memory
+(compiled twin ``_ring_c``, fallback ``_ring_py``).  See ``_ring_py`` for the
+full API, the segment layout and the waiting protocol, which both twins share
+byte for byte (a compiled end talks to a pure-Python end).
+
+In short::
+
+    ring = ShmRing.create(capacity=1 << 20, side="consumer")   # this process reads
+    other = ShmRing.attach(ring.name, side="producer")        # in the other process
+    other.put(obj); other.put_bytes(b"raw")                   # producer
+    ring.get(timeout=None); ring.get_nowait(); ring.poll()    # consumer
+    ring.close()                                              # wakes the other end
+
+Waiting on one ring blocks the calling thread (spin, yield, futex sleep; the
+GIL is released).  Two helpers, here because they work on either twin, wait
+on something else than one ring from one thread:
+
+``wait_any(rings, timeout=None) -> list``
+    Block until at least one of ``rings`` (consumer ends) is *ready*, i.e. its
+    ``get_nowait()`` would not raise ``RingEmpty``: a message is waiting, or
+    the ring is closed (at either end) or its peer died, which ``get_nowait``
+    then reports.  Returns the ready rings in the order given, or ``[]`` when
+    the timeout expires.  It spins briefly over all of them, then arms their
+    descriptors and sleeps in ``poll(2)`` (with the peers' pidfds, so a dead
+    peer wakes it too): one thread can sleep on many rings at ~0 CPU.
+``async get_async(ring, timeout=None)``
+    ``ring.get()`` for asyncio: a message already there is returned without
+    touching the event loop; otherwise the ring's descriptor is armed and
+    awaited with ``loop.add_reader`` (never a thread, never a spin).  Raises
+    like ``get``: ``TimeoutError``, ``ChannelClosedError``, ``PeerDiedError``.
+
+A ring has one consumer thread (or task) at a time: these helpers follow the
+same rule (one waiter per ring).  For a long-lived asyncio consumer that reads
+many messages, registering ``ring.fileno()`` once with ``loop.add_reader``
+(arm, drain with ``get_nowait`` until ``RingEmpty``, ``clear_fd``) saves the
+two ``epoll_ctl`` calls ``get_async`` makes per wait.
+"""
+import asyncio
+import select
+import time
+
+from ._select import load_twin
+from .errors import ChannelClosedError, MessageTooLargeError, PeerDiedError, RingEmpty
+
+_impl, COMPILED = load_twin("ring")
+
+ShmRing = _impl.ShmRing
+
+#: How long ``wait_any`` polls its rings before it arms their descriptors and sleeps.
+WAIT_ANY_SPIN_S = 20e-6
+#: Sleeps end at least this often to look for dead peers not yet known by pidfd.
+SLICE_S = 0.1
+
+__all__ = ["COMPILED", "ShmRing", "RingEmpty", "ChannelClosedError", "MessageTooLargeError",
+           "PeerDiedError", "wait_any", "get_async"]
+
+
+def _ready(rings):
+    return [r for r in rings if r.poll()]
+
+
+def wait_any(rings, timeout=None):
+    """Wait until at least one consumer ring in ``rings`` is ready; return the ready ones.
+
+    See the module docstring.  ``timeout`` in seconds (None: no limit);
+    returns ``[]`` when it expires.
+    """
+    rings = list(rings)
+    if not rings:
+        raise ValueError("wait_any needs at least one ring")
+    ready = _ready(rings)
+    if ready or timeout is not None and timeout <= 0:
+        return ready
+    now = time.monotonic()
+    deadline = None if timeout is None else now + timeout
+    spin_end = now + WAIT_ANY_SPIN_S
+    if deadline is not None and deadline < spin_end:
+        spin_end = deadline
+    while time.monotonic() < spin_end:
+        ready = _ready(rings)
+        if ready:
+            return ready
+    poller = select.poll()
+    for r in rings:
+        poller.register(r.fileno(), select.POLLIN)
+    pidfds = {}
+    try:
+        while True:
+            # Arm every ring; one that refuses (already ready) ends the wait.
+            for r in rings:
+                if not r.arm_fd():
+                    return _ready(rings)
+            for r in rings:
+                if r not in pidfds.values():
+                    pfd = r.peer_fd()
+                    if pfd >= 0:
+                        pidfds[pfd] = r
+                        poller.register(pfd, select.POLLIN)
+            if deadline is None:
+                wait_ms = SLICE_S * 1000
+            else:
+                wait_ms = max(0.0, min(SLICE_S, deadline - time.monotonic()) * 1000)
+            events = poller.poll(wait_ms)
+            for r in rings:
+                r.clear_fd()
+            fired = {fd for fd, _ in events}
+            for pfd, r in pidfds.items():
+                if pfd in fired:
+                    r.peer_alive()      # marks the peer dead: poll() is now true
+            if not events:
+                for r in rings:         # peers still unknown by pidfd, and pidfd-less systems
+                    if not r.closed:
+                        r.peer_alive()
+            ready = _ready(rings)
+            if ready:
+                return ready
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+    finally:
+        for r in rings:
+            r.clear_fd()
+
+
+async def get_async(ring, timeout=None):
+    """``ring.get(timeout)`` for asyncio, waiting through ``loop.add_reader``."""
+    if ring.poll():
+        return ring.get_nowait()
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    fd = ring.fileno()
+    while True:
+        if ring.arm_fd():
+            waiter = loop.create_future()
+
+            def wake():
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            pfd = ring.peer_fd()
+            delay = SLICE_S if deadline is None else min(SLICE_S, deadline - loop.time())
+            loop.add_reader(fd, wake)
+            if pfd >= 0:
+                loop.add_reader(pfd, wake)
+            timer = loop.call_later(max(delay, 0.0), wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                loop.remove_reader(fd)
+                if pfd >= 0:
+                    loop.remove_reader(pfd)
+                ring.clear_fd()
+        if ring.poll():
+            return ring.get_nowait()
+        ring.peer_alive()               # a dead peer makes poll() true on the next turn
+        if ring.poll():
+            return ring.get_nowait()
+        if deadline is not None and loop.time() >= deadline:
+            raise TimeoutError(f"ring {ring.name}: timed out")

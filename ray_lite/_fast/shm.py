@@ -1,0 +1,153 @@
+"""Named shared-memory segments: creation, attachment, naming and clean-up.
+
+Not a hot path (segments are created once per channel), so there is one
+implementation shared by both twins.
+
+A segment is a file in ``/dev/shm`` (what ``shm_open`` does on Linux), named
+``<prefix><creator pid>_<64 random bits>``: unguessable, mode 0600, and
+recognisable so that :func:`cleanup_stale_segments` can remove the segments of
+a creator that was killed before it could unlink them.  We do not use
+``multiprocessing.shared_memory``: it starts a resource-tracker process and
+unlinks segments behind our back at interpreter exit.
+"""
+import mmap
+import os
+import re
+import secrets
+
+SHM_DIR = "/dev/shm"
+
+#: Prefix of every segment ray_lite creates unless told otherwise.  A runtime
+#: can narrow it (``rl_<runtime id>_``) so its clean-up touches only its own.
+DEFAULT_PREFIX = os.environ.get("RAY_LITE_SHM_PREFIX", "rl_")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+# The first number after the prefix is the owning process: the creator for
+# new_name(), the driver for a runtime's narrower prefix.
+_PID_RE = re.compile(r"(\d+)_")
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"invalid shared-memory segment name: {name!r}")
+
+
+def segment_path(name):
+    _check_name(name)
+    return os.path.join(SHM_DIR, name)
+
+
+def new_name(prefix=None):
+    """An unguessable segment name that records the creating process."""
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
+    name = f"{prefix}{os.getpid()}_{secrets.token_hex(8)}"
+    _check_name(name)
+    return name
+
+
+def create_segment(size, prefix=None, name=None):
+    """Create a zero-filled segment of ``size`` bytes; return ``(name, mmap)``.
+
+    The file descriptor is closed at once: the mapping keeps the memory.
+    """
+    if size <= 0:
+        raise ValueError(f"segment size must be positive, got {size}")
+    name = new_name(prefix) if name is None else name
+    path = segment_path(name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    os.close(fd)
+    return name, mm
+
+
+def attach_segment(name, size=None):
+    """Map an existing segment read-write; ``size`` defaults to the whole file.
+
+    Raises ``FileNotFoundError`` naming the segment when it does not exist.
+    """
+    path = segment_path(name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shared-memory segment {name!r} does not exist") from None
+    try:
+        actual = os.fstat(fd).st_size
+        if size is None:
+            size = actual
+        elif size > actual:
+            raise ValueError(
+                f"shared-memory segment {name!r} has {actual} bytes, expected at least {size}")
+        if size <= 0:
+            raise ValueError(f"shared-memory segment {name!r} is empty")
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+def unlink_segment(name):
+    """Remove a segment's name; mappings stay valid until they are dropped.
+
+    Returns False when it was already gone.
+    """
+    return _unlink_quietly(segment_path(name))
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def list_segments(prefix=None):
+    """Names of the entries in /dev/shm that start with ``prefix``."""
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(e for e in entries if e.startswith(prefix))
+
+
+def pid_alive(pid):
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def creator_pid(name, prefix=None):
+    """The pid recorded in a segment name made by :func:`new_name`, or None."""
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
+    if not name.startswith(prefix):
+        return None
+    m = _PID_RE.match(name[len(prefix):])
+    return int(m.group(1)) if m else None
+
+
+def cleanup_stale_segments(prefix=None):
+    """Unlink segments (and their side files) whose creator is dead.
+
+    A process killed with SIGKILL cannot unlink what it created; the next
+    runtime start calls this.  Returns the names removed.
+    """
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
+    removed = []
+    for name in list_segments(prefix):
+        pid = creator_pid(name, prefix)
+        if pid is not None and not pid_alive(pid):
+            if _unlink_quietly(os.path.join(SHM_DIR, name)):
+                removed.append(name)
+    return removed

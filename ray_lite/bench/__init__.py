@@ -1,0 +1,158 @@
+"""``ray-lite bench``: ray_lite's benchmarks, with the anchors they are
+compared with measured in the same run.
+
+    ray-lite bench [NAME ...] [--quick] [--json FILE] [--compare-ray PYTHON]
+
+Each NAME is a suite (``micro`` when none is given).  A suite is a module that
+defines::
+
+    DESCRIPTION = "one line for --list"
+    def run(ctx: Context) -> list[Figure]            # the measurements
+    def compare_ray(ctx: Context, python: str) -> list[Figure]   # optional:
+        # the same workloads run on Ray by `python` (an interpreter with Ray)
+
+and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
+later suite plugs in with one line and is imported only when asked for.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+from ._harness import (
+    ERROR,
+    SPREAD_WIDTH,
+    Context,
+    Figure,
+    machine_info,
+    machine_line,
+    print_err,
+    render_table,
+)
+
+__all__ = ["main", "SUITES", "register_suite", "run_suites", "Context", "Figure"]
+
+#: Suite name -> module that implements it (imported lazily).
+SUITES = {
+    "micro": "ray_lite.bench.micro",
+}
+
+#: What `ray-lite bench` runs with no names: the headline figures.
+DEFAULT_SUITES = ("micro",)
+
+#: Set (to anything but "" or "0") to run every suite at its smallest size:
+#: the unit tests use it so that running the suite stays a matter of seconds.
+SMOKE_ENV = "RAY_LITE_BENCH_SMOKE"
+
+
+def register_suite(name, module):
+    """Make suite ``name`` (implemented by module path ``module``) runnable."""
+    SUITES[name] = module
+
+
+def _load_suite(name):
+    import importlib
+    return importlib.import_module(SUITES[name])
+
+
+def run_suites(names, ctx):
+    """Run the suites ``names``; return the JSON-ready result."""
+    result = {
+        "schema": "ray_lite.bench/1",
+        "scale": ctx.scale,
+        "machine": machine_info(),
+        "suites": {},
+    }
+    if ctx.compare_ray:
+        result["compare_ray"] = ctx.compare_ray
+    for name in names:
+        t0 = time.monotonic()
+        notes = []
+        try:
+            suite = _load_suite(name)
+            figures = list(suite.run(ctx))
+            if ctx.compare_ray:
+                compare = getattr(suite, "compare_ray", None)
+                if compare is None:
+                    notes.append(f"--compare-ray: the {name} suite has no Ray workload")
+                else:
+                    figures.extend(compare(ctx, ctx.compare_ray))
+        except Exception as exc:   # noqa: BLE001 - one broken suite must not hide the others
+            figures = [Figure(bench="-", name=f"suite {name}", impl="-", label="-", unit="",
+                              status=ERROR, reason=f"{type(exc).__name__}: {exc}")]
+        result["suites"][name] = {
+            "seconds": round(time.monotonic() - t0, 2),
+            "notes": notes,
+            "figures": [f.to_json() for f in figures],
+            "_figures": figures,
+        }
+    return result
+
+
+def format_result(result):
+    lines = [f"machine: {machine_line(result['machine'])}"]
+    for name, suite in result["suites"].items():
+        lines.append("")
+        lines.append(f"== {name} ({result['scale']} run, {suite['seconds']:.1f} s)")
+        figures = suite["_figures"]
+        lines.append(render_table(figures))
+        # Reasons too long for the table, in full (once each).
+        seen = set()
+        for f in figures:
+            if f.status != "ok" and f.reason and len(f.reason) > SPREAD_WIDTH and f.reason not in seen:
+                seen.add(f.reason)
+                lines.append(f"  {f.bench} {f.label}: {f.status}: {f.reason}")
+        for note in suite["notes"]:
+            lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="ray-lite bench",
+        description="Run ray_lite's benchmarks beside their anchors, measured in the same run.")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"suites to run (default: {' '.join(DEFAULT_SUITES)}); see --list")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: the micro suite finishes well under a minute (CI smoke run)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine as JSON")
+    parser.add_argument("--compare-ray", metavar="PYTHON",
+                        help="an interpreter with Ray installed: run the suites' Ray workloads with it")
+    parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    # The unit tests' size, smaller than --quick (also RAY_LITE_BENCH_SMOKE=1).
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of ``ray-lite bench``; returns the exit status."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.list:
+        for name in SUITES:
+            try:
+                description = getattr(_load_suite(name), "DESCRIPTION", "")
+            except Exception as exc:   # noqa: BLE001
+                description = f"(cannot import: {exc})"
+            print(f"{name:10s} {description}")
+        return 0
+    names = args.names or list(DEFAULT_SUITES)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        print_err(f"ray-lite bench: unknown suite(s) {', '.join(unknown)}; "
+                  f"known: {', '.join(SUITES)}")
+        return 2
+    smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
+    scale = "smoke" if smoke else ("quick" if args.quick else "full")
+    ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err)
+    result = run_suites(names, ctx)
+    print(format_result(result), flush=True)
+    if args.json:
+        for suite in result["suites"].values():
+            del suite["_figures"]
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    errors = [f for s in result["suites"].values() for f in s["figures"] if f["status"] == ERROR]
+    return 1 if errors else 0

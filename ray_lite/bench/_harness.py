@@ -1,0 +1,331 @@
+"""What every benchmark suite shares: figures, statistics, timing loops,
+child processes, the machine description, and the table and JSON output.
+
+A suite returns a list of :class:`Figure`.  A figure is one row of the table:
+one workload (``bench``, e.g. ``"B4"``) measured on one implementation
+(``impl``: ``"compiled"`` / ``"python"`` twin of ray_lite, ``"anchor"`` for
+what we compare with in the same run, ``"C"`` for a compiled loop with no
+Python in it).  A figure that could not be measured keeps its row, with
+``status`` saying why (``"not built"``, ``"unavailable"``, ``"error"``), so a
+missing compiled twin or an absent optional library shows in the table
+instead of silently vanishing.
+"""
+import datetime
+import gc
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import timeit
+from dataclasses import asdict, dataclass, field
+
+OK = "ok"
+NOT_BUILT = "not built"
+UNAVAILABLE = "unavailable"
+ERROR = "error"
+
+
+@dataclass
+class Figure:
+    bench: str                     # "B3", "B4", ... (BENCHMARKS.md)
+    name: str                      # what is measured, e.g. "ring round trip, 1-byte message"
+    impl: str                      # "compiled" | "python" | "anchor" | "C"
+    label: str                     # the row's subject, e.g. "ray_lite (compiled)", "multiprocessing.Pipe"
+    unit: str                      # "ns" | "us" | "%"
+    value: float = None            # the headline statistic (a median or a p50)
+    stat: str = "median"           # what `value` is: "median" of trials, "p50" of samples, ...
+    spread: dict = field(default_factory=dict)   # e.g. {"min": .., "max": ..} or {"p99": ..}
+    trials: int = 0
+    samples: int = 0               # calls or round trips measured in all trials
+    goal: str = None               # the goal as text, e.g. "<= 100 ns"
+    goal_met: bool = None          # None: no goal for this row, or not measurable
+    detail: dict = field(default_factory=dict)   # extra numbers (encode/decode split, ratios)
+    note: str = None               # a short remark shown beside the spread
+    status: str = OK
+    reason: str = None             # why status is not "ok"
+
+    def to_json(self):
+        return _json_safe(asdict(self))
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def missing(bench, name, impl, label, unit, status, reason, goal=None):
+    """A row for a figure that could not be measured."""
+    return Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, goal=goal,
+                  status=status, reason=reason)
+
+
+class Context:
+    """What a suite gets: the run's size and where to log progress.
+
+    ``scale`` is "full", "quick" (CI smoke run, the whole suite well under a
+    minute) or "smoke" (tests: as small as still exercises every code path).
+    """
+
+    def __init__(self, scale="full", compare_ray=None, log=None):
+        self.scale = scale
+        self.compare_ray = compare_ray
+        self._log = log
+
+    @property
+    def quick(self):
+        return self.scale != "full"
+
+    def pick(self, full, quick, smoke):
+        return {"full": full, "quick": quick, "smoke": smoke}[self.scale]
+
+    def log(self, message):
+        if self._log is not None:
+            self._log(message)
+
+
+# -- statistics ---------------------------------------------------------------
+
+def percentile(sorted_values, q):
+    """The q-th percentile (0..100) of already sorted values, linear
+    interpolation between closest ranks."""
+    if not sorted_values:
+        return float("nan")
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize_trials(values):
+    """Median of per-trial figures and their min-max."""
+    return statistics.median(values), {"min": min(values), "max": max(values)}
+
+
+def summarize_samples(samples, trial_p50s=None):
+    """p50 of all samples, their p99 (and max), and the spread of the per-trial p50s."""
+    s = sorted(samples)
+    spread = {"p99": percentile(s, 99), "max": s[-1] if s else float("nan")}
+    if trial_p50s:
+        spread["trial_p50_min"] = min(trial_p50s)
+        spread["trial_p50_max"] = max(trial_p50s)
+    return percentile(s, 50), spread
+
+
+# -- timing loops ---------------------------------------------------------------
+
+def ns_per_call(stmt, setup="pass", globals=None, number=10000, trials=5, warmup=1):
+    """Nanoseconds per execution of ``stmt`` (the Python loop included), for
+    each of ``trials`` timed runs of ``number`` executions after ``warmup``
+    untimed ones.  ``setup`` runs before each run, untimed; names it binds are
+    locals of the loop (fast to look up), as in :mod:`timeit`.  The collector
+    is off while timing, as in :mod:`timeit`."""
+    timer = timeit.Timer(stmt, setup, timer=time.perf_counter_ns, globals=globals)
+    for _ in range(warmup):
+        timer.timeit(number)
+    results = []
+    for _ in range(trials):
+        results.append(timer.timeit(number) / number)
+    return results
+
+
+# -- child processes --------------------------------------------------------------
+
+class ChildProcess:
+    """A spawned child (``multiprocessing`` spawn context: a fresh interpreter
+    with this process's ``sys.path``), always reaped: ``stop`` joins with a
+    timeout and kills it by PID if it has not exited."""
+
+    def __init__(self, target, args=(), name=None):
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=target, args=args, name=name, daemon=True)
+
+    def start(self):
+        self.process.start()
+        return self
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def is_alive(self):
+        return self.process.is_alive()
+
+    def stop(self, timeout=10.0):
+        """Wait up to ``timeout`` s for the child to exit, then kill it.
+        Returns its exit code (negative: killed by that signal)."""
+        p = self.process
+        if p.pid is None:
+            return None
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
+        code = p.exitcode
+        p.close()
+        return code
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop(timeout=2.0 if exc[0] is not None else 10.0)
+
+
+# -- the machine -----------------------------------------------------------------
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info():
+    import ray_lite
+    info = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "arch": platform.machine(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "ray_lite": ray_lite.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    try:
+        with open("/proc/loadavg") as f:
+            info["loadavg_1min"] = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import ray_lite._fast as fast
+        info["compiled"] = bool(fast.USING_EXTENSIONS)
+        info["hot_paths"] = {name: ("compiled" if getattr(fast, name).COMPILED else "python")
+                             for name in ("codec", "ring", "stream_table")}
+        info["no_extensions_env"] = bool(fast.NO_EXTENSIONS)
+    except Exception as exc:   # noqa: BLE001 - the machine block must print anyway
+        info["compiled"] = None
+        info["hot_paths_error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+def machine_line(info):
+    if info.get("compiled") is None:
+        mode = "hot paths did not import"
+    else:
+        mode = "compiled hot paths" if info["compiled"] else "pure-Python hot paths"
+        if not info["compiled"] and "hot_paths" in info:
+            mode += " (" + ", ".join(f"{k} {v}" for k, v in info["hot_paths"].items()) + ")"
+    return (f"{info['cpu']}, {info['cores']} cores, {info['kernel']}, {info['python']}, "
+            f"ray_lite {info['ray_lite']} ({mode}), {info['date']}")
+
+
+# -- output ------------------------------------------------------------------------
+
+_UNIT_TEXT = {"us": "µs", "ns": "ns", "%": "%"}
+
+
+def fmt_number(value, unit):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    u = _UNIT_TEXT.get(unit, unit)
+    if unit == "%":
+        return f"{value:.2f} %" if value < 10 else f"{value:.1f} %"
+    if value >= 1000:
+        text = f"{value:,.0f}"
+    elif value >= 100:
+        text = f"{value:.0f}"
+    elif value >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return f"{text} {u}"
+
+
+def fmt_spread(fig):
+    s = fig.spread
+    if not s:
+        return ""
+    parts = []
+    if "min" in s and "max" in s and "p99" not in s:
+        parts.append(f"{fmt_number(s['min'], fig.unit)} – {fmt_number(s['max'], fig.unit)}")
+    if "p99" in s:
+        parts.append(f"p99 {fmt_number(s['p99'], fig.unit)}")
+    if "trial_p50_min" in s:
+        parts.append(f"p50s {fmt_number(s['trial_p50_min'], fig.unit)} – "
+                     f"{fmt_number(s['trial_p50_max'], fig.unit)}")
+    for key, val in s.items():
+        if key not in ("min", "max", "p99", "trial_p50_min", "trial_p50_max"):
+            parts.append(f"{key} {fmt_number(val, fig.unit)}")
+    return "; ".join(parts)
+
+
+def render_table(figures):
+    """The figures as a plain-text table: a heading line per workload, then a
+    row per implementation measured on it."""
+    header = ("", "impl", "value", "spread over trials", "goal", "met")
+    groups = []                     # [(heading, [row, ...])], in first-seen order
+    index = {}
+    for fig in figures:
+        key = (fig.bench, fig.name)
+        if key not in index:
+            index[key] = len(groups)
+            groups.append((f"{fig.bench}  {fig.name}", []))
+        if fig.status == OK:
+            value = fmt_number(fig.value, fig.unit)
+            if fig.stat and fig.stat != "median":
+                value = f"{value} ({fig.stat})"
+            spread = fmt_spread(fig)
+            if fig.note:
+                spread = f"{spread}; {fig.note}" if spread else fig.note
+        else:
+            value = fig.status
+            spread = fig.reason or ""
+        met = {True: "yes", False: "NO", None: ""}[fig.goal_met]
+        groups[index[key]][1].append(("  " + fig.label, fig.impl, value, spread, fig.goal or "", met))
+    rows = [r for _, g in groups for r in g]
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    widths[3] = min(widths[3], SPREAD_WIDTH)
+
+    def line(r):
+        cells = [_clip(r[i], widths[i]) if i == 3 else r[i].ljust(widths[i]) for i in range(len(r))]
+        return "  ".join(cells).rstrip()
+
+    out = [line(header)]
+    for heading, group in groups:
+        out.append(heading)
+        out.extend(line(r) for r in group)
+    return "\n".join(out)
+
+
+#: Longer spreads or reasons are clipped in the table (the JSON has them whole).
+SPREAD_WIDTH = 70
+
+
+def _clip(text, width):
+    if len(text) <= width:
+        return text.ljust(width)
+    return text[: width - 1] + "…"
+
+
+def settle():
+    """Collect garbage before a timed section so a collection does not land in it."""
+    gc.collect()
+
+
+def print_err(message):
+    print(message, file=sys.stderr, flush=True)

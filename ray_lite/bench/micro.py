@@ -1,0 +1,515 @@
+"""The ``micro`` suite: the three hot paths on their own, each twin beside
+the anchors measured in the same run (figures B3, B4, B5, B12 of
+shared/BENCHMARKS.md; benchmarks/README.md explains each row).
+
+The twins are imported directly (``ray_lite._fast._x_c`` / ``_x_py``), not
+through ``ray_lite._fast.x``, so both are measured whatever the selector
+picked; a compiled twin that is not built shows as a "not built" row.
+"""
+import importlib
+import statistics
+import struct
+import time
+
+from . import _children
+from ._harness import (
+    ERROR,
+    NOT_BUILT,
+    OK,
+    UNAVAILABLE,
+    ChildProcess,
+    Figure,
+    missing,
+    ns_per_call,
+    settle,
+    summarize_samples,
+    summarize_trials,
+)
+
+DESCRIPTION = "hot paths alone: stream table (B3), ring round trip (B4), idle waiter (B5), codec (B12)"
+
+TWINS = ("compiled", "python")
+TWIN_LABEL = {"compiled": "ray_lite (compiled)", "python": "ray_lite (pure Python)"}
+
+# Generous bounds on any single wait on a child: a benchmark must fail, not hang.
+STARTUP_TIMEOUT_S = 60.0     # a spawned interpreter importing ray_lite on a loaded machine
+MESSAGE_TIMEOUT_S = 30.0
+
+
+def load_twin(name, twin):
+    """``(module, None)`` or ``(None, (status, reason))`` for twin "compiled"/"python"."""
+    module_name = f"ray_lite._fast._{name}_{'c' if twin == 'compiled' else 'py'}"
+    try:
+        return importlib.import_module(module_name), None
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None, (NOT_BUILT, f"{module_name} is not built")
+        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
+    except Exception as exc:   # noqa: BLE001 - an import error is a row, not a crash
+        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
+
+
+def _guard(fn, *fail_rows):
+    """Run one measurement; an exception turns the rows it would have filled
+    into "error" rows that say why."""
+    try:
+        return fn()
+    except Exception as exc:   # noqa: BLE001
+        for row in fail_rows:
+            row.value = None
+            row.status = ERROR
+            row.reason = f"{type(exc).__name__}: {exc}"
+        return list(fail_rows)
+
+
+def run(ctx):
+    figures = []
+    for step in (bench_b3, bench_b4, bench_b5, bench_b12):
+        figures.extend(step(ctx))
+    return figures
+
+
+# -- B3: stream-table ready-check ---------------------------------------------------
+
+B3_NAME = "try_next() of a reported item"
+B3_GOAL = "<= 100 ns"
+B3_FILL = """
+t = StreamTable()
+for i in range(N):
+    t.report(i, i)
+tn = t.try_next
+"""
+
+
+def bench_b3(ctx):
+    # The table holds N reported items (a few hundred KiB at most: in cache,
+    # as a stream being consumed is); each timed call takes one.
+    n = ctx.pick(20000, 10000, 1000)
+    trials = ctx.pick(15, 7, 2)
+    ctx.log(f"B3: stream table, {trials} trials x {n} calls per twin")
+    figures = []
+    for twin in TWINS:
+        mod, why = load_twin("stream_table", twin)
+        if mod is None:
+            figures.append(missing("B3", B3_NAME, twin, TWIN_LABEL[twin], "ns", *why, goal=B3_GOAL))
+            figures.append(missing("B3", "report(i, payload), in order", twin, TWIN_LABEL[twin],
+                                   "ns", *why))
+            continue
+        g = {"StreamTable": mod.StreamTable, "N": n}
+        settle()
+        per_call = ns_per_call("tn()", B3_FILL, globals=g, number=n, trials=trials)
+        value, spread = summarize_trials(per_call)
+        figures.append(Figure("B3", B3_NAME, twin, TWIN_LABEL[twin], "ns", value, spread=spread,
+                              trials=trials, samples=trials * n, goal=B3_GOAL,
+                              goal_met=value <= 100))
+        per_report = ns_per_call("rep(i, None); i += 1",
+                                 "t = StreamTable(); rep = t.report; i = 0",
+                                 globals=g, number=n, trials=trials)
+        value, spread = summarize_trials(per_report)
+        figures.append(Figure("B3", "report(i, payload), in order", twin, TWIN_LABEL[twin], "ns",
+                              value, spread=spread, trials=trials, samples=trials * n))
+    # How much of the figure is the Python call itself: a builtin method that
+    # does nothing, called the same way.
+    per_call = ns_per_call("f()", "f = (1).bit_length", number=n, trials=trials)
+    value, spread = summarize_trials(per_call)
+    figures.append(Figure("B3", "a no-op builtin method call, same loop", "anchor",
+                          "int.bit_length()", "ns", value, spread=spread, trials=trials,
+                          samples=trials * n))
+    return figures
+
+
+# -- B4: ring round trip ---------------------------------------------------------
+
+B4_NAME = "round trip, 1-byte message, 2 processes"
+B4_GOAL = "<= 2 µs p50"
+B4_MESSAGE = b"x"
+
+
+class RingPair:
+    """Two rings to a spawned child (``to_child``: we produce; ``to_parent``:
+    we consume), made by this process, so they are unlinked when we close
+    them whatever the child did."""
+
+    def __init__(self, ring_module, target, extra_args=(), capacity=1 << 16):
+        mod = importlib.import_module(ring_module)
+        self.mod = mod
+        self.to_child = mod.ShmRing.create(capacity, side="producer")
+        self.to_parent = None
+        self.child = None
+        try:
+            self.to_parent = mod.ShmRing.create(capacity, side="consumer")
+            self.child = ChildProcess(target, (ring_module, self.to_child.name,
+                                               self.to_parent.name) + tuple(extra_args))
+            self.child.start()
+            ready = self._first_message()
+            if ready != _children.READY:
+                raise RuntimeError(f"unexpected first message from the child: {ready!r}")
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def _first_message(self):
+        # Until the child attaches, the ring cannot know it died: wait in
+        # slices and look at the process between them.
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            try:
+                return self.to_parent.get(timeout=0.05)
+            except TimeoutError:
+                if not self.child.is_alive():
+                    raise RuntimeError(
+                        f"the benchmark child exited with code {self.child.process.exitcode} "
+                        "before attaching its rings") from None
+                if time.monotonic() > deadline:
+                    raise
+
+    def close(self, graceful=True):
+        if graceful and self.child is not None and self.child.is_alive():
+            try:
+                self.to_child.put_bytes(_children.STOP, timeout=1.0)
+            except Exception:   # noqa: BLE001 - closing below ends it anyway
+                pass
+        for ring in (self.to_child, self.to_parent):
+            if ring is not None:
+                ring.close()
+        if self.child is not None:
+            self.child.stop(timeout=10.0 if graceful else 2.0)
+
+
+def ring_round_trips(ring_module, n, trials, warmup):
+    """Per-round-trip ns samples (and per-trial p50s) through a ring pair."""
+    pair = RingPair(ring_module, _children.ring_echo)
+    try:
+        put, get = pair.to_child.put_bytes, pair.to_parent.get
+        clock = time.perf_counter_ns
+        timeout = MESSAGE_TIMEOUT_S
+        msg = B4_MESSAGE
+        for _ in range(warmup):
+            put(msg, timeout)
+            get(timeout)
+        samples, p50s = [], []
+        for _ in range(trials):
+            settle()
+            trial = []
+            for _ in range(n):
+                t0 = clock()
+                put(msg, timeout)
+                get(timeout)
+                trial.append(clock() - t0)
+            p50s.append(statistics.median(trial))
+            samples.extend(trial)
+        return samples, p50s
+    finally:
+        pair.close()
+
+
+def pipe_round_trips(n, trials, warmup):
+    import multiprocessing
+    parent_end, child_end = multiprocessing.get_context("spawn").Pipe()
+    child = ChildProcess(_children.pipe_echo, (child_end,))
+    try:
+        child.start()
+        child_end.close()
+        send, recv = parent_end.send_bytes, parent_end.recv_bytes
+        clock = time.perf_counter_ns
+        msg = B4_MESSAGE
+        send(msg)
+        # The first answer waits for the child to start; later ones cannot
+        # hang: a dead child makes recv raise EOFError.
+        if not parent_end.poll(STARTUP_TIMEOUT_S):
+            raise TimeoutError("the Pipe echo child did not answer")
+        recv()
+        for _ in range(warmup):
+            send(msg)
+            recv()
+        samples, p50s = [], []
+        for _ in range(trials):
+            settle()
+            trial = []
+            for _ in range(n):
+                t0 = clock()
+                send(msg)
+                recv()
+                trial.append(clock() - t0)
+            p50s.append(statistics.median(trial))
+            samples.extend(trial)
+        send(_children.STOP)
+        return samples, p50s
+    finally:
+        parent_end.close()
+        child.stop(timeout=10.0)
+
+
+def _latency_figure(bench, name, impl, label, samples_ns, p50s_ns, trials, goal=None, goal_us=None):
+    us = [s / 1000.0 for s in samples_ns]
+    value, spread = summarize_samples(us, [p / 1000.0 for p in p50s_ns])
+    fig = Figure(bench, name, impl, label, "us", value, stat="p50", spread=spread,
+                 trials=trials, samples=len(us), goal=goal)
+    fig.detail["mean"] = statistics.fmean(us)
+    if goal_us is not None:
+        fig.goal_met = value <= goal_us
+    return fig
+
+
+def bench_b4(ctx):
+    n = ctx.pick(20000, 4000, 300)
+    trials = ctx.pick(5, 3, 2)
+    warmup = ctx.pick(2000, 500, 50)
+    ctx.log(f"B4: ring round trip, {trials} trials x {n} round trips per twin, and anchors")
+    figures = []
+    for twin in TWINS:
+        mod, why = load_twin("ring", twin)
+        label = TWIN_LABEL[twin]
+        if mod is None:
+            figures.append(missing("B4", B4_NAME, twin, label, "us", *why, goal=B4_GOAL))
+            continue
+        row = Figure("B4", B4_NAME, twin, label, "us", goal=B4_GOAL)
+
+        def measure(mod=mod, twin=twin, label=label):
+            samples, p50s = ring_round_trips(mod.__name__, n, trials, warmup)
+            return [_latency_figure("B4", B4_NAME, twin, label, samples, p50s, trials,
+                                    goal=B4_GOAL, goal_us=2.0)]
+        figures.extend(_guard(measure, row))
+
+    row = Figure("B4", B4_NAME, "anchor", "multiprocessing.Pipe send_bytes/recv_bytes", "us")
+
+    def measure_pipe():
+        samples, p50s = pipe_round_trips(n, trials, warmup)
+        return [_latency_figure("B4", B4_NAME, "anchor", row.label, samples, p50s, trials)]
+    figures.extend(_guard(measure_pipe, row))
+    figures.extend(_ring_c_level(ctx))
+    figures.extend(_spin_floor(ctx))
+    return figures
+
+
+def _ring_c_level(ctx):
+    """The compiled ring's round trip driven from C (the ring helper's
+    ``_ringbench_c``), no Python in the loop."""
+    name = "ray_lite.bench._ringbench_c"
+    label = "compiled ring driven from C (no Python in the loop)"
+    try:
+        rb = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            return [missing("B4", B4_NAME, "C", label, "us", ERROR, f"{type(exc).__name__}: {exc}")]
+        return [missing("B4", B4_NAME, "C", label, "us", NOT_BUILT, f"{name} is not built")]
+    except Exception as exc:   # noqa: BLE001
+        return [missing("B4", B4_NAME, "C", label, "us", ERROR, f"{type(exc).__name__}: {exc}")]
+    measure = getattr(rb, "c_round_trips", None)
+    if measure is None:
+        return [missing("B4", B4_NAME, "C", label, "us", UNAVAILABLE,
+                        f"{name} has no c_round_trips()")]
+    n = ctx.pick(200000, 50000, 2000)
+    trials = ctx.pick(5, 3, 2)
+    row = Figure("B4", B4_NAME, "C", label, "us")
+
+    def run_c():
+        samples, p50s = [], []
+        for _ in range(trials):
+            trial = list(measure(n, size=len(B4_MESSAGE), timeout=MESSAGE_TIMEOUT_S))
+            p50s.append(statistics.median(trial))
+            samples.extend(trial)
+        return [_latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)]
+    return _guard(run_c, row)
+
+
+def _spin_floor(ctx):
+    name = "ray_lite.bench._floor_c"
+    label = "machine floor: 2 processes spinning on one cache line (C)"
+    try:
+        floor = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        status = NOT_BUILT if exc.name == name else ERROR
+        return [missing("B4", B4_NAME, "C", label, "us", status,
+                        f"{name} is not built" if status == NOT_BUILT else str(exc))]
+    n = ctx.pick(1_000_000, 200_000, 10_000)
+    trials = ctx.pick(5, 3, 2)
+    row = Figure("B4", B4_NAME, "C", label, "us")
+
+    def run_floor():
+        samples, p50s = [], []
+        floor.spin_round_trips(max(n // 10, 1000))          # warm-up
+        for _ in range(trials):
+            blocks = floor.spin_round_trips(n, block=1000, timeout_s=30.0)
+            p50s.append(statistics.median(blocks))
+            samples.extend(blocks)
+        fig = _latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)
+        fig.note = "samples are block means"
+        return [fig]
+    return _guard(run_floor, row)
+
+
+# -- B5: an idle waiter ------------------------------------------------------------
+
+B5_CPU_NAME = "CPU of a consumer blocked in get() on an empty ring"
+B5_WAKE_NAME = "wake-up from idle: put() to get() returning"
+B5_CPU_GOAL = "<= 1 % of a core"
+B5_WAKE_GOAL = "<= 100 µs"
+_WAKE = struct.Struct("<q")
+_WAKE_REPLY = struct.Struct("<qqq")
+
+
+def bench_b5(ctx):
+    idle_s = ctx.pick(5.0, 1.0, 0.2)
+    # After the long idle, shorter ones give more wake-up samples (each long
+    # enough that the waiter has gone to sleep: spinning lasts microseconds).
+    short_idle_s = ctx.pick(0.2, 0.1, 0.05)
+    short_rounds = ctx.pick(10, 4, 2)
+    ctx.log(f"B5: idle waiter, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
+    figures = []
+    for twin in TWINS:
+        mod, why = load_twin("ring", twin)
+        label = TWIN_LABEL[twin]
+        if mod is None:
+            figures.append(missing("B5", B5_CPU_NAME, twin, label, "%", *why, goal=B5_CPU_GOAL))
+            figures.append(missing("B5", B5_WAKE_NAME, twin, label, "us", *why, goal=B5_WAKE_GOAL))
+            continue
+        rows = (Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
+                Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL))
+
+        def measure(mod=mod, twin=twin, label=label):
+            return idle_waiter(mod.__name__, twin, label, idle_s, short_idle_s, short_rounds)
+        figures.extend(_guard(measure, *rows))
+    return figures
+
+
+def idle_waiter(ring_module, twin, label, idle_s, short_idle_s, short_rounds):
+    rounds = 1 + short_rounds
+    pair = RingPair(ring_module, _children.ring_idle_waiter, (rounds,))
+    try:
+        replies = []
+        for k in range(rounds):
+            # Sleeping, not polling: the parent must not steal the core the
+            # waiter would need to show its own cost.
+            time.sleep(idle_s if k == 0 else short_idle_s)
+            pair.to_child.put_bytes(_WAKE.pack(time.clock_gettime_ns(time.CLOCK_MONOTONIC)),
+                                    timeout=MESSAGE_TIMEOUT_S)
+            reply = pair.to_parent.get(timeout=MESSAGE_TIMEOUT_S)
+            replies.append(_WAKE_REPLY.unpack(reply))
+    finally:
+        pair.close()
+    cpu_ns, wall_ns, wake_ns = replies[0]
+    cpu_pct = 100.0 * cpu_ns / wall_ns
+    cpu_fig = Figure("B5", B5_CPU_NAME, twin, label, "%", cpu_pct, stat=f"over {wall_ns / 1e9:.1f} s",
+                     trials=1, samples=1, goal=B5_CPU_GOAL, goal_met=cpu_pct <= 1.0)
+    cpu_fig.detail = {"cpu_s": cpu_ns / 1e9, "wall_s": wall_ns / 1e9,
+                      "short_idles_cpu_pct": [100.0 * c / w for c, w, _ in replies[1:]]}
+    wakes_us = [w / 1000.0 for _, _, w in replies]
+    value, spread = summarize_samples(wakes_us)
+    wake_fig = Figure("B5", B5_WAKE_NAME, twin, label, "us", value, stat="p50",
+                      spread={"max": spread["max"], "after long idle": wakes_us[0]},
+                      trials=len(wakes_us), samples=len(wakes_us), goal=B5_WAKE_GOAL,
+                      goal_met=value <= 100.0)
+    wake_fig.detail = {"samples_us": wakes_us}
+    return [cpu_fig, wake_fig]
+
+
+# -- B12: codec -----------------------------------------------------------------------
+
+B12_OBJECTS = {
+    '"hello"': "hello",
+    "small dict": {"token": "hello", "index": 17, "logprob": -0.25},
+    "1 KiB bytes": b"x" * 1024,
+}
+B12_GOAL = "<= 1.5x msgspec, >= 2x faster than packb"
+
+
+def _time_pair(enc_stmt, dec_stmt, setup, g, number, trials):
+    enc = ns_per_call(enc_stmt, setup, globals=g, number=number, trials=trials)
+    dec = ns_per_call(dec_stmt, setup, globals=g, number=number, trials=trials)
+    total = [e + d for e, d in zip(enc, dec)]
+    value, spread = summarize_trials(total)
+    return value, spread, statistics.median(enc), statistics.median(dec)
+
+
+def bench_b12(ctx):
+    number = ctx.pick(100000, 20000, 1000)
+    trials = ctx.pick(7, 3, 2)
+    ctx.log(f"B12: codec, {trials} trials x {number} calls per object and implementation")
+    import pickle
+
+    import msgpack
+    try:
+        import msgspec
+    except ImportError:
+        msgspec = None
+
+    # (impl, label, globals, encode statement, decode statement, setup); setup
+    # makes `data` (what the decoder reads) outside the timed loop.
+    anchors = [
+        ("anchor", "msgpack packb/unpackb", {"packb": msgpack.packb, "unpackb": msgpack.unpackb},
+         "packb(obj)", "unpackb(data)", "data = packb(obj)"),
+        ("anchor", "pickle dumps/loads (protocol 5)",
+         {"dumps": pickle.dumps, "loads": pickle.loads},
+         "dumps(obj, 5)", "loads(data)", "data = dumps(obj, 5)"),
+    ]
+    if msgspec is not None:
+        anchors.append(("anchor", "msgspec.msgpack encode/decode",
+                        {"encode": msgspec.msgpack.encode, "decode": msgspec.msgpack.decode},
+                        "encode(obj)", "decode(data)", "data = encode(obj)"))
+    figures = []
+    for obj_name, obj in B12_OBJECTS.items():
+        name = f"encode+decode {obj_name}"
+        measured = {}
+        rows = []
+        for twin in TWINS:
+            mod, why = load_twin("codec", twin)
+            label = TWIN_LABEL[twin] + " encode_into/decode"
+            if mod is None:
+                rows.append(missing("B12", name, twin, label, "ns", *why, goal=B12_GOAL))
+                continue
+            # Into and out of a preallocated buffer, as into a ring slot; the
+            # decoder reads a memoryview of it.
+            g = {"enc": mod.encode_into, "dec": mod.decode, "obj": obj, "buf": bytearray(4096)}
+            setup = "end, bufs = enc(obj, buf, 0); data = memoryview(buf)[:end]"
+            row = Figure("B12", name, twin, label, "ns", goal=B12_GOAL)
+
+            def measure(g=g, setup=setup, twin=twin, label=label, row=row):
+                value, spread, enc, dec = _time_pair("enc(obj, buf, 0)", "dec(data, bufs)", setup,
+                                                     g, number, trials)
+                measured[twin] = (enc, dec)
+                row.value, row.spread, row.trials, row.samples = value, spread, trials, trials * number
+                row.detail = {"encode": enc, "decode": dec}
+                row.note = f"enc {enc:.0f} + dec {dec:.0f}"
+                return [row]
+            rows.extend(_guard(measure, row))
+        for impl, label, g, enc_stmt, dec_stmt, setup in anchors:
+            g = dict(g, obj=obj)
+            row = Figure("B12", name, impl, label, "ns")
+
+            def measure(g=g, setup=setup, enc_stmt=enc_stmt, dec_stmt=dec_stmt, row=row, label=label):
+                value, spread, enc, dec = _time_pair(enc_stmt, dec_stmt, setup, g, number, trials)
+                measured[label] = (enc, dec)
+                row.value, row.spread, row.trials, row.samples = value, spread, trials, trials * number
+                row.detail = {"encode": enc, "decode": dec}
+                row.note = f"enc {enc:.0f} + dec {dec:.0f}"
+                return [row]
+            rows.extend(_guard(measure, row))
+        if msgspec is None:
+            rows.append(missing("B12", name, "anchor", "msgspec.msgpack encode/decode", "ns",
+                                UNAVAILABLE, "msgspec is not installed (optional)"))
+        _judge_b12(rows, measured)
+        figures.extend(rows)
+    return figures
+
+
+def _judge_b12(rows, measured):
+    packb = measured.get("msgpack packb/unpackb")
+    msgspec = measured.get("msgspec.msgpack encode/decode")
+    for row in rows:
+        if row.status != OK or row.impl not in TWINS:
+            continue
+        enc, dec = row.detail["encode"], row.detail["decode"]
+        verdicts = []
+        if packb is not None:
+            row.detail["packb_over_encode"] = packb[0] / enc
+            verdicts.append(packb[0] / enc >= 2.0)
+            row.note += f"; packb/enc {packb[0] / enc:.1f}x"
+        if msgspec is not None:
+            row.detail["over_msgspec"] = (enc + dec) / (msgspec[0] + msgspec[1])
+            verdicts.append(row.detail["over_msgspec"] <= 1.5)
+            row.note += f"; vs msgspec {row.detail['over_msgspec']:.2f}x"
+        else:
+            row.detail["over_msgspec"] = None
+            row.note += "; no msgspec: packb judged only"
+        row.goal_met = all(verdicts) if verdicts else None

@@ -1,0 +1,30 @@
+"""The ``ray-lite`` command line."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(
+        prog="ray-lite",
+        description="ray_lite: a Cython-accelerated single-machine runtime with Ray's API.")
+    parser.add_argument("--version", action="store_true", help="print versions and which hot paths are compiled")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("bench", add_help=False, help="run benchmarks (ray-lite bench --help)")
+    # Everything after `bench` belongs to the benchmark runner's own parser.
+    if argv and argv[0] == "bench":
+        from ray_lite import bench
+        return bench.main(argv[1:])
+    args = parser.parse_args(argv)
+    if args.version:
+        import ray_lite
+        import ray_lite._fast as fast
+        print(f"ray_lite {ray_lite.__version__} "
+              f"({'compiled' if fast.USING_EXTENSIONS else 'pure-Python'} hot paths)")
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""`ray-lite bench`: the harness runs every workload and reports it in the
+documented structure.  No timing is asserted: benchmarks measure, tests check
+behaviour."""
+import importlib
+import json
+import math
+import sys
+import types
+
+import pytest
+
+import ray_lite.bench as bench
+from ray_lite.bench import _harness
+
+# The rows the micro suite must always have, measured or with a reason:
+# (bench, figure name prefix, impl, label prefix).
+TWIN_ROWS = [
+    ("B3", "try_next()", "stream_table"),
+    ("B3", "report(", "stream_table"),
+    ("B4", "round trip", "ring"),
+    ("B5", "CPU of a consumer", "ring"),
+    ("B5", "wake-up", "ring"),
+    ("B12", 'encode+decode "hello"', "codec"),
+    ("B12", "encode+decode small dict", "codec"),
+    ("B12", "encode+decode 1 KiB bytes", "codec"),
+]
+ANCHOR_ROWS = [
+    ("B3", "a no-op builtin method call", "anchor", "int.bit_length"),
+    ("B4", "round trip", "anchor", "multiprocessing.Pipe"),
+    ("B4", "round trip", "C", "compiled ring driven from C"),
+    ("B4", "round trip", "C", "machine floor"),
+] + [
+    ("B12", f"encode+decode {obj}", "anchor", lib)
+    for obj in ('"hello"', "small dict", "1 KiB bytes")
+    for lib in ("msgpack", "pickle", "msgspec")
+]
+
+MACHINE_KEYS = {"cpu", "cores", "kernel", "python", "ray_lite", "compiled", "date"}
+
+
+def importable(module):
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def micro_result(tmp_path_factory):
+    """One smoke-size run of the micro suite through the CLI entry point."""
+    path = tmp_path_factory.mktemp("bench") / "micro.json"
+    mp = pytest.MonkeyPatch()
+    mp.setenv(bench.SMOKE_ENV, "1")
+    try:
+        rc = bench.main(["micro", "--quick", "--json", str(path)])
+    finally:
+        mp.undo()
+    with open(path) as f:
+        return rc, json.load(f)
+
+
+def find(figures, bench_id, name_prefix, impl, label_prefix=""):
+    return [f for f in figures if f["bench"] == bench_id and f["name"].startswith(name_prefix)
+            and f["impl"] == impl and f["label"].startswith(label_prefix)]
+
+
+def check_figure(fig):
+    assert fig["status"] in ("ok", "not built", "unavailable"), fig
+    if fig["status"] == "ok":
+        assert isinstance(fig["value"], (int, float)) and math.isfinite(fig["value"]), fig
+        assert fig["value"] >= 0, fig
+        assert fig["unit"] in ("ns", "us", "%"), fig
+        assert fig["trials"] >= 1 and fig["samples"] >= 1, fig
+        assert all(isinstance(v, (int, float)) for v in fig["spread"].values()), fig
+        if fig["goal"] is not None:
+            assert fig["goal_met"] in (True, False, None), fig
+    else:
+        assert fig["value"] is None
+        assert isinstance(fig["reason"], str) and fig["reason"], fig
+
+
+def test_micro_runs_and_writes_the_documented_json(micro_result):
+    rc, result = micro_result
+    assert rc == 0
+    assert result["schema"] == "ray_lite.bench/1"
+    assert result["scale"] == "smoke"
+    assert MACHINE_KEYS <= set(result["machine"])
+    suite = result["suites"]["micro"]
+    assert suite["seconds"] >= 0
+    figures = suite["figures"]
+    for fig in figures:
+        check_figure(fig)
+    for bench_id, name, hot_path in TWIN_ROWS:
+        for twin, suffix in (("compiled", "c"), ("python", "py")):
+            rows = find(figures, bench_id, name, twin)
+            assert len(rows) == 1, (bench_id, name, twin, rows)
+            # "not built" exactly when the twin cannot be imported.
+            built = importable(f"ray_lite._fast._{hot_path}_{suffix}")
+            assert (rows[0]["status"] == "ok") == built, rows[0]
+            if built:
+                assert rows[0]["goal_met"] is not None or rows[0]["goal"] is None
+    for bench_id, name, impl, label in ANCHOR_ROWS:
+        rows = find(figures, bench_id, name, impl, label)
+        assert len(rows) == 1, (bench_id, name, impl, label)
+    # The anchors that need no extra install are always measured.
+    for label in ("int.bit_length", "multiprocessing.Pipe"):
+        assert [f for f in figures if f["label"].startswith(label)][0]["status"] == "ok"
+    for lib in ("msgpack", "pickle"):
+        assert all(f["status"] == "ok" for f in figures if f["label"].startswith(lib))
+    assert (find(figures, "B4", "round trip", "C", "machine floor")[0]["status"] == "ok") == \
+        importable("ray_lite.bench._floor_c")
+    assert (find(figures, "B4", "round trip", "C", "compiled ring driven")[0]["status"] == "ok") == \
+        importable("ray_lite.bench._ringbench_c")
+
+
+def test_latency_rows_carry_percentiles(micro_result):
+    _, result = micro_result
+    for fig in result["suites"]["micro"]["figures"]:
+        if fig["bench"] == "B4" and fig["status"] == "ok":
+            assert fig["stat"] == "p50"
+            assert fig["spread"]["p99"] >= fig["value"] * 0.999
+        if fig["bench"] == "B5" and fig["status"] == "ok" and fig["unit"] == "%":
+            assert fig["detail"]["wall_s"] > 0
+
+
+def test_compare_ray_is_accepted_and_micro_says_it_has_no_ray_workload(monkeypatch, tmp_path, capsys):
+    ran = []
+    fake = types.ModuleType("fake_micro")
+    fake.run = lambda ctx: ran.append(ctx.scale) or [
+        _harness.Figure("B3", "x", "compiled", "ray_lite (compiled)", "ns", 1.0, trials=1, samples=1)]
+    monkeypatch.setitem(sys.modules, "fake_micro", fake)
+    monkeypatch.setitem(bench.SUITES, "micro", "fake_micro")
+    path = tmp_path / "out.json"
+    assert bench.main(["micro", "--compare-ray", "/nonexistent/python", "--json", str(path)]) == 0
+    assert ran == ["full"]
+    result = json.loads(path.read_text())
+    assert result["compare_ray"] == "/nonexistent/python"
+    assert any("no Ray workload" in n for n in result["suites"]["micro"]["notes"])
+    assert "no Ray workload" in capsys.readouterr().out
+
+
+def test_a_registered_suite_plugs_in(monkeypatch, tmp_path, capsys):
+    fake = types.ModuleType("fake_suite")
+    fake.DESCRIPTION = "a suite added by a later issue"
+    fake.run = lambda ctx: [_harness.Figure("B11", "task round trip", "compiled", "ray_lite", "us",
+                                            12.5, trials=3, samples=300, goal="<= 20 µs",
+                                            goal_met=True)]
+    fake.compare_ray = lambda ctx, python: [
+        _harness.missing("B11", "task round trip", "anchor", f"Ray via {python}", "us",
+                         _harness.UNAVAILABLE, "no Ray here")]
+    monkeypatch.setitem(sys.modules, "fake_suite", fake)
+    monkeypatch.setattr(bench, "SUITES", dict(bench.SUITES))
+    bench.register_suite("core", "fake_suite")
+    assert bench.main(["--list"]) == 0
+    assert "a suite added by a later issue" in capsys.readouterr().out
+    path = tmp_path / "out.json"
+    assert bench.main(["core", "--quick", "--compare-ray", "py", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "task round trip" in out and "Ray via py" in out
+    figures = json.loads(path.read_text())["suites"]["core"]["figures"]
+    assert [f["impl"] for f in figures] == ["compiled", "anchor"]
+    assert figures[0]["value"] == 12.5 and figures[1]["reason"] == "no Ray here"
+
+
+def test_a_crashing_suite_is_reported_and_fails_the_run(monkeypatch, tmp_path):
+    fake = types.ModuleType("broken_suite")
+
+    def run(ctx):
+        raise RuntimeError("workload exploded")
+    fake.run = run
+    monkeypatch.setitem(sys.modules, "broken_suite", fake)
+    monkeypatch.setitem(bench.SUITES, "broken", "broken_suite")
+    path = tmp_path / "out.json"
+    assert bench.main(["broken", "--json", str(path)]) == 1
+    (fig,) = json.loads(path.read_text())["suites"]["broken"]["figures"]
+    assert fig["status"] == "error" and "workload exploded" in fig["reason"]
+
+
+def test_unknown_suite_is_a_usage_error(capsys):
+    assert bench.main(["no-such-suite"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+def test_percentile_interpolates():
+    assert _harness.percentile([1, 2, 3, 4], 50) == 2.5
+    assert _harness.percentile([5], 99) == 5
+    assert _harness.percentile(list(range(101)), 99) == 99
+    value, spread = _harness.summarize_samples([3, 1, 2], [2.0, 4.0])
+    assert value == 2 and spread["max"] == 3
+    assert spread["trial_p50_min"] == 2.0 and spread["trial_p50_max"] == 4.0
+
+
+def test_table_shows_missing_rows_with_their_reason():
+    figures = [
+        _harness.Figure("B4", "round trip", "python", "ray_lite (pure Python)", "us", 6.0,
+                        stat="p50", spread={"p99": 9.0}, trials=2, samples=10, goal="<= 2 µs p50",
+                        goal_met=False),
+        _harness.missing("B4", "round trip", "compiled", "ray_lite (compiled)", "us",
+                         _harness.NOT_BUILT, "ray_lite._fast._ring_c is not built"),
+    ]
+    table = _harness.render_table(figures)
+    assert "B4  round trip" in table
+    assert "6.00 µs (p50)" in table and "p99 9.00 µs" in table and "NO" in table
+    assert "not built" in table and "_ring_c is not built" in table

@@ -1,0 +1,795 @@
+"""The shared-memory SPSC ring, both twins (``ring_impl``), in one process and across
+real processes (``ring_peer.Peer``), including a compiled end talking to a
+pure-Python end."""
+import asyncio
+import os
+import queue
+import random
+import select
+import signal
+import stat
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_lite._fast import NO_EXTENSIONS, shm
+from ray_lite._fast.errors import (
+    ChannelClosedError,
+    DecodeError,
+    MessageTooLargeError,
+    PeerDiedError,
+    RingEmpty,
+    SerializationError,
+)
+from ray_lite._fast.ring import get_async, wait_any
+
+from conftest import load_twin_module
+from ring_peer import Peer
+
+SMALL = 4096
+TWINS = ["compiled", "python"]
+
+
+def new_segments(before):
+    return sorted(set(shm.list_segments()) - set(before))
+
+
+@pytest.fixture
+def pair(ring_impl):
+    """A producer and a consumer end of one small ring, in this process."""
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    yield producer, consumer
+    producer.close()
+    consumer.close()
+
+
+def drain(consumer):
+    out = []
+    while consumer.poll():
+        out.append(consumer.get_nowait())
+    return out
+
+
+def twin_or_skip(twin):
+    if twin == "compiled" and NO_EXTENSIONS:
+        pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
+    return twin
+
+
+def wait_until(predicate, timeout=30.0):
+    """Poll ``predicate`` (bounded): for states that another thread reaches."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.001)
+
+
+# ----------------------------------------------------------------- basics ---
+def test_fifo_order_and_message_types(pair):
+    producer, consumer = pair
+    sent = [b"raw", {"k": [1, 2.5, None]}, (1, "two"), b"", "text", 2**70, b"bytes-value"]
+    producer.put_bytes(sent[0])
+    producer.put(sent[1])
+    producer.put(sent[2])
+    producer.put_bytes(bytearray(sent[3]))
+    producer.put(sent[4])
+    producer.put(sent[5])
+    producer.put(sent[6])
+    got = [consumer.get(timeout=5) for _ in sent]
+    assert got == sent
+    assert type(got[0]) is bytes and type(got[2]) is tuple and type(got[3]) is bytes
+
+
+def test_get_nowait_on_empty_ring_raises_ring_empty(pair):
+    producer, consumer = pair
+    with pytest.raises(RingEmpty):
+        consumer.get_nowait()
+    assert issubclass(RingEmpty, queue.Empty)
+    assert consumer.poll() is False
+    producer.put_bytes(b"x")
+    assert consumer.poll() is True
+    assert consumer.get_nowait() == b"x"
+    with pytest.raises(RingEmpty):
+        consumer.get_nowait()
+
+
+def test_wraps_around_many_times_with_random_sizes(pair):
+    producer, consumer = pair
+    rng = random.Random(7)
+    inline_limit = SMALL // 4
+    sizes = [0, 1, 7, 8, 9, 63, 200, 511, inline_limit - 8, inline_limit, inline_limit + 1, 3000]
+    expected, got = [], []
+    total = 0
+    while total < 60 * SMALL:
+        # Keep a few messages in flight so the producer wraps with a partly full ring.
+        for _ in range(rng.randint(1, 6)):
+            data = rng.randbytes(rng.choice(sizes))
+            try:
+                if rng.random() < 0.5:
+                    producer.put_bytes(data, timeout=0)
+                else:
+                    producer.put(data, timeout=0)
+            except TimeoutError:
+                break
+            expected.append(data)
+            total += len(data) + 8
+        for _ in range(rng.randint(0, 6)):
+            if consumer.poll():
+                got.append(consumer.get_nowait())
+    got.extend(drain(consumer))
+    assert got == expected
+
+
+def test_full_ring_put_times_out_and_the_ring_stays_consistent(pair):
+    producer, consumer = pair
+    n = 0
+    with pytest.raises(TimeoutError):
+        while True:
+            producer.put_bytes(n.to_bytes(4, "little") * 25, timeout=0)
+            n += 1
+    assert n > 10
+    with pytest.raises(TimeoutError):
+        producer.put(b"m" * 100, timeout=0.05)     # as big as the filler: no room either
+    with pytest.raises(TimeoutError):
+        producer.put_bytes(b"y" * 100, timeout=0.05)
+    got = drain(consumer)
+    assert got == [i.to_bytes(4, "little") * 25 for i in range(n)]
+    producer.put("after")
+    assert consumer.get(timeout=5) == "after"
+
+
+def test_get_times_out_on_an_empty_ring(pair):
+    _, consumer = pair
+    with pytest.raises(TimeoutError):
+        consumer.get(timeout=0.05)
+    with pytest.raises(TimeoutError):
+        consumer.get(timeout=0)
+
+
+def test_oversize_bytes_travel_through_a_side_segment_unlinked_when_read(pair):
+    producer, consumer = pair
+    before = shm.list_segments()
+    data = os.urandom(5 * SMALL)
+    producer.put_bytes(data)
+    side = new_segments(before)
+    assert len(side) == 1
+    assert consumer.get(timeout=5) == data
+    assert not os.path.exists(shm.segment_path(side[0]))
+
+
+def test_large_frame_travels_through_a_side_segment(pair):
+    producer, consumer = pair
+    before = shm.list_segments()
+    value = {"text": "x" * (3 * SMALL), "items": list(range(500))}
+    producer.put(value)
+    assert len(new_segments(before)) == 1
+    assert consumer.get(timeout=5) == value
+    assert new_segments(before) == []
+
+
+def test_messages_over_max_message_size_are_refused_before_anything_is_sent(ring_impl):
+    with ring_impl.ShmRing.create(SMALL, side="producer", max_message_size=500) as producer, \
+            ring_impl.ShmRing.attach(producer.name, side="consumer") as consumer:
+        before = shm.list_segments()
+        with pytest.raises(MessageTooLargeError):
+            producer.put_bytes(b"x" * 501)
+        with pytest.raises(MessageTooLargeError):
+            producer.put("y" * 600)
+        with pytest.raises(MessageTooLargeError):
+            producer.put(b"z" * 100_000)             # out-of-band buffer counts too
+        assert not consumer.poll()
+        assert new_segments(before) == []
+        producer.put_bytes(b"x" * 500)
+        assert consumer.get(timeout=5) == b"x" * 500
+        assert producer.max_message_size == consumer.max_message_size == 500
+
+
+def test_unserialisable_value_raises_and_leaves_the_ring_untouched(pair):
+    producer, consumer = pair
+    with pytest.raises(SerializationError):
+        producer.put({"ok": 1, "bad": threading.Lock()})
+    assert not consumer.poll()
+    producer.put("next")
+    assert consumer.get_nowait() == "next"
+    assert not consumer.poll()
+
+
+def _mapping_of(address):
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5].strip() if len(fields) > 5 else ""
+    return None
+
+
+def test_numpy_array_arrives_zero_copy_from_a_side_segment(pair):
+    np = pytest.importorskip("numpy")
+    producer, consumer = pair
+    before = shm.list_segments()
+    array = np.arange(200_000, dtype=np.float64).reshape(400, 500)
+    producer.put({"array": array, "tag": "t"})
+    assert len(new_segments(before)) == 1
+    got = consumer.get(timeout=5)
+    assert got["tag"] == "t"
+    assert got["array"].shape == (400, 500)
+    assert np.array_equal(got["array"], array)
+    # Zero-copy: the array's memory is the (already unlinked) side segment's mapping.
+    path = _mapping_of(got["array"].__array_interface__["data"][0])
+    assert path is not None and path.startswith(shm.SHM_DIR + "/" + shm.DEFAULT_PREFIX), path
+    assert "(deleted)" in path
+    assert new_segments(before) == []
+
+
+def test_poll_arm_fd_and_clear_fd(pair):
+    producer, consumer = pair
+    fd = consumer.fileno()
+
+    def readable():
+        return bool(select.select([fd], [], [], 0)[0])
+
+    assert not consumer.poll()
+    assert consumer.arm_fd() is True
+    assert not readable()
+    producer.put_bytes(b"m1")
+    assert readable()                       # the producer signalled the armed fd
+    assert consumer.poll()
+    assert consumer.arm_fd() is False       # a message is there: do not sleep
+    consumer.clear_fd()
+    assert not readable()
+    producer.put_bytes(b"m2")               # not armed: no signal, no system call
+    assert not readable()
+    assert drain(consumer) == [b"m1", b"m2"]
+    assert consumer.arm_fd() is True
+    producer.close()                        # closing signals too
+    assert readable()
+    assert consumer.poll()                  # get_nowait now reports the close
+    assert consumer.arm_fd() is False
+    consumer.clear_fd()
+    with pytest.raises(ChannelClosedError):
+        consumer.get_nowait()
+
+
+def test_get_async_returns_messages_through_the_event_loop(pair):
+    producer, consumer = pair
+
+    async def main():
+        producer.put("ready")
+        first = await get_async(consumer, timeout=5)        # fast path
+        loop = asyncio.get_running_loop()
+        loop.call_soon(producer.put, {"later": True})
+        second = await get_async(consumer, timeout=30)      # through add_reader
+        with pytest.raises(TimeoutError):
+            await get_async(consumer, timeout=0.05)
+        threading.Thread(target=producer.put_bytes, args=(b"from a thread",)).start()
+        third = await get_async(consumer, timeout=30)
+        return first, second, third
+
+    assert asyncio.run(main()) == ("ready", {"later": True}, b"from a thread")
+
+
+def test_get_async_reports_a_closed_producer(pair):
+    producer, consumer = pair
+
+    async def main():
+        asyncio.get_running_loop().call_soon(producer.close)
+        with pytest.raises(ChannelClosedError):
+            await get_async(consumer, timeout=30)
+
+    asyncio.run(main())
+
+
+def test_wait_any_sleeps_on_many_rings(ring_impl):
+    producers = [ring_impl.ShmRing.create(SMALL, side="producer") for _ in range(4)]
+    consumers = [ring_impl.ShmRing.attach(p.name, side="consumer") for p in producers]
+    try:
+        assert wait_any(consumers, timeout=0.05) == []
+        thread = threading.Thread(target=producers[2].put, args=("wake",))
+        thread.start()
+        assert wait_any(consumers, timeout=30) == [consumers[2]]
+        thread.join(30)
+        assert consumers[2].get_nowait() == "wake"
+        producers[0].put_bytes(b"a")
+        producers[3].put_bytes(b"b")
+        assert wait_any(consumers, timeout=30) == [consumers[0], consumers[3]]
+        drain(consumers[0]), drain(consumers[3])
+        producers[1].close()
+        assert wait_any(consumers, timeout=30) == [consumers[1]]
+        with pytest.raises(ChannelClosedError):
+            consumers[1].get_nowait()
+        # Nothing stays armed after a wait: no stray signals (the closed one stays readable).
+        assert select.select([c.fileno() for c in consumers], [], [], 0)[0] == [consumers[1].fileno()]
+    finally:
+        for r in producers + consumers:
+            r.close()
+
+
+# ------------------------------------------------------ naming and claims ---
+def test_segments_are_private_and_named_after_the_creator(ring_impl):
+    with ring_impl.ShmRing.create(SMALL, side="consumer", prefix=shm.DEFAULT_PREFIX + "t_") as ring:
+        assert ring.name.startswith(shm.DEFAULT_PREFIX + "t_")
+        assert shm.creator_pid(ring.name, shm.DEFAULT_PREFIX + "t_") == os.getpid()
+        names = new_segments([])
+        assert ring.name in names and ring.name + ".fifo" in names
+        for name in (ring.name, ring.name + ".fifo"):
+            assert stat.S_IMODE(os.stat(shm.segment_path(name)).st_mode) == 0o600
+        assert ring.side == "consumer" and ring.capacity == SMALL and not ring.closed
+    assert ring.closed
+    assert not os.path.exists(shm.segment_path(ring.name))
+    assert not os.path.exists(shm.segment_path(ring.name + ".fifo"))
+
+
+def test_create_validates_its_arguments(ring_impl):
+    with pytest.raises(ValueError):
+        ring_impl.ShmRing.create(SMALL, side="both")
+    with pytest.raises(ValueError):
+        ring_impl.ShmRing.create(5000, side="producer")        # not a power of two
+    with pytest.raises(ValueError):
+        ring_impl.ShmRing.create(512, side="producer")         # below MIN_CAPACITY
+    with pytest.raises(TypeError):
+        ring_impl.ShmRing()
+
+
+def test_a_side_cannot_be_claimed_twice(ring_impl):
+    with ring_impl.ShmRing.create(SMALL, side="producer") as producer:
+        with pytest.raises(ValueError, match="already claimed"):
+            ring_impl.ShmRing.attach(producer.name, side="producer")
+        with ring_impl.ShmRing.attach(producer.name, side="consumer"):
+            with pytest.raises(ValueError, match="already claimed"):
+                ring_impl.ShmRing.attach(producer.name, side="consumer")
+
+
+def test_attach_refuses_what_is_not_a_ring(ring_impl):
+    with pytest.raises(FileNotFoundError):
+        ring_impl.ShmRing.attach(shm.new_name(), side="consumer")
+    with pytest.raises(ValueError):
+        ring_impl.ShmRing.attach("../etc/passwd", side="consumer")
+    name, mm = shm.create_segment(2 * SMALL)
+    try:
+        with pytest.raises(ValueError, match="not a ray_lite ring"):
+            ring_impl.ShmRing.attach(name, side="consumer")
+    finally:
+        mm.close()
+        shm.unlink_segment(name)
+    with ring_impl.ShmRing.create(SMALL, side="producer") as producer:
+        mm = shm.attach_segment(producer.name)
+        try:
+            mm[8:12] = (99).to_bytes(4, "little")           # layout version
+            with pytest.raises(ValueError, match="version"):
+                ring_impl.ShmRing.attach(producer.name, side="consumer")
+        finally:
+            mm.close()
+
+
+def test_each_end_refuses_the_other_ends_calls(pair):
+    producer, consumer = pair
+    with pytest.raises(ValueError):
+        consumer.put("x")
+    with pytest.raises(ValueError):
+        consumer.put_bytes(b"x")
+    with pytest.raises(ValueError):
+        producer.get(timeout=0)
+    with pytest.raises(ValueError):
+        producer.get_nowait()
+    with pytest.raises(ValueError):
+        producer.poll()
+    with pytest.raises(ValueError):
+        producer.fileno()
+
+
+def test_put_bytes_refuses_non_contiguous_buffers(pair):
+    np = pytest.importorskip("numpy")
+    producer, consumer = pair
+    with pytest.raises(ValueError):
+        producer.put_bytes(np.arange(100, dtype=np.uint8)[::2])
+    with pytest.raises(TypeError):
+        producer.put_bytes("text")
+    assert not consumer.poll()
+
+
+def test_peer_identity_in_one_process(pair):
+    producer, consumer = pair
+    assert producer.peer_pid == consumer.peer_pid == os.getpid()
+    assert producer.peer_alive() and consumer.peer_alive()
+
+
+def test_rings_cannot_be_pickled(pair):
+    import pickle
+    with pytest.raises(TypeError):
+        pickle.dumps(pair[0])
+
+
+def test_twins_share_one_layout_in_one_process():
+    compiled = load_twin_module("ring", twin_or_skip("compiled"))
+    python = load_twin_module("ring", "python")
+    rng = random.Random(3)
+    for make, join in ((compiled, python), (python, compiled)):
+        with make.ShmRing.create(SMALL, side="producer") as producer, \
+                join.ShmRing.attach(producer.name, side="consumer") as consumer:
+            expected, got = [], []
+            for i in range(3000):
+                data = rng.randbytes(rng.choice([0, 5, 100, 1000, 1500, 5000]))
+                if i % 3 == 0:
+                    data = {"i": i, "d": data}
+                while True:
+                    try:
+                        if i % 3:
+                            producer.put_bytes(data, timeout=0)
+                        else:
+                            producer.put(data, timeout=0)
+                        break
+                    except TimeoutError:             # full: this thread is the consumer too
+                        got.append(consumer.get_nowait())
+                expected.append(data)
+                if rng.random() < 0.5:
+                    got.append(consumer.get(timeout=5))
+            got.extend(drain(consumer))
+            assert got == expected
+
+
+# -------------------------------------------------------------- closing ---
+def test_producer_close_lets_the_consumer_drain_then_raises(pair):
+    producer, consumer = pair
+    big = os.urandom(2 * SMALL)
+    producer.put("a")
+    producer.put_bytes(big)
+    producer.put(("b",))
+    producer.close()
+    with pytest.raises(ChannelClosedError):
+        producer.put("after close")
+    assert consumer.get(timeout=5) == "a"
+    assert consumer.get(timeout=5) == big          # its side segment survived the producer's close
+    assert consumer.get_nowait() == ("b",)
+    with pytest.raises(ChannelClosedError):
+        consumer.get(timeout=5)
+    with pytest.raises(ChannelClosedError):
+        consumer.get_nowait()
+
+
+def test_consumer_close_fails_the_producer(pair):
+    producer, consumer = pair
+    consumer.close()
+    with pytest.raises(ChannelClosedError):
+        producer.put("x")
+    with pytest.raises(ChannelClosedError):
+        consumer.get_nowait()
+    assert consumer.closed and not producer.closed
+
+
+@pytest.mark.parametrize("first", ["producer", "consumer"])
+def test_last_closer_unlinks_side_segments_of_unread_messages(ring_impl, first):
+    before = shm.list_segments()
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    producer.put_bytes(os.urandom(3 * SMALL))
+    producer.put({"blob": b"q" * 100_000})
+    assert len(new_segments(before)) == 4          # ring, FIFO, two side segments
+    ends = [producer, consumer] if first == "producer" else [consumer, producer]
+    ends[0].close()
+    assert len(new_segments(before)) == 2          # names of the ring gone, side segments kept
+    ends[1].close()
+    assert new_segments(before) == []
+
+
+def test_close_is_idempotent_and_closed_ends_refuse_work(pair):
+    producer, consumer = pair
+    consumer.close()
+    consumer.close()
+    assert consumer.poll() is True                 # get_nowait would raise, not RingEmpty
+    for call in (consumer.get_nowait, lambda: consumer.get(timeout=0), consumer.fileno,
+                 consumer.arm_fd, consumer.peer_fd):
+        with pytest.raises(ChannelClosedError):
+            call()
+    consumer.clear_fd()                            # harmless after close
+    producer.close()
+    with pytest.raises(ChannelClosedError):
+        producer.put_bytes(b"x")
+
+
+def test_close_from_another_thread_wakes_a_blocked_get(pair):
+    _, consumer = pair
+    result = []
+
+    def blocked():
+        try:
+            consumer.get(timeout=60)
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    consumer.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(result) == 1 and isinstance(result[0], ChannelClosedError)
+
+
+def test_close_from_another_thread_wakes_a_blocked_put(pair):
+    producer, _ = pair
+    result = []
+
+    def blocked():
+        try:
+            while True:
+                producer.put_bytes(b"x" * 100, timeout=60)
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    producer.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(result) == 1 and isinstance(result[0], ChannelClosedError)
+
+
+def test_peer_close_wakes_a_blocked_get(pair):
+    producer, consumer = pair
+    threading.Thread(target=producer.close).start()
+    with pytest.raises(ChannelClosedError):
+        consumer.get(timeout=60)
+
+
+def test_one_end_used_by_two_threads_at_once_is_refused(pair):
+    _, consumer = pair
+    result = []
+    thread = threading.Thread(target=lambda: result.append(
+        pytest.raises(ChannelClosedError, consumer.get, timeout=60)))
+    thread.start()
+    try:
+        def second_call_refused():
+            try:
+                consumer.get_nowait()
+            except RingEmpty:
+                return False            # the other thread has not entered get() yet
+            except RuntimeError:
+                return True
+        wait_until(second_call_refused)
+    finally:
+        consumer.close()
+        thread.join(30)
+    assert not thread.is_alive() and len(result) == 1
+
+
+def test_a_signal_handler_interrupts_a_blocked_get(pair):
+    # What Ctrl-C relies on: a signal ends the wait (EINTR, then the handler
+    # runs and its exception propagates) instead of waiting for the timeout.
+    _, consumer = pair
+
+    class Interrupted(Exception):
+        pass
+
+    armed = threading.Event()
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if armed.is_set():
+            raise Interrupted()
+
+    def signal_until_stopped():
+        while not stop.wait(0.005):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=signal_until_stopped)
+    try:
+        sender.start()
+        with pytest.raises(Interrupted):
+            armed.set()
+            consumer.get(timeout=60)
+    finally:
+        armed.clear()
+        stop.set()
+        sender.join(30)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_an_end_dropped_without_close_wakes_its_peer_and_unlinks(ring_impl):
+    import gc
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    name = producer.name
+    with ring_impl.ShmRing.attach(name, side="consumer") as consumer:
+        producer.put("last")
+        del producer
+        gc.collect()
+        assert not os.path.exists(shm.segment_path(name))
+        assert consumer.get(timeout=5) == "last"
+        with pytest.raises(ChannelClosedError):
+            consumer.get(timeout=30)
+
+
+def test_c_level_api_round_trips_without_python_in_the_loop():
+    # ray_lite/bench/_ringbench_c drives rl_ring_write/peek/reserve/publish/release nogil.
+    compiled = load_twin_module("ring", twin_or_skip("compiled"))
+    ringbench = pytest.importorskip("ray_lite.bench._ringbench_c")
+    with compiled.ShmRing.create(SMALL, side="producer") as there, \
+            compiled.ShmRing.create(SMALL, side="consumer") as back:
+        errors = []
+
+        def echo():
+            try:
+                ringbench.echo(there.name, back.name, 1100, timeout=60)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=echo)          # echo and ping release the GIL
+        thread.start()
+        samples = ringbench.ping(there, back, 1000, warmup=100, size=24, timeout=60)
+        thread.join(60)
+        assert not thread.is_alive() and not errors
+        assert len(samples) == 1000 and all(s > 0 for s in samples)
+        with pytest.raises(ValueError):
+            ringbench.ping(there, back, 1, size=SMALL)   # over the inline limit
+    samples = ringbench.c_round_trips(200, warmup=20, timeout=60)   # with its own echo process
+    assert len(samples) == 200 and all(s > 0 for s in samples)
+
+
+# ---------------------------------------------------- other processes ---
+@pytest.mark.parametrize("child", TWINS)
+def test_messages_cross_processes_both_ways(ring_impl, child):
+    with Peer(twin_or_skip(child)) as peer:
+        inbound = ring_impl.ShmRing.create(SMALL, side="consumer")
+        outbound = ring_impl.ShmRing.create(SMALL, side="producer")
+        try:
+            peer.call("attach", inbound.name, "producer")
+            assert peer.call("attach", outbound.name, "consumer") == os.getpid()
+            sent = [b"x" * n for n in (0, 10, 1000, 3000, 9000)] + [{"v": (1, 2)}, "s" * 5000]
+            for item in sent:
+                if isinstance(item, bytes):
+                    outbound.put_bytes(item)
+                else:
+                    outbound.put(item)
+            assert peer.call("recv", outbound.name, len(sent)) == sent
+            peer.call("send", inbound.name, [("value", x) for x in sent])
+            assert [inbound.get(timeout=30) for _ in sent] == sent
+            assert inbound.peer_pid == peer.pid
+        finally:
+            inbound.close()
+            outbound.close()
+
+
+@pytest.mark.parametrize("child", TWINS)
+def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, child):
+    with Peer(twin_or_skip(child)) as peer:
+        with ring_impl.ShmRing.create(SMALL, side="consumer") as ring:
+            peer.call("attach", ring.name, "producer")
+            peer.call("send", ring.name, [("bytes", b"last words")])
+            killer = threading.Thread(target=peer.kill)
+            killer.start()
+            assert ring.get(timeout=30) == b"last words"     # drained first
+            with pytest.raises(PeerDiedError):                  # not TimeoutError
+                ring.get(timeout=60)
+            killer.join(30)
+            assert not ring.peer_alive()
+            with pytest.raises(PeerDiedError):
+                ring.get_nowait()
+
+
+@pytest.mark.parametrize("child", TWINS)
+def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, child):
+    with Peer(twin_or_skip(child)) as peer:
+        with ring_impl.ShmRing.create(SMALL, side="producer") as ring:
+            peer.call("attach", ring.name, "consumer")
+            with pytest.raises(TimeoutError):
+                while True:
+                    ring.put_bytes(b"f" * 100, timeout=0)
+            killer = threading.Thread(target=peer.kill)
+            killer.start()
+            with pytest.raises(PeerDiedError):
+                ring.put_bytes(b"g" * 100, timeout=60)
+            killer.join(30)
+            with pytest.raises(PeerDiedError):
+                ring.put("again")
+
+
+@pytest.mark.parametrize("child", TWINS)
+def test_a_child_blocked_in_get_or_put_sees_its_peer_close(ring_impl, child):
+    with Peer(twin_or_skip(child)) as peer:
+        consumer_side = ring_impl.ShmRing.create(SMALL, side="producer")
+        peer.call("attach", consumer_side.name, "consumer")
+        peer.send("block", consumer_side.name, "get")
+        assert peer.recv() == "blocking"
+        consumer_side.close()
+        assert peer.recv() == "ChannelClosedError"
+        peer.call("close", consumer_side.name)
+
+        producer_side = ring_impl.ShmRing.create(SMALL, side="consumer")
+        peer.call("attach", producer_side.name, "producer")
+        assert peer.call("fill", producer_side.name) > 10
+        peer.send("block", producer_side.name, "put")
+        assert peer.recv() == "blocking"
+        producer_side.close()
+        assert peer.recv() == "ChannelClosedError"
+        peer.call("close", producer_side.name)
+
+
+def test_peer_death_wakes_wait_any_and_get_async(ring_impl):
+    with Peer("python") as peer:
+        rings = [ring_impl.ShmRing.create(SMALL, side="consumer") for _ in range(2)]
+        try:
+            for r in rings:
+                peer.call("attach", r.name, "producer")
+            threading.Thread(target=peer.kill).start()
+            assert wait_any(rings, timeout=60) == rings
+            with pytest.raises(PeerDiedError):
+                rings[0].get_nowait()
+
+            async def main():
+                with pytest.raises(PeerDiedError):
+                    await get_async(rings[1], timeout=60)
+
+            asyncio.run(main())
+        finally:
+            for r in rings:
+                r.close()
+
+
+def test_cleanup_removes_the_segments_of_a_killed_creator(ring_impl):
+    with Peer("python") as peer:
+        name = peer.call("create", SMALL, "producer")
+        with ring_impl.ShmRing.attach(name, side="consumer") as ring:
+            peer.call("put_big", name, 3 * SMALL)                 # a side segment, named by the child
+            theirs = [n for n in shm.list_segments() if shm.creator_pid(n) == peer.pid]
+            assert len(theirs) == 3                                # ring, FIFO, side segment
+            peer.kill()
+            removed = shm.cleanup_stale_segments()
+            assert set(theirs) <= set(removed)
+            assert not [n for n in shm.list_segments() if shm.creator_pid(n) == peer.pid]
+            # The message's side segment went with its dead creator: that message is
+            # lost (clearly), and then the ring reports the death.
+            with pytest.raises(DecodeError, match="gone"):
+                ring.get(timeout=60)
+            with pytest.raises(PeerDiedError):
+                ring.get(timeout=60)
+
+
+# ------------------------------------------------ property across processes ---
+def _message(draw_kind, size, seed):
+    data = random.Random(seed).randbytes(size)
+    if draw_kind == "bytes":
+        return ("bytes", data)
+    if draw_kind == "value":
+        return ("value", {"seed": seed, "payload": data, "n": (size, -seed)})
+    return ("value", data)             # codec: big bytes go out of band
+
+
+messages = st.lists(
+    st.builds(
+        _message,
+        st.sampled_from(["bytes", "bytes", "value", "codec-bytes"]),
+        st.one_of(st.integers(0, 64), st.integers(65, SMALL // 4), st.integers(SMALL // 2, SMALL),
+                  st.integers(SMALL + 1, 3 * SMALL), st.integers(64 * 1024, 80 * 1024)),
+        st.integers(0, 2**32),
+    ),
+    min_size=1, max_size=60,
+)
+
+
+@pytest.fixture(params=TWINS)
+def producer_peer(request):
+    with Peer(twin_or_skip(request.param)) as peer:
+        yield peer
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(sent=messages)
+def test_random_message_sequences_cross_processes_in_order(ring_impl, producer_peer, sent):
+    # One child per test (the fixture): each example is a fresh small ring the
+    # child attaches to, fills with the whole sequence (wrapping many times,
+    # waiting on the full ring) and closes.
+    with ring_impl.ShmRing.create(SMALL, side="consumer") as ring:
+        producer_peer.call("attach", ring.name, "producer")
+        producer_peer.send("send", ring.name, sent)
+        got = [ring.get(timeout=60) for _ in sent]
+        assert producer_peer.recv() == len(sent)
+        producer_peer.call("close", ring.name)
+        with pytest.raises(ChannelClosedError):
+            ring.get(timeout=60)
+    assert got == [payload for _, payload in sent]
