@@ -5,4 +5,6 @@ the hot paths in :mod:`ray_lite._fast`; see the README's status table.
 """
 __version__ = "0.1.0.dev0"
 
-__all__ = ["__version__"]
+from ray_lite.message_queue import MessageQueue
+
+__all__ = ["__version__", "MessageQueue"]

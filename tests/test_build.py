@@ -4,7 +4,7 @@ import importlib
 import ray_lite._fast as fast
 from ray_lite._fast import NO_EXTENSIONS
 
-HOT_PATHS = ["codec", "ring", "stream_table"]
+HOT_PATHS = ["broadcast", "codec", "ring", "stream_table"]
 
 
 def test_compiled_twins_loaded_unless_disabled():

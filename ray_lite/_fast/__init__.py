@@ -13,9 +13,10 @@ import os
 #: True when the environment asks for the pure-Python twins.
 NO_EXTENSIONS = os.environ.get("RAY_LITE_NO_EXTENSIONS", "") not in ("", "0")
 
-from . import codec, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+from . import broadcast, codec, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
 
 #: True when every hot path runs its compiled twin.
-USING_EXTENSIONS = codec.COMPILED and ring.COMPILED and stream_table.COMPILED
+USING_EXTENSIONS = (codec.COMPILED and ring.COMPILED and stream_table.COMPILED
+                    and broadcast.COMPILED)
 
-__all__ = ["NO_EXTENSIONS", "USING_EXTENSIONS", "codec", "ring", "stream_table"]
+__all__ = ["NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "ring", "stream_table"]

@@ -36,6 +36,7 @@ __all__ = ["main", "SUITES", "register_suite", "run_suites", "Context", "Figure"
 #: Suite name -> module that implements it (imported lazily).
 SUITES = {
     "micro": "ray_lite.bench.micro",
+    "executor": "ray_lite.bench.executor_suite",
 }
 
 #: What `ray-lite bench` runs with no names: the headline figures.

@@ -1,0 +1,946 @@
+"""Broadcast message queue, pure-Python twin (the executable specification).
+
+One writer, ``n_readers`` readers, a ring of ``max_chunks`` fixed-size chunks
+in one shared-memory segment.  Every message is read by every reader, in
+order.  The compiled twin ``_broadcast_c`` shares this layout byte for byte,
+so a compiled writer can feed a pure-Python reader and the other way round.
+
+Segment layout (little-endian, offsets in bytes; every region that one side
+writes and another polls sits on its own 64-byte cache line)::
+
+    0    header, written once by the creator
+         u64 magic, u32 version, u32 n_readers, u32 n_chunks, u32 writer_pid,
+         u64 chunk_bytes (data capacity of a chunk), u64 chunk_stride,
+         u64 chunks_offset
+    64   u32 writer_closed       the writer closed the queue
+         u32 data_futex          futex word readers sleep on; bumped by the
+                                 writer after a publish when a reader sleeps
+         u32 weak_ordering       set by an end that has no full fence (a pure-
+                                 Python end without libatomic): every sleeper
+                                 then sleeps in short slices, as a wake-up
+                                 may be lost
+    128  u32 writer_waiting      the writer waits for space (bit 1: futex
+                                 sleeper, bit 2: fd armed)
+         u32 space_futex         futex word the writer sleeps on; bumped by a
+                                 reader that frees a chunk while it waits
+    192  reader slot r (64 bytes each)
+         u32 pid (0 until attached), u32 closed, u32 waiting (bits as above)
+    chunks_offset + i * chunk_stride: chunk i
+         u64 seq                 the *written flag*: number+1 of the message it
+                                 holds (0: never written).  Stored last, with
+                                 release ordering, so a reader that sees it sees
+                                 the whole message.
+         u32 kind (1 inline, 2 out of band), u32 n_oob,
+         u64 frame_len, u64 total_len, u32 name_len
+         64: u64 read mark per reader, the *read flags*: the seq the reader
+             last read from this chunk.  Stored with release ordering after
+             the reader is done with the chunk.
+         then the data area (``chunk_bytes``).
+
+Sequence numbers instead of booleans make the flags immune to ABA: message
+``k`` (0-based) lives in chunk ``k % n_chunks`` with ``seq = k + 1``; a reader
+waits for ``seq == k + 1``; the writer may put message ``k`` into its chunk
+once every reader's mark there is ``k + 1 - n_chunks`` (it read the previous
+occupant).  Nobody ever clears a flag.
+
+Payload (in the data area, or in a segment of its own when it does not fit):
+the codec frame, then padding to 8, then ``n_oob`` u64 lengths of the
+out-of-band buffers, then each buffer aligned to 64.  An out-of-band message
+stores the name of that segment in the chunk's data area.  Readers map it
+read-only and decode from it without a copy (so its numpy arrays arrive
+read-only, as from Ray's object store); the first reader that sees every
+read mark set unlinks it, and the writer unlinks it anyway when it reuses the
+chunk or closes (a reader that died, or two readers racing to the check).
+
+Waiting: a bounded spin, then ``sched_yield`` for a bounded time, then a
+futex sleep in slices.  A sleeper sets its ``waiting`` word, issues a full
+fence and checks again before sleeping; a waker makes its change, issues a
+full fence and looks at the ``waiting`` words, so one of the two always sees
+the other (no lost wake-up), and a side that nobody waits for makes no
+system call.  A waker that did wake a sleeper then yields its CPU once: the
+kernel often queues the woken process on the waker's core, where it would
+otherwise wait until the waker blocks.  Each slice ends with checks for a dead peer (pidfd) and, on
+the thread's return to Python, for signals (Ctrl-C).  Readers driven by
+asyncio arm the fd bit instead and wait on a datagram socket in the abstract
+namespace (``fileno()``) that the writer pokes.
+"""
+import asyncio
+import ctypes
+import ctypes.util
+import mmap
+import os
+import select
+import socket
+import time
+
+from . import _codec_py as _codec
+from . import shm
+from .errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+
+__all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
+           "MIN_CHUNK_BYTES", "MAX_READERS"]
+
+MAGIC = int.from_bytes(b"RLBCAST1", "little")
+VERSION = 1
+HANDLE_TAG = "ray_lite.MessageQueue/1"
+
+DEFAULT_MAX_CHUNK_BYTES = 1 << 20
+DEFAULT_MAX_CHUNKS = 16
+#: A chunk must at least hold the name of an out-of-band segment.
+MIN_CHUNK_BYTES = 256
+MAX_READERS = 256
+
+LINE = 64
+OFF_MAGIC = 0
+OFF_VERSION = 8
+OFF_N_READERS = 12
+OFF_N_CHUNKS = 16
+OFF_WRITER_PID = 20
+OFF_CHUNK_BYTES = 24
+OFF_CHUNK_STRIDE = 32
+OFF_CHUNKS_OFFSET = 40
+OFF_WRITER_CLOSED = 64
+OFF_DATA_FUTEX = 68
+OFF_WEAK_ORDERING = 72
+OFF_WRITER_WAITING = 128
+OFF_SPACE_FUTEX = 132
+OFF_READERS = 192
+R_PID = 0
+R_CLOSED = 4
+R_WAITING = 8
+
+C_SEQ = 0
+C_KIND = 8
+C_N_OOB = 12
+C_FRAME_LEN = 16
+C_TOTAL_LEN = 24
+C_NAME_LEN = 32
+C_MARKS = 64
+
+KIND_INLINE = 1
+KIND_OOB_SEGMENT = 2
+
+WAIT_FUTEX = 1
+WAIT_FD = 2
+
+#: Waiting strategy.  The spin and yield phases are bounded in time so an
+#: idle waiter costs at most ~YIELD_S of CPU per idle period; the sleep is
+#: sliced so a dead peer is noticed and a timeout is honoured.
+SPIN_CHECKS = 64
+YIELD_S = 200e-6
+SLEEP_SLICE_S = 0.1
+
+_OOB_SEGMENT_PREFIX = None  # shm.DEFAULT_PREFIX at call time
+
+
+def _align(n, a):
+    return (n + a - 1) & ~(a - 1)
+
+
+def _layout_total(frame_len, lengths):
+    """Bytes needed for a frame plus its out-of-band buffers (see module doc)."""
+    off = _align(frame_len, 8) + 8 * len(lengths)
+    for n in lengths:
+        off = _align(off, 64) + n
+    return off
+
+
+def geometry(n_readers, max_chunk_bytes, max_chunks):
+    """(chunks_offset, chunk_stride, data_offset, total_size) of a queue."""
+    chunks_offset = _align(OFF_READERS + LINE * n_readers, 4096)
+    data_offset = C_MARKS + _align(8 * n_readers, LINE)
+    stride = _align(data_offset + max_chunk_bytes, LINE)
+    return chunks_offset, stride, data_offset, chunks_offset + stride * max_chunks
+
+
+# --------------------------------------------------------------------------
+# futex and fences through ctypes.  TODO-dedupe: the ring's pure twin has the
+# same helpers; share them once both exist.
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_SYS_futex = 202  # x86-64
+_FUTEX_WAIT = 0
+_FUTEX_WAKE = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_wait(addr, expected, timeout_s):
+    ts = _Timespec(int(timeout_s), int((timeout_s % 1.0) * 1e9))
+    # Returns at once if the word no longer holds ``expected``; EINTR on a
+    # signal, ETIMEDOUT at the end of the slice: all mean "look again".
+    _libc.syscall(_SYS_futex, ctypes.c_void_p(addr), _FUTEX_WAIT,
+                  ctypes.c_uint(expected), ctypes.byref(ts), None, 0)
+
+
+def _futex_wake(addr):
+    _libc.syscall(_SYS_futex, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+try:
+    _libatomic = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+    _atomic_fence = _libatomic.atomic_thread_fence
+    _atomic_fence.argtypes = [ctypes.c_int]
+    _atomic_fence.restype = None
+    _fetch_add_4 = _libatomic.__atomic_fetch_add_4
+    _fetch_add_4.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    _fetch_add_4.restype = ctypes.c_uint
+except (OSError, AttributeError):  # pragma: no cover (no libatomic on this system)
+    _atomic_fence = _fetch_add_4 = None
+
+_SEQ_CST = 5
+
+#: Sleep slice when some end cannot fence (see OFF_WEAK_ORDERING).
+SLEEP_SLICE_WEAK_S = 0.002
+
+
+def _full_fence():
+    # Store-load ordering between "I changed the state" and "does anybody
+    # sleep?" (and the mirror image on the sleeper's side).  Without
+    # libatomic the sliced sleep bounds the cost of a missed wake-up.
+    if _atomic_fence is not None:
+        _atomic_fence(_SEQ_CST)
+
+
+class _PeerWatch:
+    """Liveness of another process: a pidfd when the kernel has them."""
+
+    __slots__ = ("pid", "_fd", "_dead")
+
+    def __init__(self, pid):
+        self.pid = pid
+        self._fd = -1
+        self._dead = False
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._dead = True
+        except (OSError, AttributeError):
+            self._fd = -1
+
+    def alive(self):
+        if self._dead:
+            return False
+        if self._fd >= 0:
+            p = select.poll()
+            p.register(self._fd, select.POLLIN)
+            if p.poll(0):
+                self._dead = True
+        elif not shm.pid_alive(self.pid):
+            self._dead = True
+        return not self._dead
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _deadline(timeout):
+    if timeout is None:
+        return None
+    if timeout < 0:
+        raise ValueError("timeout must be non-negative")
+    return time.monotonic() + timeout
+
+
+def _wake_address(name, role):
+    # Abstract-namespace socket: no file to clean up, and unguessable
+    # because the segment name is.
+    return "\0" + name + "." + role
+
+
+class MessageQueue:
+    """Broadcast queue: one writer, ``n_readers`` readers (see module doc)."""
+
+    def __init__(self, n_readers, max_chunk_bytes=DEFAULT_MAX_CHUNK_BYTES,
+                 max_chunks=DEFAULT_MAX_CHUNKS, *, oob_threshold=_codec.OOB_THRESHOLD):
+        n_readers = int(n_readers)
+        max_chunk_bytes = int(max_chunk_bytes)
+        max_chunks = int(max_chunks)
+        if not 1 <= n_readers <= MAX_READERS:
+            raise ValueError(f"n_readers must be in 1..{MAX_READERS}, got {n_readers}")
+        if max_chunk_bytes < MIN_CHUNK_BYTES:
+            raise ValueError(f"max_chunk_bytes must be at least {MIN_CHUNK_BYTES}, got {max_chunk_bytes}")
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be at least 1, got {max_chunks}")
+        max_chunk_bytes = _align(max_chunk_bytes, 8)
+        chunks_offset, stride, data_offset, size = geometry(n_readers, max_chunk_bytes, max_chunks)
+        name, mm = shm.create_segment(size)
+        self._setup(name, mm, -1)
+        self._u64[OFF_MAGIC // 8] = MAGIC
+        u32 = self._u32
+        u32[OFF_VERSION // 4] = VERSION
+        u32[OFF_N_READERS // 4] = n_readers
+        u32[OFF_N_CHUNKS // 4] = max_chunks
+        u32[OFF_WRITER_PID // 4] = os.getpid()
+        self._u64[OFF_CHUNK_BYTES // 8] = max_chunk_bytes
+        self._u64[OFF_CHUNK_STRIDE // 8] = stride
+        self._u64[OFF_CHUNKS_OFFSET // 8] = chunks_offset
+        self._read_geometry()
+        self._oob_threshold = oob_threshold
+        self._oob_names = [None] * max_chunks
+        self._owns_name = True
+        self._declare_ordering()
+
+    # ------------------------------------------------------------ set-up
+
+    def _setup(self, name, mm, rank):
+        self._chunk_data = None
+        self._name = name
+        self._mm = mm
+        self._mv = memoryview(mm)
+        self._u64 = self._mv.cast("Q")
+        self._u32 = self._mv.cast("I")
+        self._anchor = ctypes.c_char.from_buffer(mm)
+        self._base = ctypes.addressof(self._anchor)
+        self._rank = rank
+        self._next = 0  # number of the next message to write or read
+        self._closed = False
+        self._busy = 0
+        self._released = False
+        self._wake_sock = None  # our own wake-up socket (fileno)
+        self._poke_sock = None  # unbound socket to poke the other side
+        self._peers = {}
+        self._oob_names = None
+        self._owns_name = False
+        self._oob_threshold = _codec.OOB_THRESHOLD
+
+    def _read_geometry(self):
+        u32, u64 = self._u32, self._u64
+        if u64[OFF_MAGIC // 8] != MAGIC or u32[OFF_VERSION // 4] != VERSION:
+            raise ValueError(f"segment {self._name!r} is not a ray_lite MessageQueue (version {VERSION})")
+        self._n_readers = u32[OFF_N_READERS // 4]
+        self._n_chunks = u32[OFF_N_CHUNKS // 4]
+        self._writer_pid = u32[OFF_WRITER_PID // 4]
+        self._chunk_bytes = u64[OFF_CHUNK_BYTES // 8]
+        self._stride = u64[OFF_CHUNK_STRIDE // 8]
+        self._chunks_offset = u64[OFF_CHUNKS_OFFSET // 8]
+        self._data_offset = C_MARKS + _align(8 * self._n_readers, LINE)
+        self._chunk_data = [
+            self._mv[self._chunk_off(i) + self._data_offset:
+                     self._chunk_off(i) + self._data_offset + self._chunk_bytes]
+            for i in range(self._n_chunks)]
+
+    def _declare_ordering(self):
+        if _atomic_fence is None:
+            self._u32[OFF_WEAK_ORDERING // 4] = 1
+
+    def _slice(self):
+        return SLEEP_SLICE_WEAK_S if self._u32[OFF_WEAK_ORDERING // 4] else SLEEP_SLICE_S
+
+    def _chunk_off(self, i):
+        return self._chunks_offset + i * self._stride
+
+    @classmethod
+    def attach(cls, handle, reader_rank):
+        """Attach to the queue of ``handle`` (from ``export_handle``) as reader ``reader_rank``."""
+        if not (isinstance(handle, tuple) and len(handle) == 2 and handle[0] == HANDLE_TAG):
+            raise ValueError(f"not a MessageQueue handle: {handle!r}")
+        name = handle[1]
+        mm = shm.attach_segment(name)
+        self = cls.__new__(cls)
+        try:
+            self._setup(name, mm, -1)
+            self._read_geometry()
+        except BaseException:
+            self._release()
+            raise
+        rank = int(reader_rank)
+        if not 0 <= rank < self._n_readers:
+            self._release()
+            raise ValueError(f"reader_rank must be in 0..{self._n_readers - 1}, got {reader_rank}")
+        slot = (OFF_READERS + LINE * rank) // 4
+        if self._u32[slot + R_PID // 4] != 0:
+            pid = self._u32[slot + R_PID // 4]
+            self._release()
+            raise ValueError(f"reader rank {rank} of {name!r} is already attached (pid {pid})")
+        self._rank = rank
+        self._u32[slot + R_PID // 4] = os.getpid()
+        self._declare_ordering()
+        _full_fence()
+        # The last reader to attach removes the name: from then on nothing is
+        # left in /dev/shm whoever dies.  (Two readers racing past this check
+        # both miss it at worst; the writer's close removes the name then.)
+        if all(self._u32[(OFF_READERS + LINE * r + R_PID) // 4] != 0 for r in range(self._n_readers)):
+            shm.unlink_segment(name)
+        return self
+
+    def export_handle(self):
+        """A picklable handle for ``MessageQueue.attach`` in another process."""
+        return (HANDLE_TAG, self._name)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def n_readers(self):
+        return self._n_readers
+
+    @property
+    def max_chunk_bytes(self):
+        return self._chunk_bytes
+
+    @property
+    def max_chunks(self):
+        return self._n_chunks
+
+    @property
+    def is_writer(self):
+        return self._rank < 0
+
+    @property
+    def reader_rank(self):
+        """This end's reader rank, or None on the writer."""
+        return None if self._rank < 0 else self._rank
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __repr__(self):
+        role = "writer" if self._rank < 0 else f"reader {self._rank}"
+        return (f"<MessageQueue {self._name} {role} n_readers={self._n_readers} "
+                f"chunks={self._n_chunks}x{self._chunk_bytes}{' closed' if self._closed else ''}>")
+
+    # ------------------------------------------------------------ helpers
+
+    def _enter(self):
+        if self._closed:
+            raise ChannelClosedError("this end of the MessageQueue is closed")
+        self._busy += 1
+
+    def _leave(self):
+        self._busy -= 1
+        if self._closed and self._busy == 0:
+            self._release()
+
+    def _release(self):
+        if self._released:
+            return
+        self._released = True
+        for sock in (self._wake_sock, self._poke_sock):
+            if sock is not None:
+                sock.close()
+        self._wake_sock = self._poke_sock = None
+        for w in self._peers.values():
+            w.close()
+        self._peers = {}
+        # Release every view explicitly: a stale local elsewhere holding one
+        # would otherwise keep the mapping exported and mmap.close() would fail.
+        for view in (self._chunk_data or ()):
+            view.release()
+        for view in (self._u32, self._u64):
+            if view is not None:
+                view.release()
+        self._chunk_data = None
+        self._u32 = self._u64 = None
+        self._anchor = None
+        self._mv.release()
+        self._mm.close()
+
+    def _reader_slot(self, r):
+        return (OFF_READERS + LINE * r) // 4
+
+    def _peer_alive(self, pid):
+        w = self._peers.get(pid)
+        if w is None:
+            w = self._peers[pid] = _PeerWatch(pid)
+        return w.alive()
+
+    def _poke(self, role):
+        if self._poke_sock is None:
+            self._poke_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            self._poke_sock.sendto(b"\1", _wake_address(self._name, role))
+        except OSError:
+            pass  # nobody bound (gone) or its buffer is full (already poked)
+
+    def fileno(self):
+        """A file descriptor that becomes readable when this end may proceed
+        (a reader: a message may be there; the writer: a chunk may be free).
+        Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
+        if self._wake_sock is None:
+            if self._closed:
+                raise ChannelClosedError("this end of the MessageQueue is closed")
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+            try:
+                s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
+            except BaseException:
+                s.close()
+                raise
+            self._wake_sock = s
+        return self._wake_sock.fileno()
+
+    def _drain_wake_sock(self):
+        try:
+            while True:
+                self._wake_sock.recv(64)
+        except (BlockingIOError, OSError):
+            pass
+
+    # ------------------------------------------------------------ writer
+
+    def _chunk_free(self, c, k):
+        """Whether message ``k`` may go into chunk ``c``; raises if a reader
+        that still has to read it closed its end."""
+        if k < self._n_chunks:
+            return True
+        want = k + 1 - self._n_chunks
+        base = (self._chunk_off(c) + C_MARKS) // 8
+        u64 = self._u64
+        for r in range(self._n_readers):
+            if u64[base + r] < want:
+                if self._u32[self._reader_slot(r) + R_CLOSED // 4]:
+                    raise ChannelClosedError(f"reader {r} closed the MessageQueue")
+                return False
+        return True
+
+    def _check_readers_alive(self, c, k):
+        want = k + 1 - self._n_chunks
+        base = (self._chunk_off(c) + C_MARKS) // 8
+        for r in range(self._n_readers):
+            if self._u64[base + r] < want:
+                pid = self._u32[self._reader_slot(r) + R_PID // 4]
+                if pid and not self._peer_alive(pid):
+                    raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
+
+    def enqueue(self, obj, timeout=None):
+        """Broadcast ``obj`` to every reader.  Waits while the chunk it needs
+        has not been read by every reader yet; ``TimeoutError`` after
+        ``timeout`` seconds, ``ChannelClosedError`` if this end or a reader
+        closed, ``PeerDiedError`` if a reader that has to make room died."""
+        if self._rank >= 0:
+            raise ValueError("enqueue on a reader end of the MessageQueue")
+        self._enter()
+        try:
+            k = self._next
+            c = k % self._n_chunks
+            if not self._chunk_free(c, k):
+                self._wait_space(c, k, _deadline(timeout))
+            self._write(c, k, obj)
+            self._next = k + 1
+        finally:
+            self._leave()
+
+    def _wait_space(self, c, k, deadline):
+        for _ in range(SPIN_CHECKS):
+            if self._chunk_free(c, k):
+                return
+        end_yield = time.monotonic() + YIELD_S
+        if deadline is not None:
+            end_yield = min(end_yield, deadline)
+        while time.monotonic() < end_yield:
+            os.sched_yield()
+            if self._chunk_free(c, k):
+                return
+        u32 = self._u32
+        futex_addr = self._base + OFF_SPACE_FUTEX
+        try:
+            while True:
+                seen = u32[OFF_SPACE_FUTEX // 4]
+                u32[OFF_WRITER_WAITING // 4] = WAIT_FUTEX
+                _full_fence()
+                if self._chunk_free(c, k):
+                    return
+                if self._closed:
+                    raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
+                self._check_readers_alive(c, k)
+                slice_s = self._slice()
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("MessageQueue.enqueue timed out waiting for readers to make room")
+                    slice_s = min(slice_s, left)
+                _futex_wait(futex_addr, seen, slice_s)
+        finally:
+            if self._u32 is not None:
+                u32[OFF_WRITER_WAITING // 4] = 0
+
+    def _write(self, c, k, obj):
+        stale = self._oob_names[c]
+        if stale is not None:
+            # Every reader read the previous occupant: its segment is unlinked
+            # already, unless a reader died or two raced past the check.
+            self._oob_names[c] = None
+            shm.unlink_segment(stale)
+        coff = self._chunk_off(c)
+        data = self._chunk_data[c]
+        kind = KIND_INLINE
+        try:
+            end, bufs = _codec.encode_into(obj, data, 0, self._oob_threshold)
+            lengths = [b.nbytes for b in bufs]
+            total = _layout_total(end, lengths)
+            if total > self._chunk_bytes:
+                raise BufferTooSmallError("out-of-band buffers do not fit", total)
+            _place_buffers(data, end, bufs)
+            frame_len, n_oob = end, len(bufs)
+            name_len = 0
+        except BufferTooSmallError as exc:
+            kind = KIND_OOB_SEGMENT
+            frame_len, n_oob, total, seg_name = self._write_oob_segment(obj, exc.needed)
+            raw = seg_name.encode()
+            data[:len(raw)] = raw
+            name_len = len(raw)
+            self._oob_names[c] = seg_name
+        u32, u64 = self._u32, self._u64
+        u32[(coff + C_KIND) // 4] = kind
+        u32[(coff + C_N_OOB) // 4] = n_oob
+        u64[(coff + C_FRAME_LEN) // 8] = frame_len
+        u64[(coff + C_TOTAL_LEN) // 8] = total
+        u32[(coff + C_NAME_LEN) // 4] = name_len
+        # Publish: the written flag last (an aligned 8-byte store, release on x86).
+        u64[(coff + C_SEQ) // 8] = k + 1
+        _full_fence()
+        self._wake_readers()
+
+    def _write_oob_segment(self, obj, needed):
+        size = max(needed, 2 * self._chunk_bytes, 4096)
+        while True:
+            frame = bytearray(size)
+            try:
+                end, bufs = _codec.encode_into(obj, frame, 0, self._oob_threshold)
+                break
+            except BufferTooSmallError as exc:
+                size = max(exc.needed, 2 * size)
+        lengths = [b.nbytes for b in bufs]
+        total = _layout_total(end, lengths)
+        seg_name, mm = shm.create_segment(total)
+        try:
+            with memoryview(mm) as mv:
+                mv[:end] = memoryview(frame)[:end]
+                _place_buffers(mv, end, bufs)
+        except BaseException:
+            mm.close()
+            shm.unlink_segment(seg_name)
+            raise
+        mm.close()
+        return end, len(bufs), total, seg_name
+
+    def _wake_readers(self):
+        u32 = self._u32
+        futex = poke = False
+        for r in range(self._n_readers):
+            w = u32[self._reader_slot(r) + R_WAITING // 4]
+            if w:
+                futex = futex or bool(w & WAIT_FUTEX)
+                if w & WAIT_FD:
+                    poke = True
+                    self._poke(f"r{r}")
+        if futex:
+            self._bump(OFF_DATA_FUTEX)
+        return futex or poke
+
+    def _bump(self, off):
+        addr = self._base + off
+        if _fetch_add_4 is not None:
+            _fetch_add_4(addr, 1, _SEQ_CST)
+        else:
+            self._u32[off // 4] = (self._u32[off // 4] + 1) & 0xFFFFFFFF
+        _futex_wake(addr)
+        # Hand the CPU to the woken process if the kernel queued it on our
+        # core (see the compiled twin); only paid when somebody slept.
+        os.sched_yield()
+
+    # ------------------------------------------------------------ reader
+
+    def _poll(self, c, k):
+        """True when message ``k`` is in chunk ``c``; raises when it never will be."""
+        if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
+            return True
+        if self._closed:
+            raise ChannelClosedError("this end of the MessageQueue is closed")
+        if self._u32[OFF_WRITER_CLOSED // 4]:
+            # Closed flag then seq: a message published before the close is
+            # still delivered.
+            if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
+                return True
+            raise ChannelClosedError("the writer closed the MessageQueue")
+        return False
+
+    def dequeue(self, timeout=None):
+        """The next message.  ``TimeoutError`` after ``timeout`` seconds,
+        ``ChannelClosedError`` once the writer closed and every message it sent
+        was read (or this end was closed), ``PeerDiedError`` if the writer died."""
+        if self._rank < 0:
+            raise ValueError("dequeue on the writer end of the MessageQueue")
+        self._enter()
+        try:
+            k = self._next
+            c = k % self._n_chunks
+            if not self._poll(c, k):
+                self._wait_message(c, k, _deadline(timeout))
+            return self._read(c, k)
+        finally:
+            self._leave()
+
+    def _wait_message(self, c, k, deadline):
+        if deadline is not None and deadline <= time.monotonic():
+            raise TimeoutError("MessageQueue.dequeue timed out")
+        for _ in range(SPIN_CHECKS):
+            if self._poll(c, k):
+                return
+        end_yield = time.monotonic() + YIELD_S
+        if deadline is not None:
+            end_yield = min(end_yield, deadline)
+        while time.monotonic() < end_yield:
+            os.sched_yield()
+            if self._poll(c, k):
+                return
+        u32 = self._u32
+        waiting = self._reader_slot(self._rank) + R_WAITING // 4
+        futex_addr = self._base + OFF_DATA_FUTEX
+        try:
+            while True:
+                seen = u32[OFF_DATA_FUTEX // 4]
+                u32[waiting] = WAIT_FUTEX
+                _full_fence()
+                if self._poll(c, k):
+                    return
+                if not self._peer_alive(self._writer_pid):
+                    if self._poll(c, k):
+                        return
+                    raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+                slice_s = self._slice()
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("MessageQueue.dequeue timed out")
+                    slice_s = min(slice_s, left)
+                _futex_wait(futex_addr, seen, slice_s)
+        finally:
+            if self._u32 is not None:
+                u32[waiting] = 0
+
+    def _read(self, c, k):
+        coff = self._chunk_off(c)
+        u32, u64 = self._u32, self._u64
+        kind = u32[(coff + C_KIND) // 4]
+        n_oob = u32[(coff + C_N_OOB) // 4]
+        frame_len = u64[(coff + C_FRAME_LEN) // 8]
+        data = self._chunk_data[c]
+        seg_name = None
+        try:
+            if kind == KIND_INLINE:
+                # The chunk is reused once every reader is done: the
+                # out-of-band buffers are copied out before the read mark.
+                bufs = [bytearray(b) for b in _buffer_views(data, frame_len, n_oob)]
+                return _codec.decode(data[:frame_len], bufs)
+            if kind == KIND_OOB_SEGMENT:
+                name_len = u32[(coff + C_NAME_LEN) // 4]
+                seg_name = bytes(data[:name_len]).decode()
+                total = u64[(coff + C_TOTAL_LEN) // 8]
+                mv = _map_readonly(seg_name, total)
+                return _codec.decode(mv[:frame_len], _buffer_views(mv, frame_len, n_oob))
+            raise DecodeError(f"corrupt MessageQueue chunk (kind {kind})")
+        finally:
+            self._next = k + 1
+            u64[(coff + C_MARKS) // 8 + self._rank] = k + 1
+            _full_fence()
+            if seg_name is not None:
+                base = (coff + C_MARKS) // 8
+                if all(u64[base + r] >= k + 1 for r in range(self._n_readers)):
+                    shm.unlink_segment(seg_name)
+            w = u32[OFF_WRITER_WAITING // 4]
+            if w:
+                if w & WAIT_FD:
+                    self._poke("w")
+                if w & WAIT_FUTEX:
+                    self._bump(OFF_SPACE_FUTEX)
+
+    # ------------------------------------------------------------ asyncio
+
+    async def dequeue_async(self, timeout=None):
+        """``dequeue`` for asyncio: waits on ``fileno()`` in the running loop."""
+        if self._rank < 0:
+            raise ValueError("dequeue on the writer end of the MessageQueue")
+
+        def attempt():
+            k = self._next
+            c = k % self._n_chunks
+            if not self._poll(c, k):
+                return _NOTHING
+            return self._read(c, k)
+
+        def check_peer():
+            if not self._peer_alive(self._writer_pid):
+                raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+
+        waiting = self._reader_slot(self._rank) + R_WAITING // 4
+        return await self._async_wait(attempt, waiting, _deadline(timeout), check_peer, "dequeue")
+
+    async def enqueue_async(self, obj, timeout=None):
+        """``enqueue`` for asyncio: waits for room on ``fileno()`` in the running loop."""
+        if self._rank >= 0:
+            raise ValueError("enqueue on a reader end of the MessageQueue")
+
+        def attempt():
+            if self._closed:
+                raise ChannelClosedError("this end of the MessageQueue is closed")
+            k = self._next
+            c = k % self._n_chunks
+            if not self._chunk_free(c, k):
+                return _NOTHING
+            self._write(c, k, obj)
+            self._next = k + 1
+            return None
+
+        def check_peer():
+            k = self._next
+            self._check_readers_alive(k % self._n_chunks, k)
+
+        return await self._async_wait(attempt, OFF_WRITER_WAITING // 4, _deadline(timeout),
+                                      check_peer, "enqueue")
+
+    async def _async_wait(self, attempt, waiting_index, deadline, check_peer, what):
+        # The whole wait counts as an operation in progress, so a close()
+        # from elsewhere defers unmapping and closing our socket until we left.
+        self._enter()
+        try:
+            result = attempt()
+            if result is not _NOTHING:
+                return result
+            loop = asyncio.get_running_loop()
+            fd = self.fileno()
+            try:
+                while True:
+                    self._u32[waiting_index] = WAIT_FD
+                    _full_fence()
+                    result = attempt()
+                    if result is not _NOTHING:
+                        return result
+                    check_peer()
+                    slice_s = self._slice()
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"MessageQueue.{what} timed out")
+                        slice_s = min(slice_s, left)
+                    fut = loop.create_future()
+                    loop.add_reader(fd, _set_done, fut)
+                    try:
+                        await asyncio.wait_for(fut, slice_s)
+                    except asyncio.TimeoutError:
+                        pass
+                    finally:
+                        loop.remove_reader(fd)
+                    self._drain_wake_sock()
+            finally:
+                self._u32[waiting_index] = 0
+        finally:
+            self._leave()
+
+    # ------------------------------------------------------------ closing
+
+    def close(self):
+        """Close this end.  The writer's close wakes every blocked reader (they
+        get the messages already sent, then ``ChannelClosedError``), removes the
+        segment's name and the out-of-band segments; a reader's close wakes
+        a blocked writer.  A call blocked on this same object in another
+        thread ends with ``ChannelClosedError``.  Idempotent."""
+        if self._closed or self._released:
+            return
+        self._closed = True
+        u32 = self._u32
+        if self._rank < 0:
+            u32[OFF_WRITER_CLOSED // 4] = 1
+            _full_fence()
+            self._bump(OFF_DATA_FUTEX)  # wakes our own blocked enqueue too
+            self._bump(OFF_SPACE_FUTEX)
+            for r in range(self._n_readers):
+                if u32[self._reader_slot(r) + R_WAITING // 4] & WAIT_FD:
+                    self._poke(f"r{r}")
+            shm.unlink_segment(self._name)
+            for i, seg in enumerate(self._oob_names):
+                if seg is not None:
+                    shm.unlink_segment(seg)
+                    self._oob_names[i] = None
+        else:
+            u32[self._reader_slot(self._rank) + R_CLOSED // 4] = 1
+            _full_fence()
+            self._bump(OFF_SPACE_FUTEX)
+            self._bump(OFF_DATA_FUTEX)  # our own blocked dequeue, if any
+            if u32[OFF_WRITER_WAITING // 4] & WAIT_FD:
+                self._poke("w")
+            if not self._peer_alive(self._writer_pid):
+                # The writer cannot clean up any more: do it for it.
+                shm.unlink_segment(self._name)
+        if self._wake_sock is not None:
+            # Wake our own asyncio waiter (it then sees the closed flag).
+            try:
+                self._wake_sock.sendto(b"\1", self._wake_sock.getsockname())
+            except OSError:
+                pass
+        if self._busy == 0:
+            self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if not getattr(self, "_released", True):
+                self.close()
+        except Exception:
+            pass
+
+
+class _Nothing:
+    __slots__ = ()
+
+
+_NOTHING = _Nothing()
+
+
+def _set_done(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _place_buffers(dst, frame_end, bufs):
+    """Write the length table and the out-of-band buffers after the frame."""
+    off = _align(frame_end, 8)
+    table = dst[off:off + 8 * len(bufs)].cast("Q")
+    for i, b in enumerate(bufs):
+        table[i] = b.nbytes
+    off += 8 * len(bufs)
+    for b in bufs:
+        off = _align(off, 64)
+        n = b.nbytes
+        dst[off:off + n] = b
+        off += n
+
+
+def _buffer_views(src, frame_len, n_oob):
+    if not n_oob:
+        return []
+    off = _align(frame_len, 8)
+    lengths = src[off:off + 8 * n_oob].cast("Q").tolist()
+    off += 8 * n_oob
+    views = []
+    for n in lengths:
+        off = _align(off, 64)
+        views.append(src[off:off + n])
+        off += n
+    return views
+
+
+def _map_readonly(name, size):
+    try:
+        fd = os.open(shm.segment_path(name), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ChannelClosedError(
+            f"the out-of-band segment {name!r} of a message is gone (the writer closed the queue)") from None
+    try:
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return memoryview(mm)

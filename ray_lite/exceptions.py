@@ -1,0 +1,144 @@
+"""Exceptions of the ray_lite runtime, with Ray's names and meanings.
+
+``RayTaskError`` is what ``get`` raises when user code failed remotely.  Like
+Ray's, the instance ``get`` raises is *also* an instance of the user's
+exception class (``except ValueError`` still catches a remote ``ValueError``)
+and its message carries the remote traceback.
+"""
+
+__all__ = [
+    "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
+    "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "RaySystemError",
+]
+
+
+class RayError(Exception):
+    """Base of every error raised by the runtime."""
+
+
+class RaySystemError(RayError):
+    """The runtime itself failed (not user code)."""
+
+
+class RayTaskError(RayError):
+    """User code raised ``cause`` in a task or actor method.
+
+    ``traceback_str`` is the remote traceback, ``function_name`` what ran and
+    ``pid`` the process it ran in.
+    """
+
+    def __init__(self, function_name="", traceback_str="", cause=None, pid=None):
+        self.function_name = function_name
+        self.traceback_str = traceback_str
+        self.cause = cause
+        self.pid = pid
+        super().__init__(self._message())
+
+    def _message(self):
+        where = f" (pid={self.pid})" if self.pid is not None else ""
+        head = f"{type(self.cause).__name__ if self.cause is not None else 'Error'}"
+        text = f"ray_lite::{self.function_name}(){where}"
+        tb = self.traceback_str.rstrip()
+        if tb:
+            return f"{text}\n{tb}"
+        return f"{text}: {head}: {self.cause}"
+
+    def __str__(self):
+        return self._message()
+
+    def __reduce__(self):
+        # Rebuilt as a plain RayTaskError then re-wrapped by the receiver: the
+        # dual class made by as_instanceof_cause() exists only in one process.
+        return (_rebuild_task_error, (self.function_name, self.traceback_str, self.cause, self.pid))
+
+    def as_instanceof_cause(self):
+        """This error as an instance of both ``RayTaskError`` and the cause's class."""
+        cause_cls = type(self.cause) if self.cause is not None else None
+        if cause_cls is None or isinstance(self.cause, RayError) or not _subclassable(cause_cls):
+            return self
+        dual = _dual_class(cause_cls)
+        err = Exception.__new__(dual)
+        err.function_name = self.function_name
+        err.traceback_str = self.traceback_str
+        err.cause = self.cause
+        err.pid = self.pid
+        err.args = self.cause.args if isinstance(self.cause.args, tuple) else (self._message(),)
+        # Attributes the user's exception carries (errno, custom fields) stay readable.
+        try:
+            for k, v in vars(self.cause).items():
+                if not hasattr(err, k):
+                    setattr(err, k, v)
+        except TypeError:
+            pass
+        return err
+
+
+def _rebuild_task_error(function_name, traceback_str, cause, pid):
+    return RayTaskError(function_name, traceback_str, cause, pid).as_instanceof_cause()
+
+
+_DUAL_CLASSES = {}
+
+
+def _subclassable(cls):
+    if not issubclass(cls, BaseException):
+        return False
+    try:
+        type("_probe", (RayTaskError, cls), {})
+    except TypeError:  # e.g. a final class or an incompatible layout
+        return False
+    return True
+
+
+def _dual_class(cause_cls):
+    dual = _DUAL_CLASSES.get(cause_cls)
+    if dual is None:
+        def __str__(self):
+            return RayTaskError._message(self)
+
+        def __init__(self, *args, **kwargs):  # constructed only through as_instanceof_cause
+            Exception.__init__(self, *args)
+
+        dual = type(f"RayTaskError({cause_cls.__name__})", (RayTaskError, cause_cls),
+                    {"__str__": __str__, "__init__": __init__, "__module__": __name__})
+        _DUAL_CLASSES[cause_cls] = dual
+    return dual
+
+
+class RayActorError(RayError):
+    """The actor died or could not be reached; its calls cannot complete."""
+
+    def __init__(self, message="The actor died unexpectedly before finishing this task.",
+                 actor_id=None):
+        self.actor_id = actor_id
+        super().__init__(message)
+
+
+class ActorDiedError(RayActorError):
+    """The actor's process is dead (killed, crashed, or ``ray.kill``)."""
+
+
+class WorkerCrashedError(RayError):
+    """The worker process running the task died before it finished."""
+
+    def __init__(self, message="The worker died unexpectedly while executing this task."):
+        super().__init__(message)
+
+
+class TaskCancelledError(RayError):
+    """The task was cancelled with ``cancel`` before it finished."""
+
+    def __init__(self, message="This task or its dependency was cancelled."):
+        super().__init__(message)
+
+
+class GetTimeoutError(RayError, TimeoutError):
+    """``get`` (or ``next`` with a timeout) ran out of time."""
+
+
+class ObjectLostError(RayError):
+    """The object is gone: its owner died or it was freed."""
+
+    def __init__(self, message="The object was lost.", object_id=None):
+        self.object_id = object_id
+        super().__init__(message)

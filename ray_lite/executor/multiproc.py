@@ -1,0 +1,712 @@
+"""``MultiprocExecutor``: N worker processes driven by one shared-memory
+broadcast queue, replies on one SPSC ring per worker.
+
+No helper thread: whoever waits for a reply (``collective_rpc``,
+``Future.result``, the asyncio pump of ``collective_rpc_async``) reads the
+reply rings itself, on its own thread, with the same bounded spin → yield →
+sleep strategy as the rings.  The sleep is a ``poll()`` on the rings'
+descriptors *and* the workers' pidfds, so a worker that dies is noticed at
+once, not at the next time slice.
+"""
+import asyncio
+import atexit
+import concurrent.futures
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+
+import cloudpickle
+
+from ray_lite._fast import shm
+from ray_lite._fast.broadcast import MessageQueue
+from ray_lite._fast.errors import ChannelClosedError, PeerDiedError, RingEmpty
+from ray_lite._fast.ring import ShmRing
+from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
+
+from . import _worker as proto
+
+__all__ = ["MultiprocExecutor", "RpcFuture", "WorkerDiedError", "ExecutorShutdownError"]
+
+#: Spin/yield budget of a waiting caller before it sleeps in poll().  The
+#: yield phase is what keeps a round trip in microseconds on a 2-core
+#: machine without burning a core while idle.
+SPIN_S = 20e-6
+YIELD_S = 200e-6
+SLEEP_SLICE_MS = 100
+
+
+class WorkerDiedError(WorkerCrashedError):
+    """A worker process of the executor died; the executor is failed.
+
+    ``rank``, ``pid`` and ``exitcode`` (negative: killed by that signal) say
+    which and how.
+    """
+
+    def __init__(self, message, rank=None, pid=None, exitcode=None):
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.exitcode = exitcode
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.rank, self.pid, self.exitcode))
+
+
+class ExecutorShutdownError(RayError):
+    """The executor was shut down before this call completed (or was made)."""
+
+
+class RpcFuture(concurrent.futures.Future):
+    """The result of ``collective_rpc(..., non_block=True)``.
+
+    A ``concurrent.futures.Future`` whose ``result()``/``exception()`` drive
+    the executor's reply rings on the calling thread until it is done: no
+    helper thread ever resolves it.  It cannot be cancelled (the call is
+    already broadcast).
+    """
+
+    def __init__(self, executor):
+        super().__init__()
+        self._executor = executor
+        self.set_running_or_notify_cancel()
+
+    def cancel(self):
+        return False
+
+    def result(self, timeout=None):
+        if not self.done():
+            self._executor._drive(self.done, timeout)
+        return super().result(0)
+
+    def exception(self, timeout=None):
+        if not self.done():
+            self._executor._drive(self.done, timeout)
+        return super().exception(0)
+
+
+class _Call:
+    __slots__ = ("call_id", "method_name", "unique_reply_rank", "results", "missing", "error",
+                 "error_rank", "future", "done")
+
+    def __init__(self, call_id, method_name, unique_reply_rank, world_size, future):
+        self.call_id = call_id
+        self.method_name = method_name
+        self.unique_reply_rank = unique_reply_rank
+        self.results = [None] * world_size
+        self.missing = world_size
+        self.error = None
+        self.error_rank = -1
+        self.future = future
+        self.done = False
+
+
+def _exit_description(code):
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class MultiprocExecutor:
+    """Run ``worker_cls(rank=r, world_size=n, **worker_kwargs)`` in ``world_size``
+    processes and call methods on all of them at once.
+
+    ``max_chunk_bytes``/``max_chunks`` size the broadcast queue (larger
+    requests travel out of band); ``reply_ring_bytes`` each reply ring.
+    ``start_timeout`` bounds the start-up, ``shutdown_grace`` the graceful
+    part of ``shutdown()``.  ``env`` adds variables to the workers'
+    environment.
+    """
+
+    def __init__(self, worker_cls, world_size, worker_kwargs=None, *,
+                 max_chunk_bytes=1 << 20, max_chunks=16, reply_ring_bytes=1 << 20,
+                 start_timeout=60.0, shutdown_grace=5.0, env=None):
+        world_size = int(world_size)
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.shutdown_grace = shutdown_grace
+        self._lock = threading.RLock()
+        self._pending = deque()        # _Call, in submission order
+        self._calls = {}               # call_id -> _Call
+        self._next_call_id = 0
+        self._failure = None           # the error every call raises once failed
+        self._failure_callbacks = []
+        self._is_shutdown = False
+        self._procs = []
+        self._pidfds = []
+        self._rings = []
+        self._mq = None
+        self._async_pumps = {}         # event loop -> _AsyncPump
+        try:
+            self._start(worker_cls, worker_kwargs or {}, max_chunk_bytes, max_chunks,
+                        reply_ring_bytes, start_timeout, env)
+        except BaseException:
+            self._teardown(graceful=False)
+            raise
+        _live_executors.add(self)
+
+    # ------------------------------------------------------------ start-up
+
+    def _start(self, worker_cls, worker_kwargs, max_chunk_bytes, max_chunks, reply_ring_bytes,
+               start_timeout, env):
+        # A driver killed earlier could not unlink its segments.
+        shm.cleanup_stale_segments()
+        n = self.world_size
+        self._mq = MessageQueue(n, max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks)
+        cls_blob = cloudpickle.dumps(worker_cls)
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only
+        # ask for it when that thread is the main one.  Otherwise workers
+        # notice a dead driver through the queue (pidfd checks).
+        die_with_parent = threading.current_thread() is threading.main_thread()
+        child_env = None
+        if env:
+            child_env = dict(os.environ)
+            child_env.update({str(k): str(v) for k, v in env.items()})
+        deadline = time.monotonic() + start_timeout
+        for rank in range(n):
+            ring = ShmRing.create(reply_ring_bytes, side="consumer")
+            self._rings.append(ring)
+            boot = cloudpickle.dumps({
+                "worker_cls": cls_blob, "rank": rank, "world_size": n,
+                "worker_kwargs": worker_kwargs, "mq_handle": self._mq.export_handle(),
+                "ring_name": ring.name, "driver_pid": os.getpid(),
+                "die_with_parent": die_with_parent, "cwd": os.getcwd(),
+            })
+            r_fd, w_fd = os.pipe()
+            bootstrap = ("import sys; sys.path[:] = %r; "
+                         "from ray_lite.executor._worker import main; sys.exit(main(%d))"
+                         % (list(sys.path), r_fd))
+            try:
+                proc = subprocess.Popen([sys.executable, "-c", bootstrap], pass_fds=(r_fd,),
+                                        stdin=subprocess.DEVNULL, env=child_env)
+            finally:
+                os.close(r_fd)
+            self._procs.append(proc)
+            self._pidfds.append(os.pidfd_open(proc.pid))
+            try:
+                with open(w_fd, "wb", closefd=True) as pipe:
+                    pipe.write(boot)  # the worker reads it at once
+            except BrokenPipeError:
+                pass  # it died already: the READY loop below says how
+        # Every worker says READY (or why it could not start) on its ring.
+        for rank, ring in enumerate(self._rings):
+            while True:
+                try:
+                    msg = ring.get(timeout=0.05)
+                    break
+                except TimeoutError:
+                    pass
+                except (ChannelClosedError, PeerDiedError):
+                    msg = None
+                    break
+                code = self._procs[rank].poll()
+                if code is not None:
+                    msg = None
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {rank} did not start within {start_timeout} s")
+            if msg is None:
+                code = self._procs[rank].wait(5)
+                raise RuntimeError(f"worker {rank} (pid {self._procs[rank].pid}) "
+                                   f"{_exit_description(code)} during start-up")
+            if msg[0] == proto.START_FAILED:
+                _, exc, tb = msg
+                raise RuntimeError(f"worker {rank} failed to start:\n{tb}") from exc
+            if msg[0] != proto.READY:
+                raise RuntimeError(f"worker {rank} sent {msg!r} instead of READY")
+
+    # ------------------------------------------------------------ calls
+
+    def collective_rpc(self, method, args=(), kwargs=None, timeout=None, non_block=False,
+                       unique_reply_rank=None):
+        """Run ``method`` on every worker.
+
+        ``method`` is a method name of the worker class or a callable taking
+        the worker as first argument (sent with cloudpickle).  Returns the
+        results in rank order, the result of ``unique_reply_rank`` alone
+        when given (the others send back nothing but completion), or with
+        ``non_block=True`` an :class:`RpcFuture` for that.  A worker
+        exception raises ``RayTaskError`` (also an instance of the remote
+        exception's class, with the remote traceback); a dead worker
+        :class:`WorkerDiedError`; ``timeout`` ``TimeoutError`` (the call
+        still completes in the background and the executor stays usable).
+        """
+        call = self._submit(method, args, kwargs, unique_reply_rank, non_block)
+        if non_block:
+            return call.future
+        if not call.done:
+            self._drive(lambda: call.done, timeout)
+        return self._outcome(call)
+
+    async def collective_rpc_async(self, method, args=(), kwargs=None, timeout=None,
+                                   unique_reply_rank=None):
+        """``collective_rpc`` for asyncio callers: the running loop watches the
+        reply rings and the workers' pidfds; nothing blocks the loop."""
+        fut = self._submit(method, args, kwargs, unique_reply_rank, True).future
+        if not fut.done():
+            loop = asyncio.get_running_loop()
+            with self._lock:
+                pump = self._async_pumps.get(loop)
+                if pump is None:
+                    pump = self._async_pumps[loop] = _AsyncPump(self, loop)
+            afut = asyncio.wrap_future(fut, loop=loop)
+            pump.start()
+            if timeout is None:
+                await asyncio.shield(afut)
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(afut), timeout)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(f"collective_rpc_async timed out after {timeout} s") from None
+        return fut.result(0)
+
+    def _submit(self, method, args, kwargs, unique_reply_rank, want_future):
+        if isinstance(method, str):
+            name = method
+        elif callable(method):
+            name = getattr(method, "__qualname__", None) or repr(method)
+        else:
+            raise TypeError(f"method must be a method name or a callable, got {type(method).__name__}")
+        if unique_reply_rank is not None and not 0 <= unique_reply_rank < self.world_size:
+            raise ValueError(f"unique_reply_rank must be in 0..{self.world_size - 1}")
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._is_shutdown:
+                raise ExecutorShutdownError("the executor was shut down")
+            call_id = self._next_call_id
+            self._next_call_id = call_id + 1
+            future = RpcFuture(self) if want_future else None
+            call = _Call(call_id, name, unique_reply_rank, self.world_size, future)
+            msg = (proto.CALL, call_id, method, tuple(args), kwargs or None, unique_reply_rank)
+            # Register first: a reply can only come after the broadcast.
+            self._pending.append(call)
+            self._calls[call_id] = call
+            try:
+                self._enqueue(msg)
+            except BaseException:
+                # Not sent (or the executor failed meanwhile, which already
+                # emptied the queue of calls).
+                if self._pending and self._pending[-1] is call:
+                    self._pending.pop()
+                self._calls.pop(call_id, None)
+                raise
+        return call
+
+    def _enqueue(self, msg):
+        # A full queue means a worker lags behind; wait for it while
+        # draining replies (a worker blocked on its full reply ring would
+        # otherwise never read), and notice a worker death.
+        try:
+            self._mq.enqueue(msg, timeout=0)
+            return
+        except TimeoutError:
+            pass
+        while True:
+            self._poll_rings()
+            self._check_sentinels()
+            if self._failure is not None:
+                raise self._failure
+            try:
+                self._mq.enqueue(msg, timeout=0.01)
+                return
+            except TimeoutError:
+                pass
+
+    def _outcome(self, call):
+        if call.error is not None:
+            raise call.error
+        if call.unique_reply_rank is not None:
+            return call.results[call.unique_reply_rank]
+        return call.results
+
+    # ------------------------------------------------------------ replies
+
+    def _poll_rings(self):
+        """Read every reply available now; resolve what completed.  No waiting."""
+        with self._lock:
+            got = False
+            for rank, ring in enumerate(self._rings):
+                while ring.poll():
+                    try:
+                        reply = ring.get_nowait()
+                    except RingEmpty:
+                        break
+                    except (ChannelClosedError, PeerDiedError):
+                        self._worker_lost(rank)
+                        break
+                    got = True
+                    self._on_reply(rank, reply)
+            if got:
+                self._resolve_ready()
+            return got
+
+    def _on_reply(self, rank, reply):
+        call = self._calls.get(reply[0])
+        if call is None:
+            return  # a call failed or abandoned already
+        status, payload = reply[1], reply[2]
+        if status == proto.OK:
+            call.results[rank] = payload
+        elif call.error is None or rank < call.error_rank:
+            exc, tb = payload
+            call.error = RayTaskError(f"{call.method_name} on rank {rank}", tb, exc,
+                                      self._procs[rank].pid).as_instanceof_cause()
+            call.error_rank = rank
+        call.missing -= 1
+        if call.missing == 0:
+            call.done = True
+            del self._calls[call.call_id]
+
+    def _resolve_ready(self):
+        # Futures resolve in submission order (replies complete calls in
+        # that order anyway: each worker runs them in order).
+        pending = self._pending
+        while pending and pending[0].done:
+            call = pending.popleft()
+            fut = call.future
+            if fut is not None:
+                if call.error is not None:
+                    fut.set_exception(call.error)
+                elif call.unique_reply_rank is not None:
+                    fut.set_result(call.results[call.unique_reply_rank])
+                else:
+                    fut.set_result(call.results)
+
+    def _drive(self, done, timeout):
+        """Read replies on this thread until ``done()``; TimeoutError after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._poll_rings()
+        if done():
+            return
+        rings = self._rings
+        # Spin, then yield: replies usually come within microseconds.
+        t0 = time.monotonic()
+        spin_end, yield_end = t0 + SPIN_S, t0 + YIELD_S
+        if deadline is not None:
+            yield_end = min(yield_end, deadline)
+        now = t0
+        while now < yield_end:
+            for ring in rings:
+                if ring.poll():
+                    self._poll_rings()
+                    if done():
+                        return
+                    break
+            if now > spin_end:
+                os.sched_yield()
+            now = time.monotonic()
+        # Sleep in poll() on the rings' descriptors and the process sentinels.
+        poller = select.poll()
+        fds = {}
+        for rank, ring in enumerate(rings):
+            fds[ring.fileno()] = ("ring", rank)
+            poller.register(ring.fileno(), select.POLLIN)
+        for rank, pidfd in enumerate(self._pidfds):
+            fds[pidfd] = ("proc", rank)
+            poller.register(pidfd, select.POLLIN)
+        while True:
+            self._poll_rings()
+            if done():
+                return
+            if self._failure is not None or self._is_shutdown:
+                self._check_failed(done)
+                return
+            armed = [ring for ring in rings if ring.arm_fd()]
+            try:
+                if len(armed) == len(rings):
+                    # Sliced: another thread waiting on the same rings may
+                    # clear an armed descriptor; a slice bounds what that costs.
+                    wait_ms = SLEEP_SLICE_MS
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"the executor's call did not complete within {timeout} s")
+                        wait_ms = min(wait_ms, max(1, int(left * 1000 + 0.999)))
+                    events = poller.poll(wait_ms)
+                    for fd, _ in events:
+                        kind, rank = fds[fd]
+                        if kind == "proc":
+                            self._poll_rings()  # replies sent before it died still count
+                            self._worker_lost(rank)
+            finally:
+                for ring in armed:
+                    ring.clear_fd()
+
+    def _check_failed(self, done):
+        if not done():
+            raise self._failure or ExecutorShutdownError("the executor was shut down")
+
+    def _check_sentinels(self):
+        for rank, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                self._poll_rings()
+                self._worker_lost(rank)
+                return
+
+    def _worker_lost(self, rank):
+        """A worker's process ended (or its ring broke): fail everything."""
+        with self._lock:
+            if self._failure is not None or self._is_shutdown:
+                return
+            proc = self._procs[rank]
+            try:
+                code = proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                code = None  # its ring broke first; the process is on its way out
+            err = WorkerDiedError(
+                f"worker rank {rank} (pid {proc.pid}) {_exit_description(code)}; "
+                f"the executor has failed", rank=rank, pid=proc.pid, exitcode=code)
+            self._fail_all(err)
+            callbacks, self._failure_callbacks = self._failure_callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:  # a failing callback must not hide the failure
+                import traceback
+                traceback.print_exc()
+
+    def _fail_all(self, err):
+        self._failure = err
+        pending, self._pending = self._pending, deque()
+        self._calls.clear()
+        for call in pending:
+            call.error = err
+            call.done = True
+            if call.future is not None:
+                call.future.set_exception(err)
+
+    # ------------------------------------------------------------ health
+
+    @property
+    def is_failed(self):
+        return self._failure is not None
+
+    def register_failure_callback(self, callback):
+        """Call ``callback()`` (no arguments) once, when a worker dies.  Runs at
+        once if the executor has failed already."""
+        with self._lock:
+            if self._failure is None:
+                self._failure_callbacks.append(callback)
+                return
+        callback()
+
+    def check_health(self):
+        """Raise ``WorkerDiedError`` if a worker died (or had died), and
+        ``ExecutorShutdownError`` after shutdown; otherwise return None."""
+        if self._failure is None and not self._is_shutdown:
+            self._poll_rings()
+            self._check_sentinels()
+        if self._failure is not None:
+            raise self._failure
+        if self._is_shutdown:
+            raise ExecutorShutdownError("the executor was shut down")
+
+    @property
+    def worker_pids(self):
+        return [p.pid for p in self._procs]
+
+    # ------------------------------------------------------------ shutdown
+
+    def shutdown(self, grace=None):
+        """Stop the workers: ask them to exit (they finish the calls already
+        sent), wait up to ``grace`` seconds (default ``shutdown_grace``), then
+        kill what is left.  Unlinks every segment.  Idempotent."""
+        with self._lock:
+            if self._is_shutdown:
+                return
+            self._is_shutdown = True
+        _live_executors.discard(self)
+        self._teardown(graceful=True, grace=self.shutdown_grace if grace is None else grace)
+
+    def _teardown(self, graceful, grace=0.0):
+        self._is_shutdown = True
+        deadline = time.monotonic() + grace
+        if self._mq is not None:
+            if graceful and self._failure is None:
+                try:
+                    self._mq.enqueue((proto.SHUTDOWN,), timeout=min(grace, 1.0))
+                except Exception:
+                    pass
+            # Closing the queue wakes readers blocked in dequeue: they exit
+            # after the messages already sent.
+            self._mq.close()
+        if graceful:
+            for rank, proc in enumerate(self._procs):
+                while proc.poll() is None and time.monotonic() < deadline:
+                    # Keep reading replies: a worker blocked on a full reply
+                    # ring could not finish otherwise.
+                    try:
+                        self._poll_rings()
+                    except Exception:
+                        pass
+                    try:
+                        proc.wait(0.02)
+                    except subprocess.TimeoutExpired:
+                        pass
+            try:
+                self._poll_rings()
+            except Exception:
+                pass
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()  # our own child, by PID
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # pragma: no cover (unkillable)
+                pass
+        with self._lock:
+            if self._pending:
+                self._fail_all(self._failure or ExecutorShutdownError(
+                    "the executor was shut down before this call completed"))
+        for ring in self._rings:
+            ring.close()
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds = []
+        for pump in list(self._async_pumps.values()):
+            pump.stop()
+        self._async_pumps.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def __del__(self):
+        # Dropped without shutdown(): do not leave workers and segments behind.
+        try:
+            if not self._is_shutdown:
+                self._is_shutdown = True
+                self._teardown(graceful=False)
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "failed" if self._failure else "shut down" if self._is_shutdown else "running"
+        return f"<MultiprocExecutor world_size={self.world_size} {state}>"
+
+
+class _AsyncPump:
+    """Reads the reply rings from an asyncio loop while async calls wait.
+
+    Registers the rings' descriptors and the pidfds with the loop only while
+    some call made on this loop is pending; each wake-up reads every reply
+    (which resolves futures, bridged to the loop by ``wrap_future``).
+    """
+
+    def __init__(self, ex, loop):
+        self._ex = weakref.ref(ex)
+        self._loop = loop
+        self._registered = False
+        self._armed = []
+        self._timer = None
+
+    def start(self):
+        if not self._registered:
+            self._pump()
+
+    def stop(self):
+        self._unregister()
+
+    def _register(self, ex):
+        if self._registered:
+            return
+        for ring in ex._rings:
+            self._loop.add_reader(ring.fileno(), self._pump)
+        for rank, pidfd in enumerate(ex._pidfds):
+            self._loop.add_reader(pidfd, self._on_death, rank)
+        self._registered = True
+        self._timer = self._loop.call_later(SLEEP_SLICE_MS / 1000, self._tick)
+
+    def _tick(self):
+        # A sync caller on another thread may clear an armed descriptor:
+        # re-check now and then while registered (cheap, bounded).
+        self._timer = None
+        if self._registered:
+            self._pump()
+            if self._registered and self._timer is None:
+                self._timer = self._loop.call_later(SLEEP_SLICE_MS / 1000, self._tick)
+
+    def _unregister(self):
+        for ring in self._armed:
+            try:
+                ring.clear_fd()
+            except Exception:
+                pass
+        self._armed = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._registered:
+            return
+        self._registered = False
+        ex = self._ex()
+        if ex is None or self._loop.is_closed():
+            return
+        for ring in ex._rings:
+            try:
+                self._loop.remove_reader(ring.fileno())
+            except Exception:
+                pass
+        for pidfd in ex._pidfds:
+            self._loop.remove_reader(pidfd)
+
+    def _on_death(self, rank):
+        ex = self._ex()
+        if ex is not None:
+            ex._poll_rings()
+            ex._worker_lost(rank)
+        self._unregister()
+
+    def _pump(self):
+        ex = self._ex()
+        if ex is None or ex._is_shutdown or ex._failure is not None:
+            self._unregister()
+            return
+        for ring in self._armed:
+            ring.clear_fd()
+        self._armed = []
+        while True:
+            ex._poll_rings()
+            if not ex._pending:
+                self._unregister()
+                return
+            armed = []
+            ready = False
+            for ring in ex._rings:
+                if ring.arm_fd():
+                    armed.append(ring)
+                else:
+                    ready = True
+            if not ready:
+                self._armed = armed
+                self._register(ex)
+                return
+            for ring in armed:
+                ring.clear_fd()
+
+
+_live_executors = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    for ex in list(_live_executors):
+        try:
+            ex.shutdown(grace=1.0)
+        except Exception:
+            pass
