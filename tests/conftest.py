@@ -10,6 +10,10 @@ import pytest
 # only ours, never those of another ray_lite on the machine.  Set before
 # ray_lite is imported: shm reads it once.
 os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"rl_t{os.getpid()}_")
+# Child interpreters the tests start (`python -c ...` in the checkout) must
+# import the installed ray_lite, not the uncompiled source tree in the current
+# directory (Python >= 3.11 honours this).
+os.environ.setdefault("PYTHONSAFEPATH", "1")
 
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
