@@ -1,10 +1,30 @@
 """ray_lite: a Cython-accelerated, single-machine runtime with Ray's API.
 
-The Ray-compatible API (``init``, ``remote``, ``get``, ...) is being built on
-the hot paths in :mod:`ray_lite._fast`; see the README's status table.
+    import ray_lite as ray          # later: import ray, unchanged
+
+The names here are Ray's and mean what they mean in Ray; see the README.
 """
 __version__ = "0.1.0.dev0"
 
+from ray_lite import exceptions
+from ray_lite._private.api import (
+    ObjectRef,
+    ObjectRefGenerator,
+    cancel,
+    get,
+    get_actor,
+    init,
+    is_initialized,
+    kill,
+    put,
+    remote,
+    shutdown,
+    wait,
+)
 from ray_lite.message_queue import MessageQueue
 
-__all__ = ["__version__", "MessageQueue"]
+__all__ = [
+    "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",
+    "wait", "put", "kill", "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator",
+    "MessageQueue",
+]

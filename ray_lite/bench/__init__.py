@@ -36,11 +36,12 @@ __all__ = ["main", "SUITES", "register_suite", "run_suites", "Context", "Figure"
 #: Suite name -> module that implements it (imported lazily).
 SUITES = {
     "micro": "ray_lite.bench.micro",
+    "core": "ray_lite.bench.core_suite",
     "executor": "ray_lite.bench.executor_suite",
 }
 
 #: What `ray-lite bench` runs with no names: the headline figures.
-DEFAULT_SUITES = ("micro",)
+DEFAULT_SUITES = ("micro", "core", "executor")
 
 #: Set (to anything but "" or "0") to run every suite at its smallest size:
 #: the unit tests use it so that running the suite stays a matter of seconds.

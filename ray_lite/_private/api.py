@@ -1,0 +1,289 @@
+"""The public core API (Ray's names and semantics, for one machine)."""
+import atexit
+import inspect
+import os
+import threading
+
+from ray_lite.exceptions import GetTimeoutError
+
+from . import state
+from .refs import ObjectRef, ObjectRefGenerator, ready_entry
+from .remote import ActorClass, ActorHandle, RemoteFunction
+
+__all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
+           "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator", "ActorHandle"]
+
+_init_lock = threading.Lock()
+_atexit_registered = False
+
+# init() keywords of Ray that are harmless here (accepted, no effect).
+_HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level",
+                  "configure_logging", "log_to_driver", "object_store_memory",
+                  "_system_config", "num_gpus", "resources", "_temp_dir", "logging_format",
+                  "_memory"}
+_REFUSED_INIT = {"runtime_env", "local_mode", "storage", "_node_ip_address", "job_config"}
+
+
+def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None, **kwargs):
+    """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count)."""
+    global _atexit_registered
+    for key, value in kwargs.items():
+        if key in _REFUSED_INIT and value not in (None, False, {}):
+            raise ValueError(f"ray_lite.init does not support {key}= (single machine runtime)")
+        if key not in _HARMLESS_INIT and key not in _REFUSED_INIT:
+            raise TypeError(f"init() got an unexpected keyword argument '{key}'")
+    if address not in (None, "local", "auto"):
+        raise ValueError(f"ray_lite runs on one machine: cannot connect to address={address!r}")
+    with _init_lock:
+        if state.node is not None:
+            if ignore_reinit_error:
+                return
+            raise RuntimeError("Maybe you called ray.init twice by accident? This error can be "
+                               "suppressed by passing in 'ignore_reinit_error=True' or by "
+                               "calling 'ray.shutdown()' prior to 'ray.init()'.")
+        if num_cpus is None:
+            num_cpus = os.cpu_count() or 1
+        if not isinstance(num_cpus, int) or num_cpus < 1:
+            raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
+        from .driver import DriverNode
+        state.node = DriverNode(num_cpus, namespace)
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+
+
+def _shutdown_at_exit():
+    try:
+        shutdown()
+    except Exception:
+        pass
+
+
+def shutdown():
+    """Stop every worker and actor and free the runtime's shared memory."""
+    with _init_lock:
+        node = state.node
+        if node is None:
+            return
+        if node.id != 0:
+            raise RuntimeError("shutdown() can only be called by the driver")
+        try:
+            node.shutdown()
+        finally:
+            state.node = None
+
+
+def is_initialized():
+    return state.node is not None
+
+
+def remote(*args, **options):
+    """``@remote`` or ``@remote(**options)`` on a function or a class."""
+    if len(args) == 1 and not options and (inspect.isfunction(args[0]) or inspect.isclass(args[0])
+                                           or callable(args[0])):
+        return _make_remote(args[0], {})
+    if args:
+        raise TypeError("The @ray.remote decorator must be applied either with no arguments "
+                        "and no parentheses, or with keyword arguments only.")
+
+    def decorator(obj):
+        return _make_remote(obj, options)
+    return decorator
+
+
+def _make_remote(obj, options):
+    if inspect.isclass(obj):
+        return ActorClass(obj, options)
+    if callable(obj):
+        return RemoteFunction(obj, options)
+    raise TypeError("The @ray.remote decorator must be applied to either a function or a class.")
+
+
+def _check_ref(r):
+    if type(r) is not ObjectRef:
+        if isinstance(r, ObjectRefGenerator):
+            raise TypeError("get() does not take an ObjectRefGenerator: iterate it "
+                            "(for ref in gen: get(ref)) instead")
+        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, got "
+                        f"{type(r).__name__}")
+
+
+def _wait_entries(node, refs, entries, timeout):
+    for r in refs:
+        if not r._e.ready:
+            node.ensure_fetch(r)
+    n = len(entries)
+    pos = [0]
+
+    def all_ready():
+        i = pos[0]
+        while i < n and entries[i].ready:
+            i += 1
+        pos[0] = i
+        return i == n
+    block = getattr(node, "block_begin", None)
+    if block is not None:
+        block()
+    try:
+        return node.wait_until(all_ready, timeout)
+    finally:
+        if block is not None:
+            node.block_end()
+
+
+def get(object_refs, *, timeout=None):
+    """The value(s) of ``object_refs`` (one ref or a list), waiting for them.
+
+    Raises the task's error (a ``RayTaskError`` that is also the user's
+    exception class), or ``GetTimeoutError`` after ``timeout`` seconds.
+    """
+    if type(object_refs) is ObjectRef:
+        e = object_refs._e
+        if e.ready:
+            if e.error is None:
+                return e.value
+            raise e.error
+        refs = [object_refs]
+        single = True
+    else:
+        if not isinstance(object_refs, (list, tuple)):
+            _check_ref(object_refs)
+        refs = list(object_refs)
+        for r in refs:
+            _check_ref(r)
+        single = False
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    entries = [r._e for r in refs]
+    if not all(e.ready for e in entries):
+        node = state.get_node()
+        if not _wait_entries(node, refs, entries, timeout):
+            raise GetTimeoutError(f"Get timed out: some object(s) not ready after {timeout} s.")
+    values = []
+    for e in entries:
+        if e.error is not None:
+            raise e.error
+        values.append(e.value)
+    return values[0] if single else values
+
+
+def put(value):
+    """Store ``value`` and return a ref to it (owned by this process)."""
+    if type(value) is ObjectRef:
+        raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "
+                        "do this, you can wrap the ObjectRef in a list and call 'put' on it.")
+    node = state.get_node()
+    return ObjectRef(node.new_oid(), node.id, ready_entry(value))
+
+
+def _is_ready(x):
+    if type(x) is ObjectRef:
+        return x._e.ready
+    return x.next_ready()
+
+
+def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
+    """``(ready, not_ready)``: the first ``num_returns`` ready refs (or generators)."""
+    if isinstance(object_refs, (ObjectRef, ObjectRefGenerator)):
+        raise TypeError("wait() expects a list of ObjectRef or ObjectRefGenerator, got a "
+                        "single one")
+    refs = list(object_refs)
+    for r in refs:
+        if type(r) is not ObjectRef and not isinstance(r, ObjectRefGenerator):
+            raise TypeError(f"wait() expects ObjectRef or ObjectRefGenerator, got "
+                            f"{type(r).__name__}")
+    if len(set(map(id, refs))) != len(refs) or len(set(r for r in refs if type(r) is ObjectRef)) \
+            != sum(1 for r in refs if type(r) is ObjectRef):
+        raise ValueError("Wait requires a list of unique object refs.")
+    if not isinstance(num_returns, int) or num_returns < 0:
+        raise ValueError(f"Invalid number of objects to return {num_returns}.")
+    if num_returns > len(refs):
+        raise ValueError("num_returns cannot be greater than the number of objects provided")
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+
+    def enough():
+        c = 0
+        for r in refs:
+            if _is_ready(r):
+                c += 1
+                if c >= num_returns:
+                    return True
+        return c >= num_returns
+    if not enough() and timeout != 0:
+        node = state.get_node()
+        for r in refs:
+            if type(r) is ObjectRef and not r._e.ready:
+                node.ensure_fetch(r)
+        node.wait_until(enough, timeout)
+    ready, not_ready = [], []
+    for r in refs:
+        if len(ready) < num_returns and _is_ready(r):
+            ready.append(r)
+        else:
+            not_ready.append(r)
+    return ready, not_ready
+
+
+def kill(actor, *, no_restart=True):
+    """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
+    if not isinstance(actor, ActorHandle):
+        raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
+    node = state.get_node()
+    if node.id == 0:
+        node.kill_actor(actor._info.actor_id)
+    else:
+        node.rpc("kill", actor._info.actor_id)
+
+
+def cancel(ref, *, force=False, recursive=True):
+    """Cancel a task, actor call or streaming generator.
+
+    A queued task never runs; ``force=True`` kills the worker running it.  A
+    cancelled ref raises ``TaskCancelledError`` from ``get``; a cancelled
+    generator ends with that error at its next item.  A running call of a
+    synchronous actor cannot be interrupted and completes normally.
+    """
+    node = state.get_node()
+    if isinstance(ref, ObjectRefGenerator):
+        s = ref._s
+        if s.done:
+            return
+        if node.inflight.get(s.peer, {}).get(s.sid) == "stream":  # an actor's stream
+            node.cancel_stream(s, force)
+            return
+        oid = s.sid
+        if node.id == 0:
+            node.cancel_task(oid, force)
+        else:
+            node.rpc("cancel", (oid, force))
+        from ray_lite.exceptions import TaskCancelledError
+        node.fail_stream(s, TaskCancelledError())
+        return
+    if type(ref) is not ObjectRef:
+        raise TypeError(f"cancel() expects an ObjectRef or ObjectRefGenerator, got "
+                        f"{type(ref).__name__}")
+    if ref._e.ready:
+        return
+    oid = ref._id
+    for peer, fl in list(node.inflight.items()):
+        if fl.get(oid) == "actor":
+            node.send(peer, ("X", oid, force))
+            return
+    if node.id == 0:
+        node.cancel_task(oid, force)
+    else:
+        node.rpc("cancel", (oid, force))
+
+
+def get_actor(name, namespace=None):
+    """The handle of the live actor registered under ``name``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("Please supply a non-empty value to get_actor")
+    node = state.get_node()
+    ns = namespace if namespace is not None else node.namespace
+    if node.id == 0:
+        info = node.get_actor(name, ns)
+    else:
+        info = node.rpc("get_actor", (name, ns))
+    return ActorHandle(info)

@@ -1,0 +1,438 @@
+"""The driver's Node: the worker pool, the scheduler, actors and names."""
+import collections
+import itertools
+import os
+import signal
+import threading
+
+from ray_lite._fast import shm
+from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
+
+from . import state
+from .node import Node
+from .refs import ObjectRef
+from .transport import Link
+from .zygote import ZygoteClient
+
+
+
+class TaskSpec:
+    """A task the driver schedules onto the pool (its own or a worker's nested one)."""
+
+    __slots__ = ("oid", "fn_id", "blob", "args", "kwargs", "nret", "stream", "bp",
+                 "retries", "name", "owner", "deps_left", "cancelled")
+
+    def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner):
+        self.oid = oid
+        self.fn_id = fn_id
+        self.blob = blob
+        self.args = args
+        self.kwargs = kwargs
+        self.nret = nret
+        self.stream = stream
+        self.bp = bp
+        self.retries = retries
+        self.name = name
+        self.owner = owner
+        self.deps_left = 0
+        self.cancelled = False
+
+
+class _PoolWorker:
+    __slots__ = ("id", "pid", "shipped", "task", "blocked")
+
+    def __init__(self, wid, pid):
+        self.id = wid
+        self.pid = pid
+        self.shipped = set()
+        self.task = None
+        self.blocked = False
+
+
+class ActorInfo:
+    """What a handle needs to reach an actor (picklable: handles travel)."""
+
+    __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace")
+
+    def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace):
+        self.actor_id = actor_id
+        self.pid = pid
+        self.class_name = class_name
+        self.methods = methods
+        self.is_async = is_async
+        self.name = name
+        self.namespace = namespace
+
+    def __reduce__(self):
+        return (ActorInfo, (self.actor_id, self.pid, self.class_name, self.methods,
+                            self.is_async, self.name, self.namespace))
+
+
+class DriverNode(Node):
+    def __init__(self, num_cpus, namespace):
+        pid = os.getpid()
+        try:
+            # Segments of drivers that were killed before they could unlink them.
+            shm.cleanup_stale_segments()
+        except OSError:  # never let clean-up of others' leftovers block init
+            pass
+        super().__init__(0, pid, f"{shm.DEFAULT_PREFIX}{pid}_")
+        self.num_cpus = num_cpus
+        self.namespace = namespace
+        self.pool = {}
+        self.idle = []
+        self.queue = collections.deque()
+        self.waiting_deps = {}
+        self.num_blocked = 0
+        self.actors = {}       # actor id -> ActorInfo (alive)
+        self.named = {}        # (namespace, name) -> ActorInfo
+        self.forward = {}      # oid/sid -> owner of a nested task
+        self.pids = {0: pid}
+        self._ids = itertools.count(1)
+        self._sched = threading.RLock()
+        self.handlers.update({"Q": self._on_request, "K": self._on_ack})
+        self.zygote = ZygoteClient()
+        try:
+            for _ in range(num_cpus):
+                self._spawn_pool_worker()
+        except BaseException:
+            self.zygote.stop()
+            raise
+
+    # --------------------------------------------------------------- pool
+    def _spawn_spec(self, node_id, kind, link):
+        return {"node_id": node_id, "kind": kind, "driver_pid": self.driver_pid,
+                "shm_prefix": self.shm_prefix,
+                "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd()}
+
+    def _spawn_pool_worker(self):
+        wid = next(self._ids)
+        link = Link.create(self.shm_prefix)
+        try:
+            pid = self.zygote.spawn(self._spawn_spec(wid, "pool", link))
+        except BaseException:
+            link.close()
+            raise
+        self.pids[wid] = pid
+        w = _PoolWorker(wid, pid)
+        self.pool[wid] = w
+        self.idle.append(w)
+        self.add_link(wid, link, pid)
+        return w
+
+    def peer_kind(self, peer):
+        return "worker" if peer in self.pool else "actor"
+
+    def submit(self, spec):
+        with self._sched:
+            deps = []
+            for a in itertools.chain(spec.args, spec.kwargs.values()):
+                if type(a) is ObjectRef and not a._e.ready and a._owner == self.id:
+                    deps.append(a)
+            if deps:
+                spec.deps_left = len(deps)
+                self.waiting_deps[spec.oid] = spec
+                for d in deps:
+                    d._e.add_callback(lambda _e, spec=spec: self._dep_ready(spec))
+            else:
+                self.queue.append(spec)
+                self._dispatch()
+
+    def _dep_ready(self, spec):
+        with self._sched:
+            spec.deps_left -= 1
+            if spec.deps_left == 0 and self.waiting_deps.pop(spec.oid, None) is not None:
+                self.queue.append(spec)
+                self._dispatch()
+
+    @staticmethod
+    def _inline(values):
+        # Arguments that are ready refs owned here travel as their values
+        # (Ray resolves top-level ref arguments before the call).
+        out = []
+        for a in values:
+            if type(a) is ObjectRef and a._e.ready:
+                if a._e.error is not None:
+                    raise a._e.error
+                a = a._e.value
+            out.append(a)
+        return out
+
+    def _dispatch(self):
+        with self._sched:
+            while self.queue:
+                busy = sum(1 for w in self.pool.values() if w.task is not None and not w.blocked)
+                if busy >= self.num_cpus:
+                    return
+                if not self.idle:
+                    if len(self.pool) >= self.num_cpus + self.num_blocked:
+                        return
+                    self._spawn_pool_worker()
+                spec = self.queue.popleft()
+                if spec.cancelled:
+                    continue
+                try:
+                    args = self._inline(spec.args)
+                    kwargs = dict(zip(spec.kwargs, self._inline(spec.kwargs.values())))
+                except BaseException as err:
+                    self._fail_task(spec, err)
+                    continue
+                w = self.idle.pop()
+                blob = None if spec.fn_id in w.shipped else spec.blob
+                msg = ("T", spec.oid, spec.fn_id, blob, args, kwargs, spec.nret, spec.stream,
+                       spec.bp, spec.name)
+                try:
+                    self.links[w.id].send(msg)
+                except (ConnectionError, OSError):
+                    self.idle.append(w)
+                    self.queue.appendleft(spec)
+                    return
+                except Exception as exc:  # an argument that cannot be serialised
+                    self.idle.append(w)
+                    self._fail_task(spec, TypeError(
+                        f"could not serialize the arguments of {spec.name}: {exc}"))
+                    continue
+                w.shipped.add(spec.fn_id)
+                w.task = spec
+
+    def _fail_task(self, spec, err):
+        if spec.owner != self.id:
+            if spec.stream:
+                self.send(spec.owner, ("I", spec.oid, 0, False, err))
+                self.send(spec.owner, ("E", spec.oid, 1))
+            else:
+                self.send(spec.owner, ("R", spec.oid, False, err))
+            return
+        if spec.stream:
+            s = self.streams.get(spec.oid)
+            if s is not None:
+                self.fail_stream(s, err)
+            return
+        target = self.pending.pop(spec.oid, None)
+        if type(target) is list:
+            for e in target:
+                e.set_error(err)
+        elif target is not None:
+            target.set_error(err)
+
+    def _task_finished(self, peer, oid):
+        w = self.pool.get(peer)
+        if w is not None and w.task is not None and w.task.oid == oid:
+            if w.blocked:
+                w.blocked = False
+                self.num_blocked -= 1
+            w.task = None
+            self.idle.append(w)
+            self._dispatch()
+
+    def _on_result(self, peer, msg):
+        owner = self.forward.pop(msg[1], None)
+        if owner is not None:
+            self.send(owner, msg)
+        else:
+            Node._on_result(self, peer, msg)
+        self._task_finished(peer, msg[1])
+
+    def _on_item(self, peer, msg):
+        owner = self.forward.get(msg[1])
+        if owner is not None:
+            self.send(owner, msg)
+        else:
+            Node._on_item(self, peer, msg)
+
+    def _on_end(self, peer, msg):
+        owner = self.forward.pop(msg[1], None)
+        if owner is not None:
+            self.send(owner, msg)
+        else:
+            Node._on_end(self, peer, msg)
+        self._task_finished(peer, msg[1])
+
+    def _on_ack(self, peer, msg):
+        # Back-pressure acks of a nested task's stream reach us (the items
+        # were forwarded through us): pass them to the worker producing it.
+        if msg[1] in self.forward:
+            for w in self.pool.values():
+                if w.task is not None and w.task.oid == msg[1]:
+                    self.send(w.id, msg)
+                    return
+        Node._on_ack(self, peer, msg)
+
+    def _on_peer_died(self, peer):
+        with self._sched:
+            w = self.pool.pop(peer, None)
+            if w is None:
+                self.actors.pop(peer, None)
+                for key, info in list(self.named.items()):
+                    if info.actor_id == peer:
+                        del self.named[key]
+                return Node._on_peer_died(self, peer)
+            if w in self.idle:
+                self.idle.remove(w)
+            if w.blocked:
+                self.num_blocked -= 1
+            spec = w.task
+            Node._on_peer_died(self, peer)
+            if spec is not None:
+                if spec.cancelled:
+                    self._fail_task(spec, TaskCancelledError())
+                elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams
+                                                and spec.owner == self.id):
+                    spec.retries -= 1
+                    self.queue.appendleft(spec)
+                else:
+                    self.forward.pop(spec.oid, None)
+                    self._fail_task(spec, WorkerCrashedError(
+                        f"The worker (pid={w.pid}) running {spec.name} died unexpectedly."))
+            self._dispatch()
+
+    def cancel_task(self, oid, force):
+        """Cancel a pool task this driver scheduled; True if it was found."""
+        with self._sched:
+            for spec in self.queue:
+                if spec.oid == oid:
+                    spec.cancelled = True
+                    self._fail_task(spec, TaskCancelledError())
+                    return True
+            spec = self.waiting_deps.pop(oid, None)
+            if spec is not None:
+                spec.cancelled = True
+                self._fail_task(spec, TaskCancelledError())
+                return True
+            for w in self.pool.values():
+                if w.task is not None and w.task.oid == oid:
+                    w.task.cancelled = True
+                    if force:
+                        try:
+                            os.kill(w.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    else:
+                        self.send(w.id, ("X", oid, False))
+                        self._fail_task(w.task, TaskCancelledError())
+                    return True
+        return False
+
+    # ------------------------------------------------------------- actors
+    def create_actor(self, cls_blob, class_name, methods, is_async, args, kwargs,
+                     max_concurrency, name, namespace, get_if_exists):
+        with self._sched:
+            if name is not None:
+                existing = self.named.get((namespace, name))
+                if existing is not None:
+                    if get_if_exists:
+                        return existing
+                    raise ValueError(f"Actor with name '{name}' already exists in the "
+                                     f"namespace {namespace}")
+            aid = next(self._ids)
+            link = Link.create(self.shm_prefix)
+            spec = self._spawn_spec(aid, "actor", link)
+            spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name, "args": args,
+                             "kwargs": kwargs, "is_async": is_async,
+                             "max_concurrency": max_concurrency}
+            try:
+                pid = self.zygote.spawn(spec, class_name)
+            except BaseException:
+                link.close()
+                raise
+            self.pids[aid] = pid
+            self.add_link(aid, link, pid)
+            info = ActorInfo(aid, pid, class_name, methods, is_async, name, namespace)
+            self.actors[aid] = info
+            if name is not None:
+                self.named[(namespace, name)] = info
+            return info
+
+    def get_actor(self, name, namespace):
+        info = self.named.get((namespace, name))
+        if info is None:
+            raise ValueError(f"Failed to look up actor with name '{name}'. This could "
+                             f"because 1. You are trying to look up a named actor you didn't "
+                             f"create. 2. The named actor died. 3. You did not use a namespace "
+                             f"matching the namespace of the actor.")
+        return info
+
+    def kill_actor(self, aid):
+        pid = self.pids.get(aid)
+        if pid is not None and aid in self.actors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def connect(self, peer):
+        return peer in self.links
+
+    # ----------------------------------------------------------- requests
+    def _on_request(self, peer, msg):
+        _, req, op, args = msg
+        try:
+            if op == "submit":
+                spec = TaskSpec(*args, owner=peer)
+                if spec.stream:
+                    self.forward[spec.oid] = peer
+                else:
+                    self.forward[spec.oid] = peer
+                self.submit(spec)
+                result = None
+            elif op == "blocked":
+                with self._sched:
+                    w = self.pool.get(peer)
+                    if w is not None and w.task is not None and w.blocked != args:
+                        w.blocked = args
+                        self.num_blocked += 1 if args else -1
+                        self._dispatch()
+                result = None
+            elif op == "connect":
+                target, names = args
+                if target in self.links:
+                    self.send(target, ("A", peer, self.pids.get(peer), names))
+                result = None
+            elif op == "pid_of":
+                result = self.pids.get(args)
+            elif op == "create_actor":
+                result = self.create_actor(*args)
+            elif op == "get_actor":
+                result = self.get_actor(*args)
+            elif op == "kill":
+                self.kill_actor(args)
+                result = None
+            elif op == "cancel":
+                result = self.cancel_task(*args)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+            ok = True
+        except Exception as exc:
+            ok, result = False, exc
+        if req:
+            self.send(peer, ("P", req, ok, result))
+
+    # ----------------------------------------------------------- shutdown
+    def shutdown(self):
+        self.closed = True
+        for peer in list(self.links):
+            self.send(peer, ("Z",))
+        try:
+            self.zygote.stop()
+        finally:
+            for peer in list(self.links):
+                self.remove_peer(peer)
+            for fd in list(self.sentinels):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.sentinels.clear()
+            self.close_bridges()
+            try:
+                for name in shm.list_segments(self.shm_prefix):
+                    shm.unlink_segment(name)
+            except Exception:
+                pass
+            err = ActorDiedError("ray_lite was shut down")
+            for target in list(self.pending.values()):
+                for e in (target if type(target) is list else [target]):
+                    e.set_error(err)
+            self.pending.clear()
+            if state.node is self:
+                state.node = None

@@ -1,0 +1,49 @@
+"""Process helpers: dying with the parent, process sentinels."""
+import ctypes
+import ctypes.util
+import os
+import signal
+
+_PR_SET_PDEATHSIG = 1
+_libc = None
+
+
+def _get_libc():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def die_with_parent(expected_parent, sig=signal.SIGKILL):
+    """Ask the kernel to send ``sig`` to this process when its parent exits.
+
+    The parent may already be gone by the time we ask (then the request
+    would never fire), hence the check of ``getppid`` afterwards.
+    """
+    if _get_libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+    if os.getppid() != expected_parent:
+        os._exit(1)
+
+
+def open_sentinel(pid):
+    """A file descriptor that becomes readable when ``pid`` exits, or None if it is gone.
+
+    Works for processes that are not our children (pidfd, Linux >= 5.3).
+    """
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,327 @@
+"""Remote functions, actor classes, actor handles and their options."""
+import functools
+import inspect
+import os
+
+import cloudpickle
+
+from ray_lite.exceptions import ActorDiedError
+
+from . import state
+from .refs import ObjectRef, ObjectRefGenerator, _Entry, error_entry
+
+# Options Ray accepts that ray_lite honours.
+_TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects"}
+_ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime"}
+# Options that make no sense on one machine but are harmless: accepted, listed
+# in the README, and without effect.
+HARMLESS = {"num_cpus", "num_gpus", "resources", "memory", "scheduling_strategy",
+            "accelerator_type", "label_selector", "_metadata", "enable_task_events",
+            "object_store_memory", "max_restarts", "max_task_retries", "retry_exceptions",
+            "max_calls", "concurrency_groups", "runtime_env", "placement_group",
+            "placement_group_bundle_index", "placement_group_capture_child_tasks",
+            "_labels"}
+# ...except for these values, which ray_lite cannot honour: refusing is
+# better than silently doing something else.
+_REFUSED_UNLESS_DEFAULT = {
+    "num_gpus": (0, None), "max_restarts": (0, None), "max_task_retries": (0, None),
+    "retry_exceptions": (False, None), "max_calls": (0, None), "concurrency_groups": (None,),
+    "runtime_env": (None,), "placement_group": (None, "default"),
+    "placement_group_bundle_index": (-1, None),
+    "placement_group_capture_child_tasks": (None, False),
+}
+_SIMPLE_TYPES = (int, float, str, bytes, bool, type(None))
+
+
+def _check_options(opts, kind):
+    honoured = _TASK_HONOURED if kind == "task" else _ACTOR_HONOURED
+    for key, value in opts.items():
+        if key not in honoured and key not in HARMLESS:
+            raise ValueError(f"Invalid option keyword {key} for {kind}s. Valid ones are "
+                             f"{sorted(honoured | HARMLESS)}.")
+        allowed = _REFUSED_UNLESS_DEFAULT.get(key)
+        if allowed is not None and value not in allowed and not (
+                isinstance(value, dict) and not value):
+            raise ValueError(f"ray_lite does not support the option {key}={value!r} "
+                             f"(single machine runtime; see the README's list of options)")
+    if kind == "task":
+        nr = opts.get("num_returns", 1)
+        if nr == "dynamic":
+            raise ValueError("ray_lite does not support num_returns='dynamic'; use a "
+                             "streaming generator (num_returns='streaming')")
+        if nr != "streaming" and (not isinstance(nr, int) or nr < 0):
+            raise ValueError(f"num_returns must be a non-negative int or 'streaming', got {nr!r}")
+        mr = opts.get("max_retries", 3)
+        if not isinstance(mr, int) or mr < -1:
+            raise ValueError(f"max_retries must be an int >= -1, got {mr!r}")
+    else:
+        mc = opts.get("max_concurrency", None)
+        if mc is not None and (not isinstance(mc, int) or mc < 1):
+            raise ValueError(f"max_concurrency must be a positive int, got {mc!r}")
+        if opts.get("lifetime") not in (None, "non_detached"):
+            raise ValueError("ray_lite does not support lifetime='detached': actors end with "
+                             "the driver (single machine runtime)")
+    bp = opts.get("_generator_backpressure_num_objects", -1)
+    if bp is not None and (not isinstance(bp, int) or bp == 0 or bp < -1):
+        raise ValueError(f"_generator_backpressure_num_objects must be a positive int or -1, "
+                         f"got {bp!r}")
+
+
+def _check_args_serialisable(args, kwargs, what):
+    # A value the codec cannot carry must fail here, at the call site, and not
+    # later when the scheduler sends the task.
+    if all(type(a) in _SIMPLE_TYPES for a in args) and (
+            not kwargs or all(type(v) in _SIMPLE_TYPES for v in kwargs.values())):
+        return
+    from ray_lite._fast import codec
+    try:
+        codec.dumps((list(args), kwargs))
+    except Exception as exc:
+        raise TypeError(f"Could not serialize the arguments of {what}: {exc}") from exc
+
+
+def _make_call_result(node, nret, stream, bp, name, peer):
+    """Allocate the ids and the refs (or the generator) for a call's results."""
+    n = 1 if stream else max(nret, 1)
+    oid = node.new_oids(n)
+    if stream:
+        s = node.new_stream(oid, peer, bp, name)
+        return oid, s, ObjectRefGenerator(s)
+    if nret == 1:
+        e = _Entry()
+        return oid, e, ObjectRef(oid, node.id, e)
+    entries = [_Entry() for _ in range(nret)]
+    refs = [ObjectRef(oid + i, node.id, e) for i, e in enumerate(entries)]
+    return oid, entries, (refs if nret else None)
+
+
+def _stream_opts(opts, is_gen):
+    nr = opts.get("num_returns", "streaming" if is_gen else 1)
+    stream = nr == "streaming"
+    bp = opts.get("_generator_backpressure_num_objects", -1) or -1
+    return (1 if stream else nr), stream, (bp if stream else -1)
+
+
+class RemoteFunction:
+    """A function run as a task on the worker pool: ``f.remote(...)`` -> ``ObjectRef``."""
+
+    def __init__(self, function, options):
+        _check_options(options, "task")
+        self._function = function
+        self._options = options
+        self._fn_id = os.urandom(8).hex()
+        self._blob = None
+        self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args, **kwargs):
+        name = self._function.__name__
+        raise TypeError(f"Remote functions cannot be called directly. Instead of running "
+                        f"'{name}()', try '{name}.remote()'.")
+
+    def remote(self, *args, **kwargs):
+        return self._remote(self._options, args, kwargs)
+
+    def options(self, **opts):
+        merged = {**self._options, **opts}
+        _check_options(merged, "task")
+        rf = self
+
+        class _Bound:
+            def remote(self, *args, **kwargs):
+                return rf._remote(merged, args, kwargs)
+        return _Bound()
+
+    def _remote(self, opts, args, kwargs):
+        node = state.get_node()
+        name = opts.get("name") or self._function.__qualname__
+        _check_args_serialisable(args, kwargs, name)
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._function)
+        nret, stream, bp = _stream_opts(opts, self._is_gen)
+        retries = opts.get("max_retries", 3)
+        oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
+        if not stream:
+            node.pending[oid] = target
+        args = list(args)
+        if node.id == 0:
+            from .driver import TaskSpec
+            node.submit(TaskSpec(oid, self._fn_id, self._blob, args, kwargs, nret, stream, bp,
+                                 retries, name, 0))
+        else:
+            node.send(0, ("Q", 0, "submit", (oid, self._fn_id, self._blob, args, kwargs, nret,
+                                             stream, bp, retries, name)))
+        return result
+
+    def __reduce__(self):
+        return (_rebuild_function, (self._function, self._options, self._fn_id))
+
+
+def _rebuild_function(function, options, fn_id):
+    rf = RemoteFunction(function, options)
+    rf._fn_id = fn_id
+    return rf
+
+
+def _methods_of(cls):
+    methods = {}
+    for name, member in inspect.getmembers(cls):
+        if name.startswith("__") and name not in ("__call__",):
+            continue
+        if callable(member):
+            is_gen = inspect.isgeneratorfunction(member) or inspect.isasyncgenfunction(member)
+            methods[name] = is_gen
+    return methods
+
+
+def _is_async(cls):
+    return any(inspect.iscoroutinefunction(m) or inspect.isasyncgenfunction(m)
+               for _, m in inspect.getmembers(cls))
+
+
+class ActorClass:
+    """A class whose instances live in their own process: ``C.remote(...)`` -> handle."""
+
+    def __init__(self, cls, options):
+        _check_options(options, "actor")
+        self._cls = cls
+        self._options = options
+        self._blob = None
+        self._methods = _methods_of(cls)
+        self._is_async = _is_async(cls)
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__doc__ = cls.__doc__
+        self.__module__ = cls.__module__
+
+    def __call__(self, *args, **kwargs):
+        name = self._cls.__name__
+        raise TypeError(f"Actors cannot be instantiated directly. Instead of '{name}()', "
+                        f"use '{name}.remote()'.")
+
+    def remote(self, *args, **kwargs):
+        return self._remote(self._options, args, kwargs)
+
+    def options(self, **opts):
+        merged = {**self._options, **opts}
+        _check_options(merged, "actor")
+        ac = self
+
+        class _Bound:
+            def remote(self, *args, **kwargs):
+                return ac._remote(merged, args, kwargs)
+        return _Bound()
+
+    def _remote(self, opts, args, kwargs):
+        node = state.get_node()
+        name = opts.get("name")
+        namespace = opts.get("namespace") or getattr(node, "namespace", None)
+        _check_args_serialisable(args, kwargs, f"{self._cls.__name__}.__init__")
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._cls)
+        mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
+        req = (self._blob, self._cls.__name__, self._methods, self._is_async, list(args),
+               kwargs, mc, name, namespace, bool(opts.get("get_if_exists", False)))
+        if node.id == 0:
+            info = node.create_actor(*req)
+        else:
+            info = node.rpc("create_actor", req)
+        return ActorHandle(info)
+
+    def __reduce__(self):
+        return (_rebuild_actor_class, (self._cls, self._options))
+
+
+def _rebuild_actor_class(cls, options):
+    return ActorClass(cls, options)
+
+
+class ActorHandle:
+    """A handle to an actor; picklable, so it can be passed to tasks and actors."""
+
+    __slots__ = ("_info", "_cache", "__weakref__")
+
+    def __init__(self, info):
+        self._info = info
+        self._cache = {}
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name != "__call__":
+            raise AttributeError(name)
+        info = self._info
+        is_gen = info.methods.get(name)
+        if is_gen is None:
+            raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
+                                 f"(actor class {info.class_name} has no method {name!r})")
+        m = self._cache.get(name)
+        if m is None:
+            m = self._cache[name] = ActorMethod(self, name, is_gen, {})
+        return m
+
+    def __reduce__(self):
+        return (ActorHandle, (self._info,))
+
+    def __repr__(self):
+        return f"Actor({self._info.class_name}, {self._info.actor_id:08x})"
+
+    def __hash__(self):
+        return hash(self._info.actor_id)
+
+    def __eq__(self, other):
+        return isinstance(other, ActorHandle) and other._info.actor_id == self._info.actor_id
+
+
+class ActorMethod:
+    __slots__ = ("_handle", "_name", "_is_gen", "_options")
+
+    def __init__(self, handle, name, is_gen, options):
+        self._handle = handle
+        self._name = name
+        self._is_gen = is_gen
+        self._options = options
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"Actor methods cannot be called directly. Instead of running "
+                        f"'object.{self._name}()', try 'object.{self._name}.remote()'.")
+
+    def options(self, **opts):
+        merged = {**self._options, **opts}
+        for k in merged:
+            if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
+                         "max_task_retries", "retry_exceptions", "concurrency_group",
+                         "enable_task_events"):
+                raise ValueError(f"Invalid option keyword {k} for actor methods.")
+        _check_options({k: v for k, v in merged.items() if k != "concurrency_group"}, "task")
+        return ActorMethod(self._handle, self._name, self._is_gen, merged)
+
+    def remote(self, *args, **kwargs):
+        node = state.get_node()
+        info = self._handle._info
+        aid = info.actor_id
+        opts = self._options
+        nret, stream, bp = _stream_opts(opts, self._is_gen)
+        name = f"{info.class_name}.{self._name}"
+        if args or kwargs:
+            _check_args_serialisable(args, kwargs, name)
+            args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
+                    else a for a in args]
+        if node.id != 0:
+            node.known_pids.setdefault(aid, info.pid)
+        oid, target, result = _make_call_result(node, nret, stream, bp, name, aid)
+        if not stream:
+            node.expect(aid, oid, target, "actor")
+        if aid in node.dead_peers or not node.connect(aid) or not node.send(
+                aid, ("M", oid, self._name, args, kwargs, nret, stream, bp)):
+            err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
+                                 actor_id=aid)
+            if stream:
+                node.fail_stream(target, err)
+            else:
+                node.pending.pop(oid, None)
+                node.inflight.get(aid, {}).pop(oid, None)
+                for e in (target if type(target) is list else [target]):
+                    e.set_error(err)
+        return result
+
+
+_ = error_entry

@@ -1,0 +1,165 @@
+"""Links: the duplex channel between two processes of one runtime.
+
+A link is a pair of single-producer/single-consumer channels, one each way.
+The creator makes it and sends ``names`` to the peer (through the driver or
+at spawn), which attaches by name.  Messages are Python tuples.
+
+The runtime only uses this interface:
+
+``Link.create(prefix) -> link``, ``link.names``, ``Link.attach(names) -> link``
+``link.send(msg)``       thread-safe (one lock per direction: the rings are SPSC)
+``link.recv_all()``      every message available now, never blocks
+``link.fileno()``        readable when messages may be available (for poll/asyncio)
+``link.close()``         closes and, on the creator, unlinks
+``wait_readable(links, fds, timeout)`` sleeps until a link may have data or
+                         one of ``fds`` (process sentinels) is readable.
+
+Messages are encoded by ``ray_lite._fast.codec`` straight into the rings.
+"""
+import select
+import threading
+import time
+
+from ray_lite._fast import ring as _ring_mod
+from ray_lite._fast.errors import ChannelClosedError as _ChannelClosed
+from ray_lite._fast.errors import RingEmpty as _RingEmpty
+from ray_lite._fast.ring import ShmRing as _ShmRing
+
+
+class LinkClosed(ConnectionError):
+    """The peer closed its end of the link."""
+
+
+class Link:
+    """A link over two shared-memory SPSC rings (``ray_lite._fast.ring``)."""
+
+    __slots__ = ("names", "_tx", "_rx", "_lock", "_closed", "_fd", "on_full")
+
+    def __init__(self, names, tx, rx):
+        self.names = names
+        self._tx = tx
+        self._rx = rx
+        self._lock = threading.Lock()
+        self._closed = False
+        self._fd = rx.fileno()
+        self.on_full = None     # called (no lock held) while the peer's ring is full
+
+    @classmethod
+    def create(cls, prefix=None):
+        tx = _ShmRing.create(RING_CAPACITY, side="producer", prefix=prefix)
+        try:
+            rx = _ShmRing.create(RING_CAPACITY, side="consumer", prefix=prefix)
+        except BaseException:
+            tx.close()
+            raise
+        return cls((tx.name, rx.name), tx, rx)
+
+    @classmethod
+    def attach(cls, names):
+        a2b, b2a = names
+        rx = _ShmRing.attach(a2b, side="consumer")
+        try:
+            tx = _ShmRing.attach(b2a, side="producer")
+        except BaseException:
+            rx.close()
+            raise
+        return cls(names, tx, rx)
+
+    def send(self, msg):
+        tx = self._tx
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise LinkClosed("link is closed")
+                try:
+                    # A full ring must not block us for good: the peer may be
+                    # blocked writing to us.  Drain our side, then retry.
+                    tx.put(msg, timeout=0 if self.on_full is not None else None)
+                    return
+                except TimeoutError:
+                    pass
+                except _ChannelClosed as exc:
+                    raise LinkClosed(str(exc)) from None
+            self.on_full()
+
+    def recv_all(self):
+        rx = self._rx
+        out = []
+        if self._closed:
+            return out
+        while rx.poll():
+            try:
+                out.append(rx.get_nowait())
+            except (_RingEmpty, _ChannelClosed):
+                break
+        return out
+
+    def has_data(self):
+        return self._rx.poll()
+
+    def fileno(self):
+        return self._fd
+
+    def arm(self):
+        """Ask for ``fileno()`` to fire at the next message; False if one is there."""
+        if self._closed:
+            return True
+        return self._rx.arm_fd()
+
+    def disarm(self):
+        if not self._closed:
+            self._rx.clear_fd()
+
+    def close(self):
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._tx.close()
+        self._rx.close()
+
+
+RING_COMPILED = _ring_mod.COMPILED
+RING_CAPACITY = 1 << 20
+# The pure-Python ring has no memory fences: a wake-up can be lost (see
+# _ring_py "Ordering"), so sleepers re-check at this interval.
+WEAK_SLICE = None if RING_COMPILED else 0.002
+SPIN_S = 30e-6
+
+
+def wait_readable(links, fds, timeout):
+    """Sleep until a link may have data, a sentinel fd is readable, or ``timeout``.
+
+    A bounded spin on the links first (an active peer answers within
+    microseconds), then a sleep in ``poll`` on the links' descriptors (armed so
+    that the producer writes to them) and ``fds``.  Returns the readable
+    descriptors (empty on timeout); ``timeout=None`` waits for ever.
+    """
+    end = time.perf_counter() + (SPIN_S if timeout is None else min(SPIN_S, timeout))
+    while True:
+        for link in links:
+            if link._rx.poll():
+                return [link.fileno()]
+        if time.perf_counter() >= end:
+            break
+    armed = []
+    for link in links:
+        if not link.arm():
+            for a in armed:
+                a.disarm()
+            return [link.fileno()]
+        armed.append(link)
+    if WEAK_SLICE is not None and (timeout is None or timeout > WEAK_SLICE):
+        timeout = WEAK_SLICE
+    p = select.poll()
+    for link in links:
+        p.register(link.fileno(), select.POLLIN)
+    for fd in fds:
+        p.register(fd, select.POLLIN)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    try:
+        ready = [fd for fd, _ in p.poll(ms)]
+    finally:
+        for link in links:
+            link.disarm()
+    return ready

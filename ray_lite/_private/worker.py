@@ -1,0 +1,444 @@
+"""Worker processes: pool workers run tasks, actor processes host one actor."""
+import asyncio
+import collections
+import inspect
+import os
+import pickle
+import sys
+import threading
+import traceback
+
+import cloudpickle
+
+from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCancelledError
+
+from . import state
+from .node import Node
+from .refs import ObjectRef, ObjectRefGenerator
+from .transport import Link
+
+
+def make_task_error(name, exc, tb=None):
+    """The error sent for a failure of user code: a RayTaskError with the traceback."""
+    if tb is None:
+        tb = traceback.format_exc()
+    if isinstance(exc, RayTaskError):
+        return exc
+    if isinstance(exc, RayError):
+        return exc
+    return RayTaskError(name, tb, exc, os.getpid())
+
+
+def _sendable_error(err, name):
+    """``err`` if it survives a pickle round trip, else a RayTaskError keeping its text.
+
+    An exception class whose ``__init__`` does not match its ``args`` pickles
+    but fails to unpickle: the owner must never receive such a message.
+    """
+    try:
+        pickle.loads(cloudpickle.dumps(err))
+        return err
+    except Exception:
+        tb = getattr(err, "traceback_str", "") or repr(err)
+        return RayTaskError(name, tb, RuntimeError(f"(unpicklable) {err!r}"), os.getpid())
+
+
+class WorkerNode(Node):
+    def __init__(self, spec):
+        super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
+        self.kind = spec["kind"]
+        self.namespace = spec.get("namespace")
+        self.tasks = collections.deque()
+        self.functions = {}
+        self.cancelled = set()
+        self.exiting = False
+        self.known_pids = {0: spec["driver_pid"]}
+        self.stream_acks = {}
+        self.ack_waiters = {}
+        self.running = {}          # oid -> asyncio task (async actors)
+        self.blocked_depth = 0
+        self.current_thread_busy = False
+        self.actor = None
+        self.actor_init_error = None
+        self.loop = None
+        self.executor = None
+        self.handlers.update({"T": self._on_task, "M": self._on_method, "X": self._on_cancel,
+                              "Z": self._on_exit})
+        self.handlers["K"] = self._on_ack_worker
+        self.add_link(0, Link.attach(spec["link_names"]), spec["driver_pid"])
+
+    # ----------------------------------------------------------- plumbing
+    def peer_kind(self, peer):
+        return "worker" if peer == 0 else "actor"
+
+    def on_peer_died(self, peer, kind):
+        if peer == 0:  # the driver is gone: nothing left to do for anyone
+            os._exit(0)
+
+    def connect(self, peer):
+        if peer in self.links:
+            return True
+        if peer in self.dead_peers:
+            return False
+        pid = self.known_pids.get(peer)
+        link = Link.create(self.shm_prefix)
+        self.add_link(peer, link, pid)
+        if peer in self.dead_peers:
+            return False
+        self.send(0, ("Q", 0, "connect", (peer, link.names)))
+        return True
+
+    def _on_attach(self, peer, msg):
+        _, requester, pid, names = msg
+        self.known_pids[requester] = pid
+        self.add_link(requester, Link.attach(names), pid)
+
+    def rpc(self, op, args):
+        """A request to the driver, answered; drives the links while waiting."""
+        req = next(self._rpc_seq)
+        if not self.send(0, ("Q", req, op, args)):
+            raise RuntimeError("the driver is gone")
+        self.wait_until(lambda: req in self.rpc_replies)
+        ok, payload = self.rpc_replies.pop(req)
+        if not ok:
+            raise payload
+        return payload
+
+    def block_begin(self):
+        # A pool worker waiting in get lends its CPU back so that the driver
+        # can run the task it waits for (no deadlock with a full pool).
+        if self.kind == "pool" and self.current_thread_busy:
+            self.blocked_depth += 1
+            if self.blocked_depth == 1:
+                self.send(0, ("Q", 0, "blocked", True))
+
+    def block_end(self):
+        if self.kind == "pool" and self.blocked_depth:
+            self.blocked_depth -= 1
+            if self.blocked_depth == 0:
+                self.send(0, ("Q", 0, "blocked", False))
+
+    def _on_exit(self, peer, msg):
+        self.exiting = True
+        if self.loop is not None:
+            self.loop.call_soon(self.loop.stop)
+
+    def _on_cancel(self, peer, msg):
+        oid, force = msg[1], msg[2]
+        self.cancelled.add(oid)
+        task = self.running.get(oid)
+        if task is not None:
+            task.cancel()
+        w = self.ack_waiters.pop(oid, None)
+        if w is not None:
+            w()
+
+    def _on_ack_worker(self, peer, msg):
+        sid, consumed = msg[1], msg[2]
+        if self.stream_acks.get(sid, -1) < consumed:
+            self.stream_acks[sid] = consumed
+        w = self.ack_waiters.pop(sid, None)
+        if w is not None:
+            w()
+
+    # -------------------------------------------------------------- tasks
+    def _on_task(self, peer, msg):
+        self.tasks.append((peer, msg))
+
+    def _on_method(self, peer, msg):
+        if self.loop is not None:
+            self.loop.create_task(self._run_method_async(peer, msg))
+        elif self.executor is not None:
+            self.executor.submit(self._run_method, peer, msg)
+        else:
+            self.tasks.append((peer, msg))
+
+    def _load_function(self, fn_id, blob):
+        fn = self.functions.get(fn_id)
+        if fn is None:
+            fn = cloudpickle.loads(blob)
+            self.functions[fn_id] = fn
+        return fn
+
+    def _resolve(self, args, kwargs):
+        from ray_lite._private import api
+        if any(type(a) is ObjectRef for a in args):
+            args = [api.get(a) if type(a) is ObjectRef else a for a in args]
+        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+            kwargs = {k: api.get(v) if type(v) is ObjectRef else v for k, v in kwargs.items()}
+        return args, kwargs
+
+    def reply(self, peer, msg, name):
+        """Send a result; an unserialisable one becomes an error at ``get``."""
+        try:
+            link = self.links.get(peer)
+            if link is None:
+                return
+            link.send(msg)
+        except (ConnectionError, OSError):
+            return
+        except Exception as exc:
+            kind = "result" if msg[0] == "R" else f"item {msg[2]}"
+            err = RayTaskError(name, f"could not serialize the {kind} of {name}: {exc!r}",
+                               TypeError(f"could not serialize the {kind} of {name}: {exc}"),
+                               os.getpid())
+            if msg[0] == "R":
+                self.send(peer, ("R", msg[1], False, err))
+            else:
+                self.send(peer, ("I", msg[1], msg[2], False, err))
+                self.send(peer, ("E", msg[1], msg[2] + 1))
+            return False
+        return True
+
+    def run_pool_task(self, peer, msg):
+        _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
+        self.current_thread_busy = True
+        try:
+            try:
+                fn = self._load_function(fn_id, blob)
+                args, kwargs = self._resolve(args, kwargs)
+            except BaseException as exc:
+                self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
+                return
+            self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
+        finally:
+            self.current_thread_busy = False
+            self.cancelled.discard(oid)
+            # Loops made by asyncio.run for async functions are closed now.
+            for loop in [lp for lp in self._bridges if lp.is_closed()]:
+                del self._bridges[loop]
+
+    def _send_failure(self, peer, oid, stream, err, name):
+        err = _sendable_error(err, name)
+        if stream:
+            self.send(peer, ("I", oid, 0, False, err))
+            self.send(peer, ("E", oid, 1))
+        else:
+            self.send(peer, ("R", oid, False, err))
+
+    def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
+        try:
+            result = fn(*args, **kwargs)
+            if stream:
+                if inspect.isasyncgen(result):
+                    asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
+                    return
+                if not inspect.isgenerator(result):
+                    raise TypeError(f"{name} was called with num_returns='streaming' but "
+                                    f"returned {type(result).__name__}, not a generator")
+                self._drain_gen(peer, oid, result, bp, name)
+                return
+            if inspect.iscoroutine(result):
+                result = asyncio.run(result)
+            if nret != 1:
+                result = self._split(result, nret, name)
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
+                raise
+            self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
+            return
+        self.reply(peer, ("R", oid, True, result), name)
+
+    @staticmethod
+    def _split(result, nret, name):
+        if nret == 0:
+            return []
+        try:
+            values = list(result)
+        except TypeError:
+            raise ValueError(f"{name} has num_returns={nret} but returned a "
+                             f"{type(result).__name__}, not a sequence") from None
+        if len(values) != nret:
+            raise ValueError(f"{name} has num_returns={nret} but returned {len(values)} values")
+        return values
+
+    def _wait_backpressure(self, sid, produced, bp):
+        self.wait_until(lambda: produced - self.stream_acks.get(sid, 0) < bp
+                        or sid in self.cancelled)
+
+    def _drain_gen(self, peer, sid, gen, bp, name):
+        i = 0
+        try:
+            for item in gen:
+                if sid in self.cancelled:
+                    gen.close()
+                    return
+                if not self.reply(peer, ("I", sid, i, True, item), name):
+                    gen.close()
+                    return
+                i += 1
+                if bp > 0 and i - self.stream_acks.get(sid, 0) >= bp:
+                    self._wait_backpressure(sid, i, bp)
+                elif i & 31 == 0:
+                    self.drive_nowait()   # notices a cancel without a syscall per item
+        except BaseException as exc:
+            if sid not in self.cancelled:
+                err = _sendable_error(make_task_error(name, exc), name)
+                self.send(peer, ("I", sid, i, False, err))
+                self.send(peer, ("E", sid, i + 1))
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sid not in self.cancelled:
+                raise
+            return
+        finally:
+            self.stream_acks.pop(sid, None)
+        self.send(peer, ("E", sid, i))
+
+    async def _drain_async_gen(self, peer, sid, agen, bp, name):
+        i = 0
+        try:
+            async for item in agen:
+                if sid in self.cancelled:
+                    break
+                if not self.reply(peer, ("I", sid, i, True, item), name):
+                    break
+                i += 1
+                if bp > 0:
+                    while i - self.stream_acks.get(sid, 0) >= bp and sid not in self.cancelled:
+                        bridge = self.bridge_for_running_loop()
+                        fut = bridge.loop.create_future()
+                        self.ack_waiters[sid] = bridge.waker(fut)
+                        await fut
+            else:
+                self.send(peer, ("E", sid, i))
+                return
+            await agen.aclose()
+        except asyncio.CancelledError:
+            return
+        except BaseException as exc:
+            if sid not in self.cancelled:
+                err = _sendable_error(make_task_error(name, exc), name)
+                self.send(peer, ("I", sid, i, False, err))
+                self.send(peer, ("E", sid, i + 1))
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+        finally:
+            self.stream_acks.pop(sid, None)
+            self.ack_waiters.pop(sid, None)
+
+    # ------------------------------------------------------------- actors
+    def start_actor(self, a):
+        name = a["class_name"]
+        try:
+            cls = cloudpickle.loads(a["cls_blob"])
+            args, kwargs = self._resolve(a["args"], a["kwargs"])
+            self.actor = cls(*args, **kwargs)
+        except BaseException as exc:
+            tb = traceback.format_exc()
+            self.actor_init_error = ActorDiedError(
+                f"The actor {name} died because of an error raised in its creation task "
+                f"{name}.__init__():\n{tb}")
+            # Printed so that the user sees it on the terminal, as in Ray.
+            print(tb, file=sys.stderr, end="")
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+
+    def _method_for(self, msg):
+        method = msg[2]
+        if self.actor_init_error is not None:
+            raise self.actor_init_error
+        try:
+            return getattr(self.actor, method)
+        except AttributeError:
+            raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
+                                 f"'{method}'") from None
+
+    def _run_method(self, peer, msg):
+        _, oid, method, args, kwargs, nret, stream, bp = msg
+        name = f"{type(self.actor).__name__}.{method}"
+        try:
+            fn = self._method_for(msg)
+            args, kwargs = self._resolve(args, kwargs)
+        except BaseException as exc:
+            err = exc if isinstance(exc, RayError) else make_task_error(name, exc)
+            self._send_failure(peer, oid, stream, err, name)
+            return
+        self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
+
+    async def _run_method_async(self, peer, msg):
+        _, oid, method, args, kwargs, nret, stream, bp = msg
+        name = f"{type(self.actor).__name__}.{method}"
+        self.running[oid] = asyncio.current_task()
+        try:
+            try:
+                fn = self._method_for(msg)
+                args, kwargs = self._resolve(args, kwargs)
+                result = fn(*args, **kwargs)
+                if stream:
+                    if inspect.isasyncgen(result):
+                        await self._drain_async_gen(peer, oid, result, bp, name)
+                        return
+                    if inspect.isgenerator(result):
+                        self._drain_gen(peer, oid, result, bp, name)
+                        return
+                    raise TypeError(f"{name} was called with num_returns='streaming' but "
+                                    f"returned {type(result).__name__}, not a generator")
+                if inspect.isawaitable(result):
+                    result = await result
+                if nret != 1:
+                    result = self._split(result, nret, name)
+            except asyncio.CancelledError:
+                self._send_failure(peer, oid, stream, TaskCancelledError(), name)
+                return
+            except BaseException as exc:
+                err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
+                    else make_task_error(name, exc)
+                self._send_failure(peer, oid, stream, err, name)
+                return
+            self.reply(peer, ("R", oid, True, result), name)
+        finally:
+            self.running.pop(oid, None)
+            self.cancelled.discard(oid)
+
+
+def _is_async_class(cls):
+    for _, member in inspect.getmembers(cls):
+        if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
+            return True
+    return False
+
+
+def worker_main(spec):
+    node = WorkerNode(spec)
+    state.node = node
+    os.chdir(spec.get("cwd", os.getcwd()))
+    if spec["kind"] == "pool":
+        while not node.exiting:
+            node.wait_until(lambda: node.tasks or node.exiting)
+            while node.tasks and not node.exiting:
+                peer, msg = node.tasks.popleft()
+                node.run_pool_task(peer, msg)
+        return
+    a = spec["actor"]
+    if a["is_async"]:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        node.loop = loop
+
+        async def boot():
+            node.bridge_for_running_loop()
+            node.start_actor(a)
+            # Calls that arrived while the constructor ran.
+            node.drive_nowait()
+        loop.run_until_complete(boot())
+        if not node.exiting:
+            loop.run_forever()
+        return
+    # Calls queue up while the constructor runs; they execute in order after.
+    node.start_actor(a)
+    if a["max_concurrency"] > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        node.executor = ThreadPoolExecutor(a["max_concurrency"], thread_name_prefix="actor")
+        while node.tasks:
+            peer, msg = node.tasks.popleft()
+            node.executor.submit(node._run_method, peer, msg)
+        node.wait_until(lambda: node.exiting)
+        return
+    while not node.exiting:
+        node.wait_until(lambda: node.tasks or node.exiting)
+        while node.tasks and not node.exiting:
+            peer, msg = node.tasks.popleft()
+            node._run_method(peer, msg)
+
+
+_ = (threading, ObjectRefGenerator, _is_async_class)

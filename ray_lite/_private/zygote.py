@@ -1,0 +1,305 @@
+"""The zygote: a process that imports the runtime once and forks workers.
+
+Started by the driver at ``init`` with the driver's ``sys.path`` and working
+directory, so a forked worker has the runtime (and whatever the zygote
+imported) loaded already and starts in about a millisecond.
+
+It also relays the workers' output: each worker's stdout/stderr is a pipe
+that the zygote reads, writing every line to its own stdout/stderr (the
+driver's terminal) prefixed with ``(pid=N)`` or ``(Label pid=N)``, as Ray does.
+
+Life cycle: the zygote lives in its own session (a Ctrl-C in the driver's
+terminal does not reach the workers), exits when the driver closes the
+control socket or dies (it watches a pidfd of the driver), and before
+exiting kills and reaps every worker, so that once the driver has reaped the
+zygote no worker is left.  Workers die with the zygote (PR_SET_PDEATHSIG).
+"""
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+_HEADER = struct.Struct("<I")
+
+
+def _send_frame(sock, obj):
+    data = pickle.dumps(obj, protocol=5)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("zygote control socket closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_frame(sock):
+    (size,) = _HEADER.unpack(_recv_exact(sock, 4))
+    return pickle.loads(_recv_exact(sock, size))
+
+
+class ZygoteClient:
+    """The driver's side: starts the zygote, asks it for workers, stops it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock = parent
+        driver_pid = os.getpid()
+        # The path is set before anything is imported so that the zygote (and
+        # its workers) import exactly what the driver can.
+        code = ("import sys; sys.path[:] = %r; "
+                "from ray_lite._private.zygote import main; main()") % (list(sys.path),)
+        main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(child.fileno()), str(driver_pid),
+                 "1" if main_thread else "0"],
+                pass_fds=(child.fileno(),), cwd=os.getcwd(), stdin=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True)
+        finally:
+            child.close()
+
+    def spawn(self, spec, label=""):
+        """Fork a worker running ``spec``; return its pid."""
+        with self._lock:
+            _send_frame(self._sock, ("spawn", spec, label))
+            reply = _recv_frame(self._sock)
+        if reply[0] != "ok":
+            raise RuntimeError(f"the zygote could not start a worker: {reply[1]}")
+        return reply[1]
+
+    def stop(self, timeout=5.0):
+        """Ask the zygote to end its workers and exit; reap it (kill if it lingers)."""
+        try:
+            with self._lock:
+                _send_frame(self._sock, ("exit",))
+        except OSError:
+            pass
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+        self._sock.close()
+
+
+class _Relay:
+    __slots__ = ("pid", "prefix", "target", "partial")
+
+    def __init__(self, pid, prefix, target):
+        self.pid = pid
+        self.prefix = prefix
+        self.target = target
+        self.partial = b""
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            time.sleep(0.001)
+            continue
+        except OSError:
+            return
+        view = view[n:]
+
+
+def _spawn_worker(spec, label, ctrl, sel_fds):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    zygote_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        code = 1
+        try:
+            ctrl.close()
+            for fd in sel_fds + [out_r, err_r]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            from .procutil import die_with_parent
+            die_with_parent(zygote_pid)
+            try:
+                sys.stdout.reconfigure(line_buffering=True)
+                sys.stderr.reconfigure(line_buffering=True)
+            except (AttributeError, ValueError):
+                pass
+            from .worker import worker_main
+            worker_main(spec)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    return pid, out_r, err_r
+
+
+def main():
+    ctrl_fd, driver_pid, main_thread = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .procutil import die_with_parent, open_sentinel
+    if main_thread:
+        # PDEATHSIG fires when the *thread* that forked us exits: only safe
+        # when the driver started us from its main thread.  The pidfd below
+        # covers the other case.
+        die_with_parent(driver_pid)
+    ctrl = socket.socket(fileno=ctrl_fd)
+    driver_sentinel = open_sentinel(driver_pid)
+    if driver_sentinel is None:
+        return
+    # Import once what every worker needs; forks inherit it.
+    from . import worker  # noqa: F401
+
+    sel = selectors.DefaultSelector()
+    sel.register(ctrl, selectors.EVENT_READ, "ctrl")
+    sel.register(driver_sentinel, selectors.EVENT_READ, "driver")
+    relays = {}        # read fd -> _Relay
+    open_pipes = {}    # pid -> number of its pipes still open
+    exiting = False
+    deadline = None
+    ctrl_buf = bytearray()
+
+    def reap(pid):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+    def close_relay(fd):
+        relay = relays.pop(fd)
+        sel.unregister(fd)
+        os.close(fd)
+        if relay.partial:
+            _write_all(relay.target, relay.prefix + relay.partial + b"\n")
+        open_pipes[relay.pid] -= 1
+        if open_pipes[relay.pid] == 0:
+            del open_pipes[relay.pid]
+            reap(relay.pid)
+
+    def begin_exit():
+        nonlocal exiting, deadline
+        if not exiting:
+            exiting = True
+            deadline = time.monotonic() + 2.0
+            try:
+                sel.unregister(ctrl)
+            except (KeyError, ValueError):
+                pass
+
+    while True:
+        if exiting:
+            if not open_pipes:
+                break
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                for pid in list(open_pipes):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                deadline = time.monotonic() + 5.0
+                timeout = 5.0
+            events = sel.select(timeout)
+            if not events and timeout >= 5.0:
+                break  # pragma: no cover (a worker that ignores SIGKILL's pipe EOF)
+        else:
+            events = sel.select()
+        for key, _ in events:
+            tag = key.data
+            if tag == "ctrl":
+                try:
+                    chunk = ctrl.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    begin_exit()
+                    continue
+                ctrl_buf += chunk
+                while len(ctrl_buf) >= 4:
+                    (size,) = _HEADER.unpack_from(ctrl_buf, 0)
+                    if len(ctrl_buf) < 4 + size:
+                        break
+                    req = pickle.loads(bytes(ctrl_buf[4:4 + size]))
+                    del ctrl_buf[:4 + size]
+                    if req[0] == "spawn":
+                        try:
+                            pid, out_r, err_r = _spawn_worker(
+                                req[1], req[2], ctrl, list(relays) + [driver_sentinel])
+                        except Exception as exc:  # fork failure, too many files, ...
+                            _send_frame(ctrl, ("error", repr(exc)))
+                            continue
+                        label = req[2]
+                        prefix = (f"({label} pid={pid}) " if label else f"(pid={pid}) ").encode()
+                        for fd, target in ((out_r, 1), (err_r, 2)):
+                            relays[fd] = _Relay(pid, prefix, target)
+                            sel.register(fd, selectors.EVENT_READ, "out")
+                        open_pipes[pid] = 2
+                        _send_frame(ctrl, ("ok", pid))
+                    elif req[0] == "exit":
+                        begin_exit()
+                        break
+            elif tag == "driver":
+                # The driver died: no one will ever need these workers.
+                for pid in list(open_pipes):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                sel.unregister(driver_sentinel)
+                begin_exit()
+            else:
+                fd = key.fd
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    close_relay(fd)
+                    continue
+                relay = relays[fd]
+                data = relay.partial + data
+                lines = data.split(b"\n")
+                relay.partial = lines.pop()
+                if lines:
+                    p = relay.prefix
+                    _write_all(relay.target, b"".join(p + ln + b"\n" for ln in lines))
+    for pid in list(open_pipes):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reap(pid)

@@ -1,0 +1,98 @@
+"""Core runtime benchmarks: B1, B3, B10, B11, B13 (``ray-lite bench core``).
+
+Each workload runs in a fresh interpreter (a clean runtime per figure) from
+``_core_workloads.py``, which is written against Ray's API; with
+``--compare-ray PYTHON`` the same file runs on Ray with that interpreter.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from ._harness import ERROR, Figure, missing, summarize_trials
+
+DESCRIPTION = "core runtime: streaming throughput, ready-check, init, round trips, worker memory"
+WORKLOADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_core_workloads.py")
+
+
+def _run(python, raymod, name, scale, timeout=900):
+    env = dict(os.environ, RAYMOD=raymod)
+    if raymod == "ray_lite":
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p])
+    out = subprocess.run([python, WORKLOADS, name, scale], capture_output=True, text=True,
+                         timeout=timeout, env=env, cwd=os.path.dirname(WORKLOADS))
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{name} on {raymod} failed (exit {out.returncode}): "
+                       f"{out.stderr.strip()[-800:]}")
+
+
+def _fig(bench, name, impl, label, unit, values, goal=None, met=None, **kw):
+    value, spread = summarize_trials(values)
+    return Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, value=value,
+                  spread=spread, trials=len(values), goal=goal,
+                  goal_met=None if met is None else met(value), **kw)
+
+
+def _figures(res, impl, label, with_goals):
+    g = (lambda text, fn: (text, fn)) if with_goals else (lambda text, fn: (None, None))
+    figs = []
+    if "b1" in res:
+        r = res["b1"]
+        goal, met = g(">= 250,000", lambda v: v >= 250_000)
+        figs.append(_fig("B1", "core streaming, async actor -> async caller actor, tokens/s",
+                         impl, label, "tokens/s", r["tokens_per_s"], goal, met,
+                         detail={k: r[k] for k in ("p50_ms", "p75_ms", "p99_ms")},
+                         note=f"P50 {r['p50_ms']:.1f} ms, P99 {r['p99_ms']:.1f} ms per stream"))
+    if "b3" in res:
+        r = res["b3"]
+        both = [a + b for a, b in zip(r["next_us"], r["get_us"])]
+        goal, met = g("<= 0.5 us", lambda v: v <= 0.5)
+        figs.append(_fig("B3", "next() + get() on a reported item", impl, label, "us", both,
+                         goal, met))
+        figs.append(_fig("B3", "wait() on a ready ref", impl, label, "us", r["wait_us"]))
+    if "b10" in res:
+        goal, met = g("<= 0.3 s", lambda v: v <= 0.3)
+        figs.append(_fig("B10", "init() until it runs a task", impl, label, "s",
+                         res["b10"]["init_s"], goal, met))
+    if "b11" in res:
+        r = res["b11"]
+        goal, met = g("<= 20 us", lambda v: v <= 20)
+        figs.append(_fig("B11", "task round trip get(f.remote(x))", impl, label, "us",
+                         r["task_us"], goal, met))
+        goal, met = g("<= 10 us", lambda v: v <= 10)
+        figs.append(_fig("B11", "actor call round trip", impl, label, "us", r["actor_us"],
+                         goal, met))
+    if "b13" in res:
+        r = res["b13"]
+        vals = r["task_worker_rss_mb"] + [r["actor_rss_mb"]]
+        goal, met = g("<= 30 MB", lambda v: v <= 30)
+        figs.append(_fig("B13", "RSS of an idle worker / actor process", impl, label, "MB",
+                         [statistics.mean(vals)] if len(vals) < 2 else vals, goal, met))
+    return figs
+
+
+def _measure(ctx, python, raymod, impl, label, with_goals):
+    figs = []
+    for name in ("b10", "b11", "b3", "b1", "b13"):
+        ctx.log(f"core: {name} on {label}")
+        try:
+            res = {name: _run(python, raymod, name, ctx.scale)}
+        except Exception as exc:  # noqa: BLE001 - one failed workload must not hide the rest
+            figs.append(missing(name.upper(), name, impl, label, "", ERROR, str(exc)))
+            continue
+        figs.extend(_figures(res, impl, label, with_goals))
+    return figs
+
+
+def run(ctx):
+    from ray_lite import _fast
+    impl = "compiled" if _fast.USING_EXTENSIONS else "python"
+    return _measure(ctx, sys.executable, "ray_lite", impl, f"ray_lite ({impl})", True)
+
+
+def compare_ray(ctx, python):
+    return _measure(ctx, python, "ray", "anchor", "Ray", False)

@@ -1,0 +1,199 @@
+"""Core runtime: actors (sync, async, threaded), names, kill, handles."""
+import asyncio
+import os
+import threading
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import ActorDiedError, RayActorError
+
+T = 60
+
+
+@pytest.fixture
+def rt():
+    ray.init(num_cpus=2)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@ray.remote
+class Counter:
+    def __init__(self, start=0):
+        self.n = start
+
+    def incr(self, by=1):
+        self.n += by
+        return self.n
+
+    def get(self):
+        return self.n
+
+    def pid(self):
+        return os.getpid()
+
+    def fail(self):
+        raise KeyError("nope")
+
+
+def test_calls_run_in_submission_order(rt):
+    c = Counter.remote(10)
+    refs = [c.incr.remote() for _ in range(200)]
+    assert ray.get(refs, timeout=T) == list(range(11, 211))
+    assert ray.get(c.get.remote(), timeout=T) == 210
+
+
+def test_each_actor_is_its_own_process(rt):
+    a, b = Counter.remote(), Counter.remote()
+    pa, pb = ray.get([a.pid.remote(), b.pid.remote()], timeout=T)
+    assert pa != pb and os.getpid() not in (pa, pb)
+
+
+def test_actor_errors_and_bad_method(rt):
+    c = Counter.remote()
+    with pytest.raises(KeyError):
+        ray.get(c.fail.remote(), timeout=T)
+    assert ray.get(c.incr.remote(), timeout=T) == 1   # it lives on
+    with pytest.raises(AttributeError, match="no_such"):
+        c.no_such.remote()
+    with pytest.raises(TypeError, match=r"Counter.remote\(\)"):
+        Counter()
+
+
+def test_constructor_error_fails_every_call(rt):
+    @ray.remote
+    class Broken:
+        def __init__(self):
+            raise RuntimeError("cannot start")
+
+        def f(self):
+            return 1
+    b = Broken.remote()
+    with pytest.raises(ActorDiedError, match="cannot start"):
+        ray.get(b.f.remote(), timeout=T)
+
+
+def test_named_actors_and_get_actor(rt):
+    c = Counter.options(name="counter").remote(5)
+    same = ray.get_actor("counter")
+    assert ray.get(same.incr.remote(), timeout=T) == 6
+    with pytest.raises(ValueError, match="already exists"):
+        Counter.options(name="counter").remote()
+    again = Counter.options(name="counter", get_if_exists=True).remote()
+    assert ray.get(again.get.remote(), timeout=T) == 6
+    with pytest.raises(ValueError, match="missing"):
+        ray.get_actor("missing")
+    ray.kill(c)
+    with pytest.raises(ActorDiedError):
+        ray.get(c.get.remote(), timeout=T)
+    # The name is free once the death was noticed (the get above noticed it).
+    with pytest.raises(ValueError):
+        ray.get_actor("counter")
+
+
+def test_kill_fails_pending_and_later_calls(rt):
+    @ray.remote
+    class Sleeper:
+        def sleep(self):
+            import time
+            time.sleep(300)
+    s = Sleeper.remote()
+    pending = s.sleep.remote()
+    ray.kill(s)
+    with pytest.raises(RayActorError):
+        ray.get(pending, timeout=T)
+    with pytest.raises(ActorDiedError):
+        ray.get(s.sleep.remote(), timeout=T)
+    with pytest.raises(ValueError):
+        ray.kill(Counter)
+
+
+def test_handles_travel_to_tasks_and_actors(rt):
+    c = Counter.remote()
+
+    @ray.remote
+    def bump(handle, n):
+        return ray.get([handle.incr.remote() for _ in range(n)])[-1]
+    assert ray.get(bump.remote(c, 3), timeout=T) == 3
+
+    @ray.remote
+    class Caller:
+        def __init__(self, target):
+            self.target = target
+
+        def call(self):
+            return ray.get(self.target.incr.remote(10))
+    caller = Caller.remote(c)
+    assert ray.get(caller.call.remote(), timeout=T) == 13
+    assert ray.get(c.get.remote(), timeout=T) == 13
+
+
+def test_async_actor_runs_calls_concurrently(rt):
+    @ray.remote
+    class Rendezvous:
+        def __init__(self):
+            self.event = asyncio.Event()
+
+        async def wait_for_set(self):
+            await self.event.wait()
+            return "released"
+
+        async def set(self):
+            self.event.set()
+            return "set"
+    r = Rendezvous.remote()
+    first = r.wait_for_set.remote()     # would block a sequential actor for ever
+    assert ray.get(r.set.remote(), timeout=T) == "set"
+    assert ray.get(first, timeout=T) == "released"
+
+
+def test_threaded_actor_max_concurrency(rt):
+    @ray.remote(max_concurrency=4)
+    class Gate:
+        def __init__(self):
+            self.event = threading.Event()
+
+        def wait_for_set(self):
+            return self.event.wait(T)
+
+        def set(self):
+            self.event.set()
+            return True
+    g = Gate.remote()
+    waiting = [g.wait_for_set.remote() for _ in range(2)]
+    assert ray.get(g.set.remote(), timeout=T)
+    assert ray.get(waiting, timeout=T) == [True, True]
+
+
+def test_async_actor_awaits_refs_and_other_actors(rt):
+    c = Counter.remote()
+
+    @ray.remote
+    class Agg:
+        def __init__(self, counter):
+            self.counter = counter
+
+        async def total(self, n):
+            vals = await asyncio.gather(*[self.counter.incr.remote() for _ in range(n)])
+            return sum(vals)
+    a = Agg.remote(c)
+    assert ray.get(a.total.remote(4), timeout=T) == 1 + 2 + 3 + 4
+
+
+def test_await_ref_in_driver(rt):
+    async def main():
+        c = Counter.remote()
+        return await c.incr.remote(5)
+    assert asyncio.run(asyncio.wait_for(main(), T)) == 5
+
+
+def test_actor_options(rt):
+    with pytest.raises(ValueError, match="detached"):
+        Counter.options(lifetime="detached")
+    with pytest.raises(ValueError, match="max_restarts"):
+        Counter.options(max_restarts=2)
+    c = Counter.options(num_cpus=1, max_concurrency=1, namespace="x").remote()
+    assert ray.get(c.incr.remote(), timeout=T) == 1

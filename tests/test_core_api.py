@@ -1,0 +1,284 @@
+"""Core runtime: init, tasks, objects, errors, options."""
+import os
+import pickle
+import signal
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import (GetTimeoutError, RayError, RayTaskError, TaskCancelledError,
+                                 WorkerCrashedError)
+
+T = 60  # bound on every wait: a bug fails the test instead of hanging it
+
+
+@pytest.fixture
+def rt():
+    """A runtime per test: init is fast, and the leak check is per test."""
+    ray.init(num_cpus=2)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@ray.remote
+def double(x):
+    return 2 * x
+
+
+@ray.remote
+def add(a, b=0):
+    return a + b
+
+
+@ray.remote
+def fail(msg):
+    raise ValueError(msg)
+
+
+class CustomError(Exception):
+    pass
+
+
+class UnpicklableError(Exception):
+    def __init__(self, msg, code):   # pickles, but cannot be rebuilt from its args
+        super().__init__(msg)
+        self.code = code
+
+
+@ray.remote
+def fail_custom():
+    err = CustomError("custom")
+    err.code = 7
+    raise err
+
+
+@ray.remote
+def fail_unpicklable():
+    raise UnpicklableError("odd", 1)
+
+
+def test_init_shutdown_and_reinit():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=1)
+    try:
+        assert ray.is_initialized()
+        with pytest.raises(RuntimeError, match="ignore_reinit_error"):
+            ray.init(num_cpus=1)
+        ray.init(num_cpus=1, ignore_reinit_error=True)
+        assert ray.get(double.remote(2), timeout=T) == 4
+    finally:
+        ray.shutdown()
+    assert not ray.is_initialized()
+    ray.shutdown()  # idempotent
+
+
+def test_first_remote_starts_the_runtime():
+    assert not ray.is_initialized()
+    try:
+        ref = double.remote(5)
+        assert ray.is_initialized()
+        assert ray.get(ref, timeout=T) == 10
+    finally:
+        ray.shutdown()
+
+
+def test_init_refuses_what_it_cannot_honour():
+    with pytest.raises(ValueError, match="runtime_env"):
+        ray.init(runtime_env={"pip": ["x"]})
+    with pytest.raises(ValueError, match="address"):
+        ray.init(address="ray://somewhere:10001")
+    with pytest.raises(TypeError, match="no_such_option"):
+        ray.init(no_such_option=1)
+    assert not ray.is_initialized()
+
+
+def test_tasks_and_options(rt):
+    assert ray.get(double.remote(21), timeout=T) == 42
+    assert ray.get([double.remote(i) for i in range(20)], timeout=T) == [2 * i for i in range(20)]
+    assert ray.get(add.remote(1, b=2), timeout=T) == 3
+    assert ray.get(double.options(name="d2", max_retries=0).remote(4), timeout=T) == 8
+
+    @ray.remote(num_returns=2)
+    def pair(x):
+        return x, x + 1
+    a, b = pair.remote(1)
+    assert ray.get([a, b], timeout=T) == [1, 2]
+    assert ray.get(pair.options(num_returns=1).remote(3), timeout=T) == (3, 4)
+
+
+def test_remote_function_cannot_be_called_directly():
+    with pytest.raises(TypeError, match=r"double.remote\(\)"):
+        double(1)
+
+
+def test_objectref_semantics(rt):
+    r = ray.put({"a": [1, 2]})
+    assert ray.get(r) == {"a": [1, 2]}
+    assert hash(r) == hash(pickle.loads(pickle.dumps(r)))
+    assert r == pickle.loads(pickle.dumps(r))
+    assert len({r, r, ray.put(1)}) == 2
+    with pytest.raises(TypeError, match="put"):
+        ray.put(r)
+    with pytest.raises(TypeError):
+        ray.get(5)
+
+
+def test_refs_as_arguments(rt):
+    x = ray.put(10)
+    # A top-level ref argument arrives as its value...
+    assert ray.get(add.remote(x, b=double.remote(1)), timeout=T) == 12
+
+    # ...a nested one as a ref that the task can get.
+    @ray.remote
+    def total(refs):
+        assert all(isinstance(r, ray.ObjectRef) for r in refs)
+        return sum(ray.get(refs))
+    assert ray.get(total.remote([x, double.remote(5)]), timeout=T) == 20
+
+    # A chain of dependencies resolves before each call.
+    r = ray.put(1)
+    for _ in range(5):
+        r = double.remote(r)
+    assert ray.get(r, timeout=T) == 32
+
+
+def test_nested_tasks_do_not_deadlock_the_pool(rt):
+    @ray.remote
+    def outer(n):
+        return sum(ray.get([double.remote(i) for i in range(n)]))
+    # More outer tasks than workers, each blocked in get on inner tasks.
+    assert ray.get([outer.remote(3) for _ in range(4)], timeout=T) == [6] * 4
+
+    @ray.remote
+    def deep(n):
+        return 0 if n == 0 else 1 + ray.get(deep.remote(n - 1))
+    assert ray.get(deep.remote(4), timeout=T) == 4
+
+
+def test_task_error_is_the_user_exception_with_traceback(rt):
+    with pytest.raises(ValueError, match="bad input") as info:
+        ray.get(fail.remote("bad input"), timeout=T)
+    err = info.value
+    assert isinstance(err, RayTaskError) and isinstance(err, RayError)
+    assert "fail" in str(err) and "raise ValueError(msg)" in str(err)
+    with pytest.raises(CustomError) as info:
+        ray.get(fail_custom.remote(), timeout=T)
+    assert info.value.code == 7
+    assert isinstance(info.value.cause, CustomError)
+    # An exception that cannot be rebuilt still arrives, as text.
+    with pytest.raises(RayTaskError, match="UnpicklableError"):
+        ray.get(fail_unpicklable.remote(), timeout=T)
+    # An error flows through a dependent task.
+    with pytest.raises(ValueError):
+        ray.get(double.remote(fail.remote("x")), timeout=T)
+
+
+def test_get_timeout_and_wait(rt):
+    @ray.remote
+    def block():
+        import time
+        time.sleep(300)   # the workload, not synchronisation: it is cancelled below
+    slow = block.remote()
+    fast = double.remote(1)
+    with pytest.raises(GetTimeoutError):
+        ray.get(slow, timeout=0.05)
+    ready, not_ready = ray.wait([slow, fast], num_returns=1, timeout=T)
+    assert ready == [fast] and not_ready == [slow]
+    ready, not_ready = ray.wait([slow, fast], num_returns=2, timeout=0.05)
+    assert ready == [fast] and not_ready == [slow]
+    ready, not_ready = ray.wait([slow], timeout=0)
+    assert ready == [] and not_ready == [slow]
+    with pytest.raises(ValueError):
+        ray.wait([fast], num_returns=2)
+    ray.cancel(slow, force=True)
+    with pytest.raises(TaskCancelledError):
+        ray.get(slow, timeout=T)
+    # The pool replaced the killed worker.
+    assert ray.get(double.remote(3), timeout=T) == 6
+
+
+def test_cancel_queued_task(rt):
+    @ray.remote
+    def block():
+        import time
+        time.sleep(300)
+    blockers = [block.remote() for _ in range(2)]
+    queued = double.remote(1)
+    ray.cancel(queued)
+    with pytest.raises(TaskCancelledError):
+        ray.get(queued, timeout=T)
+    for b in blockers:
+        ray.cancel(b, force=True)
+
+
+def test_unserialisable_argument_and_result(rt):
+    import threading
+    with pytest.raises(TypeError, match="serialize"):
+        double.remote(threading.Lock())
+
+    @ray.remote
+    def bad_result():
+        return threading.Lock()
+    with pytest.raises(TypeError, match="serialize"):
+        ray.get(bad_result.remote(), timeout=T)
+    # The worker lives on.
+    assert ray.get([double.remote(i) for i in range(4)], timeout=T) == [0, 2, 4, 6]
+
+
+def test_options_accepted_and_refused(rt):
+    ok = double.options(num_cpus=1, num_gpus=0, resources={}, scheduling_strategy="SPREAD",
+                        memory=10)
+    assert ray.get(ok.remote(1), timeout=T) == 2
+    with pytest.raises(ValueError, match="runtime_env"):
+        double.options(runtime_env={"pip": ["requests"]})
+    with pytest.raises(ValueError, match="placement_group"):
+        double.options(placement_group=object())
+    with pytest.raises(ValueError, match="num_gpus"):
+        double.options(num_gpus=1)
+    with pytest.raises(ValueError, match="dynamic"):
+        double.options(num_returns="dynamic")
+    with pytest.raises(ValueError, match="Invalid option"):
+        double.options(not_an_option=3)
+
+
+def test_worker_crash_is_retried_or_reported(rt, tmp_path):
+    marker = tmp_path / "crashed-once"
+
+    @ray.remote(max_retries=1)
+    def crash_once(path):
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return "survived"
+    assert ray.get(crash_once.remote(str(marker)), timeout=T) == "survived"
+
+    @ray.remote(max_retries=0)
+    def crash():
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(WorkerCrashedError):
+        ray.get(crash.remote(), timeout=T)
+    assert ray.get(double.remote(2), timeout=T) == 4
+
+
+def test_large_numpy_round_trip(rt):
+    np = pytest.importorskip("numpy")
+    a = np.arange(1 << 18, dtype=np.float64)
+    r = double.remote(a)
+    out = ray.get(r, timeout=T)
+    assert out.shape == a.shape and float(out[-1]) == 2 * float(a[-1])
+
+
+def test_worker_output_is_prefixed(capfd):
+    ray.init(num_cpus=1)
+    try:
+        @ray.remote
+        def shout():
+            print("hello from a task")
+            return os.getpid()
+        pid = ray.get(shout.remote(), timeout=T)
+    finally:
+        ray.shutdown()  # the zygote relays everything before it exits
+    out = capfd.readouterr().out
+    assert f"(pid={pid}) hello from a task" in out

@@ -1,0 +1,16 @@
+"""The examples run (as users run them: a separate Python process)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_token_streaming_example():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, str(EXAMPLES / "token_streaming.py"), "3", "50"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "p2: 50 tokens, first 'p2-tok0', last 'p2-tok49'" in out.stdout
+    assert "150 tokens in" in out.stdout
