@@ -2,6 +2,7 @@
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +35,35 @@ def _closing(*queues):
 
 
 # --------------------------------------------------------------- basics
+
+def test_peer_watch_sees_a_zombie_and_a_reaped_process_as_dead(bq):
+    me = bq._PeerWatch(os.getpid())
+    try:
+        assert me.alive() and me.pid == os.getpid()
+    finally:
+        me.close()
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    try:
+        watch = bq._PeerWatch(proc.pid)
+        assert watch.alive()
+        exited = os.pidfd_open(proc.pid)
+        try:
+            proc.stdin.close()  # the child exits; unreaped, it stays a zombie
+            assert select.select([exited], [], [], WAIT)[0] == [exited]
+        finally:
+            os.close(exited)
+        assert not watch.alive()
+        assert not watch.alive()  # and stays dead
+        watch.close()
+    finally:
+        proc.wait(timeout=WAIT)
+    gone = bq._PeerWatch(proc.pid)  # reaped: no such process
+    try:
+        assert not gone.alive()
+    finally:
+        gone.close()
+
 
 def test_every_reader_gets_every_message_in_order(bq):
     w = bq.MessageQueue(3, max_chunk_bytes=1024, max_chunks=4)

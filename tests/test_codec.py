@@ -350,7 +350,7 @@ def test_small_numpy_array_stays_in_band(codec_impl):
     arr = np.arange(10, dtype=np.int32)
     buf = bytearray(4096)
     end, buffers = codec_impl.encode_into(arr, buf, 0)
-    assert buffers == []
+    assert buffers == ()
     out = codec_impl.decode(memoryview(buf)[:end])
     np.testing.assert_array_equal(out, arr)
     buf[:end] = bytes(end)  # the slot is reused: the array must not live in it
@@ -361,7 +361,7 @@ def test_no_threshold_keeps_everything_in_band(codec_impl):
     value = [np.ones(50_000), b"x" * 100_000, bytearray(70_000), memoryview(b"y" * 70_000)]
     buf = bytearray(1 << 20)
     end, buffers = codec_impl.encode_into(value, buf, 0, None)
-    assert buffers == []
+    assert buffers == ()
     out = codec_impl.decode(bytes(buf[:end]))
     np.testing.assert_array_equal(out[0], value[0])
     assert out[1] == value[1] and type(out[2]) is bytearray and out[3].tobytes() == b"y" * 70_000
@@ -405,7 +405,7 @@ def test_just_under_threshold_stays_in_band(codec_impl):
     for value in (b"x" * size, bytearray(size), memoryview(b"z" * size)):
         buf = bytearray(size + 64)
         end, buffers = codec_impl.encode_into(value, buf, 0)
-        assert buffers == [] and end > size
+        assert buffers == () and end > size
         assert bytes(codec_impl.decode(memoryview(buf)[:end])) == bytes(value)
 
 
@@ -417,7 +417,7 @@ def test_custom_threshold(codec_impl):
     end, buffers = codec_impl.encode_into([b""], buf, 0, 0)
     assert len(buffers) == 1
     end, buffers = codec_impl.encode_into([b"x" * 100], buf, 0, -1)  # negative: in-band
-    assert buffers == []
+    assert buffers == ()
 
 
 def test_decoded_values_never_reference_the_input(codec_impl):
@@ -426,7 +426,7 @@ def test_decoded_values_never_reference_the_input(codec_impl):
              "big": 2**100, "thing": Thing("v")}
     slot = bytearray(4096)
     end, buffers = codec_impl.encode_into(value, slot, 0)
-    assert buffers == []
+    assert buffers == ()
     out = codec_impl.decode(memoryview(slot)[:end])
     expected = canon({k: v for k, v in out.items() if k != "np"})
     slot[:] = b"\xee" * len(slot)  # the ring reuses the slot
@@ -444,7 +444,7 @@ def test_encode_into_mmap_at_offset_leaves_the_rest_untouched(codec_impl):
         view = memoryview(mm)
         try:
             end, buffers = codec_impl.encode_into(value, view, 100)
-            assert buffers == [] and end > 100
+            assert buffers == () and end > 100
             assert mm[:100] == b"\xab" * 100 and mm[end:] == b"\xab" * (4096 - end)
             assert mm[100:end] == codec_impl.dumps(value)
             assert codec_impl.decode(view[100:end]) == value
@@ -471,7 +471,7 @@ def test_too_small_buffer_at_every_size(codec_impl, value):
             assert buf[:offset] == b"\x5a" * offset
     buf = bytearray(len(frame) + 3)
     end, buffers = codec_impl.encode_into(value, buf, 3)
-    assert end == len(buf) and bytes(buf[3:]) == frame and buffers == []
+    assert end == len(buf) and bytes(buf[3:]) == frame and buffers == ()
 
 
 def test_too_small_for_large_frames(codec_impl):
@@ -482,6 +482,23 @@ def test_too_small_for_large_frames(codec_impl):
             codec_impl.encode_into(value, bytearray(size))
         assert info.value.needed == len(frame)
     assert codec_impl.encode_into(value, bytearray(len(frame)))[0] == len(frame)
+
+
+@pytest.mark.parametrize("dest", [bytearray, lambda n: memoryview(bytearray(n))])
+def test_out_of_band_buffers_come_back_as_a_tuple(codec_impl, dest):
+    big = codec_impl.OOB_THRESHOLD
+    # No buffers: the empty tuple, also when pickle was asked for some.
+    for value in ("hello", {"token": "hello", "index": 17}, {1, 2}, b"x" * (big - 1)):
+        end, buffers = codec_impl.encode_into(value, dest(big + 64), 0)
+        assert type(buffers) is tuple and buffers == ()
+    # Out-of-band bytes and pickle-5 buffers, in frame order.
+    value = [b"a" * big, np.full(big, 3, np.uint8), {"m": bytearray(b"b" * big)}]
+    buf = dest(4096)
+    end, buffers = codec_impl.encode_into(value, buf, 0)
+    assert type(buffers) is tuple and [bytes(b[:1]) for b in buffers] == [b"a", b"\3", b"b"]
+    assert all(type(b) is memoryview for b in buffers)
+    out = codec_impl.decode(memoryview(buf)[:end], buffers)
+    assert out[0] == value[0] and (out[1] == 3).all() and out[2]["m"] == value[2]["m"]
 
 
 def test_too_small_with_out_of_band_buffers(codec_impl):
@@ -573,6 +590,10 @@ def test_input_released_while_decoding_is_safe(codec_impl):
         assert isinstance(exc.__cause__, BufferError)
     finally:
         _INPUT.clear()
+    view.release()  # the decoder's hold on the view ended with the call
+    container = memoryview(codec_impl.dumps({"k": [1, 2.5, "s"]}))
+    assert codec_impl.decode(container) == {"k": [1, 2.5, "s"]}
+    container.release()
     released = memoryview(b"\x90")
     released.release()
     with pytest.raises(ValueError):

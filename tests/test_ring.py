@@ -2,12 +2,16 @@
 real processes (``ring_peer.Peer``), including a compiled end talking to a
 pure-Python end."""
 import asyncio
+import ctypes
+import errno
 import os
 import queue
 import random
 import select
 import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_lite._fast import NO_EXTENSIONS, shm
+from ray_lite._fast import NO_EXTENSIONS, _wait_py, shm
 from ray_lite._fast.errors import (
     ChannelClosedError,
     DecodeError,
@@ -628,6 +632,57 @@ def test_c_level_api_round_trips_without_python_in_the_loop():
             ringbench.ping(there, back, 1, size=SMALL)   # over the inline limit
     samples = ringbench.c_round_trips(200, warmup=20, timeout=60)   # with its own echo process
     assert len(samples) == 200 and all(s > 0 for s in samples)
+
+
+# ------------------------------------------ shared waiting primitives ---
+# _wait_py: the pure twins' futex and liveness helpers (the compiled twins'
+# are the C ones of _wait.pxd, exercised by every compiled test here).
+
+def test_futex_wait_returns_when_the_word_changed_and_times_out():
+    word = ctypes.c_uint32(5)
+    addr = ctypes.addressof(word)
+    if _wait_py._SYS_FUTEX is None:
+        pytest.skip("no futex on this architecture: futex_wait is a timed sleep")
+    assert _wait_py.futex_wait(addr, 4, 10**10) == errno.EAGAIN  # not 5: no sleep at all
+    assert _wait_py.futex_wait(addr, 5, 1_000_000) == errno.ETIMEDOUT
+
+
+def test_futex_wake_wakes_a_sleeper():
+    word = ctypes.c_uint32(0)
+    addr = ctypes.addressof(word)
+    results = queue.Queue()
+    sleeper = threading.Thread(target=lambda: results.put(_wait_py.futex_wait(addr, 0, 30 * 10**9)))
+    sleeper.start()
+    word.value = 1  # a sleeper that has not slept yet sees the change instead (EAGAIN)
+    _wait_py.futex_wake(addr)
+    sleeper.join(timeout=20)
+    assert not sleeper.is_alive()
+    assert results.get(timeout=1) in (0, errno.EAGAIN)
+
+
+def test_process_liveness_with_and_without_pidfd():
+    me = os.getpid()
+    fd = _wait_py.open_pidfd(me)
+    try:
+        assert _wait_py.process_alive(me, fd) and _wait_py.process_alive(me, -1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        fd = _wait_py.open_pidfd(proc.pid)
+        if fd < 0:
+            pytest.skip("no pidfds on this kernel")
+        try:
+            # Readable once the child exited; it stays a zombie until reaped.
+            assert select.select([fd], [], [], 20)[0] == [fd]
+            assert not _wait_py.process_alive(proc.pid, fd)
+            assert not _wait_py.process_alive(proc.pid, -1)  # the zombie counts as exited
+        finally:
+            os.close(fd)
+    finally:
+        proc.wait(timeout=20)
+    assert not _wait_py.process_alive(proc.pid, -1)
 
 
 # ---------------------------------------------------- other processes ---

@@ -42,5 +42,6 @@ cdef class MessageQueue:
     cdef int _wake_readers(self) except -1
     cdef int _poll(self, uint32_t c, uint64_t k) except -1
     cdef object _read(self, uint32_t c, uint64_t k)
+    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str timeout_message) except -1
     cdef int _wait_space(self, uint32_t c, uint64_t k, int64_t deadline) except -1
     cdef int _wait_message(self, uint32_t c, uint64_t k, int64_t deadline) except -1

@@ -15,14 +15,31 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from ray_lite._fast._codec_c cimport decode_from_ptr, encode_to_ptr
+from ray_lite._fast._wait cimport (
+    rl_fence_seq_cst,
+    rl_fetch_add_u32,
+    rl_futex_wait,
+    rl_futex_wake,
+    rl_load_acquire_int,
+    rl_load_acquire_u32,
+    rl_load_acquire_u64,
+    rl_now_ns,
+    rl_pidfd_open,
+    rl_process_exited,
+    rl_spin,
+    rl_store_release_int,
+    rl_store_release_u32,
+    rl_store_release_u64,
+    rl_wait_policy,
+    sched_yield,
+)
 
 import asyncio
-import mmap
 import os
-import select
 import socket
 import time
 
+from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
 from ray_lite._fast import shm
 from ray_lite._fast.errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
@@ -30,83 +47,25 @@ from ray_lite._fast.errors import BufferTooSmallError, ChannelClosedError, Decod
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
 
-# TODO-dedupe: the ring's _ring_c.pxd is to expose the same nogil wait/wake
-# primitives; switch to them once it does.
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <time.h>
-    #include <sched.h>
-    #include <unistd.h>
-    #include <sys/syscall.h>
-    #include <linux/futex.h>
+# Constants and the cold-path helpers are the specification's own (one
+# implementation of the layout's arithmetic and of the segment handling).
+from ray_lite._fast._broadcast_py import (
+    DEFAULT_MAX_CHUNK_BYTES,
+    DEFAULT_MAX_CHUNKS,
+    HANDLE_TAG,
+    MAGIC,
+    MAX_READERS,
+    MIN_CHUNK_BYTES,
+    VERSION,
+    _buffer_views,
+    _deadline as _deadline_s,
+    _map_readonly,
+    _set_done,
+    _wake_address,
+    geometry,
+)
 
-    static inline uint64_t rlb_load_u64_acquire(const char *p) {
-        return __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
-    }
-    static inline void rlb_store_u64_release(char *p, uint64_t v) {
-        __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELEASE);
-    }
-    static inline uint32_t rlb_load_u32(const char *p) {
-        return __atomic_load_n((const uint32_t *)p, __ATOMIC_ACQUIRE);
-    }
-    static inline void rlb_store_u32(char *p, uint32_t v) {
-        __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELEASE);
-    }
-    static inline void rlb_bump_u32(char *p) {
-        __atomic_fetch_add((uint32_t *)p, 1, __ATOMIC_SEQ_CST);
-    }
-    static inline int rlb_load_int(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void rlb_store_int(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline void rlb_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-    static inline void rlb_relax(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #elif defined(__aarch64__)
-        __asm__ __volatile__("yield" ::: "memory");
-    #else
-        __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    #endif
-    }
-    static inline int64_t rlb_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    }
-    /* Shared (not private) futex: the word lives in a mapping of another process. */
-    static inline void rlb_futex_wait(char *p, uint32_t expected, int64_t timeout_ns) {
-        struct timespec ts;
-        ts.tv_sec = timeout_ns / 1000000000LL;
-        ts.tv_nsec = timeout_ns % 1000000000LL;
-        syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT, expected, &ts, NULL, 0);
-    }
-    static inline void rlb_futex_wake(char *p) {
-        syscall(SYS_futex, (uint32_t *)p, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
-    }
-    """
-    uint64_t rlb_load_u64_acquire(const char* p) noexcept nogil
-    void rlb_store_u64_release(char* p, uint64_t v) noexcept nogil
-    uint32_t rlb_load_u32(const char* p) noexcept nogil
-    void rlb_store_u32(char* p, uint32_t v) noexcept nogil
-    void rlb_bump_u32(char* p) noexcept nogil
-    int rlb_load_int(const int* p) noexcept nogil
-    void rlb_store_int(int* p, int v) noexcept nogil
-    void rlb_fence() noexcept nogil
-    void rlb_relax() noexcept nogil
-    int64_t rlb_now_ns() noexcept nogil
-    void rlb_futex_wait(char* p, uint32_t expected, int64_t timeout_ns) noexcept nogil
-    void rlb_futex_wake(char* p) noexcept nogil
-    int sched_yield() noexcept nogil
-
-
-MAGIC = int.from_bytes(b"RLBCAST1", "little")
-VERSION = 1
-HANDLE_TAG = "ray_lite.MessageQueue/1"
-DEFAULT_MAX_CHUNK_BYTES = 1 << 20
-DEFAULT_MAX_CHUNKS = 16
-MIN_CHUNK_BYTES = 256
-MAX_READERS = 256
-
+# Layout (see _broadcast_py); checked against the specification at import below.
 cdef enum:
     LINE = 64
     OFF_MAGIC = 0
@@ -138,6 +97,21 @@ cdef enum:
     WAIT_FUTEX = 1
     WAIT_FD = 2
 
+for _const, _value in (
+        ("LINE", LINE), ("OFF_MAGIC", OFF_MAGIC), ("OFF_VERSION", OFF_VERSION),
+        ("OFF_N_READERS", OFF_N_READERS), ("OFF_N_CHUNKS", OFF_N_CHUNKS),
+        ("OFF_WRITER_PID", OFF_WRITER_PID), ("OFF_CHUNK_BYTES", OFF_CHUNK_BYTES),
+        ("OFF_CHUNK_STRIDE", OFF_CHUNK_STRIDE), ("OFF_CHUNKS_OFFSET", OFF_CHUNKS_OFFSET),
+        ("OFF_WRITER_CLOSED", OFF_WRITER_CLOSED), ("OFF_DATA_FUTEX", OFF_DATA_FUTEX),
+        ("OFF_WEAK_ORDERING", OFF_WEAK_ORDERING), ("OFF_WRITER_WAITING", OFF_WRITER_WAITING),
+        ("OFF_SPACE_FUTEX", OFF_SPACE_FUTEX), ("OFF_READERS", OFF_READERS), ("R_PID", R_PID),
+        ("R_CLOSED", R_CLOSED), ("R_WAITING", R_WAITING), ("C_SEQ", C_SEQ), ("C_KIND", C_KIND),
+        ("C_N_OOB", C_N_OOB), ("C_FRAME_LEN", C_FRAME_LEN), ("C_TOTAL_LEN", C_TOTAL_LEN),
+        ("C_NAME_LEN", C_NAME_LEN), ("C_MARKS", C_MARKS), ("KIND_INLINE", KIND_INLINE),
+        ("KIND_OOB_SEGMENT", KIND_OOB_SEGMENT), ("WAIT_FUTEX", WAIT_FUTEX), ("WAIT_FD", WAIT_FD)):
+    if getattr(_spec, _const) != _value:
+        raise ImportError(f"_broadcast_c and _broadcast_py disagree on {_const}")
+
 # Waiting strategy (see the pure twin).  Spinning is cheap in C, so it is
 # short and precise; yielding lets the other processes of a 2-core machine
 # run while we still answer within microseconds; both are bounded in time so
@@ -148,20 +122,61 @@ cdef enum:
     SLEEP_SLICE_NS = 100000000
     SLEEP_SLICE_WEAK_NS = 2000000   # when an end cannot fence (see the pure twin)
 
+# rl_spin's phases (the futex sleep that follows is this queue's own: a
+# counter word bumped by the waker, with per-end "waiting" flags).
+cdef rl_wait_policy _BUSY_PHASES
+_BUSY_PHASES.spin_ns = SPIN_NS
+_BUSY_PHASES.yields = 1 << 30       # bounded by time (yield_ns), not by count
+_BUSY_PHASES.yield_ns = YIELD_NS
+_BUSY_PHASES.slice_ns = SLEEP_SLICE_NS
+
+
+cdef struct _SpaceWait:
+    const char* marks       # the chunk's read marks
+    uint32_t n_readers
+    uint64_t want           # every mark must reach this
+    const int* closed       # this end closed (from another thread)
+
+
+cdef bint _space_ready(void* ctx) noexcept nogil:
+    cdef _SpaceWait* w = <_SpaceWait*>ctx
+    cdef uint32_t r
+    if rl_load_acquire_int(w.closed):
+        return True
+    for r in range(w.n_readers):
+        if rl_load_acquire_u64(_u64(w.marks + 8 * r)) < w.want:
+            return False
+    return True
+
+
+cdef struct _MessageWait:
+    const uint64_t* seq     # the chunk's written flag
+    uint64_t want
+    const uint32_t* writer_closed
+    const int* closed       # this end closed (from another thread)
+
+
+cdef bint _message_ready(void* ctx) noexcept nogil:
+    cdef _MessageWait* w = <_MessageWait*>ctx
+    return (rl_load_acquire_u64(w.seq) == w.want or rl_load_acquire_u32(w.writer_closed) != 0
+            or rl_load_acquire_int(w.closed) != 0)
+
+
 cdef inline int64_t _sleep_slice(const char* base) noexcept nogil:
-    return SLEEP_SLICE_WEAK_NS if rlb_load_u32(base + OFF_WEAK_ORDERING) else SLEEP_SLICE_NS
+    return SLEEP_SLICE_WEAK_NS if rl_load_acquire_u32(_u32(base + OFF_WEAK_ORDERING)) else SLEEP_SLICE_NS
+
+
+# Words of the shared mapping, addressed by byte offset (the layout is in bytes).
+cdef inline uint32_t* _u32(const char* p) noexcept nogil:
+    return <uint32_t*>p
+
+
+cdef inline uint64_t* _u64(const char* p) noexcept nogil:
+    return <uint64_t*>p
 
 
 cdef inline uint64_t _align(uint64_t n, uint64_t a) noexcept nogil:
     return (n + a - 1) & ~(a - 1)
-
-
-def geometry(n_readers, max_chunk_bytes, max_chunks):
-    """(chunks_offset, chunk_stride, data_offset, total_size) of a queue."""
-    chunks_offset = _align(OFF_READERS + LINE * n_readers, 4096)
-    data_offset = C_MARKS + _align(8 * n_readers, LINE)
-    stride = _align(data_offset + max_chunk_bytes, LINE)
-    return chunks_offset, stride, data_offset, chunks_offset + stride * max_chunks
 
 
 cdef int64_t _deadline_ns(object timeout) except -2:
@@ -170,7 +185,7 @@ cdef int64_t _deadline_ns(object timeout) except -2:
         return -1
     if timeout < 0:
         raise ValueError("timeout must be non-negative")
-    return rlb_now_ns() + <int64_t>(timeout * 1e9)
+    return rl_now_ns() + <int64_t>(timeout * 1e9)
 
 
 cdef class _PeerWatch:
@@ -181,24 +196,11 @@ cdef class _PeerWatch:
 
     def __cinit__(self, int pid):
         self.pid = pid
-        self._fd = -1
         self._dead = False
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._dead = True
-        except (OSError, AttributeError):
-            self._fd = -1
+        self._fd = rl_pidfd_open(pid)   # -1: no such process (rl_process_exited says so) or no pidfds
 
     def alive(self):
-        if self._dead:
-            return False
-        if self._fd >= 0:
-            p = select.poll()
-            p.register(self._fd, select.POLLIN)
-            if p.poll(0):
-                self._dead = True
-        elif not shm.pid_alive(self.pid):
+        if not self._dead and rl_process_exited(self.pid, self._fd):
             self._dead = True
         return not self._dead
 
@@ -206,10 +208,6 @@ cdef class _PeerWatch:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _wake_address(name, role):
-    return "\0" + name + "." + role
 
 
 cdef uint64_t _layout_total(uint64_t frame_len, list bufs) except? 0:
@@ -240,43 +238,11 @@ cdef int _place_buffers(char* dst, uint64_t frame_end, list bufs) except -1:
     return 0
 
 
-def _buffer_views(src, frame_len, n_oob):
-    if not n_oob:
-        return []
-    off = int(_align(frame_len, 8))
-    lengths = src[off:off + 8 * n_oob].cast("Q").tolist()
-    off += 8 * n_oob
-    views = []
-    for n in lengths:
-        off = int(_align(off, 64))
-        views.append(src[off:off + n])
-        off += n
-    return views
-
-
-def _map_readonly(name, size):
-    try:
-        fd = os.open(shm.segment_path(name), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ChannelClosedError(
-            f"the out-of-band segment {name!r} of a message is gone (the writer closed the queue)") from None
-    try:
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    return memoryview(mm)
-
-
 cdef class _Nothing:
     pass
 
 
 cdef object _NOTHING = _Nothing()
-
-
-def _set_done(fut):
-    if not fut.done():
-        fut.set_result(None)
 
 
 cdef class MessageQueue:
@@ -385,17 +351,17 @@ cdef class MessageQueue:
             raise ValueError(f"reader_rank must be in 0..{self._n_readers - 1}, got {reader_rank}")
         cdef int irank = rank
         cdef char* slot = self._base + OFF_READERS + LINE * irank
-        cdef uint32_t pid = rlb_load_u32(slot + R_PID)
+        cdef uint32_t pid = rl_load_acquire_u32(_u32(slot + R_PID))
         if pid != 0:
             self._release()
             raise ValueError(f"reader rank {rank} of {name!r} is already attached (pid {pid})")
         self._rank = irank
-        rlb_store_u32(slot + R_PID, os.getpid())
-        rlb_fence()
+        rl_store_release_u32(_u32(slot + R_PID), os.getpid())
+        rl_fence_seq_cst()
         # The last reader to attach removes the name (see the pure twin).
         cdef uint32_t r
         for r in range(self._n_readers):
-            if rlb_load_u32(self._base + OFF_READERS + LINE * r + R_PID) == 0:
+            if rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_PID)) == 0:
                 break
         else:
             shm.unlink_segment(name)
@@ -510,8 +476,8 @@ cdef class MessageQueue:
             pass
 
     cdef void _bump(self, uint32_t off) noexcept:
-        rlb_bump_u32(self._base + off)
-        rlb_futex_wake(self._base + off)
+        rl_fetch_add_u32(_u32(self._base + off), 1)
+        rl_futex_wake(_u32(self._base + off))
         # Hand the CPU over: on a machine with few cores the kernel often
         # queues the woken process on *our* core (wake-affine), where it
         # would wait until we block.  Only paid when somebody was asleep,
@@ -528,8 +494,8 @@ cdef class MessageQueue:
         cdef char* marks = self._chunk(c) + C_MARKS
         cdef uint32_t r
         for r in range(self._n_readers):
-            if rlb_load_u64_acquire(marks + 8 * r) < want:
-                if rlb_load_u32(self._base + OFF_READERS + LINE * r + R_CLOSED):
+            if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
+                if rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_CLOSED)):
                     raise ChannelClosedError(f"reader {r} closed the MessageQueue")
                 return False
         return True
@@ -539,8 +505,8 @@ cdef class MessageQueue:
         cdef char* marks = self._chunk(c) + C_MARKS
         cdef uint32_t r, pid
         for r in range(self._n_readers):
-            if rlb_load_u64_acquire(marks + 8 * r) < want:
-                pid = rlb_load_u32(self._base + OFF_READERS + LINE * r + R_PID)
+            if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
+                pid = rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_PID))
                 if pid and not self._peer_alive(pid):
                     raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
 
@@ -560,31 +526,29 @@ cdef class MessageQueue:
         finally:
             self._leave()
 
-    cdef int _wait_space(self, uint32_t c, uint64_t k, int64_t deadline) except -1:
-        cdef char* marks = self._chunk(c) + C_MARKS
-        cdef uint64_t want = k + 1 - self._n_chunks
-        cdef uint32_t n = self._n_readers, r, seen
-        cdef int64_t start, now, slice_ns
-        cdef long spins = 0
-        cdef bint ready = False
+    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str timeout_message) except -1:
+        """One futex sleep of at most a slice, ending at ``deadline``; then signals are checked."""
+        cdef int64_t now, slice_ns = _sleep_slice(self._base)
+        if deadline >= 0:
+            now = rl_now_ns()
+            if now >= deadline:
+                raise TimeoutError(timeout_message)
+            if deadline - now < slice_ns:
+                slice_ns = deadline - now
         with nogil:
-            start = rlb_now_ns()
-            while not ready:
-                ready = True
-                for r in range(n):
-                    if rlb_load_u64_acquire(marks + 8 * r) < want:
-                        ready = False
-                        break
-                if ready or rlb_load_int(&self._closed):
-                    break
-                spins += 1
-                now = rlb_now_ns() if (spins & 31) == 0 or spins > 256 else start
-                if now - start > YIELD_NS or (deadline >= 0 and now >= deadline):
-                    break
-                if now - start > SPIN_NS:
-                    sched_yield()
-                else:
-                    rlb_relax()
+            rl_futex_wait(_u32(futex), seen, slice_ns)
+        PyErr_CheckSignals()
+        return 0
+
+    cdef int _wait_space(self, uint32_t c, uint64_t k, int64_t deadline) except -1:
+        cdef _SpaceWait sw
+        cdef uint32_t seen
+        sw.marks = self._chunk(c) + C_MARKS
+        sw.n_readers = self._n_readers
+        sw.want = k + 1 - self._n_chunks
+        sw.closed = &self._closed
+        with nogil:
+            rl_spin(_space_ready, &sw, deadline, &_BUSY_PHASES)
         cdef char* waiting = self._base + OFF_WRITER_WAITING
         cdef char* futex = self._base + OFF_SPACE_FUTEX
         try:
@@ -593,25 +557,17 @@ cdef class MessageQueue:
                     return 0
                 if self._closed:
                     raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
-                seen = rlb_load_u32(futex)
-                rlb_store_u32(waiting, WAIT_FUTEX)
-                rlb_fence()
+                seen = rl_load_acquire_u32(_u32(futex))
+                rl_store_release_u32(_u32(waiting), WAIT_FUTEX)
+                rl_fence_seq_cst()
                 if self._chunk_free(c, k):
                     return 0
                 self._check_readers_alive(c, k)
-                slice_ns = _sleep_slice(self._base)
-                if deadline >= 0:
-                    now = rlb_now_ns()
-                    if now >= deadline:
-                        raise TimeoutError("MessageQueue.enqueue timed out waiting for readers to make room")
-                    if deadline - now < slice_ns:
-                        slice_ns = deadline - now
-                with nogil:
-                    rlb_futex_wait(futex, seen, slice_ns)
-                PyErr_CheckSignals()
+                self._sleep(futex, seen, deadline,
+                            "MessageQueue.enqueue timed out waiting for readers to make room")
         finally:
             if self._base != NULL:
-                rlb_store_u32(waiting, 0)
+                rl_store_release_u32(_u32(waiting), 0)
 
     cdef int _write(self, uint32_t c, uint64_t k, object obj) except -1:
         stale = self._oob_names[c]
@@ -648,16 +604,21 @@ cdef class MessageQueue:
         memcpy(chunk + C_TOTAL_LEN, &total, 8)
         memcpy(chunk + C_NAME_LEN, &name_len, 4)
         # Publish: the written flag last, with release ordering.
-        rlb_store_u64_release(chunk + C_SEQ, k + 1)
+        rl_store_release_u64(_u64(chunk + C_SEQ), k + 1)
         self._wake_readers()
         return 0
 
     def _write_oob_segment(self, obj, needed):
-        size = max(needed, 2 * self._chunk_bytes, 4096)
+        cdef Py_ssize_t size = max(needed, 2 * self._chunk_bytes, 4096)
+        cdef Py_ssize_t end
+        cdef Py_ssize_t threshold = -1 if self._oob_threshold is None else self._oob_threshold
+        cdef list bufs
+        cdef bytearray frame
         while True:
             frame = bytearray(size)
+            bufs = []
             try:
-                end, bufs = _codec.encode_into(obj, frame, 0, self._oob_threshold)
+                end = encode_to_ptr(obj, <char*>frame, size, bufs, threshold)
                 break
             except BufferTooSmallError as exc:
                 size = max(exc.needed, 2 * size)
@@ -681,11 +642,11 @@ cdef class MessageQueue:
     cdef int _wake_readers(self) except -1:
         # Full fence between our publish and our look at the sleepers: the
         # other half of the handshake in _wait_message.
-        rlb_fence()
+        rl_fence_seq_cst()
         cdef uint32_t r, w, any_futex = 0
         cdef char* slots = self._base + OFF_READERS
         for r in range(self._n_readers):
-            w = rlb_load_u32(slots + LINE * r + R_WAITING)
+            w = rl_load_acquire_u32(_u32(slots + LINE * r + R_WAITING))
             if w:
                 any_futex |= w & WAIT_FUTEX
                 if w & WAIT_FD:
@@ -698,12 +659,12 @@ cdef class MessageQueue:
 
     cdef int _poll(self, uint32_t c, uint64_t k) except -1:
         cdef char* seq = self._chunk(c) + C_SEQ
-        if rlb_load_u64_acquire(seq) == k + 1:
+        if rl_load_acquire_u64(_u64(seq)) == k + 1:
             return 1
         if self._closed:
             raise ChannelClosedError("this end of the MessageQueue is closed")
-        if rlb_load_u32(self._base + OFF_WRITER_CLOSED):
-            if rlb_load_u64_acquire(seq) == k + 1:
+        if rl_load_acquire_u32(_u32(self._base + OFF_WRITER_CLOSED)):
+            if rl_load_acquire_u64(_u64(seq)) == k + 1:
                 return 1
             raise ChannelClosedError("the writer closed the MessageQueue")
         return 0
@@ -725,53 +686,35 @@ cdef class MessageQueue:
     cdef int _wait_message(self, uint32_t c, uint64_t k, int64_t deadline) except -1:
         cdef char* seq = self._chunk(c) + C_SEQ
         cdef char* closed = self._base + OFF_WRITER_CLOSED
-        cdef uint64_t want = k + 1
-        cdef int64_t start, now, slice_ns
-        cdef long spins = 0
+        cdef _MessageWait mw
         cdef uint32_t seen
-        if deadline >= 0 and rlb_now_ns() >= deadline:
+        if deadline >= 0 and rl_now_ns() >= deadline:
             raise TimeoutError("MessageQueue.dequeue timed out")
+        mw.seq = _u64(seq)
+        mw.want = k + 1
+        mw.writer_closed = _u32(closed)
+        mw.closed = &self._closed
         with nogil:
-            start = rlb_now_ns()
-            while True:
-                if rlb_load_u64_acquire(seq) == want or rlb_load_u32(closed) or rlb_load_int(&self._closed):
-                    break
-                spins += 1
-                now = rlb_now_ns() if (spins & 31) == 0 or spins > 256 else start
-                if now - start > YIELD_NS or (deadline >= 0 and now >= deadline):
-                    break
-                if now - start > SPIN_NS:
-                    sched_yield()
-                else:
-                    rlb_relax()
+            rl_spin(_message_ready, &mw, deadline, &_BUSY_PHASES)
         cdef char* waiting = self._base + OFF_READERS + LINE * self._rank + R_WAITING
         cdef char* futex = self._base + OFF_DATA_FUTEX
         try:
             while True:
                 if self._poll(c, k):
                     return 0
-                seen = rlb_load_u32(futex)
-                rlb_store_u32(waiting, WAIT_FUTEX)
-                rlb_fence()
+                seen = rl_load_acquire_u32(_u32(futex))
+                rl_store_release_u32(_u32(waiting), WAIT_FUTEX)
+                rl_fence_seq_cst()
                 if self._poll(c, k):
                     return 0
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return 0
                     raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                slice_ns = _sleep_slice(self._base)
-                if deadline >= 0:
-                    now = rlb_now_ns()
-                    if now >= deadline:
-                        raise TimeoutError("MessageQueue.dequeue timed out")
-                    if deadline - now < slice_ns:
-                        slice_ns = deadline - now
-                with nogil:
-                    rlb_futex_wait(futex, seen, slice_ns)
-                PyErr_CheckSignals()
+                self._sleep(futex, seen, deadline, "MessageQueue.dequeue timed out")
         finally:
             if self._base != NULL:
-                rlb_store_u32(waiting, 0)
+                rl_store_release_u32(_u32(waiting), 0)
 
     cdef object _read(self, uint32_t c, uint64_t k):
         cdef char* chunk = self._chunk(c)
@@ -818,15 +761,15 @@ cdef class MessageQueue:
     cdef int _mark_read(self, char* chunk, uint64_t k, object seg_name) except -1:
         cdef char* marks = chunk + C_MARKS
         cdef uint32_t r, w
-        rlb_store_u64_release(marks + 8 * self._rank, k + 1)
-        rlb_fence()
+        rl_store_release_u64(_u64(marks + 8 * self._rank), k + 1)
+        rl_fence_seq_cst()
         if seg_name is not None:
             for r in range(self._n_readers):
-                if rlb_load_u64_acquire(marks + 8 * r) < k + 1:
+                if rl_load_acquire_u64(_u64(marks + 8 * r)) < k + 1:
                     break
             else:
                 shm.unlink_segment(seg_name)
-        w = rlb_load_u32(self._base + OFF_WRITER_WAITING)
+        w = rl_load_acquire_u32(_u32(self._base + OFF_WRITER_WAITING))
         if w:
             if w & WAIT_FD:
                 self._poke("w")
@@ -868,8 +811,8 @@ cdef class MessageQueue:
             w = self._base + OFF_WRITER_WAITING
         else:
             w = self._base + OFF_READERS + LINE * self._rank + R_WAITING
-        rlb_store_u32(w, bits)
-        rlb_fence()
+        rl_store_release_u32(_u32(w), bits)
+        rl_fence_seq_cst()
 
     def _slice_ns(self):
         return _sleep_slice(self._base)
@@ -900,16 +843,16 @@ cdef class MessageQueue:
         """Close this end (see the pure twin).  Idempotent."""
         if self._closed or self._released:
             return
-        rlb_store_int(&self._closed, 1)
+        rl_store_release_int(&self._closed, 1)
         cdef char* b = self._base
         cdef uint32_t r
         if self._rank < 0:
-            rlb_store_u32(b + OFF_WRITER_CLOSED, 1)
-            rlb_fence()
+            rl_store_release_u32(_u32(b + OFF_WRITER_CLOSED), 1)
+            rl_fence_seq_cst()
             self._bump(OFF_DATA_FUTEX)
             self._bump(OFF_SPACE_FUTEX)
             for r in range(self._n_readers):
-                if rlb_load_u32(b + OFF_READERS + LINE * r + R_WAITING) & WAIT_FD:
+                if rl_load_acquire_u32(_u32(b + OFF_READERS + LINE * r + R_WAITING)) & WAIT_FD:
                     self._poke(f"r{r}")
             shm.unlink_segment(self._name)
             for i, seg in enumerate(self._oob_names):
@@ -917,11 +860,11 @@ cdef class MessageQueue:
                     shm.unlink_segment(seg)
                     self._oob_names[i] = None
         else:
-            rlb_store_u32(b + OFF_READERS + LINE * self._rank + R_CLOSED, 1)
-            rlb_fence()
+            rl_store_release_u32(_u32(b + OFF_READERS + LINE * self._rank + R_CLOSED), 1)
+            rl_fence_seq_cst()
             self._bump(OFF_SPACE_FUTEX)
             self._bump(OFF_DATA_FUTEX)
-            if rlb_load_u32(b + OFF_WRITER_WAITING) & WAIT_FD:
+            if rl_load_acquire_u32(_u32(b + OFF_WRITER_WAITING)) & WAIT_FD:
                 self._poke("w")
             if not self._peer_alive(self._writer_pid):
                 shm.unlink_segment(self._name)
@@ -949,14 +892,6 @@ cdef class MessageQueue:
                 pass
             if not self._released:
                 self._release()
-
-
-def _deadline_s(timeout):
-    if timeout is None:
-        return None
-    if timeout < 0:
-        raise ValueError("timeout must be non-negative")
-    return time.monotonic() + timeout
 
 
 async def _async_wait(MessageQueue q, attempt, check_peer, deadline, what):

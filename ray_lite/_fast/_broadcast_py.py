@@ -66,15 +66,14 @@ namespace (``fileno()``) that the writer pokes.
 """
 import asyncio
 import ctypes
-import ctypes.util
 import mmap
 import os
-import select
 import socket
 import time
 
 from . import _codec_py as _codec
 from . import shm
+from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
 from .errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
@@ -153,55 +152,8 @@ def geometry(n_readers, max_chunk_bytes, max_chunks):
     return chunks_offset, stride, data_offset, chunks_offset + stride * max_chunks
 
 
-# --------------------------------------------------------------------------
-# futex and fences through ctypes.  TODO-dedupe: the ring's pure twin has the
-# same helpers; share them once both exist.
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_SYS_futex = 202  # x86-64
-_FUTEX_WAIT = 0
-_FUTEX_WAKE = 1
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-def _futex_wait(addr, expected, timeout_s):
-    ts = _Timespec(int(timeout_s), int((timeout_s % 1.0) * 1e9))
-    # Returns at once if the word no longer holds ``expected``; EINTR on a
-    # signal, ETIMEDOUT at the end of the slice: all mean "look again".
-    _libc.syscall(_SYS_futex, ctypes.c_void_p(addr), _FUTEX_WAIT,
-                  ctypes.c_uint(expected), ctypes.byref(ts), None, 0)
-
-
-def _futex_wake(addr):
-    _libc.syscall(_SYS_futex, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-
-
-try:
-    _libatomic = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
-    _atomic_fence = _libatomic.atomic_thread_fence
-    _atomic_fence.argtypes = [ctypes.c_int]
-    _atomic_fence.restype = None
-    _fetch_add_4 = _libatomic.__atomic_fetch_add_4
-    _fetch_add_4.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
-    _fetch_add_4.restype = ctypes.c_uint
-except (OSError, AttributeError):  # pragma: no cover (no libatomic on this system)
-    _atomic_fence = _fetch_add_4 = None
-
-_SEQ_CST = 5
-
 #: Sleep slice when some end cannot fence (see OFF_WEAK_ORDERING).
 SLEEP_SLICE_WEAK_S = 0.002
-
-
-def _full_fence():
-    # Store-load ordering between "I changed the state" and "does anybody
-    # sleep?" (and the mirror image on the sleeper's side).  Without
-    # libatomic the sliced sleep bounds the cost of a missed wake-up.
-    if _atomic_fence is not None:
-        _atomic_fence(_SEQ_CST)
 
 
 class _PeerWatch:
@@ -211,24 +163,11 @@ class _PeerWatch:
 
     def __init__(self, pid):
         self.pid = pid
-        self._fd = -1
         self._dead = False
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._dead = True
-        except (OSError, AttributeError):
-            self._fd = -1
+        self._fd = open_pidfd(pid)  # -1: no such process (process_alive says so) or no pidfds
 
     def alive(self):
-        if self._dead:
-            return False
-        if self._fd >= 0:
-            p = select.poll()
-            p.register(self._fd, select.POLLIN)
-            if p.poll(0):
-                self._dead = True
-        elif not shm.pid_alive(self.pid):
+        if not self._dead and not process_alive(self.pid, self._fd):
             self._dead = True
         return not self._dead
 
@@ -325,7 +264,7 @@ class MessageQueue:
             for i in range(self._n_chunks)]
 
     def _declare_ordering(self):
-        if _atomic_fence is None:
+        if not HAVE_FENCE:
             self._u32[OFF_WEAK_ORDERING // 4] = 1
 
     def _slice(self):
@@ -360,7 +299,7 @@ class MessageQueue:
         self._rank = rank
         self._u32[slot + R_PID // 4] = os.getpid()
         self._declare_ordering()
-        _full_fence()
+        full_fence()
         # The last reader to attach removes the name: from then on nothing is
         # left in /dev/shm whoever dies.  (Two readers racing past this check
         # both miss it at worst; the writer's close removes the name then.)
@@ -528,36 +467,47 @@ class MessageQueue:
         finally:
             self._leave()
 
-    def _wait_space(self, c, k, deadline):
+    def _busy_wait(self, ready, deadline):
+        """The spin and yield phases of a wait: True as soon as ``ready()``."""
         for _ in range(SPIN_CHECKS):
-            if self._chunk_free(c, k):
-                return
+            if ready():
+                return True
         end_yield = time.monotonic() + YIELD_S
         if deadline is not None:
             end_yield = min(end_yield, deadline)
         while time.monotonic() < end_yield:
             os.sched_yield()
-            if self._chunk_free(c, k):
-                return
+            if ready():
+                return True
+        return False
+
+    def _sleep_slice(self, futex_addr, seen, deadline, timeout_message):
+        """One futex sleep of at most a slice, ending at ``deadline``."""
+        slice_s = self._slice()
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(timeout_message)
+            slice_s = min(slice_s, left)
+        futex_wait(futex_addr, seen, int(slice_s * 1e9))
+
+    def _wait_space(self, c, k, deadline):
+        if self._busy_wait(lambda: self._chunk_free(c, k), deadline):
+            return
         u32 = self._u32
         futex_addr = self._base + OFF_SPACE_FUTEX
         try:
             while True:
                 seen = u32[OFF_SPACE_FUTEX // 4]
                 u32[OFF_WRITER_WAITING // 4] = WAIT_FUTEX
-                _full_fence()
+                full_fence()
                 if self._chunk_free(c, k):
                     return
                 if self._closed:
                     raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
                 self._check_readers_alive(c, k)
-                slice_s = self._slice()
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError("MessageQueue.enqueue timed out waiting for readers to make room")
-                    slice_s = min(slice_s, left)
-                _futex_wait(futex_addr, seen, slice_s)
+                self._sleep_slice(futex_addr, seen, deadline,
+                                  "MessageQueue.enqueue timed out waiting for readers to make room")
         finally:
             if self._u32 is not None:
                 u32[OFF_WRITER_WAITING // 4] = 0
@@ -596,7 +546,7 @@ class MessageQueue:
         u32[(coff + C_NAME_LEN) // 4] = name_len
         # Publish: the written flag last (an aligned 8-byte store, release on x86).
         u64[(coff + C_SEQ) // 8] = k + 1
-        _full_fence()
+        full_fence()
         self._wake_readers()
 
     def _write_oob_segment(self, obj, needed):
@@ -638,11 +588,9 @@ class MessageQueue:
 
     def _bump(self, off):
         addr = self._base + off
-        if _fetch_add_4 is not None:
-            _fetch_add_4(addr, 1, _SEQ_CST)
-        else:
+        if not fetch_add_u32(addr, 1):
             self._u32[off // 4] = (self._u32[off // 4] + 1) & 0xFFFFFFFF
-        _futex_wake(addr)
+        futex_wake(addr)
         # Hand the CPU to the woken process if the kernel queued it on our
         # core (see the compiled twin); only paid when somebody slept.
         os.sched_yield()
@@ -682,16 +630,8 @@ class MessageQueue:
     def _wait_message(self, c, k, deadline):
         if deadline is not None and deadline <= time.monotonic():
             raise TimeoutError("MessageQueue.dequeue timed out")
-        for _ in range(SPIN_CHECKS):
-            if self._poll(c, k):
-                return
-        end_yield = time.monotonic() + YIELD_S
-        if deadline is not None:
-            end_yield = min(end_yield, deadline)
-        while time.monotonic() < end_yield:
-            os.sched_yield()
-            if self._poll(c, k):
-                return
+        if self._busy_wait(lambda: self._poll(c, k), deadline):
+            return
         u32 = self._u32
         waiting = self._reader_slot(self._rank) + R_WAITING // 4
         futex_addr = self._base + OFF_DATA_FUTEX
@@ -699,20 +639,14 @@ class MessageQueue:
             while True:
                 seen = u32[OFF_DATA_FUTEX // 4]
                 u32[waiting] = WAIT_FUTEX
-                _full_fence()
+                full_fence()
                 if self._poll(c, k):
                     return
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return
                     raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                slice_s = self._slice()
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError("MessageQueue.dequeue timed out")
-                    slice_s = min(slice_s, left)
-                _futex_wait(futex_addr, seen, slice_s)
+                self._sleep_slice(futex_addr, seen, deadline, "MessageQueue.dequeue timed out")
         finally:
             if self._u32 is not None:
                 u32[waiting] = 0
@@ -741,7 +675,7 @@ class MessageQueue:
         finally:
             self._next = k + 1
             u64[(coff + C_MARKS) // 8 + self._rank] = k + 1
-            _full_fence()
+            full_fence()
             if seg_name is not None:
                 base = (coff + C_MARKS) // 8
                 if all(u64[base + r] >= k + 1 for r in range(self._n_readers)):
@@ -810,7 +744,7 @@ class MessageQueue:
             try:
                 while True:
                     self._u32[waiting_index] = WAIT_FD
-                    _full_fence()
+                    full_fence()
                     result = attempt()
                     if result is not _NOTHING:
                         return result
@@ -849,7 +783,7 @@ class MessageQueue:
         u32 = self._u32
         if self._rank < 0:
             u32[OFF_WRITER_CLOSED // 4] = 1
-            _full_fence()
+            full_fence()
             self._bump(OFF_DATA_FUTEX)  # wakes our own blocked enqueue too
             self._bump(OFF_SPACE_FUTEX)
             for r in range(self._n_readers):
@@ -862,7 +796,7 @@ class MessageQueue:
                     self._oob_names[i] = None
         else:
             u32[self._reader_slot(self._rank) + R_CLOSED // 4] = 1
-            _full_fence()
+            full_fence()
             self._bump(OFF_SPACE_FUTEX)
             self._bump(OFF_DATA_FUTEX)  # our own blocked dequeue, if any
             if u32[OFF_WRITER_WAITING // 4] & WAIT_FD:

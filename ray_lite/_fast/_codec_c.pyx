@@ -19,7 +19,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches
 from cpython.float cimport PyFloat_AS_DOUBLE
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.list cimport PyList_AsTuple, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -64,9 +64,11 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     void* PyUnicode_DATA(object)
     bint PyUnicode_IS_ASCII(object)
+    bint PyUnicode_IS_COMPACT_ASCII(object)
     object PyMemoryView_FromMemory(char*, Py_ssize_t, int)
     Py_buffer* PyMemoryView_GET_BUFFER(object)
     int PyBUF_READ
+    Py_ssize_t PyDict_GET_SIZE(object)
 
 cdef extern from *:
     """
@@ -95,12 +97,49 @@ cdef extern from *:
     static inline double rl_bits_double(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
     static inline double rl_bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return (double)f; }
     #define RL_U32_MAX ((uint64_t)0xFFFFFFFFu)
-    /* FNV-1a: spreads short keys over the key cache's slots. */
-    static inline size_t rl_key_slot(const unsigned char *p, Py_ssize_t n) {
-        uint64_t h = 14695981039346656037ULL;
-        for (Py_ssize_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ULL; }
-        return (size_t)(h ^ (h >> 29));
+    /* Keys of at most 31 bytes (fixstr) are read as a few overlapping
+       words instead of byte by byte.  n <= 3: bytes 0, n/2 and n-1 cover
+       them all; 4..7: two 4-byte words; 8..31: 8-byte words at 0, 8, 16
+       (as far as they fit) and n-8. */
+    static inline void rl_key_words(const unsigned char *p, Py_ssize_t n,
+                                    uint64_t *a, uint64_t *b, uint64_t *c) {
+        uint32_t x, y;
+        *c = 0;
+        if (n >= 8) {
+            memcpy(a, p, 8); memcpy(b, p + n - 8, 8);
+            if (n > 16) {
+                uint64_t m = 0;
+                memcpy(c, p + 8, 8);
+                if (n > 24) memcpy(&m, p + 16, 8);
+                *c ^= m * 0xFF51AFD7ED558CCDULL;
+            }
+        } else if (n >= 4) {
+            memcpy(&x, p, 4); memcpy(&y, p + n - 4, 4); *a = x; *b = y;
+        } else if (n > 0) {
+            *a = p[0] | ((uint64_t)p[n >> 1] << 8) | ((uint64_t)p[n - 1] << 16); *b = 0;
+        } else {
+            *a = *b = 0;
+        }
     }
+    /* Spreads short keys over the key cache's slots (a miss costs only speed). */
+    static inline size_t rl_key_slot(const unsigned char *p, Py_ssize_t n) {
+        uint64_t a, b, c, h;
+        rl_key_words(p, n, &a, &b, &c);
+        h = (a * 0x9E3779B97F4A7C15ULL) ^ (b * 0xC2B2AE3D27D4EB4FULL) ^ c ^ (uint64_t)n;
+        return (size_t)(h ^ (h >> 29) ^ (h >> 47));
+    }
+    /* Equality of two keys of n <= 31 bytes, with the words above. */
+    static inline int rl_short_eq(const unsigned char *p, const unsigned char *q, Py_ssize_t n) {
+        uint64_t a, b, c, d, e, f;
+        if (n > 24) return memcmp(p, q, n) == 0;
+        rl_key_words(p, n, &a, &b, &c);
+        rl_key_words(q, n, &d, &e, &f);
+        return ((a ^ d) | (b ^ e) | (c ^ f)) == 0;
+    }
+    /* Holding a memoryview the way a buffer export does, without filling
+       in a Py_buffer: while exports > 0, release() raises BufferError. */
+    static inline void rl_memoryview_hold(PyObject *op) { ((PyMemoryViewObject *)op)->exports++; }
+    static inline void rl_memoryview_unhold(PyObject *op) { ((PyMemoryViewObject *)op)->exports--; }
     static inline PyObject *rl_steal(PyObject *o) { return o; }
     static inline int rl_is_ascii(const unsigned char *p, Py_ssize_t n) {
         uint64_t acc = 0, w;
@@ -110,10 +149,24 @@ cdef extern from *:
         return (acc & 0x8080808080808080ULL) == 0;
     }
     #define RL_I32_MIN ((int64_t)-2147483647 - 1)
+    /* An exact-type int small enough to read without a call (every int
+       below 2**30 in magnitude); 0 means "take the general path". */
+    static inline int rl_small_long(PyObject *o, long long *v) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        if (!PyUnstable_Long_IsCompact((PyLongObject *)o)) return 0;
+        *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 1;
+    #else
+        Py_ssize_t size = Py_SIZE(o);
+        if (size < -1 || size > 1) return 0;
+        *v = size * (long long)((PyLongObject *)o)->ob_digit[0];
+        return 1;
+    #endif
+    }
     /* A memoryview whose bytes can be read in place: not released, C-contiguous. */
     static inline int rl_memoryview_usable(PyObject *op) {
         PyMemoryViewObject *mv = (PyMemoryViewObject *)op;
-        return !(mv->flags & _Py_MEMORYVIEW_RELEASED) && PyBuffer_IsContiguous(&mv->view, 'C');
+        return (mv->flags & (_Py_MEMORYVIEW_RELEASED | _Py_MEMORYVIEW_C)) == _Py_MEMORYVIEW_C;
     }
     """
     uint64_t _U32_MAX "RL_U32_MAX"
@@ -128,8 +181,12 @@ cdef extern from *:
     double rl_bits_double(uint64_t) noexcept nogil
     double rl_bits_float(uint32_t) noexcept nogil
     size_t rl_key_slot(const unsigned char*, Py_ssize_t) noexcept nogil
+    bint rl_short_eq(const unsigned char*, const unsigned char*, Py_ssize_t) noexcept nogil
+    void rl_memoryview_hold(object) noexcept
+    void rl_memoryview_unhold(object) noexcept
     bint rl_is_ascii(const unsigned char*, Py_ssize_t) noexcept nogil
     bint rl_memoryview_usable(object) noexcept
+    bint rl_small_long(object, long long*) noexcept
     object _steal "rl_steal"(PyObject*)   # hands over the reference we own
 
 
@@ -169,7 +226,11 @@ cdef struct Writer:
     bint growable         # dumps(): grow on the heap instead of overflowing
     bint on_heap          # base is ours to free
     bint no_memory        # growing failed
-    PyObject* buffers     # list receiving out-of-band buffers
+    # The list receiving out-of-band buffers.  encode_into starts with NULL
+    # and makes one only for a frame that has some (_buffer_list), so that
+    # the common frame allocates no list; the writer then owns it.
+    PyObject* buffers
+    bint owns_buffers
     PyObject* root        # the value being encoded, for error paths
     Py_ssize_t threshold  # < 0: everything in-band
     # A bytearray destination is written through its raw pointer without a
@@ -302,10 +363,29 @@ cdef object _too_deep():
         f"(is it self-referencing?)")
 
 
+cdef inline bint _put_ascii_fixstr(Writer* w, object obj) noexcept:
+    """A compact ASCII str of at most 31 characters (most keys and tokens) in one step."""
+    cdef Py_ssize_t n
+    cdef unsigned char* p
+    if not PyUnicode_IS_COMPACT_ASCII(obj):
+        return False
+    n = PyUnicode_GET_LENGTH(obj)
+    if n > 31:
+        return False
+    p = _room(w, 1 + n)
+    if p != NULL:
+        p[0] = 0xA0 | <unsigned char>n
+        memcpy(p + 1, PyUnicode_DATA(obj), n)
+    return True
+
+
 cdef int _enc_str(Writer* w, object obj) except -1:
     cdef Py_ssize_t n
-    cdef const char* s = _utf8_and_size(obj, &n)
+    cdef const char* s
     cdef unsigned char* p
+    if _put_ascii_fixstr(w, obj):
+        return 0
+    s = _utf8_and_size(obj, &n)
     if s == NULL:
         if not PyErr_ExceptionMatches(UnicodeEncodeError):
             return -1  # MemoryError, already set
@@ -399,8 +479,12 @@ cdef inline void _put_negative(Writer* w, int64_t v) noexcept:
 
 cdef int _enc_int(Writer* w, object obj) except -1:
     cdef int overflow = 0
-    cdef long long v = _as_long_long(obj, &overflow)
+    cdef long long v
     cdef unsigned long long u
+    if rl_small_long(obj, &v):
+        overflow = 0
+    else:
+        v = _as_long_long(obj, &overflow)
     if overflow == 0:
         if v >= 0:
             _put_uint(w, <uint64_t>v)
@@ -489,11 +573,12 @@ cdef int _enc_dict(Writer* w, object obj, int depth) except -1:
         raise _too_deep()
     _put_container_header(w, obj, n, 0x80, 0xDE)
     while PyDict_Next(obj, &pos, &key_ptr, &value_ptr):
-        if i >= n or PyDict_Size(obj) != n:
+        if i >= n or PyDict_GET_SIZE(obj) != n:
             raise RuntimeError("dictionary changed size during iteration")
         key = <object>key_ptr
         value = <object>value_ptr
-        _enc(w, key, depth + 1)
+        if not (Py_TYPE(key) == &PyUnicode_Type and _put_ascii_fixstr(w, key)):
+            _enc(w, key, depth + 1)
         _enc(w, value, depth + 1)
         i += 1
     if i != n:
@@ -531,9 +616,23 @@ cdef int _enc_tuple(Writer* w, object obj, int depth) except -1:
     return 0
 
 
+cdef list _buffer_list(Writer* w):
+    cdef list buffers
+    if w.buffers == NULL:
+        buffers = []
+        Py_INCREF(buffers)
+        w.buffers = <PyObject*>buffers
+        w.owns_buffers = True
+    return <list>w.buffers
+
+
+cdef inline Py_ssize_t _buffer_total(Writer* w) noexcept:
+    return 0 if w.buffers == NULL else PyList_GET_SIZE(<object>w.buffers)
+
+
 cdef int _enc_oob(Writer* w, int kind, object view) except -1:
     # The caller has pinned the destination (creating ``view`` may collect garbage).
-    cdef list buffers = <list>w.buffers
+    cdef list buffers = _buffer_list(w)
     cdef Py_ssize_t index = len(buffers)
     cdef unsigned char* p
     buffers.append(view)
@@ -654,15 +753,14 @@ cdef object _pickle_dumps():
 
 
 cdef int _enc_pickle(Writer* w, object obj) except -1:
-    cdef list buffers = <list>w.buffers
-    cdef Py_ssize_t first = len(buffers)
+    cdef Py_ssize_t first = _buffer_total(w)
     cdef Py_ssize_t n, size
     cdef _OutOfBandSink sink = None
     cdef unsigned char* p
     _pin(w)
     if w.threshold >= 0:
         sink = _OutOfBandSink.__new__(_OutOfBandSink)
-        sink.buffers = buffers
+        sink.buffers = _buffer_list(w)
         sink.threshold = w.threshold
     try:
         payload = _pickle_dumps()(obj, protocol=5, buffer_callback=sink)
@@ -675,7 +773,7 @@ cdef int _enc_pickle(Writer* w, object obj) except -1:
     p = _ext_room(w, _EXT_PICKLE, size)
     if p != NULL:
         rl_store32(p, <uint32_t>first)
-        rl_store32(p + 4, <uint32_t>(len(buffers) - first))
+        rl_store32(p + 4, <uint32_t>(_buffer_total(w) - first))
         memcpy(p + _PICKLE_HEAD_SIZE, PyBytes_AS_STRING(payload), n)
     return 0
 
@@ -770,14 +868,15 @@ def _locate(root, target):
 
 
 cdef inline void _init_writer(Writer* w, object obj, unsigned char* base, Py_ssize_t capacity,
-                              list buffers, Py_ssize_t threshold) noexcept:
+                              PyObject* buffers, Py_ssize_t threshold) noexcept:
     w.base = base
     w.pos = 0
     w.cap = capacity
     w.growable = False
     w.on_heap = False
     w.no_memory = False
-    w.buffers = <PyObject*>buffers
+    w.buffers = buffers
+    w.owns_buffers = False
     w.root = <PyObject*>obj
     w.threshold = threshold if threshold >= 0 else -1
     w.pin_owner = NULL
@@ -786,38 +885,33 @@ cdef inline void _init_writer(Writer* w, object obj, unsigned char* base, Py_ssi
 
 
 cdef inline bint _short_str(Writer* w, object obj) noexcept:
-    """Encode a short str in one step (the commonest yield); False if ``obj`` is not one."""
+    """Encode a short ASCII str in one step (the commonest yield); False if ``obj`` is not one."""
     cdef Py_ssize_t n
-    cdef const char* s
-    if Py_TYPE(obj) != &PyUnicode_Type:
+    if Py_TYPE(obj) != &PyUnicode_Type or not PyUnicode_IS_COMPACT_ASCII(obj):
         return False
-    s = _utf8_and_size(obj, &n)
-    if s == NULL:
-        PyErr_Clear()  # the general path meets the same error and handles it
-        return False
+    n = PyUnicode_GET_LENGTH(obj)
     if n > 31 or n + 1 > w.cap:
         return False
     w.base[0] = 0xA0 | <unsigned char>n
-    memcpy(w.base + 1, s, n)
+    memcpy(w.base + 1, PyUnicode_DATA(obj), n)
     w.pos = n + 1
     return True
 
 
 cdef Py_ssize_t _encode(Writer* w, object obj) except -1:
-    cdef list buffers
     cdef Py_ssize_t first
     if _short_str(w, obj):
         return w.pos
     # No try/except here: errors are raised where they happen, already in
     # their final form, so the success path pays for no exception handling.
-    buffers = <list>w.buffers
-    first = len(buffers)
+    first = _buffer_total(w)
     _enc(w, obj, 0)
     if w.no_memory:
         raise MemoryError()
     if w.pos > w.cap:
         # A frame that did not make it leaves no out-of-band buffers behind.
-        del buffers[first:]
+        if w.buffers != NULL:
+            del (<list>w.buffers)[first:]
         raise BufferTooSmallError(
             f"frame needs {w.pos} bytes, {w.cap} available", needed=w.pos)
     return w.pos
@@ -828,7 +922,7 @@ cdef Py_ssize_t encode_to_ptr(object obj, char* dst, Py_ssize_t capacity,
     # On BufferTooSmallError ``buffers`` is left as it was; after any other
     # error it may hold buffers of the failed frame (discard the list).
     cdef Writer w
-    _init_writer(&w, obj, <unsigned char*>dst, capacity, buffers, oob_threshold)
+    _init_writer(&w, obj, <unsigned char*>dst, capacity, <PyObject*>buffers, oob_threshold)
     return _encode(&w, obj)
 
 
@@ -840,38 +934,59 @@ cdef inline Py_ssize_t _threshold_arg(object oob_threshold) except? -2:
     return t if t >= 0 else -1
 
 
+cdef inline object _encoded(Py_ssize_t end, Writer* w):
+    """``(end, buffers)`` as encode_into returns it."""
+    # The shared empty tuple when there are no out-of-band buffers: the
+    # common frame then allocates nothing but the pair itself.
+    if w.buffers == NULL or PyList_GET_SIZE(<object>w.buffers) == 0:
+        return end, ()
+    return end, PyList_AsTuple(<object>w.buffers)
+
+
+cdef inline void _finish_writer(Writer* w) noexcept:
+    if w.pinned:
+        PyBuffer_Release(&w.pin_view)
+        w.pinned = False
+    if w.owns_buffers:
+        Py_XDECREF(w.buffers)
+        w.buffers = NULL
+        w.owns_buffers = False
+
+
 def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
     """Write the frame of ``obj`` into ``buf`` at ``offset``; return ``(end, buffers)``.
 
     ``buf`` is any writable C-contiguous buffer (bytearray, memoryview of an
-    mmap...).  ``oob_threshold=None`` (or negative) keeps everything in-band.
+    mmap...).  ``buffers`` is a tuple, ``()`` when everything is in-band.
+    ``oob_threshold=None`` (or negative) keeps everything in-band.
     """
     cdef Py_ssize_t threshold = _threshold_arg(oob_threshold)
     cdef Py_ssize_t size
     cdef Py_buffer view
     cdef Writer w
-    cdef list buffers = []
     if type(buf) is bytearray:
         size = PyByteArray_GET_SIZE(buf)
         if not 0 <= offset <= size:
             raise ValueError(f"offset {offset} outside the buffer of {size} bytes")
         _init_writer(&w, obj, <unsigned char*>PyByteArray_AS_STRING(buf) + offset, size - offset,
-                     buffers, threshold)
+                     NULL, threshold)
         w.pin_owner = <PyObject*>buf
         w.pin_offset = offset
         try:
-            return offset + _encode(&w, obj), buffers
+            return _encoded(offset + _encode(&w, obj), &w)
         finally:
-            if w.pinned:
-                PyBuffer_Release(&w.pin_view)
+            _finish_writer(&w)
     if _get_buffer(buf, &view, PyBUF_WRITABLE) == -1:
         _raise_buffer_error("encode_into needs a writable C-contiguous buffer")
+    _init_writer(&w, obj, <unsigned char*>view.buf, 0, NULL, threshold)
     try:
         if not 0 <= offset <= view.len:
             raise ValueError(f"offset {offset} outside the buffer of {view.len} bytes")
-        _init_writer(&w, obj, <unsigned char*>view.buf + offset, view.len - offset, buffers, threshold)
-        return offset + _encode(&w, obj), buffers
+        w.base += offset
+        w.cap = view.len - offset
+        return _encoded(offset + _encode(&w, obj), &w)
     finally:
+        _finish_writer(&w)
         PyBuffer_Release(&view)
 
 
@@ -889,13 +1004,13 @@ def dumps(obj):
     """The frame of ``obj`` as bytes, everything in-band."""
     cdef unsigned char local[_DUMPS_STACK]
     cdef Writer w
-    cdef list buffers = []
-    _init_writer(&w, obj, local, _DUMPS_STACK, buffers, -1)
+    _init_writer(&w, obj, local, _DUMPS_STACK, NULL, -1)
     w.growable = True
     try:
         _encode(&w, obj)
         return PyBytes_FromStringAndSize(<char*>w.base, w.pos)
     finally:
+        _finish_writer(&w)
         if w.on_heap:
             PyMem_Free(w.base)
 
@@ -909,20 +1024,20 @@ cdef struct Reader:
     const unsigned char* p
     const unsigned char* end
     PyObject* buffers     # sequence of out-of-band buffers, or None
-    # A memoryview input is read without taking a buffer export, which saves
-    # the export for scalar frames.  That is safe only while no Python code
-    # can run (it could release the view); containers and ext values may run
-    # some (the garbage collector, pickle), so they call _pin_input() first.
-    PyObject* pin_owner   # NULL: the input is already stable
+    # A memoryview input is read without holding it, which saves the hold
+    # for scalar frames.  That is safe only while no Python code can run (it
+    # could release the view); containers and ext values may run some (the
+    # garbage collector, pickle), so they call _pin_input() first.
+    PyObject* pin_owner   # the memoryview being read, or NULL: the input is already stable
     bint pinned
-    Py_buffer pin_view
 
 
-cdef int _pin_input(Reader* r) except -1:
-    if r.pin_owner == NULL or r.pinned:
-        return 0
-    PyObject_GetBuffer(<object>r.pin_owner, &r.pin_view, PyBUF_SIMPLE)
-    r.pinned = True
+cdef inline int _pin_input(Reader* r) noexcept:
+    # Counted as a buffer export (see rl_memoryview_hold): the caller's
+    # reference keeps the view alive, the count keeps it from being released.
+    if r.pin_owner != NULL and not r.pinned:
+        rl_memoryview_hold(<object>r.pin_owner)
+        r.pinned = True
     return 0
 
 
@@ -1005,7 +1120,7 @@ cdef object _dec_key(Reader* r, Py_ssize_t n, Py_ssize_t off):
     cached = _key_cache[slot]
     # Only ASCII keys are cached, so equal bytes mean an equal str.
     if (cached != NULL and PyUnicode_GET_LENGTH(<object>cached) == n
-            and memcmp(PyUnicode_DATA(<object>cached), r.p, n) == 0):
+            and rl_short_eq(<const unsigned char*>PyUnicode_DATA(<object>cached), r.p, n)):
         r.p += n
         return <object>cached
     key = _dec_str(r, n, off)
@@ -1329,7 +1444,7 @@ def decode(data, buffers=()):
             return _decode(&r)
         finally:
             if r.pinned:
-                PyBuffer_Release(&r.pin_view)
+                rl_memoryview_unhold(data)
     if _get_buffer(data, &view, PyBUF_SIMPLE) == -1:
         _raise_buffer_error("decode needs a C-contiguous bytes-like object")
     try:

@@ -49,8 +49,9 @@ Out-of-band buffers
 With ``oob_threshold`` not ``None``, a bytes/bytearray/memoryview of at least
 ``oob_threshold`` bytes, and each pickle-5 buffer (numpy array data) of at
 least that size, is not copied into the frame: a 1-D ``'B'`` memoryview of it
-is appended to the returned ``buffers`` list, for the transport to deliver
-beside the frame.  These views alias the original objects: deliver them
+is appended to the frame's out-of-band buffers, returned by ``encode_into``
+as a tuple (``()`` when there are none), for the transport to deliver beside
+the frame.  These views alias the original objects: deliver them
 before mutating the objects.  A non-contiguous memoryview is copied once.
 
 ``OOB_THRESHOLD`` = 64 KiB: below it a copy into the ring slot (a few
@@ -476,7 +477,8 @@ def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
     """Write the frame of ``obj`` into ``buf`` at ``offset``; return ``(end, buffers)``.
 
     ``buf`` is any writable C-contiguous buffer (bytearray, memoryview of an
-    mmap...).  ``oob_threshold=None`` (or negative) keeps everything in-band.
+    mmap...).  ``buffers`` is a tuple, ``()`` when everything is in-band.
+    ``oob_threshold=None`` (or negative) keeps everything in-band.
     """
     offset = operator.index(offset)
     threshold = _threshold(oob_threshold)
@@ -501,7 +503,7 @@ def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
                 raise BufferTooSmallError(
                     f"frame needs {n} bytes, {capacity - offset} available", needed=n)
             dest[offset:offset + n] = frame
-    return offset + n, buffers
+    return offset + n, tuple(buffers)
 
 
 def dumps(obj):

@@ -1,178 +1,49 @@
 # cython: language_level=3
 # C-level interface of the compiled ring, for other compiled modules: the
-# benchmark's nogil ping-pong (ray_lite/bench/_ringbench_c.pyx) and any
-# shared-memory channel that wants the same waiting strategy.  Layout and
+# benchmark's nogil ping-pong (ray_lite/bench/_ringbench_c.pyx).  Layout and
 # protocol: see _ring_py.py (the specification).
 #
-# The primitives are verbatim C rather than a header so that a module that
-# cimports this file from another directory compiles without an include path.
+# The waiting primitives (atomics, clock, futex, liveness, rl_wait/rl_wake)
+# live in _wait.pxd, shared with the broadcast queue; they are cimported
+# here, so that cimporting them from this file keeps working.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-cdef extern from *:
-    """
-    #ifndef RL_RING_PRIMITIVES_H
-    #define RL_RING_PRIMITIVES_H
-    #include <errno.h>
-    #include <fcntl.h>
-    #include <limits.h>
-    #include <poll.h>
-    #include <sched.h>
-    #include <signal.h>
-    #include <stdint.h>
-    #include <stdio.h>
-    #include <string.h>
-    #include <time.h>
-    #include <unistd.h>
-    #include <sys/syscall.h>
-    #if defined(__linux__)
-    #include <linux/futex.h>
-    #endif
-    #if defined(__linux__) && !defined(SYS_pidfd_open)
-    #define SYS_pidfd_open 434  /* the same number on every architecture */
-    #endif
-
-    /* Atomics: GCC/Clang builtins with C11 memory-model semantics. */
-    static inline uint64_t rl_load_acquire_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline uint64_t rl_load_relaxed_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-    static inline void rl_store_release_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline void rl_store_relaxed_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-    static inline uint32_t rl_load_acquire_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline uint32_t rl_load_relaxed_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-    static inline void rl_store_release_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline void rl_store_relaxed_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-    static inline uint32_t rl_exchange_u32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
-    static inline void rl_fence_seq_cst(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-
-    static inline void rl_cpu_relax(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #elif defined(__aarch64__)
-        __asm__ __volatile__("yield" ::: "memory");
-    #else
-        __asm__ __volatile__("" ::: "memory");
-    #endif
-    }
-
-    static inline int64_t rl_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    }
-
-    /* Sleep while *word == expected, at most timeout_ns.  Returns 0 (woken),
-       ETIMEDOUT, EAGAIN (the word had changed) or EINTR.  Not a private futex:
-       the word lives in memory shared by two processes. */
-    static inline int rl_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
-        struct timespec ts;
-        if (timeout_ns < 0) timeout_ns = 0;
-        ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
-        ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
-    #if defined(__linux__) && defined(SYS_futex)
-        if (syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, NULL, 0) == 0) return 0;
-        return errno;
-    #else
-        (void)word; (void)expected;
-        if (nanosleep(&ts, NULL) == 0) return ETIMEDOUT;
-        return errno;
-    #endif
-    }
-
-    static inline void rl_futex_wake(uint32_t *word) {
-    #if defined(__linux__) && defined(SYS_futex)
-        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    #else
-        (void)word;
-    #endif
-    }
-
-    static inline int rl_pidfd_open(int pid) {
-    #if defined(__linux__)
-        return (int)syscall(SYS_pidfd_open, pid, 0);
-    #else
-        (void)pid; errno = ENOSYS; return -1;
-    #endif
-    }
-
-    /* 1 when fd is readable now (a pidfd: the process exited). */
-    static inline int rl_fd_readable(int fd) {
-        struct pollfd p;
-        p.fd = fd; p.events = POLLIN; p.revents = 0;
-        return poll(&p, 1, 0) > 0;
-    }
-
-    /* Without a pidfd: kill(pid, 0) says nothing about zombies, /proc does. */
-    static inline int rl_pid_exited(int pid) {
-        char path[64], buf[512];
-        ssize_t n;
-        int fd;
-        char *paren;
-        if (pid <= 0) return 1;
-        if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
-        snprintf(path, sizeof path, "/proc/%d/stat", pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return errno == ENOENT;
-        n = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (n <= 0) return 0;
-        buf[n] = 0;
-        paren = strrchr(buf, ')');
-        return paren != NULL && (paren[2] == 'Z' || paren[2] == 'X');
-    }
-    #endif /* RL_RING_PRIMITIVES_H */
-    """
-    uint64_t rl_load_acquire_u64(const uint64_t* p) nogil
-    uint64_t rl_load_relaxed_u64(const uint64_t* p) nogil
-    void rl_store_release_u64(uint64_t* p, uint64_t v) nogil
-    void rl_store_relaxed_u64(uint64_t* p, uint64_t v) nogil
-    uint32_t rl_load_acquire_u32(const uint32_t* p) nogil
-    uint32_t rl_load_relaxed_u32(const uint32_t* p) nogil
-    void rl_store_release_u32(uint32_t* p, uint32_t v) nogil
-    void rl_store_relaxed_u32(uint32_t* p, uint32_t v) nogil
-    uint32_t rl_exchange_u32(uint32_t* p, uint32_t v) nogil
-    void rl_fence_seq_cst() nogil
-    void rl_cpu_relax() nogil
-    int64_t rl_now_ns() nogil
-    int rl_futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns) nogil
-    void rl_futex_wake(uint32_t* word) nogil
-    int rl_pidfd_open(int pid) nogil
-    int rl_fd_readable(int fd) nogil
-    int rl_pid_exited(int pid) nogil
+from ray_lite._fast._wait cimport (
+    RL_AGAIN,
+    RL_INTERRUPTED,
+    RL_OK,
+    RL_TIMEOUT,
+    rl_cpu_relax,
+    rl_exchange_u32,
+    rl_fence_seq_cst,
+    rl_futex_wait,
+    rl_futex_wake,
+    rl_load_acquire_u32,
+    rl_load_acquire_u64,
+    rl_load_relaxed_u32,
+    rl_load_relaxed_u64,
+    rl_now_ns,
+    rl_pidfd_open,
+    rl_process_exited,
+    rl_ready_fn,
+    rl_store_relaxed_u32,
+    rl_store_relaxed_u64,
+    rl_store_release_u32,
+    rl_store_release_u64,
+    rl_wait,
+    rl_wait_policy,
+    rl_wake,
+    sched_getcpu,
+    sched_yield,
+)
 
 
-# Status codes of the C-level API.
+# Status codes of the ring's C-level API: those of _wait.pxd (RL_OK 0,
+# RL_TIMEOUT 1, RL_AGAIN 4, RL_INTERRUPTED 6) and these.
 cdef enum:
-    RL_OK = 0
-    RL_TIMEOUT = 1      # the deadline passed
     RL_CLOSED = 2       # this end or the peer closed (a consumer: after draining)
     RL_PEER_DIED = 3    # the peer process exited without closing (a consumer: after draining)
-    RL_AGAIN = 4        # a sleep slice ended or a signal arrived: check signals, call again
     RL_TOO_BIG = 5      # more than inline_limit bytes for a raw record
-    RL_INTERRUPTED = 6  # a signal arrived (EINTR): check signals at once, call again
-
-
-# -- the waiting strategy, reusable by any shared-memory channel -----------
-# ``ready(ctx)`` is the condition; it must load what it checks with acquire
-# (or stronger) ordering.  The sleeper's futex word is 0 while nobody sleeps.
-ctypedef bint (*rl_ready_fn)(void* ctx) noexcept nogil
-
-cdef struct rl_wait_policy:
-    int64_t spin_ns     # busy-wait this long first (pause instruction between checks)
-    int yields          # then sched_yield() this many times
-    int64_t slice_ns    # then sleep on the futex at most this long per call
-
-cdef int rl_wait(uint32_t* sleep_word, rl_ready_fn ready, void* ctx, int64_t deadline_ns,
-                 const rl_wait_policy* policy, bint spin) noexcept nogil
-# Wait until ready(ctx): RL_OK.  ``deadline_ns`` is absolute CLOCK_MONOTONIC
-# (rl_now_ns()), -1 for none; once passed: RL_TIMEOUT.  With ``spin`` it
-# spins and yields first; then it sleeps at most one slice and returns
-# RL_AGAIN if still not ready (the caller checks its peer and signals, and
-# calls again with spin=0), or RL_INTERRUPTED if a signal ended the sleep.  Sleeping: sleep_word = 1, full fence, re-check,
-# FUTEX_WAIT(sleep_word, 1).
-
-cdef void rl_wake(uint32_t* sleep_word) noexcept nogil
-# The waker's half, after publishing the change the sleeper waits for:
-# full fence, and only if *sleep_word is set: swap it to 0 and FUTEX_WAKE.
-# Costs a fence and a load when nobody sleeps.
 
 
 # -- one end of a ring -----------------------------------------------------

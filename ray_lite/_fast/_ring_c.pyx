@@ -11,9 +11,10 @@ into the ring slot (``encode_to_ptr``) and decoded from it
 attachment and side-segment code is shared with ``_ring_py`` (cold paths, one
 implementation of the header).
 
-The C-level API in ``_ring_c.pxd`` (``rl_wait``/``rl_wake``, and
-``rl_ring_reserve``/``publish``/``peek``/``release`` on a ``RingEnd``) runs
-without the GIL; ``ray_lite/bench/_ringbench_c.pyx`` drives it.
+The C-level API in ``_ring_c.pxd`` (``rl_ring_reserve``/``publish``/``peek``/
+``release`` on a ``RingEnd``) runs without the GIL; ``ray_lite/bench/_ringbench_c.pyx``
+drives it.  The waiting strategy (``rl_wait``/``rl_wake``) and the atomics
+are ``_wait.pxd``'s, shared with the broadcast queue.
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -21,7 +22,6 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.errno cimport EINTR
 from libc.string cimport memcpy, memset
 from posix.unistd cimport close as c_close, getpid, read as c_read, write as c_write
 
@@ -41,10 +41,6 @@ from .errors import (
     PeerDiedError,
     RingEmpty,
 )
-
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
-    int sched_getcpu()
 
 __all__ = [
     "ShmRing", "DEFAULT_CAPACITY", "DEFAULT_MAX_MESSAGE_SIZE", "MIN_CAPACITY", "MAX_CAPACITY",
@@ -139,59 +135,6 @@ cdef inline uint32_t* _u32(RingEnd* e, Py_ssize_t off) noexcept nogil:
     return <uint32_t*>(e.header + off)
 
 
-# ------------------------------------------------------------ waiting ---
-cdef int rl_wait(uint32_t* sleep_word, rl_ready_fn ready, void* ctx, int64_t deadline_ns,
-                 const rl_wait_policy* policy, bint spin) noexcept nogil:
-    cdef int64_t now, until, slice_ns
-    cdef int i, r
-    if ready(ctx):
-        return RL_OK
-    now = rl_now_ns()
-    if deadline_ns >= 0 and now >= deadline_ns:
-        return RL_TIMEOUT
-    if spin:
-        if policy.spin_ns > 0:
-            until = now + policy.spin_ns
-            if deadline_ns >= 0 and until > deadline_ns:
-                until = deadline_ns
-            while True:
-                for i in range(16):
-                    rl_cpu_relax()
-                    if ready(ctx):
-                        return RL_OK
-                if rl_now_ns() >= until:
-                    break
-        for i in range(policy.yields):
-            sched_yield()
-            if ready(ctx):
-                return RL_OK
-        now = rl_now_ns()
-        if deadline_ns >= 0 and now >= deadline_ns:
-            return RL_TIMEOUT
-    # Dekker with the waker: flag, full fence, re-check (it: publish, fence, look at the flag).
-    rl_store_relaxed_u32(sleep_word, 1)
-    rl_fence_seq_cst()
-    if ready(ctx):
-        rl_store_relaxed_u32(sleep_word, 0)
-        return RL_OK
-    slice_ns = policy.slice_ns
-    if deadline_ns >= 0 and deadline_ns - now < slice_ns:
-        slice_ns = deadline_ns - now
-    r = rl_futex_wait(sleep_word, 1, slice_ns)
-    rl_store_relaxed_u32(sleep_word, 0)
-    if ready(ctx):
-        return RL_OK
-    if deadline_ns >= 0 and rl_now_ns() >= deadline_ns:
-        return RL_TIMEOUT
-    return RL_INTERRUPTED if r == EINTR else RL_AGAIN
-
-
-cdef void rl_wake(uint32_t* sleep_word) noexcept nogil:
-    rl_fence_seq_cst()
-    if rl_load_relaxed_u32(sleep_word) and rl_exchange_u32(sleep_word, 0):
-        rl_futex_wake(sleep_word)
-
-
 # ------------------------------------------------------- ring helpers ---
 cdef bint _data_ready(void* ctx) noexcept nogil:
     cdef RingEnd* e = <RingEnd*>ctx
@@ -227,10 +170,7 @@ cdef bint _peer_alive(RingEnd* e) noexcept nogil:
     _learn_peer(e)
     if e.peer_pid == 0 or e.peer_pid == e.my_pid:
         return True
-    if e.peer_pidfd >= 0:
-        dead = rl_fd_readable(e.peer_pidfd)
-    else:
-        dead = rl_pid_exited(<int>e.peer_pid)
+    dead = rl_process_exited(<int>e.peer_pid, e.peer_pidfd)
     if dead:
         e.peer_dead = 1
     return not dead
@@ -1038,6 +978,7 @@ cdef ShmRing _setup(str name, str side, object mm):
     e.resume = 0
     e.policy.spin_ns = SPIN_NS
     e.policy.yields = YIELDS
+    e.policy.yield_ns = 0   # the yields are counted, not timed
     e.policy.slice_ns = SLICE_NS
     if e.is_producer:
         e.pos = rl_load_acquire_u64(_u64(e, H_WRITE_POS))

@@ -184,18 +184,16 @@ fenced, but a pure-Python waker's load may pass its store).  A lost wake-up
 costs latency, never a hang.
 """
 import ctypes
-import errno
 import fcntl
 import mmap
 import operator
 import os
-import platform
-import select
 import threading
 import time
 
 from . import _codec_py as _codec
 from . import shm
+from ._wait_py import futex_wait, futex_wake, open_pidfd, process_alive, sched_getcpu
 from .errors import (
     BufferTooSmallError,
     ChannelClosedError,
@@ -266,79 +264,6 @@ def _align8(n):
 
 def _align(n, a):
     return (n + a - 1) & ~(a - 1)
-
-
-# ---------------------------------------------------------------- futex ---
-_FUTEX_WAIT = 0
-_FUTEX_WAKE = 1
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _syscall = _libc.syscall
-    _syscall.restype = ctypes.c_long
-except (OSError, AttributeError):  # pragma: no cover - no libc
-    _SYS_FUTEX = None
-
-
-def _futex_wait(addr, expected, timeout_ns):
-    """Sleep while the u32 at ``addr`` equals ``expected``, at most ``timeout_ns``.
-
-    Without futex (another architecture) it is a plain timed sleep: a slice
-    then ends the wait, which the callers treat like a spurious wake-up.
-    Returns an errno-like code: 0 woken, ETIMEDOUT, EAGAIN, EINTR.
-    """
-    if _SYS_FUTEX is None:
-        time.sleep(timeout_ns / 1e9)
-        return errno.ETIMEDOUT
-    ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000)
-    # ctypes releases the GIL for the call.
-    r = _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_uint32(expected),
-                 ctypes.byref(ts), None, 0)
-    return 0 if r == 0 else ctypes.get_errno()
-
-
-try:
-    _sched_getcpu = _libc.sched_getcpu
-    _sched_getcpu.restype = ctypes.c_int
-    _sched_getcpu.argtypes = []
-except (NameError, AttributeError):  # pragma: no cover
-    def _sched_getcpu():
-        return -1
-
-
-def _futex_wake(addr):
-    if _SYS_FUTEX is not None:
-        _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-
-
-# ------------------------------------------------------------ liveness ---
-def _open_pidfd(pid):
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return -1
-
-
-def _process_alive(pid, pidfd):
-    """False once ``pid`` has exited (a zombie counts as exited)."""
-    if pidfd >= 0:
-        p = select.poll()
-        p.register(pidfd, select.POLLIN)
-        return not any(ev & select.POLLIN for _, ev in p.poll(0))
-    if not shm.pid_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")
-    except (OSError, ValueError):
-        return False
 
 
 # --------------------------------------------------------- side segments ---
@@ -646,7 +571,7 @@ class ShmRing:
             if pid:
                 self._peer_pid = pid
                 if pid != self._my_pid:
-                    self._peer_pidfd = _open_pidfd(pid)
+                    self._peer_pidfd = open_pidfd(pid)
         return self._peer_pid
 
     def peer_fd(self):
@@ -662,7 +587,7 @@ class ShmRing:
         pid = self._learn_peer()
         if pid == 0 or pid == self._my_pid:
             return True
-        if not _process_alive(pid, self._peer_pidfd):
+        if not process_alive(pid, self._peer_pidfd):
             self._peer_dead = True
             return False
         return True
@@ -749,7 +674,7 @@ class ShmRing:
                 slice_ns = SLICE_NS_WEAK if fresh else PEER_CHECK_NS
                 if deadline is not None and deadline - now < slice_ns:
                     slice_ns = max(deadline - now, 1)
-                _futex_wait(addr, 1, slice_ns)
+                futex_wait(addr, 1, slice_ns)
                 if ready():
                     return
         finally:
@@ -757,14 +682,14 @@ class ShmRing:
 
     def _peer_on_my_cpu(self):
         """True when the peer last acted on this ring on the CPU we run on."""
-        cpu = _sched_getcpu() + 1
+        cpu = sched_getcpu() + 1
         return cpu > 0 and self._h32[(H_CONSUMER_CPU if self._is_producer else H_PRODUCER_CPU) // 4] == cpu
 
     def _wake_consumer(self):
         h32 = self._h32
         if h32[H_CONSUMER_SLEEPING // 4]:
             h32[H_CONSUMER_SLEEPING // 4] = 0
-            _futex_wake(self._base_addr + H_CONSUMER_SLEEPING)
+            futex_wake(self._base_addr + H_CONSUMER_SLEEPING)
         if h32[H_FD_ARMED // 4]:
             h32[H_FD_ARMED // 4] = 0
             self._write_fifo()
@@ -772,7 +697,7 @@ class ShmRing:
     def _wake_producer(self):
         if self._h32[H_PRODUCER_SLEEPING // 4]:
             self._h32[H_PRODUCER_SLEEPING // 4] = 0
-            _futex_wake(self._base_addr + H_PRODUCER_SLEEPING)
+            futex_wake(self._base_addr + H_PRODUCER_SLEEPING)
 
     def _write_fifo(self):
         try:
@@ -845,7 +770,7 @@ class ShmRing:
         self._pos += self._pending_skip + 8 + _align8(n)
         self._h64[H_WRITE_POS // 8] = self._pos
         h32 = self._h32
-        h32[H_PRODUCER_CPU // 4] = _sched_getcpu() + 1
+        h32[H_PRODUCER_CPU // 4] = sched_getcpu() + 1
         if h32[H_CONSUMER_SLEEPING // 4] or h32[H_FD_ARMED // 4]:
             self._wake_consumer()
 
@@ -915,7 +840,7 @@ class ShmRing:
             payload = _align8(n) + _side_ref_size(len(side_name)) + 8
             if payload > limit:
                 # The frame itself is large: it joins its buffers in the side segment.
-                self._put_side(KIND_SIDE_FRAME, [data[off:end].tobytes()] + buffers, deadline)
+                self._put_side(KIND_SIDE_FRAME, [data[off:end].tobytes(), *buffers], deadline)
                 return
             if payload > room:
                 need = payload
@@ -942,7 +867,7 @@ class ShmRing:
         if total > self._max_message:
             raise MessageTooLargeError(
                 f"message of {total} bytes exceeds max_message_size={self._max_message}")
-        self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:end]] + buffers, deadline)
+        self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:end], *buffers], deadline)
 
     def _put_side(self, kind, pieces, deadline):
         name = shm.new_name(self._prefix)
@@ -985,7 +910,7 @@ class ShmRing:
     def _release_record(self, off, n):
         self._pos += 8 + _align8(n)
         self._h64[H_READ_POS // 8] = self._pos
-        self._h32[H_CONSUMER_CPU // 4] = _sched_getcpu() + 1
+        self._h32[H_CONSUMER_CPU // 4] = sched_getcpu() + 1
         if self._h32[H_PRODUCER_SLEEPING // 4]:
             self._wake_producer()
 
@@ -1132,14 +1057,14 @@ class ShmRing:
         h32[mine // 4] = 1
         # Wake everyone: the peer, and threads of this process blocked on this end.
         h32[H_CONSUMER_SLEEPING // 4] = 0
-        _futex_wake(self._base_addr + H_CONSUMER_SLEEPING)
+        futex_wake(self._base_addr + H_CONSUMER_SLEEPING)
         h32[H_PRODUCER_SLEEPING // 4] = 0
-        _futex_wake(self._base_addr + H_PRODUCER_SLEEPING)
+        futex_wake(self._base_addr + H_PRODUCER_SLEEPING)
         h32[H_FD_ARMED // 4] = 0
         self._write_fifo()
         peer_pid = self._learn_peer()
         last = (h32[theirs // 4] != 0 or peer_pid == 0
-                or (peer_pid != self._my_pid and not _process_alive(peer_pid, self._peer_pidfd)))
+                or (peer_pid != self._my_pid and not process_alive(peer_pid, self._peer_pidfd)))
         if last:
             self._unlink_unread_side_segments()
         shm.unlink_segment(self._name)

@@ -15,9 +15,10 @@ Public names (identical in both twins):
 
 ``encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD) -> (end, buffers)``
     Write the frame of ``obj`` into the writable buffer ``buf`` starting at
-    ``offset``; return the offset just past the frame and the list of
-    out-of-band buffers (1-D byte memoryviews).  ``oob_threshold=None``
-    keeps everything in the frame.  Raises ``BufferTooSmallError`` when the
+    ``offset``; return the offset just past the frame and the frame's
+    out-of-band buffers as a tuple of 1-D byte memoryviews -- the empty tuple
+    when there are none, so the common frame allocates no container for
+    them.  ``oob_threshold=None`` keeps everything in the frame.  Raises ``BufferTooSmallError`` when the
     frame does not fit, ``SerializationError`` for values nothing can serialise.
 ``dumps(obj) -> bytes``
     The frame as bytes, everything in-band.

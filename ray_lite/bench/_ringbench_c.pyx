@@ -32,21 +32,17 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from ray_lite._fast._ring_c cimport (
-    RL_AGAIN,
     RL_CLOSED,
-    RL_INTERRUPTED,
-    RL_OK,
     RL_PEER_DIED,
-    RL_TIMEOUT,
     RingEnd,
     ShmRing,
-    rl_now_ns,
     rl_ring_peek,
     rl_ring_publish,
     rl_ring_release,
     rl_ring_reserve,
     rl_ring_write,
 )
+from ray_lite._fast._wait cimport RL_AGAIN, RL_INTERRUPTED, RL_OK, RL_TIMEOUT, rl_now_ns
 
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
 
