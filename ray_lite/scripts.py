@@ -11,10 +11,14 @@ def main(argv=None):
     parser.add_argument("--version", action="store_true", help="print versions and which hot paths are compiled")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("bench", add_help=False, help="run benchmarks (ray-lite bench --help)")
+    sub.add_parser("serve", add_help=False, help="run Serve applications (ray-lite serve --help)")
     # Everything after `bench` belongs to the benchmark runner's own parser.
     if argv and argv[0] == "bench":
         from ray_lite import bench
         return bench.main(argv[1:])
+    if argv and argv[0] == "serve":
+        from ray_lite.serve import cli
+        return cli.main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         import ray_lite

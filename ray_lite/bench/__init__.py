@@ -38,9 +38,11 @@ SUITES = {
     "micro": "ray_lite.bench.micro",
     "core": "ray_lite.bench.core_suite",
     "executor": "ray_lite.bench.executor_suite",
+    "serve": "ray_lite.bench.serve_suite",
 }
 
-#: What `ray-lite bench` runs with no names: the headline figures.
+#: What `ray-lite bench` runs with no names: the headline figures.  `serve`
+#: is left out: it needs ab and wrk (Debian's apache2-utils and wrk).
 DEFAULT_SUITES = ("micro", "core", "executor")
 
 #: Set (to anything but "" or "0") to run every suite at its smallest size:

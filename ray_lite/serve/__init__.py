@@ -1,0 +1,31 @@
+"""``ray_lite.serve``: Ray Serve's programming model on one machine.
+
+    from ray_lite import serve
+
+    @serve.deployment(num_replicas=2)
+    class Hello:
+        async def __call__(self, request):      # a starlette.requests.Request
+            return "hi"
+
+    handle = serve.run(Hello.bind())            # HTTP on 127.0.0.1:8000
+    handle.remote(...).result()
+"""
+from .api import (
+    delete,
+    get_app_handle,
+    get_deployment_handle,
+    get_replica_context,
+    run,
+    shutdown,
+    start,
+    status,
+)
+from .batching import batch
+from .deployment import Application, Deployment, deployment
+from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+
+__all__ = [
+    "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
+    "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
+    "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
+]

@@ -1,0 +1,447 @@
+"""The Serve controller: an async actor that owns applications, replicas and proxies.
+
+It creates replicas (actors of ``ServeReplica``), keeps ``num_replicas`` of
+each deployment alive (one ``wait_forever`` call per replica fails at once
+when the replica's process dies; ``check_health`` runs every
+``health_check_period_s``), and publishes every change by bumping a version
+that handles and proxies long-poll (``listen_*``).  A change is only
+reported done to ``serve.run``/``delete`` once every proxy has applied it, so
+that HTTP sees a new route as soon as ``serve.run`` returns.
+"""
+import asyncio
+import itertools
+import sys
+import traceback
+
+from ray_lite._private import api as _api
+from ray_lite.exceptions import RayActorError
+
+from . import _compat
+
+_LISTEN_TIMEOUT_S = 30.0
+
+
+class _Dep:
+    def __init__(self, app, name, spec):
+        self.app = app
+        self.name = name
+        self.spec = spec                    # cls_blob, args, kwargs, config
+        self.config = spec["config"]
+        self.replicas = {}                  # replica id -> ActorHandle (RUNNING)
+        self.starting = 0
+        self.stopping = set()
+        self.status = "UPDATING"
+        self.message = ""
+        self.tasks = set()
+
+
+class _App:
+    def __init__(self, name, route_prefix, ingress):
+        self.name = name
+        self.route_prefix = route_prefix
+        self.ingress = ingress
+        self.deps = {}
+        self.status = "DEPLOYING"
+        self.message = ""
+
+
+class ServeController:
+    def __init__(self, http_options):
+        from ray_lite._private.api import get_actor
+        from . import context
+        self._self_handle = _compat.blocking(get_actor, context.CONTROLLER_NAME,
+                                             namespace=context.SERVE_NAMESPACE)
+        context.set_controller(self._self_handle)
+        self.http_options = dict(http_options or {})
+        self.apps = {}
+        self.version = 0
+        self.waiters = []
+        self.proxies = []                   # ActorHandles
+        self.proxy_versions = {}            # proxy index -> version applied
+        self.proxy_waiters = []
+        self.http_port = None
+        self.ids = itertools.count(1)
+        self.shutting_down = False
+
+    # ------------------------------------------------------------ versions
+    def _bump(self):
+        self.version += 1
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _changed(self, known, timeout):
+        if self.version != known:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _dep_snapshot(self, app_name, dep_name):
+        app = self.apps.get(app_name)
+        dep = app.deps.get(dep_name) if app is not None else None
+        if dep is None:
+            return (self.version, False, [], {})
+        cfg = dep.config
+        return (self.version, True, list(dep.replicas.values()),
+                {"max_ongoing_requests": cfg["max_ongoing_requests"],
+                 "max_queued_requests": cfg["max_queued_requests"]})
+
+    async def listen_deployment(self, app_name, dep_name, known_version):
+        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        return self._dep_snapshot(app_name, dep_name)
+
+    async def wait_replicas(self, app_name, dep_name, known_version, timeout_s=30.0):
+        """A snapshot with at least one replica (or the deployment gone), or after timeout."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while True:
+            snap = self._dep_snapshot(app_name, dep_name)
+            if snap[2] or not snap[1] or loop.time() >= end:
+                if not snap[1]:
+                    from .exceptions import RayServeException
+                    raise RayServeException(f"Deployment {dep_name!r} of application "
+                                            f"{app_name!r} does not exist")
+                return snap
+            await self._changed(self.version, end - loop.time())
+
+    def _routes(self):
+        routes = {}
+        for app in self.apps.values():
+            if app.route_prefix is None or app.status == "DELETING":
+                continue
+            dep = app.deps.get(app.ingress)
+            if dep is None:
+                continue
+            cfg = dep.config
+            routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
+                                        cfg["max_ongoing_requests"], cfg["max_queued_requests"])
+        return routes
+
+    async def listen_routes(self, proxy_index, known_version):
+        if known_version >= 0:
+            self.proxy_versions[proxy_index] = max(self.proxy_versions.get(proxy_index, -1),
+                                                   known_version)
+            self._wake_proxy_waiters()
+        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        return (self.version, self._routes())
+
+    def _wake_proxy_waiters(self):
+        waiters, self.proxy_waiters = self.proxy_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _proxies_caught_up(self, timeout=15.0):
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        target = self.version
+        while any(self.proxy_versions.get(i, -1) < target for i in range(len(self.proxies))):
+            if loop.time() >= end:
+                print(f"Serve: proxies did not apply version {target} in {timeout} s "
+                      f"(they are at {self.proxy_versions})", file=sys.stderr, flush=True)
+                return False
+            fut = loop.create_future()
+            self.proxy_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, end - loop.time())
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    # -------------------------------------------------------------- proxies
+    async def start_proxies(self, http_options):
+        if self.proxies:
+            return self.http_port
+        from ._proxy import ProxyActor
+        opts = dict(self.http_options)
+        opts.update(http_options or {})
+        self.http_options = opts
+        n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
+        actor_cls = _api.remote(ProxyActor)
+        port = opts.get("port", 8000)
+        for i in range(n):
+            o = dict(opts, port=port)
+            h = _compat.blocking(actor_cls.remote, self._self_handle, i, o)
+            try:
+                port = await h.start.remote()
+            except BaseException:
+                self._kill(h)
+                for p in self.proxies:
+                    self._kill(p)
+                self.proxies = []
+                raise
+            self.proxies.append(h)
+        self.http_port = port
+        await self._proxies_caught_up()
+        return port
+
+    async def http_address(self):
+        return (self.http_options.get("host", "127.0.0.1"), self.http_port)
+
+    # ------------------------------------------------------------- replicas
+    def _start_replica(self, dep):
+        from ._replica import ServeReplica
+        rid = f"{dep.name}#{next(self.ids)}"
+        actor_cls = _api.remote(ServeReplica)
+        spec = dep.spec
+        h = _compat.blocking(actor_cls.remote, self._self_handle, dep.app, dep.name, rid,
+                             spec["cls_blob"], spec["args"], spec["kwargs"], dict(dep.config))
+        return rid, h
+
+    async def _bring_up(self, dep, n):
+        """Start ``n`` replicas of ``dep``; add those that become ready."""
+        started = []
+        dep.starting += n
+        try:
+            for _ in range(n):
+                started.append(self._start_replica(dep))
+            results = await asyncio.gather(*[h.ready.remote() for _, h in started],
+                                           return_exceptions=True)
+        finally:
+            dep.starting -= n
+        errors = []
+        for (rid, h), res in zip(started, results):
+            if isinstance(res, BaseException):
+                errors.append(res)
+                self._kill(h)
+            elif dep.app in self.apps and self.apps[dep.app].deps.get(dep.name) is dep:
+                dep.replicas[rid] = h
+                self._watch(dep, rid, h)
+            else:
+                self._kill(h)
+        return errors
+
+    def _watch(self, dep, rid, h):
+        t = asyncio.ensure_future(self._watch_replica(dep, rid, h))
+        dep.tasks.add(t)
+        t.add_done_callback(dep.tasks.discard)
+        period = dep.config.get("health_check_period_s") or 0
+        if period > 0:
+            t2 = asyncio.ensure_future(self._health_loop(dep, rid, h, period))
+            dep.tasks.add(t2)
+            t2.add_done_callback(dep.tasks.discard)
+
+    async def _watch_replica(self, dep, rid, h):
+        try:
+            await h.wait_forever.remote()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            pass
+        await self._replace(dep, rid, h, "died")
+
+    async def _health_loop(self, dep, rid, h, period):
+        timeout = dep.config.get("health_check_timeout_s") or 30.0
+        while rid in dep.replicas:
+            await asyncio.sleep(period)
+            if rid not in dep.replicas:
+                return
+            try:
+                await asyncio.wait_for(h.check_health.remote(), timeout)
+            except asyncio.CancelledError:
+                raise
+            except RayActorError:
+                return   # the watcher replaces it
+            except BaseException as exc:
+                print(f"Serve: replica {rid} failed its health check ({exc!r}); replacing it",
+                      file=sys.stderr, flush=True)
+                self._kill(h)
+                return
+
+    async def _replace(self, dep, rid, h, why):
+        if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
+            return
+        self._bump()
+        app = self.apps.get(dep.app)
+        if self.shutting_down or app is None or app.deps.get(dep.name) is not dep:
+            return
+        print(f"Serve: replica {rid} of {dep.app}/{dep.name} {why}; starting a replacement",
+              file=sys.stderr, flush=True)
+        delay = 0.1
+        while not self.shutting_down and app.deps.get(dep.name) is dep and \
+                self.apps.get(dep.app) is app:
+            missing = dep.config["num_replicas"] - len(dep.replicas) - dep.starting
+            if missing <= 0:
+                return
+            errors = await self._bring_up(dep, missing)
+            self._bump()
+            if not errors:
+                return
+            dep.message = f"replacement replica failed: {errors[0]}"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _kill(self, h):
+        try:
+            _compat.blocking(_api.kill, h)
+        except Exception:   # noqa: BLE001 - already gone
+            pass
+
+    async def _stop_replicas(self, dep):
+        dep.status = "DELETING" if dep.status != "DELETING" else dep.status
+        items = list(dep.replicas.items())
+        dep.stopping.update(rid for rid, _ in items)
+        dep.replicas.clear()
+        for t in list(dep.tasks):
+            t.cancel()
+        timeout = dep.config.get("graceful_shutdown_timeout_s") or 0
+
+        async def stop(h):
+            if timeout > 0:
+                try:
+                    await asyncio.wait_for(h.drain.remote(timeout), timeout + 1.0)
+                except BaseException:   # noqa: BLE001 - dead or slow: kill it anyway
+                    pass
+            self._kill(h)
+        await asyncio.gather(*[stop(h) for _, h in items])
+
+    # ----------------------------------------------------------------- apps
+    async def deploy_app(self, name, route_prefix, ingress, specs):
+        """Deploy (or update) application ``name``; returns once it is RUNNING."""
+        if self.shutting_down:
+            raise RuntimeError("Serve is shutting down")
+        for other in self.apps.values():
+            if other.name != name and route_prefix is not None and \
+                    other.route_prefix == route_prefix:
+                raise ValueError(f"Prefix {route_prefix} is being used by application "
+                                 f"\"{other.name}\". Failed to deploy application \"{name}\".")
+        old = self.apps.get(name)
+        app = _App(name, route_prefix, ingress)
+        reuse = {}
+        if old is not None:
+            for dname, spec in specs.items():
+                od = old.deps.get(dname)
+                if od is not None and _same_code(od.spec, spec):
+                    reuse[dname] = od
+        for dname, spec in specs.items():
+            if dname in reuse:
+                dep = reuse[dname]
+                dep.spec = spec
+                new_cfg = spec["config"]
+                if new_cfg.get("user_config") != dep.config.get("user_config"):
+                    await asyncio.gather(*[h.reconfigure.remote(new_cfg.get("user_config"))
+                                           for h in dep.replicas.values()])
+                dep.config = new_cfg
+                app.deps[dname] = dep
+            else:
+                app.deps[dname] = _Dep(name, dname, spec)
+        self.apps[name] = app
+        if old is not None:
+            for dname, od in old.deps.items():
+                if app.deps.get(dname) is not od:
+                    asyncio.ensure_future(self._stop_replicas(od))
+        errors = []
+        for dep in app.deps.values():
+            have = len(dep.replicas)
+            want = dep.config["num_replicas"]
+            if have < want:
+                errors += await self._bring_up(dep, want - have)
+            elif have > want:
+                extra = list(dep.replicas.items())[want:]
+                for rid, _ in extra:
+                    del dep.replicas[rid]
+                tmp = _Dep(name, dep.name, dep.spec)
+                tmp.replicas = dict(extra)
+                asyncio.ensure_future(self._stop_replicas(tmp))
+            if not errors:
+                dep.status = "HEALTHY"
+        if errors:
+            msg = _error_text(errors[0])
+            app.status = "DEPLOY_FAILED"
+            app.message = msg
+            for dep in app.deps.values():
+                await self._stop_replicas(dep)
+                dep.status = "UNHEALTHY"
+            self._bump()
+            raise RuntimeError(f"Deploying application {name!r} failed:\n{msg}")
+        app.status = "RUNNING"
+        self._bump()
+        await self._proxies_caught_up()
+        return True
+
+    async def delete_apps(self, names):
+        apps = [self.apps[n] for n in names if n in self.apps]
+        for app in apps:
+            app.status = "DELETING"
+        self._bump()
+        await self._proxies_caught_up()
+        await asyncio.gather(*[self._stop_replicas(d) for app in apps for d in app.deps.values()])
+        for app in apps:
+            if self.apps.get(app.name) is app:
+                del self.apps[app.name]
+        self._bump()
+        await self._proxies_caught_up()
+
+    async def shutdown(self):
+        self.shutting_down = True
+        await self.delete_apps(list(self.apps))
+        proxies, self.proxies = self.proxies, []
+        await asyncio.gather(*[_quiet(p.stop.remote()) for p in proxies])
+        for p in proxies:
+            self._kill(p)
+        self._bump()
+        return True
+
+    async def status(self):
+        out = {}
+        for app in self.apps.values():
+            deps = {}
+            for d in app.deps.values():
+                states = {}
+                if d.replicas:
+                    states["RUNNING"] = len(d.replicas)
+                if d.starting:
+                    states["STARTING"] = d.starting
+                status = d.status
+                if status == "HEALTHY" and len(d.replicas) < d.config["num_replicas"]:
+                    status = "UPDATING"
+                deps[d.name] = {"status": status, "message": d.message,
+                                "replica_states": states}
+            out[app.name] = {"status": app.status, "message": app.message,
+                             "route_prefix": app.route_prefix, "ingress": app.ingress,
+                             "deployments": deps}
+        return {"applications": out, "http_port": self.http_port,
+                "proxies": len(self.proxies)}
+
+    async def num_apps(self):
+        return len(self.apps)
+
+    async def ingress_of(self, app_name):
+        app = self.apps.get(app_name)
+        if app is None:
+            return None
+        return app.ingress
+
+    async def replica_handles(self, app_name, dep_name):
+        return self._dep_snapshot(app_name, dep_name)[2]
+
+
+async def _quiet(aw):
+    try:
+        return await aw
+    except BaseException:   # noqa: BLE001
+        return None
+
+
+def _same_code(a, b):
+    return a["cls_blob"] == b["cls_blob"] and a["args_blob"] == b["args_blob"] and \
+        {k: v for k, v in a["config"].items() if k != "user_config"} == \
+        {k: v for k, v in b["config"].items() if k != "user_config"}
+
+
+def _error_text(err):
+    s = str(err)
+    return s if s else "".join(traceback.format_exception_only(type(err), err))
+
+
+def _default_proxies():
+    import os
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,547 @@
+"""The HTTP proxy: one of several processes sharing the port (SO_REUSEPORT).
+
+Each proxy is an async actor of the core runtime, so it reaches replicas
+over its own shared-memory links (no hop through the driver or another
+proxy).  HTTP/1.1 with keep-alive and pipelining is parsed by httptools
+(llhttp, in C); responses to pipelined requests go out in request order.
+Requests travel to the replica as str/bytes/int arguments (msgpack on the
+ring): nothing from the network is ever unpickled.
+
+A request goes to a replica of the route's ingress deployment chosen by
+power of two choices on this proxy's in-flight counts, among replicas under
+``max_ongoing_requests``; when all are at the limit it waits in the route's
+queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
+"""
+import asyncio
+import collections
+import random
+import socket
+import sys
+from urllib.parse import unquote
+
+from ray_lite._private import api as _api
+
+from . import _compat, context
+from ._replica import _REASONS
+
+DEFAULT_MAX_BODY = 100 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PIPELINED = 64
+
+_STATUS_LINES = {}
+
+
+def _status_line(status):
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = _STATUS_LINES[status] = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode())
+    return line
+
+
+class _Rep:
+    __slots__ = ("handle", "actor_id", "inflight", "http")
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.actor_id = handle._info.actor_id
+        self.inflight = 0
+        self.http = handle.handle_http
+
+
+class _Route:
+    __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
+                 "max_queued", "waiting")
+
+    def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued):
+        self.prefix = prefix
+        self.root_path = "" if prefix == "/" else prefix
+        self.app = app
+        self.deployment = deployment
+        self.replicas = replicas
+        self.max_ongoing = max_ongoing
+        self.max_queued = max_queued
+        self.waiting = collections.deque()
+
+    def matches(self, path):
+        p = self.prefix
+        return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
+
+    def choose(self):
+        reps = self.replicas
+        n = len(reps)
+        if n == 0:
+            return None
+        limit = self.max_ongoing
+        if n == 1:
+            r = reps[0]
+            return r if r.inflight < limit else None
+        a = reps[random.randrange(n)]
+        b = reps[random.randrange(n)]
+        if b.inflight < a.inflight:
+            a = b
+        if a.inflight < limit:
+            return a
+        best = min(reps, key=lambda r: r.inflight)
+        return best if best.inflight < limit else None
+
+
+class _Req:
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
+                 "route", "rep", "finished", "timer")
+
+    def __init__(self, method, url, headers, body, keep_alive, version):
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.version = version
+        self.ref = None
+        self.gen = None
+        self.route = None
+        self.rep = None
+        self.finished = False
+        self.timer = None
+
+
+class _Reject(Exception):
+    pass
+
+
+class HttpConnection(asyncio.Protocol):
+    def __init__(self, proxy):
+        import httptools
+        self.proxy = proxy
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport = None
+        self.client = ""
+        self.queue = collections.deque()
+        self.current = None
+        self.closed = False
+        self.fail_status = 0
+        self.paused = False
+        self.in_next = False
+        self.url = b""
+        self.headers = []
+        self.header_bytes = 0
+        self.body = []
+        self.body_size = 0
+
+    # ---------------------------------------------------------- transport
+    def connection_made(self, transport):
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.client = f"{peer[0]}:{peer[1]}"
+        self.proxy.conns.add(self)
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.proxy.conns.discard(self)
+        req = self.current
+        if req is not None and not req.finished:
+            # The client left: cancel its request in the replica.
+            req.finished = True
+            target = req.gen if req.gen is not None else req.ref
+            if target is not None:
+                try:
+                    _api.cancel(target)
+                except Exception:   # noqa: BLE001 - already done
+                    pass
+                self.proxy.release(req)
+            elif req.route is not None:
+                try:
+                    req.route.waiting.remove((self, req))
+                except ValueError:
+                    pass
+        self.queue.clear()
+
+    def data_received(self, data):
+        if self.closed or self.fail_status:
+            return
+        try:
+            self.parser.feed_data(data)
+        except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
+            status = 400
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(exc, _Reject) or isinstance(cause, _Reject):
+                status = (exc if isinstance(exc, _Reject) else cause).args[0]
+            self.fail(status)
+
+    # ------------------------------------------------------------- parser
+    def on_message_begin(self):
+        self.url = b""
+        self.headers = []
+        self.header_bytes = 0
+        self.body = []
+        self.body_size = 0
+
+    def on_url(self, url):
+        self.url += url
+        if len(self.url) > MAX_HEADER_BYTES:
+            raise _Reject(414)
+
+    def on_header(self, name, value):
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise _Reject(431)
+        self.headers.append(name.lower() + b":" + value)
+
+    def on_headers_complete(self):
+        limit = self.proxy.max_body
+        for h in self.headers:
+            if h.startswith(b"content-length:"):
+                try:
+                    if int(h[15:]) > limit:
+                        raise _Reject(413)
+                except ValueError:
+                    raise _Reject(400) from None
+            elif h.startswith(b"expect:") and h[7:].strip().lower() == b"100-continue":
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body):
+        self.body_size += len(body)
+        if self.body_size > self.proxy.max_body:
+            raise _Reject(413)
+        self.body.append(body)
+
+    def on_message_complete(self):
+        p = self.parser
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        req = _Req(p.get_method().decode("ascii", "replace"), self.url,
+                   b"\r\n".join(self.headers), body, p.should_keep_alive(),
+                   p.get_http_version())
+        self.queue.append(req)
+        if len(self.queue) > MAX_PIPELINED and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        if self.current is None:
+            self.next()
+
+    # ---------------------------------------------------------- responses
+    def next(self):
+        if self.in_next:
+            return
+        self.in_next = True
+        try:
+            while self.current is None and self.queue and not self.closed:
+                req = self.current = self.queue.popleft()
+                self.proxy.dispatch(self, req)
+        finally:
+            self.in_next = False
+        if self.current is None and not self.queue:
+            if self.fail_status and not self.closed:
+                self._write_error_and_close(self.fail_status)
+            elif self.paused and not self.closed:
+                self.paused = False
+                self.transport.resume_reading()
+
+    def fail(self, status):
+        """Malformed or refused input: answer the requests before it, then this, and close."""
+        self.fail_status = status
+        if self.current is None and not self.queue:
+            self._write_error_and_close(status)
+
+    def _write_error_and_close(self, status):
+        body = _REASONS.get(status, "Error").encode()
+        self.transport.write(_status_line(status) + b"content-type: text/plain; charset=utf-8"
+                             b"\r\ncontent-length: " + str(len(body)).encode() +
+                             b"\r\nconnection: close\r\n\r\n" + body)
+        self.closed = True
+        self.transport.close()
+
+    def respond(self, req, status, headers, body, close=False):
+        if self.closed:
+            return
+        keep = req.keep_alive and not close
+        head = _status_line(status) + headers
+        if not keep:
+            head += b"connection: close\r\n"
+        if req.method == "HEAD":
+            body = b""
+        self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
+        self.current = None
+        if not keep:
+            self.closed = True
+            self.transport.close()
+        else:
+            self.next()
+
+    def respond_text(self, req, status, text=None, close=False):
+        body = (text or _REASONS.get(status, "")).encode()
+        self.respond(req, status, b"content-type: text/plain; charset=utf-8\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\n", body, close)
+
+
+class ProxyActor:
+    def __init__(self, controller, index, options):
+        context.set_controller(controller)
+        self.controller = controller
+        self.index = index
+        self.host = options.get("host") or "127.0.0.1"
+        self.port = int(options.get("port", 8000))
+        self.max_body = int(options.get("max_body_size") or DEFAULT_MAX_BODY)
+        t = options.get("request_timeout_s")
+        self.request_timeout = float(t) if t else None
+        self.routes = []
+        self.version = -1
+        self.conns = set()
+        self.server = None
+        self.stopping = False
+        self.loop = None
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.sock = sock
+        self.port = sock.getsockname()[1]
+        self.server_addr = f"{self.host}:{self.port}"
+
+    async def start(self):
+        self.loop = asyncio.get_running_loop()
+        version, routes = await self.controller.listen_routes.remote(self.index, -1)
+        await self._apply(version, routes)
+        self.server = await self.loop.create_server(lambda: HttpConnection(self),
+                                                    sock=self.sock, backlog=4096)
+        self._route_task = asyncio.ensure_future(self._route_loop())
+        return self.port
+
+    async def _route_loop(self):
+        while not self.stopping:
+            try:
+                version, routes = await self.controller.listen_routes.remote(self.index,
+                                                                             self.version)
+            except asyncio.CancelledError:
+                return
+            except Exception:   # noqa: BLE001 - the controller is going away
+                if self.stopping:
+                    return
+                await asyncio.sleep(0.5)
+                continue
+            await self._apply(version, routes)
+
+    async def _apply(self, version, routes):
+        known = {}
+        for r in self.routes:
+            for rep in r.replicas:
+                known[rep.actor_id] = rep
+        new_routes = []
+        fresh = []
+        for prefix, (app, dep, handles, max_ongoing, max_queued) in routes.items():
+            reps = []
+            for h in handles:
+                rep = known.get(h._info.actor_id)
+                if rep is None:
+                    rep = known[h._info.actor_id] = _Rep(h)
+                    fresh.append(rep)
+                reps.append(rep)
+            old = next((r for r in self.routes if r.prefix == prefix), None)
+            route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
+            if old is not None:
+                route.waiting = old.waiting
+            new_routes.append(route)
+        if fresh:
+            # Open the links to new replicas now, so that the first request
+            # does not wait for them (and the driver need not be driving).
+            await asyncio.gather(*[rep.handle.ready.remote() for rep in fresh],
+                                 return_exceptions=True)
+        new_routes.sort(key=lambda r: len(r.prefix), reverse=True)
+        old_routes = self.routes
+        self.routes = new_routes
+        self.version = version
+        for r in old_routes:
+            if r not in new_routes and r.waiting:
+                waiting, r.waiting = r.waiting, collections.deque()
+                for conn, req in waiting:
+                    if not conn.closed:
+                        self.dispatch(conn, req)
+        for r in new_routes:
+            self._pump(r)
+
+    async def stop(self):
+        self.stopping = True
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.conns):
+            if conn.current is None and not conn.closed:
+                conn.closed = True
+                conn.transport.close()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5.0
+        while any(c.current is not None for c in self.conns) and loop.time() < end:
+            await asyncio.sleep(0.02)
+        return True
+
+    # ----------------------------------------------------------- routing
+    def match(self, path):
+        for r in self.routes:
+            if r.matches(path):
+                return r
+        return None
+
+    def dispatch(self, conn, req):
+        url = req.url
+        q = url.find(b"?")
+        if q >= 0:
+            raw_path, query = url[:q], url[q + 1:]
+        else:
+            raw_path, query = url, b""
+        path = raw_path.decode("utf-8", "surrogateescape")
+        if "%" in path:
+            path = unquote(path)
+        if not path.startswith("/"):
+            # absolute-form request targets ("http://host/path").
+            i = path.find("/", path.find("//") + 2) if "//" in path else -1
+            path = path[i:] if i >= 0 else "/"
+        route = self.match(path)
+        if route is None:
+            conn.respond_text(req, 404, "Not Found")
+            return
+        req.route = route
+        req.url = (path, query)
+        rep = route.choose()
+        if rep is None:
+            if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
+                conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
+                return
+            if not route.replicas:
+                conn.respond_text(req, 503, "Service Unavailable: no replica")
+                return
+            route.waiting.append((conn, req))
+            return
+        self._send(conn, req, route, rep)
+
+    def _send(self, conn, req, route, rep):
+        rep.inflight += 1
+        req.rep = rep
+        path, query = req.url
+        try:
+            ref = rep.http.remote(req.method, path, query, req.headers, req.body, conn.client,
+                                  route.root_path, req.version, self.server_addr)
+        except Exception as exc:   # noqa: BLE001
+            rep.inflight -= 1
+            req.rep = None
+            print(f"proxy: could not send a request: {exc!r}", file=sys.stderr, flush=True)
+            conn.respond_text(req, 500, "Internal Server Error")
+            return
+        req.ref = ref
+        if self.request_timeout is not None:
+            req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
+        _compat.on_ready(ref, lambda: self._on_reply(conn, req))
+
+    def release(self, req):
+        rep = req.rep
+        if rep is None:
+            return
+        req.rep = None
+        rep.inflight -= 1
+        if req.timer is not None:
+            req.timer.cancel()
+            req.timer = None
+        if req.route is not None:
+            self._pump(req.route)
+
+    def _pump(self, route):
+        waiting = route.waiting
+        while waiting:
+            conn, req = waiting[0]
+            if conn.closed:
+                waiting.popleft()
+                continue
+            rep = route.choose()
+            if rep is None:
+                return
+            waiting.popleft()
+            self._send(conn, req, route, rep)
+
+    def _on_timeout(self, conn, req):
+        req.timer = None
+        if req.finished:
+            return
+        req.finished = True
+        target = req.gen if req.gen is not None else req.ref
+        try:
+            _api.cancel(target)
+        except Exception:   # noqa: BLE001
+            pass
+        self.release(req)
+        if req.gen is None:
+            conn.respond_text(req, 408, "Request Timeout", close=True)
+        elif not conn.closed:
+            conn.closed = True
+            conn.transport.close()
+
+    def _on_reply(self, conn, req):
+        if req.finished:
+            return
+        r = _compat.peek(req.ref)
+        if r[0]:
+            status, headers, body, token = r[1]
+            if token:
+                self.loop.create_task(self._stream(conn, req, status, headers, token))
+                return
+            req.finished = True
+            self.release(req)
+            conn.respond(req, status, headers, body)
+            return
+        req.finished = True
+        self.release(req)
+        err = r[1]
+        print(f"proxy: request to {req.route.app}/{req.route.deployment} failed: "
+              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+              file=sys.stderr, flush=True)
+        conn.respond_text(req, 500, "Internal Server Error")
+
+    async def _stream(self, conn, req, status, headers, token):
+        chunked = req.version == "1.1"
+        keep = req.keep_alive and chunked
+        head = _status_line(status) + headers
+        if chunked:
+            head += b"transfer-encoding: chunked\r\n"
+        if not keep:
+            head += b"connection: close\r\n"
+        write = conn.transport.write
+        ok = False
+        try:
+            write(head + b"\r\n")
+            gen = req.gen = req.rep.handle.http_stream.remote(token)
+            async for ref in gen:
+                r = _compat.peek(ref)
+                chunk = r[1] if r is not None and r[0] else await ref
+                if conn.closed:
+                    break
+                if req.method == "HEAD":
+                    continue
+                if chunked:
+                    write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                else:
+                    write(chunk)
+            else:
+                ok = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - the status line is gone: close
+            if not req.finished:
+                print(f"proxy: streamed response failed: {type(exc).__name__}",
+                      file=sys.stderr, flush=True)
+        if req.finished:
+            return
+        req.finished = True
+        self.release(req)
+        if conn.closed:
+            return
+        if ok and chunked:
+            write(b"0\r\n\r\n")
+        conn.current = None
+        if ok and keep:
+            conn.next()
+        else:
+            conn.closed = True
+            conn.transport.close()

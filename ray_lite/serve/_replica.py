@@ -1,0 +1,349 @@
+"""The replica: an async actor hosting one instance of the user's class or function.
+
+Calls arrive from handles (``handle_request``/``handle_request_streaming``)
+and from the HTTP proxies (``handle_http``, then ``http_stream`` for a
+streamed body).  HTTP requests arrive as plain str/bytes/int arguments that
+the codec carries as msgpack: nothing from the network is ever unpickled.
+"""
+import asyncio
+import inspect
+import json
+import logging
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from ray_lite._private.refs import ObjectRef
+
+from . import context
+
+logger = logging.getLogger("ray_lite.serve")
+
+_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
+            301: "Moved Permanently", 302: "Found", 304: "Not Modified", 307: "Temporary Redirect",
+            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout", 413: "Content Too Large",
+            422: "Unprocessable Entity", 429: "Too Many Requests",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+_TEXT = b"content-type: text/plain; charset=utf-8\r\n"
+_JSON = b"content-type: application/json\r\n"
+_OCTET = b"content-type: application/octet-stream\r\n"
+
+
+def _headers_block(raw_headers):
+    return b"".join(k + b": " + v + b"\r\n" for k, v in raw_headers)
+
+
+def _sized(ctype, body):
+    return ctype + b"content-length: " + str(len(body)).encode() + b"\r\n"
+
+
+def _parse_headers(blob):
+    if not blob:
+        return []
+    out = []
+    for line in blob.split(b"\r\n"):
+        k, _, v = line.partition(b":")
+        out.append((k, v))
+    return out
+
+
+async def _resolve_args(args, kwargs):
+    # Responses passed into a call travel as refs; wait for them here, without
+    # blocking the replica's loop.
+    if any(type(a) is ObjectRef for a in args):
+        args = [await a if type(a) is ObjectRef else a for a in args]
+    if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+        kwargs = {k: (await v if type(v) is ObjectRef else v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+class ServeReplica:
+    def __init__(self, controller, app_name, deployment_name, replica_id, cls_blob, init_args,
+                 init_kwargs, config):
+        context.set_controller(controller)
+        self._app = app_name
+        self._deployment = deployment_name
+        self._id = replica_id
+        self._config = config
+        self._inflight = 0
+        self._idle = None
+        self._streams = {}
+        self._stream_seq = 0
+        self._port_host = None
+        max_ongoing = config.get("max_ongoing_requests", 5)
+        self._sem = asyncio.Semaphore(max_ongoing)
+        ctx = context.ReplicaContext(app_name, deployment_name, replica_id)
+        context.set_replica_context(ctx)
+        target = cloudpickle.loads(cls_blob)
+        self._is_function = not inspect.isclass(target)
+        self._init_task = None
+        if self._is_function:
+            self._obj = None
+            self._fn = target
+        else:
+            from .handle import DeploymentHandle  # noqa: F401 (arguments may hold handles)
+            self._obj = target(*init_args, **init_kwargs)
+            self._fn = None
+        ctx.servable_object = self._obj
+        uc = config.get("user_config")
+        if uc is not None:
+            self._init_task = asyncio.ensure_future(self._reconfigure(uc))
+
+    # ------------------------------------------------------------ control
+    async def ready(self):
+        if self._init_task is not None:
+            t, self._init_task = self._init_task, None
+            await t
+        return os.getpid()
+
+    async def _reconfigure(self, user_config):
+        fn = getattr(self._obj, "reconfigure", None)
+        if fn is None:
+            raise AttributeError(f"user_config was given but {self._deployment} has no "
+                                 f"reconfigure method")
+        r = fn(user_config)
+        if inspect.isawaitable(r):
+            await r
+
+    async def reconfigure(self, user_config):
+        self._config["user_config"] = user_config
+        await self._reconfigure(user_config)
+
+    async def check_health(self):
+        fn = getattr(self._obj, "check_health", None)
+        if fn is not None:
+            r = fn()
+            if inspect.isawaitable(r):
+                await r
+        return True
+
+    async def wait_forever(self):
+        # The controller keeps one such call outstanding: its failure is how
+        # the controller learns, at once, that this replica died.
+        await asyncio.get_running_loop().create_future()
+
+    async def num_ongoing(self):
+        return self._inflight
+
+    async def drain(self, timeout_s):
+        """Wait (up to ``timeout_s``) until no request is in flight; True if drained."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while self._inflight > 0:
+            if loop.time() >= end:
+                return False
+            self._idle = loop.create_future()
+            try:
+                await asyncio.wait_for(self._idle, max(0.0, end - loop.time()))
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def _leave(self):
+        self._inflight -= 1
+        if self._inflight == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    def _callable(self, method):
+        if self._is_function:
+            if method != "__call__":
+                raise AttributeError(f"function deployment {self._deployment} has only "
+                                     f"__call__, not {method!r}")
+            return self._fn
+        try:
+            return getattr(self._obj, method)
+        except AttributeError:
+            raise AttributeError(f"'{type(self._obj).__name__}' object has no attribute "
+                                 f"'{method}'") from None
+
+    # ----------------------------------------------------------- handles
+    async def handle_request(self, method, args, kwargs):
+        self._inflight += 1
+        try:
+            async with self._sem:
+                args, kwargs = await _resolve_args(args, kwargs)
+                r = self._callable(method)(*args, **kwargs)
+                if inspect.isawaitable(r):
+                    r = await r
+                return r
+        finally:
+            self._leave()
+
+    async def handle_request_streaming(self, method, args, kwargs):
+        self._inflight += 1
+        try:
+            async with self._sem:
+                args, kwargs = await _resolve_args(args, kwargs)
+                r = self._callable(method)(*args, **kwargs)
+                if inspect.isawaitable(r) and not inspect.isasyncgen(r):
+                    r = await r
+                if inspect.isasyncgen(r):
+                    async for item in r:
+                        yield item
+                elif inspect.isgenerator(r):
+                    for item in r:
+                        yield item
+                else:
+                    raise TypeError(f"{self._deployment}.{method} was called with stream=True "
+                                    f"but returned {type(r).__name__}, not a generator")
+        finally:
+            self._leave()
+
+    # -------------------------------------------------------------- HTTP
+    async def handle_http(self, method, path, query, headers, body, client, root_path,
+                          http_version, server):
+        """One HTTP request: ``(status, header block, body, stream token)``."""
+        self._inflight += 1
+        try:
+            async with self._sem:
+                scope = {
+                    "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                    "http_version": http_version, "method": method, "scheme": "http",
+                    "path": path, "raw_path": path.encode("utf-8", "surrogateescape"),
+                    "query_string": query, "root_path": root_path,
+                    "headers": _parse_headers(headers),
+                    "client": _split_addr(client), "server": _split_addr(server),
+                }
+                try:
+                    return await self._http(scope, body)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    tb = traceback.format_exc()
+                    print(f"Replica {self._deployment}#{self._id}: {method} {path} failed:\n"
+                          f"{tb}", file=sys.stderr, end="", flush=True)
+                    msg = b"Internal Server Error"
+                    return (500, _sized(_TEXT, msg), msg, 0)
+        finally:
+            self._leave()
+
+    async def _http(self, scope, body):
+        from starlette.requests import Request
+        sent = [False]
+
+        async def receive():
+            if not sent[0]:
+                sent[0] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.get_running_loop().create_future()   # until cancelled
+        request = Request(scope, receive)
+        fn = self._callable("__call__")
+        r = fn(request)
+        if inspect.isawaitable(r) and not inspect.isasyncgen(r):
+            r = await r
+        return await self._to_http(r, scope, receive)
+
+    async def _to_http(self, r, scope, receive):
+        t = type(r)
+        if t is str:
+            b = r.encode()
+            return (200, _sized(_TEXT, b), b, 0)
+        if t is bytes:
+            return (200, _sized(_OCTET, r), r, 0)
+        if t is dict or t is list or r is None or t in (int, float, bool):
+            b = json.dumps(r, separators=(",", ":")).encode()
+            return (200, _sized(_JSON, b), b, 0)
+        if inspect.isasyncgen(r) or inspect.isgenerator(r):
+            return (200, _TEXT, None, self._new_stream(_chunks(r)))
+        try:
+            from starlette.responses import Response, StreamingResponse
+        except ImportError:  # pragma: no cover
+            Response = StreamingResponse = ()
+        if isinstance(r, StreamingResponse):
+            hb = _headers_block([(k, v) for k, v in r.raw_headers if k != b"content-length"])
+            return (r.status_code, hb, None, self._new_stream(_chunks(r.body_iterator)))
+        if isinstance(r, Response):
+            if type(r).__call__ is Response.__call__ and r.background is None:
+                return (r.status_code, _headers_block(r.raw_headers), bytes(r.body), 0)
+            return await _run_asgi_response(r, scope, receive)
+        if isinstance(r, (bytearray, memoryview)):
+            b = bytes(r)
+            return (200, _sized(_OCTET, b), b, 0)
+        b = json.dumps(r, separators=(",", ":")).encode()
+        return (200, _sized(_JSON, b), b, 0)
+
+    def _new_stream(self, agen):
+        self._stream_seq += 1
+        token = self._stream_seq
+        self._streams[token] = agen
+        # A proxy that never asks for it (its client left) must not leak it.
+        asyncio.get_running_loop().call_later(60.0, self._expire_stream, token)
+        return token
+
+    def _expire_stream(self, token):
+        agen = self._streams.pop(token, None)
+        if agen is not None:
+            asyncio.ensure_future(agen.aclose())
+
+    async def http_stream(self, token):
+        """The body chunks (bytes) of the streamed response ``token``."""
+        agen = self._streams.pop(token, None)
+        if agen is None:
+            return
+        self._inflight += 1
+        try:
+            async for chunk in agen:
+                if chunk:
+                    yield chunk
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            print(f"Replica {self._deployment}#{self._id}: streamed response failed:\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
+            raise
+        finally:
+            await agen.aclose()
+            self._leave()
+
+    async def http_stream_cancel(self, token):
+        agen = self._streams.pop(token, None)
+        if agen is not None:
+            await agen.aclose()
+
+
+async def _chunks(it):
+    if inspect.isasyncgen(it) or hasattr(it, "__anext__"):
+        async for item in it:
+            yield _to_bytes(item)
+    else:
+        for item in it:
+            yield _to_bytes(item)
+
+
+def _to_bytes(item):
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode()
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return json.dumps(item, separators=(",", ":")).encode()
+
+
+async def _run_asgi_response(response, scope, receive):
+    status = [500]
+    headers = [b""]
+    body = []
+
+    async def send(msg):
+        if msg["type"] == "http.response.start":
+            status[0] = msg["status"]
+            headers[0] = _headers_block(msg.get("headers") or [])
+        elif msg["type"] == "http.response.body":
+            body.append(msg.get("body", b""))
+    await response(scope, receive, send)
+    return (status[0], headers[0], b"".join(body), 0)
+
+
+def _split_addr(s):
+    if not s:
+        return None
+    host, _, port = s.rpartition(":")
+    try:
+        return (host, int(port))
+    except ValueError:
+        return (s, 0)

@@ -1,0 +1,242 @@
+"""``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+import threading
+
+import cloudpickle
+
+from ray_lite._private import api as _api
+from ray_lite._private import state as _state
+
+from . import _compat, context
+from .deployment import Application, Deployment
+from .handle import DeploymentHandle
+
+_lock = threading.RLock()
+
+
+def _controller_or_none():
+    if _state.node is None:
+        return None
+    try:
+        return context.get_controller()
+    except Exception:   # noqa: BLE001 - not running
+        return None
+
+
+def _ensure_controller(http_options=None):
+    if not _api.is_initialized():
+        _api.init()
+    ctl = _controller_or_none()
+    if ctl is not None:
+        return ctl
+    if not _compat.is_driver():
+        from .exceptions import RayServeException
+        raise RayServeException("Serve is not running; start it from the driver")
+    from ._controller import ServeController
+    cls = _api.remote(ServeController).options(name=context.CONTROLLER_NAME,
+                                               namespace=context.SERVE_NAMESPACE,
+                                               get_if_exists=True)
+    ctl = cls.remote(http_options or {})
+    context.set_controller(ctl)
+    _compat.ensure_driver_service()
+    return ctl
+
+
+def start(http_options=None, *, detached=False, proxy_location=None, grpc_options=None,
+          **_ignored):
+    """Start Serve and its HTTP proxies (``http_options``: host, port, proxies,
+    request_timeout_s, max_body_size)."""
+    with _lock:
+        opts = _http_options(http_options)
+        ctl = _ensure_controller(opts)
+        if proxy_location in ("Disabled", "disabled"):
+            return
+        _api.get(ctl.start_proxies.remote(opts))
+
+
+def _http_options(http_options):
+    if http_options is None:
+        return {}
+    if isinstance(http_options, dict):
+        return dict(http_options)
+    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s")
+            if getattr(http_options, k, None) is not None}
+
+
+def _build(app, app_name):
+    """The deployment specs of ``app``: nested bound deployments become handles."""
+    specs = {}
+    seen = {}
+
+    def visit(a):
+        if id(a) in seen:
+            return seen[id(a)]
+        dep = a.deployment
+        name = dep.name
+        if name in specs:
+            i = 1
+            while f"{name}_{i}" in specs:
+                i += 1
+            name = f"{name}_{i}"
+        specs[name] = None
+        handle = DeploymentHandle(name, app_name)
+        seen[id(a)] = handle
+        args = [convert(x) for x in a._args]
+        kwargs = {k: convert(v) for k, v in a._kwargs.items()}
+        args_blob = cloudpickle.dumps((args, kwargs))
+        specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
+                       "kwargs": kwargs, "args_blob": args_blob, "config": dep.full_config()}
+        return handle
+
+    def convert(x):
+        if isinstance(x, Application):
+            return visit(x)
+        if isinstance(x, list):
+            return [convert(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(convert(v) for v in x)
+        if isinstance(x, dict):
+            return {k: convert(v) for k, v in x.items()}
+        return x
+    ingress = visit(app)
+    return ingress.deployment_name, specs
+
+
+def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
+        _local_testing_mode=False, external_scaling_enabled=False):
+    """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
+    if isinstance(target, Deployment):
+        target = target.bind()
+    if not isinstance(target, Application):
+        raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
+                        f"{type(target).__name__}")
+    if route_prefix is not None:
+        if not isinstance(route_prefix, str) or not route_prefix.startswith("/"):
+            raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
+        if len(route_prefix) > 1 and route_prefix.endswith("/"):
+            route_prefix = route_prefix.rstrip("/")
+    with _lock:
+        ctl = _ensure_controller()
+        if route_prefix is not None:
+            _api.get(ctl.start_proxies.remote({}))
+        ingress, specs = _build(target, name)
+        _api.get(ctl.deploy_app.remote(name, route_prefix, ingress, specs))
+    handle = DeploymentHandle(ingress, name)
+    if blocking:
+        _block_forever()
+    return handle
+
+
+def _block_forever():
+    ev = threading.Event()
+    try:
+        while not ev.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        shutdown()
+        raise
+
+
+def status():
+    """The state of every application (``ServeStatus``)."""
+    ctl = _controller_or_none()
+    if ctl is None:
+        return ServeStatus({}, None, 0)
+    st = _api.get(ctl.status.remote())
+    return ServeStatus(st["applications"], st["http_port"], st["proxies"])
+
+
+def delete(name, _blocking=True):
+    """Delete application ``name``, draining its requests (graceful_shutdown_timeout_s)."""
+    ctl = _controller_or_none()
+    if ctl is None:
+        return
+    _api.get(ctl.delete_apps.remote([name]))
+
+
+def shutdown():
+    """Delete every application and stop the proxies and the controller."""
+    with _lock:
+        ctl = _controller_or_none()
+        if ctl is None:
+            _compat.stop_driver_service()
+            return
+        try:
+            _api.get(ctl.shutdown.remote(), timeout=120)
+        except Exception:   # noqa: BLE001 - a dead controller: kill it anyway
+            pass
+        try:
+            _api.kill(ctl)
+            # Until the runtime has seen it die, its name still resolves to it.
+            from ray_lite.exceptions import RayActorError
+            for _ in range(100):
+                try:
+                    _api.get(ctl.num_apps.remote(), timeout=0.1)
+                except RayActorError:
+                    break
+                except Exception:   # noqa: BLE001 - timeout: not yet
+                    pass
+        except Exception:   # noqa: BLE001
+            pass
+        context.clear_controller()
+        _compat.stop_driver_service()
+
+
+def get_app_handle(name):
+    ctl = context.get_controller()
+    ingress = _api.get(ctl.ingress_of.remote(name))
+    if ingress is None:
+        from .exceptions import RayServeException
+        raise RayServeException(f"Application '{name}' does not exist.")
+    return DeploymentHandle(ingress, name)
+
+
+def get_deployment_handle(deployment_name, app_name=None):
+    if app_name is None:
+        try:
+            app_name = context.get_replica_context().app_name
+        except Exception:   # noqa: BLE001
+            app_name = "default"
+    return DeploymentHandle(deployment_name, app_name)
+
+
+def get_replica_context():
+    return context.get_replica_context()
+
+
+def _http_port():
+    """The port the proxies listen on (useful with ``http_options={"port": 0}``)."""
+    ctl = context.get_controller()
+    return _api.get(ctl.http_address.remote())[1]
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.__dict__!r})"
+
+
+class DeploymentStatusOverview(_Obj):
+    pass
+
+
+class ApplicationStatusOverview(_Obj):
+    pass
+
+
+class ServeStatus:
+    def __init__(self, apps, http_port, proxies):
+        self.applications = {}
+        for name, a in apps.items():
+            deps = {dn: DeploymentStatusOverview(status=d["status"], message=d["message"],
+                                                 replica_states=d["replica_states"])
+                    for dn, d in a["deployments"].items()}
+            self.applications[name] = ApplicationStatusOverview(
+                status=a["status"], message=a["message"], route_prefix=a["route_prefix"],
+                deployments=deps)
+        self.http_port = http_port
+        self.proxies = proxies
+
+    def __repr__(self):
+        return f"ServeStatus(applications={self.applications!r})"

@@ -1,0 +1,160 @@
+"""``@serve.deployment``, ``Deployment`` and ``Application`` (Ray Serve's names).
+
+A ``Deployment`` is the user's class or function plus its configuration;
+``.bind(*args)`` makes an ``Application``: the deployment with its constructor
+arguments, where other bound deployments may appear (composition: they arrive
+in the constructor as ``DeploymentHandle``s).
+"""
+import inspect
+
+_DEFAULTS = {
+    "num_replicas": 1,
+    "max_ongoing_requests": 5,          # Ray >= 2.32's default
+    "max_queued_requests": -1,          # -1: no limit
+    "user_config": None,
+    "health_check_period_s": 10.0,
+    "health_check_timeout_s": 30.0,
+    "graceful_shutdown_timeout_s": 20.0,
+    "graceful_shutdown_wait_loop_s": 2.0,
+    "ray_actor_options": None,
+    "autoscaling_config": None,
+}
+# Accepted as in Ray, without effect on one machine (listed in the README).
+_HARMLESS = {"version", "route_prefix", "placement_group_bundles", "placement_group_strategy",
+             "max_replicas_per_node", "logging_config", "request_router_config",
+             "max_constructor_retry_count", "is_driver_deployment", "_internal"}
+_ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
+                     "runtime_env", "object_store_memory", "label_selector"}
+
+
+def _check_config(cfg):
+    for key in cfg:
+        if key not in _DEFAULTS and key not in _HARMLESS and key != "name":
+            raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
+    n = cfg.get("num_replicas", 1)
+    if n == "auto":
+        pass
+    elif n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        raise ValueError(f"num_replicas must be a non-negative int or 'auto', got {n!r}")
+    m = cfg.get("max_ongoing_requests", 5)
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"max_ongoing_requests must be a positive int, got {m!r}")
+    q = cfg.get("max_queued_requests", -1)
+    if not isinstance(q, int) or (q < 0 and q != -1):
+        raise ValueError(f"max_queued_requests must be -1 or a non-negative int, got {q!r}")
+    for key in ("health_check_period_s", "health_check_timeout_s",
+                "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or v < 0):
+            raise ValueError(f"{key} must be a non-negative number, got {v!r}")
+    rao = cfg.get("ray_actor_options")
+    if rao is not None:
+        if not isinstance(rao, dict):
+            raise TypeError("ray_actor_options must be a dict")
+        for key in rao:
+            if key not in _ACTOR_OPTIONS_OK:
+                raise ValueError(f"ray_actor_options: invalid option {key!r}")
+        if rao.get("num_gpus") not in (None, 0):
+            raise ValueError("ray_lite does not support GPUs in ray_actor_options")
+    uc = cfg.get("user_config")
+    if uc is not None:
+        import json
+        try:
+            json.dumps(uc)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"user_config must be JSON-serializable: {exc}") from None
+
+
+def resolved_num_replicas(cfg):
+    n = cfg.get("num_replicas", 1)
+    auto = cfg.get("autoscaling_config") or {}
+    if n == "auto" or n is None:
+        return int(auto.get("initial_replicas") or auto.get("min_replicas") or 1)
+    return n
+
+
+class Deployment:
+    """A class or function made into a deployment; ``bind`` it to deploy it."""
+
+    def __init__(self, func_or_class, name, config):
+        self.func_or_class = func_or_class
+        self._name = name
+        self._config = config
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def num_replicas(self):
+        return resolved_num_replicas(self._config)
+
+    @property
+    def user_config(self):
+        return self._config.get("user_config")
+
+    @property
+    def max_ongoing_requests(self):
+        return self._config.get("max_ongoing_requests", _DEFAULTS["max_ongoing_requests"])
+
+    @property
+    def max_queued_requests(self):
+        return self._config.get("max_queued_requests", _DEFAULTS["max_queued_requests"])
+
+    @property
+    def ray_actor_options(self):
+        return self._config.get("ray_actor_options")
+
+    def full_config(self):
+        cfg = dict(_DEFAULTS)
+        cfg.update({k: v for k, v in self._config.items() if k in _DEFAULTS})
+        cfg["num_replicas"] = resolved_num_replicas(self._config)
+        return cfg
+
+    def options(self, **kwargs):
+        """A copy with some options changed (``name=`` renames it)."""
+        name = kwargs.pop("name", self._name)
+        merged = {**self._config, **kwargs}
+        _check_config(merged)
+        return Deployment(self.func_or_class, name, merged)
+
+    def bind(self, *args, **kwargs):
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("Deployments cannot be constructed directly. Use "
+                           "`deployment.bind()` instead.")
+
+    def __repr__(self):
+        return f"Deployment(name={self._name})"
+
+
+class Application:
+    """A bound deployment: what ``serve.run`` deploys (the ingress and what it binds)."""
+
+    def __init__(self, deployment, args, kwargs):
+        self._deployment = deployment
+        self._args = args
+        self._kwargs = kwargs
+
+    @property
+    def deployment(self):
+        return self._deployment
+
+    def __repr__(self):
+        return f"Application({self._deployment.name})"
+
+
+def deployment(_func_or_class=None, name=None, **config):
+    """``@serve.deployment`` or ``@serve.deployment(num_replicas=..., ...)``."""
+    _check_config(config)
+
+    def decorate(obj):
+        if not (inspect.isclass(obj) or callable(obj)):
+            raise TypeError("@serve.deployment must decorate a class or a function")
+        return Deployment(obj, name or obj.__name__, dict(config))
+    if _func_or_class is not None:
+        if not callable(_func_or_class):
+            raise TypeError("@serve.deployment takes keyword arguments only")
+        return decorate(_func_or_class)
+    return decorate

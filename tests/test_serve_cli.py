@@ -1,0 +1,98 @@
+"""``ray-lite serve run`` in both forms (module:app and module:builder), shut down by
+SIGTERM and by Ctrl-C (SIGINT)."""
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from serve_helpers import http
+
+APP = textwrap.dedent("""
+    from starlette.requests import Request
+    from ray_lite import serve
+
+    @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0})
+    class TestDeployment:
+        def __init__(self, word="hi"):
+            self.word = word
+
+        async def __call__(self, request: Request):
+            return self.word
+
+    app = TestDeployment.bind()
+
+    def model(args):
+        return TestDeployment.bind(args.get("word", "hi"))
+""")
+
+
+def _start(tmp_path, *args):
+    (tmp_path / "cli_app_mod.py").write_text(APP)
+    cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
+           "serve", "run", *args, "--app-dir", str(tmp_path), "--port", "0", "--proxies", "1",
+           "--num-cpus", "1"]
+    # The child imports the ray_lite this test imported (installed or a checkout).
+    import ray_lite
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ray_lite.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=str(tmp_path), env=env)
+
+
+def _wait_port(proc, timeout=60):
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not sel.select(max(0.0, deadline - time.monotonic())):
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out += line
+        m = re.search(rb"running at http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return int(m.group(1)), out
+    proc.kill()
+    proc.wait(10)
+    pytest.fail(f"the CLI did not report its address; output:\n{out.decode(errors='replace')}")
+
+
+def _stop(proc, sig):
+    proc.send_signal(sig)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail("the CLI did not exit after a signal")
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("target,args,expected,sig", [
+    ("cli_app_mod:app", [], b"hi", signal.SIGTERM),
+    ("cli_app_mod:model", ["word=hello"], b"hello", signal.SIGINT),
+])
+def test_cli_serves_until_signalled(tmp_path, target, args, expected, sig):
+    proc = _start(tmp_path, target, *args)
+    try:
+        port, _ = _wait_port(proc)
+        assert http(port, "GET", "/")[2] == expected
+    finally:
+        code, out = _stop(proc, sig)
+    assert code == 0, out.decode(errors="replace")
+    assert b"shut down" in out
+
+
+def test_cli_reports_a_bad_target(tmp_path):
+    proc = _start(tmp_path, "cli_app_mod:nothing_here")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and b"cannot load" in out

@@ -1,0 +1,277 @@
+"""Serve's programming model through handles: deployments, composition, streaming,
+batching, reconfigure, status, delete, replica death and replacement."""
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import ray_lite as ray
+from ray_lite import serve
+from ray_lite.serve import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+
+from serve_helpers import serve_port  # noqa: F401 (fixture)
+
+
+@serve.deployment
+class Adder:
+    def __init__(self, inc):
+        self.inc = inc
+
+    def __call__(self, x):
+        return x + self.inc
+
+    async def add_async(self, x):
+        await asyncio.sleep(0)
+        return x + self.inc
+
+    def pid(self):
+        return os.getpid()
+
+    def fail(self):
+        raise ValueError("boom")
+
+    def count(self, n):
+        for i in range(n):
+            yield i
+
+    async def acount(self, n):
+        for i in range(n):
+            yield f"tok{i}"
+
+
+@serve.deployment
+class Chain:
+    def __init__(self, first, second):
+        assert isinstance(first, DeploymentHandle)
+        self.first = first
+        self.second = second
+
+    async def __call__(self, x):
+        # A response passed straight into another call.
+        return await self.second.remote(self.first.remote(x))
+
+    async def stream_through(self, n):
+        out = []
+        async for item in self.first.options(stream=True).acount.remote(n):
+            out.append(item)
+        return out
+
+
+@serve.deployment
+def double(x):
+    return 2 * x
+
+
+def test_class_deployment_calls_methods_and_sees_errors(serve_port):
+    h = serve.run(Adder.bind(10), name="a", route_prefix=None)
+    assert isinstance(h, DeploymentHandle)
+    r = h.remote(1)
+    assert isinstance(r, DeploymentResponse)
+    assert r.result(timeout_s=30) == 11
+    assert h.add_async.remote(5).result(timeout_s=30) == 15
+    assert h.options(method_name="add_async").remote(7).result(timeout_s=30) == 17
+    with pytest.raises(ValueError, match="boom"):
+        h.fail.remote().result(timeout_s=30)
+
+
+def test_function_deployment_and_options(serve_port):
+    h = serve.run(double.options(name="dbl", num_replicas=2).bind(), name="f", route_prefix=None)
+    assert [h.remote(i).result(timeout_s=30) for i in range(4)] == [0, 2, 4, 6]
+    st = serve.status().applications["f"]
+    assert st.status == "RUNNING"
+    assert st.deployments["dbl"].replica_states == {"RUNNING": 2}
+
+
+def test_replicas_spread_calls_and_are_not_charged_cpus(serve_port):
+    # 6 replicas with num_cpus=1 each on an init(num_cpus=1) runtime.
+    app = Adder.options(num_replicas=6, ray_actor_options={"num_cpus": 1}).bind(0)
+    h = serve.run(app, name="many", route_prefix=None)
+    pids = {h.pid.remote().result(timeout_s=30) for _ in range(60)}
+    assert len(pids) >= 2
+    assert serve.status().applications["many"].deployments["Adder"].replica_states == \
+        {"RUNNING": 6}
+
+
+def test_composition_and_response_passing(serve_port):
+    app = Chain.bind(Adder.bind(1), Adder.options(name="Adder2").bind(100))
+    h = serve.run(app, name="chain", route_prefix=None)
+    assert h.remote(0).result(timeout_s=30) == 101
+    assert h.stream_through.remote(3).result(timeout_s=30) == ["tok0", "tok1", "tok2"]
+    # From the driver too: a response passed into another handle's call.
+    a = serve.get_deployment_handle("Adder", "chain")
+    b = serve.get_deployment_handle("Adder2", "chain")
+    assert b.remote(a.remote(5)).result(timeout_s=30) == 106
+    assert serve.get_app_handle("chain").remote(1).result(timeout_s=30) == 102
+
+
+def test_streaming_sync_and_async_iteration(serve_port):
+    h = serve.run(Adder.bind(0), name="s", route_prefix=None)
+    gen = h.options(stream=True).count.remote(5)
+    assert isinstance(gen, DeploymentResponseGenerator)
+    assert list(gen) == [0, 1, 2, 3, 4]
+
+    async def consume():
+        return [x async for x in h.options(stream=True).acount.remote(3)]
+    assert asyncio.run(consume()) == ["tok0", "tok1", "tok2"]
+
+
+def test_await_response_in_driver_loop(serve_port):
+    h = serve.run(Adder.bind(2), name="aw", route_prefix=None)
+
+    async def main():
+        return await asyncio.gather(*[h.remote(i) for i in range(5)])
+    assert asyncio.run(main()) == [2, 3, 4, 5, 6]
+
+
+@serve.deployment(max_ongoing_requests=20)
+class Batched:
+    def __init__(self):
+        self.sizes = []
+
+    @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.2)
+    async def handle(self, xs):
+        self.sizes.append(len(xs))
+        return [x * 10 for x in xs]
+
+    async def __call__(self, x):
+        return await self.handle(x)
+
+    def batch_sizes(self):
+        return self.sizes
+
+
+def test_batching_groups_concurrent_calls(serve_port):
+    h = serve.run(Batched.bind(), name="b", route_prefix=None)
+    rs = [h.remote(i) for i in range(8)]
+    assert [r.result(timeout_s=30) for r in rs] == [i * 10 for i in range(8)]
+    sizes = h.batch_sizes.remote().result(timeout_s=30)
+    assert sum(sizes) == 8 and max(sizes) > 1 and max(sizes) <= 4
+
+
+@serve.deployment(user_config={"v": 1})
+class Configured:
+    def __init__(self):
+        self.v = None
+
+    def reconfigure(self, cfg):
+        self.v = cfg["v"]
+
+    def __call__(self):
+        return self.v
+
+
+def test_reconfigure_on_start_and_on_update(serve_port):
+    h = serve.run(Configured.bind(), name="c", route_prefix=None)
+    assert h.remote().result(timeout_s=30) == 1
+    pid_before = serve.status().applications["c"].deployments["Configured"].replica_states
+    h = serve.run(Configured.options(user_config={"v": 2}).bind(), name="c", route_prefix=None)
+    assert h.remote().result(timeout_s=30) == 2
+    assert pid_before == {"RUNNING": 1}
+
+
+@serve.deployment(num_replicas=2, health_check_period_s=0.2, health_check_timeout_s=5)
+class Mortal:
+    def pid(self):
+        return os.getpid()
+
+
+def test_dead_replica_is_replaced(serve_port):
+    h = serve.run(Mortal.bind(), name="m", route_prefix=None)
+    pids = set()
+    for _ in range(40):
+        pids.add(h.pid.remote().result(timeout_s=30))
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2
+    victim = sorted(pids)[0]
+    os.kill(victim, signal.SIGKILL)
+    ctl = serve.context.get_controller()
+    seen = set()
+    # Bounded: the replacement shows up within the listen-based refresh.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        handles = ray.get(ctl.replica_handles.remote("m", "Mortal"), timeout=30)
+        if len(handles) == 2:
+            try:
+                seen = {ray.get(x.ready.remote(), timeout=30) for x in handles}
+            except ray.exceptions.RayActorError:
+                continue    # the controller has not noticed the death yet
+            if victim not in seen:
+                break
+        ray.get(ctl.status.remote(), timeout=30)
+    assert len(seen) == 2 and victim not in seen
+    for _ in range(10):
+        assert h.pid.remote().result(timeout_s=30) != victim
+
+
+@serve.deployment(health_check_period_s=0.1, health_check_timeout_s=5)
+class Unhealthy:
+    def __init__(self):
+        self.calls = 0
+
+    def check_health(self):
+        self.calls += 1
+        if self.calls > 2:
+            raise RuntimeError("unhealthy")
+
+    def pid(self):
+        return os.getpid()
+
+
+def test_failed_health_check_replaces_replica(serve_port):
+    h = serve.run(Unhealthy.bind(), name="u", route_prefix=None)
+    first = h.pid.remote().result(timeout_s=30)
+    ctl = serve.context.get_controller()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        handles = ray.get(ctl.replica_handles.remote("u", "Unhealthy"), timeout=30)
+        try:
+            if handles and ray.get(handles[0].ready.remote(), timeout=30) != first:
+                break
+        except ray.exceptions.RayActorError:
+            continue
+    else:
+        pytest.fail("the unhealthy replica was not replaced")
+
+
+@serve.deployment
+class BadInit:
+    def __init__(self):
+        raise RuntimeError("constructor failed")
+
+
+def test_constructor_failure_fails_run(serve_port):
+    with pytest.raises(RuntimeError, match="constructor failed"):
+        serve.run(BadInit.bind(), name="bad", route_prefix=None)
+
+
+@serve.deployment(graceful_shutdown_timeout_s=30)
+class Slow:
+    async def __call__(self, gate):
+        await asyncio.sleep(gate)
+        return "finished"
+
+
+def test_delete_drains_in_flight_requests(serve_port):
+    h = serve.run(Slow.bind(), name="slow", route_prefix=None)
+    r = h.remote(0.5)
+    serve.delete("slow")
+    assert r.result(timeout_s=30) == "finished"
+    assert "slow" not in serve.status().applications
+    with pytest.raises(Exception):
+        serve.get_app_handle("slow")
+
+
+def test_options_and_decorator_validation():
+    with pytest.raises(ValueError):
+        serve.deployment(num_replicas=-1)
+    with pytest.raises(TypeError):
+        serve.deployment(not_an_option=1)
+    with pytest.raises(ValueError):
+        Adder.options(max_ongoing_requests=0)
+    with pytest.raises(RuntimeError):
+        Adder(1)
+    assert Adder.options(name="X").name == "X"
+    assert Adder.options(num_replicas=3).num_replicas == 3

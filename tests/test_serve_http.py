@@ -1,0 +1,246 @@
+"""Serve over real HTTP on loopback: responses of every kind, streaming, routing,
+keep-alive and pipelining, and every error status."""
+import asyncio
+import json
+import selectors
+import socket
+import time
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+import ray_lite as ray
+from ray_lite import serve
+
+from serve_helpers import http, raw, serve_port  # noqa: F401 (fixture)
+
+
+@serve.deployment
+class Echo:
+    async def __call__(self, request: Request):
+        body = await request.body()
+        kind = request.query_params.get("kind", "echo")
+        if kind == "echo":
+            return {"method": request.method, "path": request.url.path,
+                    "query": request.query_params.get("q"), "body": body.decode(),
+                    "header": request.headers.get("x-test"), "root": request.scope["root_path"]}
+        if kind == "json":
+            return await request.json()
+        if kind == "str":
+            return "hello"
+        if kind == "bytes":
+            return b"\x00\x01raw"
+        if kind == "list":
+            return [1, 2, 3]
+        if kind == "response":
+            return Response(b"custom", status_code=201, headers={"x-made": "here"})
+        if kind == "plain":
+            return PlainTextResponse("plain", status_code=202)
+        if kind == "jsonresponse":
+            return JSONResponse({"ok": True})
+        if kind == "stream":
+            async def gen():
+                for i in range(3):
+                    yield f"chunk{i};"
+            return StreamingResponse(gen(), media_type="text/plain")
+        if kind == "gen":
+            def gen():
+                for i in range(3):
+                    yield f"g{i};"
+            return gen()
+        if kind == "fail":
+            raise ValueError("secret detail")
+        return "?"
+
+
+def test_response_kinds(serve_port):
+    serve.run(Echo.bind())
+    p = serve_port
+    status, headers, body = http(p, "POST", "/x/y?q=1", body=b"data", headers={"X-Test": "t"})
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body) == {"method": "POST", "path": "/x/y", "query": "1", "body": "data",
+                                "header": "t", "root": ""}
+    assert http(p, "POST", "/?kind=json", body=b'{"a": [1]}')[2] == b'{"a":[1]}'
+    s, h, b = http(p, "GET", "/?kind=str")
+    assert (s, b) == (200, b"hello") and h["content-type"].startswith("text/plain")
+    assert http(p, "GET", "/?kind=bytes")[2] == b"\x00\x01raw"
+    assert json.loads(http(p, "GET", "/?kind=list")[2]) == [1, 2, 3]
+    s, h, b = http(p, "GET", "/?kind=response")
+    assert (s, b, h["x-made"]) == (201, b"custom", "here")
+    assert http(p, "GET", "/?kind=plain")[:3:2] == (202, b"plain")
+    assert json.loads(http(p, "GET", "/?kind=jsonresponse")[2]) == {"ok": True}
+
+
+def test_streaming_responses_are_chunked(serve_port):
+    serve.run(Echo.bind())
+    s, h, b = http(serve_port, "GET", "/?kind=stream")
+    assert s == 200 and h.get("transfer-encoding") == "chunked" and b == b"chunk0;chunk1;chunk2;"
+    s, h, b = http(serve_port, "GET", "/?kind=gen")
+    assert s == 200 and b == b"g0;g1;g2;"
+    # HTTP/1.0 has no chunked encoding: the body ends with the connection.
+    out = raw(serve_port, b"GET /?kind=stream HTTP/1.0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200") and b"chunked" not in out.lower()
+    assert out.endswith(b"chunk0;chunk1;chunk2;")
+
+
+def test_replica_exception_is_500_without_traceback(serve_port):
+    serve.run(Echo.bind())
+    s, _, b = http(serve_port, "GET", "/?kind=fail")
+    assert s == 500 and b"secret detail" not in b and b"Traceback" not in b
+    assert http(serve_port, "GET", "/?kind=str")[0] == 200   # the replica still serves
+
+
+@serve.deployment
+def hello_a(request):
+    return "a"
+
+
+@serve.deployment
+def hello_b(request):
+    return "b:" + request.url.path + ":" + request.scope["root_path"]
+
+
+def test_longest_prefix_routing_and_404(serve_port):
+    serve.run(hello_a.bind(), name="a", route_prefix="/api")
+    serve.run(hello_b.bind(), name="b", route_prefix="/api/v2")
+    p = serve_port
+    assert http(p, "GET", "/api")[2] == b"a"
+    assert http(p, "GET", "/api/v1/x")[2] == b"a"
+    assert http(p, "GET", "/api/v2/x")[2] == b"b:/api/v2/x:/api/v2"
+    assert http(p, "GET", "/api2")[0] == 404
+    assert http(p, "GET", "/")[0] == 404
+    serve.delete("b")
+    assert http(p, "GET", "/api/v2/x")[2] == b"a"
+    with pytest.raises(ValueError, match="being used"):
+        serve.run(hello_b.bind(), name="c", route_prefix="/api")
+
+
+def test_keep_alive_and_pipelining(serve_port):
+    serve.run(hello_b.bind())
+    s = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    try:
+        reqs = b"".join(b"GET /p%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(5))
+        s.sendall(reqs)
+        buf = b""
+        while buf.count(b"HTTP/1.1 200") < 5 or not buf.endswith(b"b:/p4:"):
+            chunk = s.recv(65536)
+            assert chunk, "server closed a keep-alive connection"
+            buf += chunk
+        bodies = [part.split(b"\r\n\r\n", 1)[1] for part in buf.split(b"HTTP/1.1 ")[1:]]
+        assert bodies == [b"b:/p%d:" % i for i in range(5)]   # in request order
+        s.sendall(b"GET /again HTTP/1.1\r\nHost: x\r\n\r\n")   # still open
+        more = b""
+        while not more.endswith(b"b:/again:"):
+            chunk = s.recv(65536)
+            assert chunk
+            more += chunk
+    finally:
+        s.close()
+
+
+def test_malformed_request_is_400_and_closed(serve_port):
+    serve.run(hello_a.bind())
+    out = raw(serve_port, b"GARBAGE\x00\x01 nonsense\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400") and b"connection: close" in out.lower()
+    # A good request followed by garbage: the good one is answered first.
+    out = raw(serve_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\nBAD\x00REQ\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 400" in out
+
+
+def test_body_over_limit_is_413(serve_port):
+    ray_shutdown_needed = False
+    serve.shutdown()
+    serve.start(http_options={"port": 0, "proxies": 1, "max_body_size": 1000})
+    from ray_lite.serve.api import _http_port
+    port = _http_port()
+    serve.run(Echo.bind())
+    assert http(port, "POST", "/", body=b"x" * 500)[0] == 200
+    out = raw(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000)
+    assert out.startswith(b"HTTP/1.1 413")
+    assert not ray_shutdown_needed
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=1)
+class Sleepy:
+    def __init__(self):
+        self.cancelled = 0
+
+    async def __call__(self, request: Request):
+        try:
+            await asyncio.sleep(float(request.query_params.get("s", "0")))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return "slept"
+
+    def cancellations(self):
+        return self.cancelled
+
+
+def test_request_timeout_is_408():
+    ray.init(num_cpus=1)
+    try:
+        serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 0.5})
+        from ray_lite.serve.api import _http_port
+        port = _http_port()
+        serve.run(Sleepy.options(max_queued_requests=-1).bind())
+        assert http(port, "GET", "/?s=60")[0] == 408
+        assert http(port, "GET", "/?s=0")[2] == b"slept"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_queue_limit_is_503_and_disconnect_cancels(serve_port):
+    h = serve.run(Sleepy.bind())
+    p = serve_port
+    # One request runs (max_ongoing_requests=1), one waits in the proxy's
+    # queue (max_queued_requests=1) and the other is refused with a 503.
+    s1, s2, s3 = (socket.create_connection(("127.0.0.1", p), timeout=30) for _ in range(3))
+    try:
+        s1.sendall(b"GET /?s=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 30
+        while _ongoing(h) != 1:
+            assert time.monotonic() < deadline, "the first request never reached the replica"
+        for s in (s2, s3):
+            s.sendall(b"GET /?s=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        sel = selectors.DefaultSelector()
+        sel.register(s2, selectors.EVENT_READ)
+        sel.register(s3, selectors.EVENT_READ)
+        ready = sel.select(30)
+        assert len(ready) == 1, "exactly one of the two waiting requests is refused"
+        refused = ready[0][0].fileobj
+        waiting = s3 if refused is s2 else s2
+        assert refused.recv(65536).startswith(b"HTTP/1.1 503")
+        s1.close()    # the client leaves: its request is cancelled in the replica
+        buf = b""
+        while not buf.endswith(b"slept"):
+            chunk = waiting.recv(65536)
+            assert chunk
+            buf += chunk
+        assert buf.startswith(b"HTTP/1.1 200")
+        assert h.cancellations.remote().result(timeout_s=30) == 1
+    finally:
+        for s in (s1, s2, s3):
+            s.close()
+
+
+def _ongoing(h):
+    ctl = serve.context.get_controller()
+    reps = ray.get(ctl.replica_handles.remote(h.app_name, h.deployment_name), timeout=30)
+    return sum(ray.get(r.num_ongoing.remote(), timeout=30) for r in reps)
+
+
+def test_several_proxies_share_the_port():
+    ray.init(num_cpus=1)
+    try:
+        serve.start(http_options={"port": 0, "proxies": 2})
+        from ray_lite.serve.api import _http_port
+        port = _http_port()
+        serve.run(hello_a.bind())
+        assert serve.status().proxies == 2
+        assert all(http(port, "GET", "/")[2] == b"a" for _ in range(20))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
