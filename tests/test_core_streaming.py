@@ -191,8 +191,25 @@ def test_cancel_ends_stream_without_hanging(rt):
     with pytest.raises(TaskCancelledError):
         for ref in g2:
             ray.get(ref, timeout=T)
-    # The pool worker was released.
+    # The pool worker was released (the producer reports its end even when cancelled).
+    from ray_lite._private import state
+    node = state.node
+    assert node.wait_until(lambda: all(w.task is None for w in node.pool.values()), T)
     assert drain(count.remote(3)) == [0, 1, 2]
+
+    # A pool stream busy in its own code is interrupted too.
+    @ray.remote(max_retries=0)
+    def slow_stream():
+        yield 0
+        while True:
+            pass
+    g3 = slow_stream.remote()
+    assert ray.get(next(g3), timeout=T) == 0
+    ray.cancel(g3)
+    with pytest.raises(TaskCancelledError):
+        for ref in g3:
+            ray.get(ref, timeout=T)
+    assert node.wait_until(lambda: all(w.task is None for w in node.pool.values()), T)
 
 
 def test_backpressure_is_complete_and_bounded(rt):

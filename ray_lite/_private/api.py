@@ -6,8 +6,8 @@ import threading
 
 from ray_lite.exceptions import GetTimeoutError
 
-from . import state
-from .refs import ObjectRef, ObjectRefGenerator, ready_entry
+from . import interrupts, state
+from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
 from .remote import ActorClass, ActorHandle, RemoteFunction
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
@@ -47,6 +47,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
         from .driver import DriverNode
         state.node = DriverNode(num_cpus, namespace)
+        interrupts.install()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
@@ -71,6 +72,7 @@ def shutdown():
             node.shutdown()
         finally:
             state.node = None
+            interrupts.uninstall()
 
 
 def is_initialized():
@@ -121,14 +123,11 @@ def _wait_entries(node, refs, entries, timeout):
             i += 1
         pos[0] = i
         return i == n
-    block = getattr(node, "block_begin", None)
-    if block is not None:
-        block()
+    node.block_begin()
     try:
         return node.wait_until(all_ready, timeout)
     finally:
-        if block is not None:
-            node.block_end()
+        node.block_end()
 
 
 def get(object_refs, *, timeout=None):
@@ -139,19 +138,24 @@ def get(object_refs, *, timeout=None):
     """
     if type(object_refs) is ObjectRef:
         e = object_refs._e
-        if e.ready:
-            if e.error is None:
-                return e.value
-            raise e.error
-        refs = [object_refs]
-        single = True
+        if not e.ready:
+            if timeout is not None and timeout < 0:
+                raise ValueError("timeout must be >= 0 or None")
+            node = state.node
+            if node is None:
+                node = state.get_node()
+            if not node.wait_ref(object_refs, timeout):
+                raise GetTimeoutError(f"Get timed out: some object(s) not ready after "
+                                      f"{timeout} s.")
+        if e.error is None:
+            return e.value
+        raise e.error
     else:
         if not isinstance(object_refs, (list, tuple)):
             _check_ref(object_refs)
         refs = list(object_refs)
         for r in refs:
             _check_ref(r)
-        single = False
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be >= 0 or None")
     entries = [r._e for r in refs]
@@ -164,16 +168,25 @@ def get(object_refs, *, timeout=None):
         if e.error is not None:
             raise e.error
         values.append(e.value)
-    return values[0] if single else values
+    return values
 
 
 def put(value):
-    """Store ``value`` and return a ref to it (owned by this process)."""
+    """Store a copy of ``value`` and return a ref to it (owned by this process).
+
+    As in Ray, what ``get`` returns does not change if ``value`` is mutated
+    afterwards; each ``get`` returns a fresh copy (numpy arrays: read-only,
+    zero-copy views of the stored copy).  Immutable values are not copied.
+    """
     if type(value) is ObjectRef:
         raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "
                         "do this, you can wrap the ObjectRef in a list and call 'put' on it.")
     node = state.get_node()
-    return ObjectRef(node.new_oid(), node.id, ready_entry(value))
+    try:
+        entry = frozen_entry(value)
+    except Exception as exc:
+        raise TypeError(f"Could not serialize the value passed to put(): {exc}") from exc
+    return ObjectRef(node.new_oid(), node.id, entry)
 
 
 def _is_ready(x):
@@ -215,7 +228,11 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
         for r in refs:
             if type(r) is ObjectRef and not r._e.ready:
                 node.ensure_fetch(r)
-        node.wait_until(enough, timeout)
+        node.block_begin()      # a pool worker lends its CPU slot while it waits
+        try:
+            node.wait_until(enough, timeout)
+        finally:
+            node.block_end()
     ready, not_ready = [], []
     for r in refs:
         if len(ready) < num_returns and _is_ready(r):
@@ -239,10 +256,13 @@ def kill(actor, *, no_restart=True):
 def cancel(ref, *, force=False, recursive=True):
     """Cancel a task, actor call or streaming generator.
 
-    A queued task never runs; ``force=True`` kills the worker running it.  A
-    cancelled ref raises ``TaskCancelledError`` from ``get``; a cancelled
-    generator ends with that error at its next item.  A running call of a
-    synchronous actor cannot be interrupted and completes normally.
+    A queued task never runs; a running one is interrupted (a
+    ``KeyboardInterrupt`` raised in it, as in Ray); ``force=True`` kills the
+    worker running it.  A cancelled ref raises ``TaskCancelledError`` from
+    ``get``; a cancelled generator ends with that error at its next item.
+    Actor calls: a queued call never runs, a running call of an async actor
+    is cancelled (``asyncio.CancelledError`` in it), a running call of a sync
+    or threaded actor completes normally; ``force=True`` is refused.
     """
     node = state.get_node()
     if isinstance(ref, ObjectRefGenerator):
@@ -250,6 +270,8 @@ def cancel(ref, *, force=False, recursive=True):
         if s.done:
             return
         if node.inflight.get(s.peer, {}).get(s.sid) == "stream":  # an actor's stream
+            if force:
+                raise ValueError("force=True is not supported for actor tasks.")
             node.cancel_stream(s, force)
             return
         oid = s.sid
@@ -268,6 +290,8 @@ def cancel(ref, *, force=False, recursive=True):
     oid = ref._id
     for peer, fl in list(node.inflight.items()):
         if fl.get(oid) == "actor":
+            if force:
+                raise ValueError("force=True is not supported for actor tasks.")
             node.send(peer, ("X", oid, force))
             return
     if node.id == 0:

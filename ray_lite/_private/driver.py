@@ -10,17 +10,17 @@ from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashe
 
 from . import state
 from .node import Node
+from .procutil import CANCEL_SIGNAL
 from .refs import ObjectRef
 from .transport import Link
 from .zygote import ZygoteClient
-
 
 
 class TaskSpec:
     """A task the driver schedules onto the pool (its own or a worker's nested one)."""
 
     __slots__ = ("oid", "fn_id", "blob", "args", "kwargs", "nret", "stream", "bp",
-                 "retries", "name", "owner", "deps_left", "cancelled")
+                 "retries", "name", "owner", "deps_left", "cancelled", "has_refs")
 
     def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner):
         self.oid = oid
@@ -36,6 +36,7 @@ class TaskSpec:
         self.owner = owner
         self.deps_left = 0
         self.cancelled = False
+        self.has_refs = True     # until submit looked
 
 
 class _PoolWorker:
@@ -83,7 +84,8 @@ class DriverNode(Node):
         self.idle = []
         self.queue = collections.deque()
         self.waiting_deps = {}
-        self.num_blocked = 0
+        self.num_blocked = 0   # pool workers lending their CPU while blocked in get
+        self.busy = 0          # pool workers running a task and not blocked
         self.actors = {}       # actor id -> ActorInfo (alive)
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
@@ -98,6 +100,9 @@ class DriverNode(Node):
         except BaseException:
             self.zygote.stop()
             raise
+        # Workers ask the driver for things (objects it owns, nested tasks,
+        # actors) while the user's code may be busy elsewhere.
+        self.start_service()
 
     # --------------------------------------------------------------- pool
     def _spawn_spec(self, node_id, kind, link):
@@ -125,15 +130,27 @@ class DriverNode(Node):
 
     def submit(self, spec):
         with self._sched:
-            deps = []
-            for a in itertools.chain(spec.args, spec.kwargs.values()):
-                if type(a) is ObjectRef and not a._e.ready and a._owner == self.id:
-                    deps.append(a)
+            deps = None
+            has_refs = False
+            for a in spec.args:
+                if type(a) is ObjectRef:
+                    has_refs = True
+                    if not a._e.ready and a._owner == self.id:
+                        deps = [a] if deps is None else deps + [a]
+            if spec.kwargs:
+                for a in spec.kwargs.values():
+                    if type(a) is ObjectRef:
+                        has_refs = True
+                        if not a._e.ready and a._owner == self.id:
+                            deps = [a] if deps is None else deps + [a]
+            spec.has_refs = has_refs
             if deps:
                 spec.deps_left = len(deps)
                 self.waiting_deps[spec.oid] = spec
                 for d in deps:
                     d._e.add_callback(lambda _e, spec=spec: self._dep_ready(spec))
+            elif not self.queue and self.idle and self.busy < self.num_cpus:
+                self._send_task(spec)     # the common case: straight to an idle worker
             else:
                 self.queue.append(spec)
                 self._dispatch()
@@ -147,8 +164,8 @@ class DriverNode(Node):
 
     @staticmethod
     def _inline(values):
-        # Arguments that are ready refs owned here travel as their values
-        # (Ray resolves top-level ref arguments before the call).
+        # Arguments that are ready refs travel as their values (Ray resolves
+        # top-level ref arguments before the call).
         out = []
         for a in values:
             if type(a) is ObjectRef and a._e.ready:
@@ -160,40 +177,60 @@ class DriverNode(Node):
 
     def _dispatch(self):
         with self._sched:
-            while self.queue:
-                busy = sum(1 for w in self.pool.values() if w.task is not None and not w.blocked)
-                if busy >= self.num_cpus:
+            queue = self.queue
+            while queue:
+                if self.busy >= self.num_cpus:
                     return
                 if not self.idle:
                     if len(self.pool) >= self.num_cpus + self.num_blocked:
                         return
                     self._spawn_pool_worker()
-                spec = self.queue.popleft()
+                spec = queue.popleft()
                 if spec.cancelled:
                     continue
-                try:
-                    args = self._inline(spec.args)
-                    kwargs = dict(zip(spec.kwargs, self._inline(spec.kwargs.values())))
-                except BaseException as err:
-                    self._fail_task(spec, err)
-                    continue
-                w = self.idle.pop()
-                blob = None if spec.fn_id in w.shipped else spec.blob
-                msg = ("T", spec.oid, spec.fn_id, blob, args, kwargs, spec.nret, spec.stream,
-                       spec.bp, spec.name)
-                try:
-                    self.links[w.id].send(msg)
-                except (ConnectionError, OSError):
-                    self.idle.append(w)
-                    self.queue.appendleft(spec)
+                if not self._send_task(spec):
                     return
-                except Exception as exc:  # an argument that cannot be serialised
-                    self.idle.append(w)
-                    self._fail_task(spec, TypeError(
-                        f"could not serialize the arguments of {spec.name}: {exc}"))
-                    continue
-                w.shipped.add(spec.fn_id)
-                w.task = spec
+
+    def _send_task(self, spec):
+        """Send ``spec`` to an idle worker (under ``_sched``); False if it went back to the queue."""
+        args, kwargs = spec.args, spec.kwargs
+        if spec.has_refs:
+            try:
+                args = self._inline(args)
+                if kwargs:
+                    kwargs = dict(zip(kwargs, self._inline(kwargs.values())))
+            except BaseException as err:
+                self._fail_task(spec, err)
+                return True
+        w = self.idle.pop()
+        fn_id = spec.fn_id
+        msg = ("T", spec.oid, fn_id, None if fn_id in w.shipped else spec.blob, args, kwargs,
+               spec.nret, spec.stream, spec.bp, spec.name)
+        # Booked before the send: a KeyboardInterrupt right after it (the
+        # task may make the driver's Ctrl-C itself) must not leave a worker
+        # running a task the scheduler does not know about.
+        w.task = spec
+        self.busy += 1
+        try:
+            self.links[w.id].send(msg)
+        except BaseException as exc:
+            w.task = None
+            self.busy -= 1
+            self.idle.append(w)
+            if isinstance(exc, (ConnectionError, OSError, KeyError)):
+                self.queue.appendleft(spec)
+                return False
+            if not isinstance(exc, Exception):
+                raise
+            # An argument that cannot be serialised.
+            self._fail_task(spec, TypeError(
+                f"could not serialize the arguments of {spec.name}: {exc}"))
+            return True
+        w.shipped.add(fn_id)
+        target = self.pending.get(spec.oid)
+        if target is not None and type(target) is not list:
+            target.peer = w.id     # where the waiting thread looks first
+        return True
 
     def _fail_task(self, spec, err):
         if spec.owner != self.id:
@@ -218,12 +255,18 @@ class DriverNode(Node):
     def _task_finished(self, peer, oid):
         w = self.pool.get(peer)
         if w is not None and w.task is not None and w.task.oid == oid:
-            if w.blocked:
-                w.blocked = False
-                self.num_blocked -= 1
-            w.task = None
-            self.idle.append(w)
-            self._dispatch()
+            with self._sched:
+                if w.task is None or w.task.oid != oid:
+                    return
+                if w.blocked:
+                    w.blocked = False
+                    self.num_blocked -= 1
+                else:
+                    self.busy -= 1
+                w.task = None
+                self.idle.append(w)
+                if self.queue:
+                    self._dispatch()
 
     def _on_result(self, peer, msg):
         owner = self.forward.pop(msg[1], None)
@@ -256,7 +299,6 @@ class DriverNode(Node):
                 if w.task is not None and w.task.oid == msg[1]:
                     self.send(w.id, msg)
                     return
-        Node._on_ack(self, peer, msg)
 
     def _on_peer_died(self, peer):
         with self._sched:
@@ -269,8 +311,11 @@ class DriverNode(Node):
                 return Node._on_peer_died(self, peer)
             if w in self.idle:
                 self.idle.remove(w)
-            if w.blocked:
-                self.num_blocked -= 1
+            if w.task is not None:
+                if w.blocked:
+                    self.num_blocked -= 1
+                else:
+                    self.busy -= 1
             spec = w.task
             Node._on_peer_died(self, peer)
             if spec is not None:
@@ -308,7 +353,14 @@ class DriverNode(Node):
                         except ProcessLookupError:
                             pass
                     else:
+                        # The message says which task; the signal interrupts
+                        # it (a KeyboardInterrupt in the task, as in Ray) if
+                        # it is still that one when the worker looks.
                         self.send(w.id, ("X", oid, False))
+                        try:
+                            os.kill(w.pid, CANCEL_SIGNAL)
+                        except ProcessLookupError:
+                            pass
                         self._fail_task(w.task, TaskCancelledError())
                     return True
         return False
@@ -381,6 +433,7 @@ class DriverNode(Node):
                     if w is not None and w.task is not None and w.blocked != args:
                         w.blocked = args
                         self.num_blocked += 1 if args else -1
+                        self.busy += -1 if args else 1
                         self._dispatch()
                 result = None
             elif op == "connect":
@@ -409,6 +462,7 @@ class DriverNode(Node):
 
     # ----------------------------------------------------------- shutdown
     def shutdown(self):
+        self.stop_service()
         self.closed = True
         for peer in list(self.links):
             self.send(peer, ("Z",))

@@ -1,11 +1,18 @@
 """The part of the runtime every process has: links, owned objects, streams.
 
-A ``Node`` is this process's end of every link.  Nothing reads the links in
-the background: the thread that waits (in ``get``, ``wait``, ``next`` or a
-worker's idle loop) *drives* them — it drains every link and dispatches each
-message — through ``wait_until``.  When several threads wait, one drives and
-the others sleep on a condition that the driver notifies after each round.
-An asyncio loop drives them from reader callbacks on the links' descriptors.
+A ``Node`` is this process's end of every link.  The thread that waits (in
+``get``, ``wait``, ``next`` or a worker's idle loop) *drives* them — it drains
+every link and dispatches each message — through ``wait_until``.  When
+several threads wait, one drives and the others sleep on a condition that the
+driver notifies after each round.  An asyncio loop drives them from reader
+callbacks on the links' descriptors.
+
+The driver also has a *service thread* (``start_service``) so that its
+workers are served while the user's code computes: it takes over the links
+only when no thread has driven them for ``SERVICE_IDLE_S``, and then sleeps
+in ``poll`` on their descriptors (never spins).  The hand-over is lazy on
+purpose: a thread that enters and leaves ``get`` a hundred thousand times a
+second pays two attribute updates, not a system call, per wait.
 
 Message kinds (tuples; the first element says what it is):
 
@@ -17,6 +24,8 @@ Message kinds (tuples; the first element says what it is):
   K  owner -> producer        stream back-pressure ack (sid, consumed)
   X  owner -> executor        cancel (oid)
   F  borrower -> owner        fetch an object (oid); answered by O (oid, ok, payload)
+  D  borrower -> owner        give back ref weights ([(oid, numerator, denominator)]);
+                              via the driver as (batch, owner) when not linked
   Q  worker -> driver         request (req_id, op, args); answered by P (req_id, ok, payload)
   A  driver -> worker         attach the link a peer created (peer, pid, names)
   Z  driver -> worker         exit
@@ -24,19 +33,33 @@ Message kinds (tuples; the first element says what it is):
 import asyncio
 import itertools
 import os
+import select
+import signal
 import threading
 import time
+import weakref
+from fractions import Fraction
 
 from ray_lite.exceptions import ActorDiedError, ObjectLostError, TaskCancelledError, \
     WorkerCrashedError
 
 from ray_lite._fast.stream_table import NOT_READY
 
+from .interrupts import sleep_point
 from .procutil import open_sentinel
-from .refs import ObjectRef, _Entry, error_entry, ready_entry
-from .transport import LinkClosed, wait_readable
+from .refs import ObjectRef, _BorrowedEntry, _Entry, error_entry, ready_entry
+from .transport import WEAK_SLICE, LinkClosed, wait_readable
 
 _OID_SHIFT = 40
+# How long a wait may sleep on the expected peer's ring alone (the others are
+# read again after this): covers a typical call's round trip.
+HINT_BUDGET_S = 0.002
+# The service thread takes the links over once nobody drove them for this long.
+SERVICE_IDLE_S = 0.005
+_ASYNC_SIGNALS = {s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                              signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD,
+                              signal.SIGWINCH, signal.SIGPIPE)}
+_ASYNC_SIGNALS.update(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
 
 
 class Node:
@@ -51,27 +74,45 @@ class Node:
         self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
         self.streams = {}        # sid -> _StreamState (streams this process owns)
-        self.exported = {}       # oid -> _Entry owned here and referenced elsewhere
+        self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
+        self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
         self.fetching = {}       # oid -> [entries] borrowed objects being fetched
         self.fetch_requested = set()
         self.rpc_replies = {}    # req id -> (ok, payload)
         self._deferred = []      # stream releases asked from __del__
+        self._releases = []      # (owner, oid, weight) to give back
+        self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
+        self._drain_list = ()
+        self._export_lock = threading.Lock()
         self._seq = itertools.count(1)
+        self._oid_base = node_id << _OID_SHIFT
         self._rpc_seq = itertools.count(1)
         self._drive_lock = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
         self._sleepers = 0
+        self._waiting = []       # one item per thread inside wait_until (append/pop: atomic)
+        self._wait_epoch = 0     # changes whenever a thread leaves wait_until
+        self._fds_touched = False
+        self._service = None     # the driver's service thread (start_service)
+        self._svc_cond = threading.Condition(threading.Lock())
+        self._svc_parked = False
+        self._svc_listening = False
+        self._kick_fd = -1
         self._bridges = {}       # loop -> _LoopBridge
         self.closed = False
+        # Only this thread ever drives (no service thread, no loop, no pool
+        # of method threads): a wait may block in one ring without missing
+        # a link another thread adds meanwhile.
+        self.single_waiter = False
         self.handlers = {
             "R": self._on_result, "I": self._on_item, "E": self._on_end,
             "F": self._on_fetch, "O": self._on_fetched, "A": self._on_attach,
-            "P": self._on_rpc_reply, "K": self._on_ack,
+            "P": self._on_rpc_reply, "K": self._on_ack, "D": self._on_release,
         }
 
     # ----------------------------------------------------------------- ids
     def new_oid(self):
-        return (self.id << _OID_SHIFT) | next(self._seq)
+        return self._oid_base | next(self._seq)
 
     def new_oids(self, n):
         first = self.new_oid()
@@ -83,6 +124,7 @@ class Node:
     def add_link(self, peer, link, pid):
         link.on_full = self._on_link_full
         self.links[peer] = link
+        self._index_links()
         self.inflight.setdefault(peer, {})
         if pid is not None and pid != os.getpid():
             self.peer_pids[peer] = pid
@@ -96,9 +138,11 @@ class Node:
         else:
             for bridge in list(self._bridges.values()):
                 bridge.watch(link, None)
+        self._kick()
 
     def remove_peer(self, peer):
         link = self.links.pop(peer, None)
+        self._index_links()
         for fd, p in list(self.sentinels.items()):
             if p == peer:
                 del self.sentinels[fd]
@@ -110,7 +154,15 @@ class Node:
                 bridge.unwatch_fd(link.fileno())
             link.close()
         self.peer_pids.pop(peer, None)
+        self._kick()
 
+    def _index_links(self):
+        # What _drain walks: a snapshot (handlers may add or remove links
+        # meanwhile) with each ring's poll bound once.
+        self._drain_list = tuple((peer, link, link._rx.poll)
+                                 for peer, link in self.links.items())
+
+    @sleep_point
     def _on_link_full(self):
         # The peer's ring is full and it may itself be blocked writing to us:
         # read what it sent (if no other thread is already doing so), then retry.
@@ -119,6 +171,8 @@ class Node:
                 self._drain()
             finally:
                 self._drive_lock.release()
+            if self._interrupt is not None:
+                self._raise_interrupt()
         time.sleep(0.0002)
 
     def send(self, peer, msg):
@@ -133,46 +187,142 @@ class Node:
         return True
 
     # ------------------------------------------------------------- driving
-    def wait_until(self, pred, timeout=None):
+    def wait_until(self, pred, timeout=None, hint=None):
         """Drive the links until ``pred()`` is true or ``timeout`` passes.
 
         Returns ``pred()``.  Safe from any thread; see the module docstring.
+        ``hint``: the peer expected to answer; for a short while the wait
+        sleeps on that peer's ring alone, which wakes fastest.
         """
         if pred():
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = self._waiting
+        waiting.append(None)
+        try:
+            ok = self._wait_loop(pred, timeout, hint)
+        finally:
+            waiting.pop()
+            self._wait_epoch += 1
+            if self._service is not None or self._fds_touched:
+                self._after_wait()
+        if self._interrupt is not None:
+            # Noticed while the wait was ending anyway: still raised here,
+            # before the cancelled task's code runs on.
+            self._raise_interrupt()
+        return ok
+
+    def wait_ref(self, ref, timeout=None):
+        """Wait until ``ref`` is ready (fetching it if it is borrowed); False on timeout."""
+        e = ref._e
+        if e.ready:
+            return True
+        if ref._owner != self.id:
+            self.ensure_fetch(ref)
+        self.block_begin()
+        try:
+            return self.wait_until(lambda: e.ready, timeout, e.peer)
+        finally:
+            self.block_end()
+
+    def block_begin(self):
+        """Hook: a pool worker lends its CPU slot while it waits."""
+
+    def block_end(self):
+        """Hook: the end of ``block_begin``."""
+
+    def _wait_loop(self, pred, timeout, hint):
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        hint_end = None if hint is None or hint not in self.links else now + HINT_BUDGET_S
+        lock = self._drive_lock
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return pred()
-            if self._drive_lock.acquire(False):
+            if lock.acquire(False):
                 try:
                     if pred():
                         return True
+                    if hint_end is not None:
+                        left = hint_end - time.monotonic()
+                        if left > 0 and self._poll_one(
+                                hint, left if remaining is None else min(left, remaining)):
+                            continue
+                        hint_end = None
                     self._poll(remaining)
                 finally:
-                    self._drive_lock.release()
+                    lock.release()
                     if self._sleepers:
                         with self._cond:
                             self._cond.notify_all()
             else:
-                with self._cond:
-                    self._sleepers += 1
-                    try:
-                        # Bounded: the driving thread may leave without a round
-                        # that concerns us (its own predicate became true).
-                        self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
-                    finally:
-                        self._sleepers -= 1
+                self._sleep_as_sleeper(remaining)
+            if self._interrupt is not None:
+                self._raise_interrupt()
             if pred():
                 return True
             if self.closed:
                 raise RuntimeError("ray_lite was shut down while waiting")
 
+    @sleep_point
+    def _sleep_as_sleeper(self, remaining):
+        with self._cond:
+            self._sleepers += 1
+            try:
+                # Bounded: the driving thread may leave without a round
+                # that concerns us (its own predicate became true).
+                self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
+            finally:
+                self._sleepers -= 1
+
+    _interrupt = None
+
+    def _raise_interrupt(self):
+        """Hook: WorkerNode raises a cancellation noticed while driving."""
+
+    def _poll_one(self, peer, timeout):
+        """Wait on ``peer``'s ring only (after draining all); False if it cannot.
+
+        The other links are drained before the wait (while the peer works on
+        our request), not after the answer: that would delay the caller.
+        """
+        if self._drain():
+            return True
+        link = self.links.get(peer)
+        if link is None:
+            return False
+        try:
+            msg = link.recv_wait(timeout)
+        except (LinkClosed, OSError):
+            self._on_peer_died(peer)
+            return True
+        if msg is not None:
+            self.handlers[msg[0]](peer, msg)
+        return True
+
     def _poll(self, timeout):
         if self._drain() or timeout == 0:
             return
+        if self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1:
+            # One peer (a worker's driver, an actor's only caller): wait on
+            # its ring directly; the ring notices the peer's death itself.
+            # No other thread can add a link meanwhile (single_waiter), so
+            # the wait needs no time limit of its own.
+            for peer, link in self.links.items():
+                try:
+                    msg = link.recv_wait(timeout)
+                except (LinkClosed, OSError):
+                    self._on_peer_died(peer)
+                    return
+                if msg is not None:
+                    # What followed it is read by the next round: this one
+                    # is probably what the caller waits for.
+                    self.handlers[msg[0]](peer, msg)
+                return
         sentinel_fds = list(self.sentinels)
+        # Sleeping arms and then disarms the links' descriptors, which the
+        # service thread (if listening) relies on: it must re-arm them.
+        self._fds_touched = True
         ready = wait_readable(list(self.links.values()), sentinel_fds, timeout)
         self._drain()
         if ready:
@@ -182,18 +332,36 @@ class Node:
                     self._on_peer_died(peer)
 
     def _drain(self):
-        if self._deferred:
+        if self._deferred or self._releases:
             self._run_deferred()
         n = 0
         handlers = self.handlers
-        for peer, link in list(self.links.items()):
+        if self._stash:
+            stash, self._stash = self._stash, []
             try:
+                for peer, msg in stash:
+                    n += 1
+                    handlers[msg[0]](peer, msg)
+            except BaseException:
+                self._stash[:0] = stash[n:]
+                raise
+        for peer, link, poll in self._drain_list:
+            try:
+                if not poll():
+                    continue
                 msgs = link.recv_all()
-            except (LinkClosed, OSError):
+            except (LinkClosed, OSError, ValueError):
                 continue
-            for msg in msgs:
-                n += 1
-                handlers[msg[0]](peer, msg)
+            i = 0
+            try:
+                for msg in msgs:
+                    i += 1
+                    handlers[msg[0]](peer, msg)
+            except BaseException:
+                # A KeyboardInterrupt (or a bug) must not lose what was read.
+                self._stash.extend((peer, m) for m in msgs[i:])
+                raise
+            n += i
         return n
 
     def drive_nowait(self):
@@ -209,8 +377,158 @@ class Node:
                 if self._sleepers:
                     with self._cond:
                         self._cond.notify_all()
+            self._wait_epoch += 1
+            if self._interrupt is not None:
+                self._raise_interrupt()
             return True
         return False
+
+    # ------------------------------------------------------ service thread
+    def start_service(self):
+        """Start the thread that serves the links while no other thread drives them."""
+        self._kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        t = threading.Thread(target=self._service_main, name="ray_lite-service", daemon=True)
+        self._service = t
+        t.start()
+
+    def stop_service(self, timeout=5.0):
+        t = self._service
+        if t is None:
+            return
+        self.closed = True
+        self._kick()
+        with self._svc_cond:
+            self._svc_cond.notify_all()
+        if t is not threading.current_thread():
+            t.join(timeout)
+        self._service = None
+        fd, self._kick_fd = self._kick_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _kick(self, always=True):
+        """Make the service thread leave ``poll`` (its set of descriptors changed)."""
+        fd = self._kick_fd
+        if fd >= 0 and (always or self._svc_listening):
+            try:
+                os.eventfd_write(fd, 1)
+            except OSError:
+                pass
+
+    def _after_wait(self):
+        # A thread left wait_until: wake a service thread parked for as long
+        # as someone drives.  A wait that slept in poll disarmed the links'
+        # descriptors on its way out, under whoever else listens to them: an
+        # event loop's bridge, the service thread.  They re-arm.
+        if self._svc_parked:
+            with self._svc_cond:
+                self._svc_cond.notify()
+        if self._fds_touched:
+            self._fds_touched = False
+            for bridge in list(self._bridges.values()):
+                bridge.rearm_soon()
+            if self._svc_listening:
+                self._kick(False)
+
+    def _service_main(self):
+        # Signals go to the main thread: a Ctrl-C taken by this thread would
+        # leave the main thread asleep in poll, never raising KeyboardInterrupt.
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+        except (OSError, ValueError):
+            pass
+        seen = -1
+        cond = self._svc_cond
+        lock = self._drive_lock
+        fired = []
+        woken = False
+        while not self.closed:
+            epoch = self._wait_epoch
+            if self._waiting or epoch != seen or lock.locked():
+                # Someone drives, or did lately (a loop of gets): stand aside.
+                # A thread in a long wait lets this one sleep until it leaves
+                # (one notify); right after such a wake-up the pause is timed,
+                # so a loop of short gets costs at most one notify per pause.
+                seen = epoch
+                fired = []      # stale once someone else drove (fds get reused)
+                with cond:
+                    if self.closed:
+                        break
+                    if self._waiting and not woken:
+                        self._svc_parked = True
+                        try:
+                            woken = cond.wait(1.0)   # 1 s: a backstop, not a tick
+                        finally:
+                            self._svc_parked = False
+                    else:
+                        woken = False
+                        cond.wait(SERVICE_IDLE_S)
+                continue
+            woken = False
+            if not lock.acquire(False):
+                continue
+            try:
+                if self.closed:
+                    break
+                self._fds_touched = False
+                fds = self._service_round(fired)
+            except Exception:  # noqa: BLE001 - a bug here must not end serving
+                import traceback
+                traceback.print_exc()
+                fds = None
+            finally:
+                lock.release()
+                if self._sleepers:
+                    with self._cond:
+                        self._cond.notify_all()
+            if fds is None:
+                continue
+            self._svc_listening = True
+            try:
+                if self._waiting or self._wait_epoch != seen or self.closed:
+                    fired = []
+                    continue
+                p = select.poll()
+                for fd in fds:
+                    p.register(fd, select.POLLIN)
+                ms = 1000 if WEAK_SLICE is None else int(WEAK_SLICE * 1000)
+                try:
+                    fired = [fd for fd, _ in p.poll(ms)]
+                except OSError:
+                    fired = []
+            finally:
+                self._svc_listening = False
+            if self._kick_fd in fired:
+                try:
+                    os.eventfd_read(self._kick_fd)
+                except OSError:
+                    pass
+
+    def _service_round(self, fired):
+        """Under the drive lock: handle what woke us, drain, arm; the fds to poll."""
+        dead = [fd for fd in fired if fd in self.sentinels]
+        if dead:
+            # Checked again: only a sentinel readable now means a death.
+            p = select.poll()
+            for fd in dead:
+                p.register(fd, select.POLLIN)
+            for fd, _ in p.poll(0):
+                peer = self.sentinels.get(fd)
+                if peer is not None:
+                    self._on_peer_died(peer)
+        links = list(self.links.values())
+        fired = set(fired)
+        for link in links:
+            if link.fileno() in fired:
+                link.disarm()
+        while True:
+            self._drain()
+            for link in links:
+                if not link.arm():
+                    break
+            else:
+                break
+        return [lk.fileno() for lk in links] + list(self.sentinels) + [self._kick_fd]
 
     # ---------------------------------------------------- results & objects
     def expect(self, peer, oid, entry, kind):
@@ -238,26 +556,114 @@ class Node:
         else:
             target.set_error(payload)
 
-    def export(self, oid, entry):
-        self.exported[oid] = entry
+    # Weighted reference counting of refs that leave the process unready
+    # (see refs.py).  Weights are exact fractions: the owner lends 1 per
+    # serialisation, a borrower halves what it holds to pass a ref on.
+    def lend(self, ref):
+        """The weight to send with ``ref`` (unready) serialised for another process."""
+        e = ref._e
+        oid = ref._id
+        with self._export_lock:
+            if ref._owner == self.id:
+                rec = self.exported.get(oid)
+                if rec is None:
+                    self.exported[oid] = [e, 1]
+                else:
+                    rec[1] += 1
+                return 1
+            w = getattr(e, "weight", 0)
+            if not w:
+                # Nothing to split (cannot happen for a ref this process
+                # received): the receiver will hold no weight.
+                return None
+            half = Fraction(w) / 2
+            e.weight = w - half
+            return (half.numerator, half.denominator)
 
     def lookup_owned(self, oid):
-        e = self.exported.get(oid)
-        if e is None:
-            e = self.pending.get(oid)
-            if type(e) is list:
-                e = None
+        rec = self.exported.get(oid)
+        if rec is not None:
+            return rec[0]
+        e = self.pending.get(oid)
+        if type(e) is list:
+            e = None
         return e
 
-    def borrowed_entry(self, oid, owner):
-        e = _Entry()
-        if owner in self.dead_peers:
-            e.set_error(ObjectLostError(f"the owner of object {oid:x} died", oid))
-        else:
-            self.fetching.setdefault(oid, []).append(e)
-            self._owner_of_fetch = getattr(self, "_owner_of_fetch", {})
-            self._owner_of_fetch[oid] = owner
+    def receive_ref(self, oid, owner, weight):
+        """The entry for a ref (not ready when sent) that arrived from another process."""
+        if owner == self.id:
+            e = self.lookup_owned(oid)
+            if weight is not None:
+                self._give_back(oid, weight)   # the weight came home
+            if e is None:
+                e = error_entry(ObjectLostError(
+                    f"object {oid:x} is not known to its owner (freed?)", oid))
+            return e
+        with self._export_lock:
+            e = self.borrowed.get(oid)
+            if e is None:
+                e = _BorrowedEntry(oid, owner, self)
+                if owner in self.dead_peers:
+                    e.set_error(ObjectLostError(f"the owner of object {oid:x} died", oid))
+                self.borrowed[oid] = e
+            if weight is not None:
+                if e.ready:
+                    self.release_later(owner, oid, weight)
+                else:
+                    w = weight if type(weight) is int else Fraction(*weight)
+                    e.weight = e.weight + w if e.weight else w
         return e
+
+    def release_later(self, owner, oid, weight):
+        """Give ``weight`` back to ``owner`` at the next drain (safe from __del__)."""
+        self._releases.append((owner, oid, weight))
+
+    def _give_back(self, oid, weight):
+        if type(weight) is int:
+            w = weight
+        elif type(weight) is tuple:
+            w = Fraction(*weight)
+        else:
+            w = weight
+        with self._export_lock:
+            rec = self.exported.get(oid)
+            if rec is not None:
+                rec[1] -= w
+                if rec[1] <= 0:
+                    del self.exported[oid]
+
+    def _on_release(self, peer, msg):
+        if len(msg) > 2 and msg[2] != self.id:
+            # Relayed by the driver for a borrower with no link to the owner.
+            self.send(msg[2], ("D", msg[1]))
+            return
+        for oid, num, den in msg[1]:
+            self._give_back(oid, num if den == 1 else Fraction(num, den))
+
+    def _send_releases(self):
+        items, self._releases = self._releases, []
+        by_owner = {}
+        for owner, oid, w in items:
+            if type(w) is tuple:
+                num, den = w
+            else:
+                w = Fraction(w)
+                num, den = w.numerator, w.denominator
+            by_owner.setdefault(owner, []).append((oid, num, den))
+        for owner, batch in by_owner.items():
+            if owner == self.id:
+                for oid, num, den in batch:
+                    self._give_back(oid, Fraction(num, den))
+            elif owner in self.links:
+                self.send(owner, ("D", batch))
+            elif self.id != 0 and owner not in self.dead_peers:
+                # No link to the owner (we never fetched from it): the
+                # driver, linked to everyone, passes it on.
+                self.send(0, ("D", batch, owner))
+
+    def object_table_size(self):
+        """How many objects this process keeps for others or waits for (for tests)."""
+        return len(self.exported) + len(self.pending) + len(self.fetching) + len(self.borrowed)
 
     def ensure_fetch(self, ref):
         """Ask the owner of a borrowed, unready ref for its value (once)."""
@@ -280,6 +686,8 @@ class Node:
     def _fail_fetch(self, oid, err):
         self.fetch_requested.discard(oid)
         for e in self.fetching.pop(oid, ()):
+            if getattr(e, "weight", 0):
+                e.weight = 0     # the owner is gone: nobody to give it back to
             e.set_error(err)
 
     def _on_fetch(self, peer, msg):
@@ -292,8 +700,15 @@ class Node:
 
         def answer(entry, peer=peer, oid=oid):
             if entry.error is None:
-                if not self.send(peer, ("O", oid, True, entry.value)):
+                try:
+                    link = self.links.get(peer)
+                    if link is not None:
+                        link.send(("O", oid, True, entry.value))
+                except (LinkClosed, OSError):
                     pass
+                except Exception as exc:  # noqa: BLE001 - the value cannot be serialised
+                    self.send(peer, ("O", oid, False, TypeError(
+                        f"could not serialize object {oid:x}: {exc}")))
             else:
                 self.send(peer, ("O", oid, False, entry.error))
         e.add_callback(answer)
@@ -309,6 +724,12 @@ class Node:
                 e.set_value(payload)
             else:
                 e.set_error(payload)
+            if getattr(e, "weight", 0):
+                with self._export_lock:
+                    w, e.weight = e.weight, 0
+                if w:
+                    # The value is here: this process never needs the owner for it again.
+                    self.release_later(peer, oid, w)
 
     # ------------------------------------------------------------- streams
     def new_stream(self, sid, peer, bp, name):
@@ -330,11 +751,16 @@ class Node:
             if not ok:
                 self._end_stream(s, index + 1, payload)
             return
-        e = ready_entry(payload) if ok else error_entry(payload)
-        s.table.report(index, ObjectRef(self.new_oid(), self.id, e))
-        if not ok:
+        if ok:
+            e = _Entry()
+            e.value = payload
+            e.ready = True
+            s.table.report(index, ObjectRef(self._oid_base | next(self._seq), self.id, e))
+        else:
+            s.table.report(index, ObjectRef(self.new_oid(), self.id, error_entry(payload)))
             self._end_stream(s, index + 1, payload)
-        elif s.waiter is not None:
+            return
+        if s.waiter is not None:
             w, s.waiter = s.waiter, None
             w()
 
@@ -409,14 +835,14 @@ class Node:
             self.send(s.peer, ("K", s.sid, consumed))
 
     def _on_ack(self, peer, msg):
-        acks = self.__dict__.setdefault("stream_acks", {})
-        if acks.get(msg[1], -1) < msg[2]:
-            acks[msg[1]] = msg[2]
+        """Back-pressure acks concern producers (WorkerNode); a late one is dropped."""
 
     def defer_stream_release(self, s):
         self._deferred.append(s)
 
     def _run_deferred(self):
+        if self._releases:
+            self._send_releases()
         # Like Ray, dropping a generator does not cancel its task (completed()
         # still resolves): the items are no longer kept, and a producer held
         # back by back-pressure is let go.
@@ -567,6 +993,11 @@ class _LoopBridge:
         self.loop.add_reader(fd, self.on_readable, link)
         # Not at once: we may be inside a drain of this very loop.
         self.loop.call_soon(self.on_readable, None)
+
+    def rearm_soon(self):
+        """Drain and re-arm from the loop (someone else disarmed the links)."""
+        if not self.closed:
+            self._call(self.loop.call_soon, self.on_readable, None)
 
     def on_readable(self, link):
         if link is not None:

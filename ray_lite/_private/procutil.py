@@ -5,6 +5,9 @@ import os
 import signal
 
 _PR_SET_PDEATHSIG = 1
+# Sent by the driver to a pool worker to interrupt the task it runs
+# (``cancel(force=False)``).  A real-time signal: user code rarely uses them.
+CANCEL_SIGNAL = signal.SIGRTMIN + 3
 _libc = None
 
 

@@ -2,9 +2,21 @@
 
 An ``ObjectRef`` points to a shared ``_Entry``: the slot that the owner fills
 when the value (or error) arrives.  ``get`` on a ready ref is therefore an
-attribute read, with no look-up and no message; the object is freed when the
-last ref to its entry is gone (plain Python reference counting), except for
-entries exported to other processes (see ``Node.export``).
+attribute read, with no look-up and no message.
+
+Lifetime: in the process that holds it, an entry lives as long as a ref to it
+(plain reference counting).  A ref that leaves its process while its object is
+not ready yet carries a *weight* (weighted reference counting): the owner
+counts the weight it hands out, a borrower splits its weight when it passes
+the ref on (no message to the owner, so no race between a release and a
+hand-over), and gives it back when its last ref is gone or when the value
+arrived.  The owner forgets the export once every weight came back.  A ready
+object travels with its value instead, so it needs no bookkeeping at all.
+
+``put`` stores a serialised snapshot (``_FrozenEntry``): mutating the value
+afterwards does not change what ``get`` returns, and each ``get`` returns a
+fresh copy (numpy arrays and large buffers: read-only views of the snapshot,
+zero-copy), as in Ray.
 
 An ``ObjectRefGenerator`` holds the owner's ``StreamTable`` for one stream:
 the owner records a report when it reads it off a link, so ``next()`` on a
@@ -19,13 +31,15 @@ from ray_lite._fast.stream_table import NOT_READY, StreamTable
 class _Entry:
     """The value slot of one object, shared by every ref to it in this process."""
 
-    __slots__ = ("ready", "value", "error", "callbacks", "__weakref__")
+    # ``peer``: the process expected to fill it (a hint for the waiting thread).
+    __slots__ = ("ready", "value", "error", "callbacks", "peer", "__weakref__")
 
-    def __init__(self):
+    def __init__(self, peer=None):
         self.ready = False
         self.value = None
         self.error = None
         self.callbacks = None
+        self.peer = peer
 
     def set_value(self, value):
         if self.ready:
@@ -72,6 +86,121 @@ def error_entry(error):
     return e
 
 
+class _BorrowedEntry(_Entry):
+    """The entry of an object another process owns, shared by this process's refs.
+
+    ``weight`` is this process's share of the owner's count (see the module
+    docstring); it goes back to the owner when the entry dies or is filled.
+    """
+
+    __slots__ = ("oid", "owner", "weight", "node")
+
+    def __init__(self, oid, owner, node):
+        _Entry.__init__(self, owner)
+        self.oid = oid
+        self.owner = owner
+        self.weight = 0
+        self.node = node        # ids are per runtime: never give back to another one
+
+    def __del__(self):
+        w = self.weight
+        if w:
+            self.weight = 0
+            node = self.node
+            if node is not None and not node.closed:
+                # Only queued: __del__ may run inside a send or a drain.
+                node.release_later(self.owner, self.oid, w)
+
+
+# Immutable values that ``put`` can keep by reference (no copy needed).
+_IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
+_local = threading.local()
+
+
+class _FrozenEntry(_Entry):
+    """What ``put`` stores: a serialised snapshot, decoded afresh by each ``get``.
+
+    Refs inside the value are kept as refs (they stay alive with the entry)
+    instead of being exported: the snapshot never leaves this process.
+    """
+
+    __slots__ = ("frame", "buffers", "refs")
+
+    def __init__(self, frame, buffers, refs):
+        self.ready = True
+        self.error = None
+        self.callbacks = None
+        self.peer = None
+        self.frame = frame
+        self.buffers = buffers
+        self.refs = refs
+
+    @property
+    def value(self):
+        from ray_lite._fast import codec
+        outer = getattr(_local, "thawing", None)
+        _local.thawing = self.refs
+        try:
+            return codec.decode(self.frame, self.buffers)
+        finally:
+            _local.thawing = outer
+
+
+def frozen_entry(value):
+    """The entry ``put`` stores for ``value``: the value itself if immutable, else a snapshot."""
+    if type(value) in _IMMUTABLE:
+        return ready_entry(value)
+    from ray_lite._fast import codec
+    from ray_lite._fast.errors import BufferTooSmallError
+    refs = []
+    outer = getattr(_local, "freezing", None)
+    _local.freezing = refs
+    try:
+        buf = bytearray(512)
+        while True:
+            try:
+                end, oob = codec.encode_into(value, buf, 0)
+                break
+            except BufferTooSmallError as exc:
+                buf = bytearray(max(exc.needed, 2 * len(buf)))
+                refs.clear()      # the next attempt numbers them again
+    finally:
+        _local.freezing = outer
+    # One copy of large buffers (numpy data...), as Ray's put copies into its
+    # store; ``get`` then decodes zero-copy views of these read-only bytes.
+    return _FrozenEntry(bytes(memoryview(buf)[:end]), [bytes(b) for b in oob], refs or None)
+
+
+def probe_serialisable(value):
+    """Raise what serialising ``value`` for another process would raise.
+
+    Refs inside are not lent (the frame is thrown away) and large buffers
+    are not copied (they would travel out of band).
+    """
+    from ray_lite._fast import codec
+    from ray_lite._fast.errors import BufferTooSmallError
+    outer = getattr(_local, "freezing", None)
+    _local.freezing = []
+    try:
+        buf = getattr(_local, "scratch", None)
+        if buf is None:
+            buf = _local.scratch = bytearray(4096)
+        while True:
+            try:
+                codec.encode_into(value, buf, 0)
+                return
+            except BufferTooSmallError as exc:
+                buf = bytearray(max(exc.needed, 2 * len(buf)))
+                if len(buf) <= 1 << 20:
+                    _local.scratch = buf
+    finally:
+        _local.freezing = outer
+
+
+def _thawed_ref(index):
+    return _local.thawing[index]
+
+
 class ObjectRef:
     """A reference to an object that a task, an actor call or ``put`` produces.
 
@@ -113,16 +242,19 @@ class ObjectRef:
         return f"ObjectRef({self.hex()})"
 
     def __reduce__(self):
+        frozen = getattr(_local, "freezing", None)
+        if frozen is not None:
+            # Inside a put: the ref stays a ref, kept alive by the snapshot.
+            frozen.append(self)
+            return (_thawed_ref, (len(frozen) - 1,))
         e = self._e
         if e.ready:
             # A ready value travels with the ref: the receiver needs no fetch.
             st = (True, e.value) if e.error is None else (False, e.error)
-        else:
-            st = None
-            node = state.node
-            if node is not None and self._owner == node.id:
-                node.export(self._id, e)
-        return (_rebuild_ref, (self._id, self._owner, st))
+            return (_rebuild_ref, (self._id, self._owner, st))
+        node = state.node
+        weight = node.lend(self) if node is not None else None
+        return (_rebuild_ref, (self._id, self._owner, None, weight))
 
     def __await__(self):
         return _await_ref(self).__await__()
@@ -143,18 +275,14 @@ class ObjectRef:
         return fut
 
 
-def _rebuild_ref(object_id, owner, st):
-    node = state.node
+def _rebuild_ref(object_id, owner, st, weight=None):
     if st is not None:
         e = ready_entry(st[1]) if st[0] else error_entry(st[1])
         return ObjectRef(object_id, owner, e)
-    if node is not None:
-        if owner == node.id:
-            e = node.lookup_owned(object_id)
-            if e is not None:
-                return ObjectRef(object_id, owner, e)
-        return ObjectRef(object_id, owner, node.borrowed_entry(object_id, owner))
-    return ObjectRef(object_id, owner, _Entry())
+    node = state.node
+    if node is None:
+        return ObjectRef(object_id, owner, _Entry())
+    return ObjectRef(object_id, owner, node.receive_ref(object_id, owner, weight))
 
 
 async def _await_ref(ref):

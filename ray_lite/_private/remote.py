@@ -3,12 +3,13 @@ import functools
 import inspect
 import os
 
-import cloudpickle
-
 from ray_lite.exceptions import ActorDiedError
 
 from . import state
-from .refs import ObjectRef, ObjectRefGenerator, _Entry, error_entry
+from .refs import ObjectRef, ObjectRefGenerator, _Entry, error_entry, probe_serialisable
+from .transport import LinkClosed
+from .driver import TaskSpec
+from .shipping import ship
 
 # Options Ray accepts that ray_lite honours.
 _TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects"}
@@ -30,7 +31,7 @@ _REFUSED_UNLESS_DEFAULT = {
     "placement_group_bundle_index": (-1, None),
     "placement_group_capture_child_tasks": (None, False),
 }
-_SIMPLE_TYPES = (int, float, str, bytes, bool, type(None))
+_SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
 def _check_options(opts, kind):
@@ -70,12 +71,19 @@ def _check_options(opts, kind):
 def _check_args_serialisable(args, kwargs, what):
     # A value the codec cannot carry must fail here, at the call site, and not
     # later when the scheduler sends the task.
-    if all(type(a) in _SIMPLE_TYPES for a in args) and (
-            not kwargs or all(type(v) in _SIMPLE_TYPES for v in kwargs.values())):
-        return
-    from ray_lite._fast import codec
+    for a in args:
+        if type(a) not in _SIMPLE_TYPES:
+            break
+    else:
+        if not kwargs:
+            return
+        for a in kwargs.values():
+            if type(a) not in _SIMPLE_TYPES:
+                break
+        else:
+            return
     try:
-        codec.dumps((list(args), kwargs))
+        probe_serialisable((args, kwargs))
     except Exception as exc:
         raise TypeError(f"Could not serialize the arguments of {what}: {exc}") from exc
 
@@ -88,9 +96,9 @@ def _make_call_result(node, nret, stream, bp, name, peer):
         s = node.new_stream(oid, peer, bp, name)
         return oid, s, ObjectRefGenerator(s)
     if nret == 1:
-        e = _Entry()
+        e = _Entry(peer)
         return oid, e, ObjectRef(oid, node.id, e)
-    entries = [_Entry() for _ in range(nret)]
+    entries = [_Entry(peer) for _ in range(nret)]
     refs = [ObjectRef(oid + i, node.id, e) for i, e in enumerate(entries)]
     return oid, entries, (refs if nret else None)
 
@@ -100,6 +108,17 @@ def _stream_opts(opts, is_gen):
     stream = nr == "streaming"
     bp = opts.get("_generator_backpressure_num_objects", -1) or -1
     return (1 if stream else nr), stream, (bp if stream else -1)
+
+
+class _TaskPlan:
+    """What a set of options means for a call, worked out once per options."""
+
+    __slots__ = ("name", "nret", "stream", "bp", "retries")
+
+    def __init__(self, function, opts, is_gen):
+        self.name = opts.get("name") or function.__qualname__
+        self.nret, self.stream, self.bp = _stream_opts(opts, is_gen)
+        self.retries = opts.get("max_retries", 3)
 
 
 class RemoteFunction:
@@ -112,6 +131,7 @@ class RemoteFunction:
         self._fn_id = os.urandom(8).hex()
         self._blob = None
         self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
+        self._plan = _TaskPlan(function, options, self._is_gen)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args, **kwargs):
@@ -120,37 +140,45 @@ class RemoteFunction:
                         f"'{name}()', try '{name}.remote()'.")
 
     def remote(self, *args, **kwargs):
-        return self._remote(self._options, args, kwargs)
+        return self._remote(self._plan, args, kwargs)
 
     def options(self, **opts):
         merged = {**self._options, **opts}
         _check_options(merged, "task")
         rf = self
+        plan = _TaskPlan(self._function, merged, self._is_gen)
 
         class _Bound:
             def remote(self, *args, **kwargs):
-                return rf._remote(merged, args, kwargs)
+                return rf._remote(plan, args, kwargs)
         return _Bound()
 
-    def _remote(self, opts, args, kwargs):
-        node = state.get_node()
-        name = opts.get("name") or self._function.__qualname__
+    def _remote(self, plan, args, kwargs):
+        node = state.node
+        if node is None:
+            node = state.get_node()
+        name = plan.name
         _check_args_serialisable(args, kwargs, name)
-        if self._blob is None:
-            self._blob = cloudpickle.dumps(self._function)
-        nret, stream, bp = _stream_opts(opts, self._is_gen)
-        retries = opts.get("max_retries", 3)
-        oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
+        blob = self._blob
+        if blob is None:
+            blob = self._blob = ship(self._function)
+        nret, stream, bp = plan.nret, plan.stream, plan.bp
+        if nret == 1 and not stream:
+            oid = node.new_oid()
+            # A worker's nested task is answered through the driver.
+            target = _Entry(None if node.id == 0 else 0)
+            result = ObjectRef(oid, node.id, target)
+        else:
+            oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
             node.pending[oid] = target
         args = list(args)
         if node.id == 0:
-            from .driver import TaskSpec
-            node.submit(TaskSpec(oid, self._fn_id, self._blob, args, kwargs, nret, stream, bp,
-                                 retries, name, 0))
+            node.submit(TaskSpec(oid, self._fn_id, blob, args, kwargs, nret, stream, bp,
+                                 plan.retries, name, 0))
         else:
-            node.send(0, ("Q", 0, "submit", (oid, self._fn_id, self._blob, args, kwargs, nret,
-                                             stream, bp, retries, name)))
+            node.send(0, ("Q", 0, "submit", (oid, self._fn_id, blob, args, kwargs, nret,
+                                             stream, bp, plan.retries, name)))
         return result
 
     def __reduce__(self):
@@ -218,7 +246,7 @@ class ActorClass:
         namespace = opts.get("namespace") or getattr(node, "namespace", None)
         _check_args_serialisable(args, kwargs, f"{self._cls.__name__}.__init__")
         if self._blob is None:
-            self._blob = cloudpickle.dumps(self._cls)
+            self._blob = ship(self._cls)
         mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
         req = (self._blob, self._cls.__name__, self._methods, self._is_async, list(args),
                kwargs, mc, name, namespace, bool(opts.get("get_if_exists", False)))
@@ -272,13 +300,16 @@ class ActorHandle:
 
 
 class ActorMethod:
-    __slots__ = ("_handle", "_name", "_is_gen", "_options")
+    __slots__ = ("_handle", "_name", "_is_gen", "_options", "_nret", "_stream", "_bp",
+                 "_qualname")
 
     def __init__(self, handle, name, is_gen, options):
         self._handle = handle
         self._name = name
         self._is_gen = is_gen
         self._options = options
+        self._nret, self._stream, self._bp = _stream_opts(options, is_gen)
+        self._qualname = f"{handle._info.class_name}.{name}"
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"Actor methods cannot be called directly. Instead of running "
@@ -295,21 +326,48 @@ class ActorMethod:
         return ActorMethod(self._handle, self._name, self._is_gen, merged)
 
     def remote(self, *args, **kwargs):
-        node = state.get_node()
+        node = state.node
+        if node is None:
+            node = state.get_node()
         info = self._handle._info
         aid = info.actor_id
-        opts = self._options
-        nret, stream, bp = _stream_opts(opts, self._is_gen)
-        name = f"{info.class_name}.{self._name}"
+        nret, stream, bp = self._nret, self._stream, self._bp
+        name = self._qualname
         if args or kwargs:
             _check_args_serialisable(args, kwargs, name)
+            # Ready refs travel as their values; the others are resolved by
+            # the actor (which fetches them from their owner).
             args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
                     else a for a in args]
+            if kwargs:
+                kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
+                              and a._e.error is None else a) for k, a in kwargs.items()}
         if node.id != 0:
             node.known_pids.setdefault(aid, info.pid)
-        oid, target, result = _make_call_result(node, nret, stream, bp, name, aid)
+        if nret == 1 and not stream:
+            oid = node.new_oid()
+            target = _Entry(aid)
+            result = ObjectRef(oid, node.id, target)
+        else:
+            oid, target, result = _make_call_result(node, nret, stream, bp, name, aid)
         if not stream:
-            node.expect(aid, oid, target, "actor")
+            node.pending[oid] = target
+            fl = node.inflight.get(aid)
+            if fl is None:
+                fl = node.inflight[aid] = {}
+            fl[oid] = "actor"
+        link = node.links.get(aid)
+        if link is not None:
+            try:
+                link.send(("M", oid, self._name, args, kwargs, nret, stream, bp))
+                return result
+            except (LinkClosed, OSError):
+                pass
+            except BaseException:
+                if not stream:
+                    node.pending.pop(oid, None)
+                    node.inflight.get(aid, {}).pop(oid, None)
+                raise
         if aid in node.dead_peers or not node.connect(aid) or not node.send(
                 aid, ("M", oid, self._name, args, kwargs, nret, stream, bp)):
             err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",

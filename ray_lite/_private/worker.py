@@ -4,6 +4,7 @@ import collections
 import inspect
 import os
 import pickle
+import signal
 import sys
 import threading
 import traceback
@@ -14,7 +15,9 @@ from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCanc
 
 from . import state
 from .node import Node
+from .procutil import CANCEL_SIGNAL
 from .refs import ObjectRef, ObjectRefGenerator
+from .shipping import unship
 from .transport import Link
 
 
@@ -50,7 +53,14 @@ class WorkerNode(Node):
         self.namespace = spec.get("namespace")
         self.tasks = collections.deque()
         self.functions = {}
-        self.cancelled = set()
+        self.cancelled = set()     # live oids whose cancel arrived
+        self.live = set()          # oids of calls received and not finished
+        self.current_oid = None    # the pool task running on the main thread
+        self._in_user_code = False
+        self._interrupted = False
+        self._task_thread = threading.get_ident()
+        self._sem = None           # an async actor's max_concurrency
+        self._names = {}           # method -> "Class.method"
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
         self.stream_acks = {}
@@ -124,7 +134,9 @@ class WorkerNode(Node):
             self.loop.call_soon(self.loop.stop)
 
     def _on_cancel(self, peer, msg):
-        oid, force = msg[1], msg[2]
+        oid = msg[1]
+        if oid not in self.live:
+            return          # finished already (or never ours): nothing to cancel
         self.cancelled.add(oid)
         task = self.running.get(oid)
         if task is not None:
@@ -132,6 +144,51 @@ class WorkerNode(Node):
         w = self.ack_waiters.pop(oid, None)
         if w is not None:
             w()
+        if oid == self.current_oid:
+            # A sync pool task: interrupt it where it waits for the runtime
+            # (wait_until raises), or at once from the signal handler.
+            self._interrupt = oid
+
+    def _raise_interrupt(self):
+        oid, self._interrupt = self._interrupt, None
+        if threading.get_ident() != self._task_thread or not self._in_user_code:
+            # Only the task's own thread, and only from within the task (not
+            # the runtime's own code around it, e.g. a generator's reports).
+            self._interrupt = oid
+            return
+        if oid == self.current_oid and not self._interrupted:
+            self._interrupted = True
+            raise KeyboardInterrupt(f"task {oid:x} was cancelled")
+
+    def _enter_user_code(self):
+        # Flag first, then look: a cancel noticed by the signal handler just
+        # before the flag was up is raised here instead of getting lost.
+        self._in_user_code = True
+        if self._interrupt is not None:
+            self._raise_interrupt()
+
+    def on_cancel_signal(self, signum, frame):
+        """The driver asks to interrupt the running task (it sent an X first)."""
+        if self.current_oid is None:
+            return
+        if self._drive_lock.acquire(False):
+            # Read the driver's link for the X (the message says which task:
+            # the signal may be late).  Other messages wait in the stash for
+            # the next drain: handling them here could re-enter a send that
+            # this very thread was interrupted in.
+            try:
+                link = self.links.get(0)
+                if link is not None:
+                    for m in link.recv_all():
+                        if m[0] == "X":
+                            self._on_cancel(0, m)
+                        else:
+                            self._stash.append((0, m))
+            finally:
+                self._drive_lock.release()
+        # Else this thread was interrupted while driving: wait_until raises.
+        if self._interrupt is not None and self._in_user_code:
+            self._raise_interrupt()
 
     def _on_ack_worker(self, peer, msg):
         sid, consumed = msg[1], msg[2]
@@ -143,11 +200,14 @@ class WorkerNode(Node):
 
     # -------------------------------------------------------------- tasks
     def _on_task(self, peer, msg):
+        self.live.add(msg[1])
         self.tasks.append((peer, msg))
 
     def _on_method(self, peer, msg):
+        self.live.add(msg[1])
         if self.loop is not None:
-            self.loop.create_task(self._run_method_async(peer, msg))
+            # Registered now, so that a cancel arriving before it starts finds it.
+            self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
         else:
@@ -156,17 +216,63 @@ class WorkerNode(Node):
     def _load_function(self, fn_id, blob):
         fn = self.functions.get(fn_id)
         if fn is None:
-            fn = cloudpickle.loads(blob)
+            fn = unship(blob)
             self.functions[fn_id] = fn
         return fn
 
     def _resolve(self, args, kwargs):
+        for a in args:
+            if type(a) is ObjectRef:
+                break
+        else:
+            if not kwargs:
+                return args, kwargs
+            for a in kwargs.values():
+                if type(a) is ObjectRef:
+                    break
+            else:
+                return args, kwargs
         from ray_lite._private import api
-        if any(type(a) is ObjectRef for a in args):
-            args = [api.get(a) if type(a) is ObjectRef else a for a in args]
-        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+        args = [api.get(a) if type(a) is ObjectRef else a for a in args]
+        if kwargs:
             kwargs = {k: api.get(v) if type(v) is ObjectRef else v for k, v in kwargs.items()}
         return args, kwargs
+
+    def serve_calls(self, run):
+        """The main loop of a pool worker or a sync actor: run calls as they arrive.
+
+        Idle, it drives the links itself (see ``Node._poll``: with one link,
+        a sleep on that ring).
+        """
+        tasks = self.tasks
+        lock = self._drive_lock
+        ran = False
+        while not self.exiting:
+            if tasks:
+                if ran and lock.acquire(False):
+                    # A call queued behind the one that just ran: read what
+                    # came meanwhile first (a cancel of it, say).
+                    try:
+                        self._drain()
+                    finally:
+                        lock.release()
+                    if self.exiting:
+                        break
+                peer, msg = tasks.popleft()
+                run(peer, msg)
+                ran = True
+                # Not kept while idle: the arguments' objects (and the
+                # shares of borrowed refs) go back at once.
+                del msg
+            elif lock.acquire(False):
+                ran = False
+                try:
+                    if not tasks and not self.exiting:
+                        self._poll(None)
+                finally:
+                    lock.release()
+            else:
+                self.wait_until(lambda: tasks or self.exiting)
 
     def reply(self, peer, msg, name):
         """Send a result; an unserialisable one becomes an error at ``get``."""
@@ -193,20 +299,38 @@ class WorkerNode(Node):
     def run_pool_task(self, peer, msg):
         _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
         self.current_thread_busy = True
+        self.current_oid = oid
+        self._interrupted = False
         try:
             try:
-                fn = self._load_function(fn_id, blob)
+                fn = self.functions.get(fn_id)
+                if fn is None:
+                    fn = self._load_function(fn_id, blob)
                 args, kwargs = self._resolve(args, kwargs)
             except BaseException as exc:
-                self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
+                self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
                 return
             self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
         finally:
+            self.current_oid = None
+            self._interrupt = None
             self.current_thread_busy = False
-            self.cancelled.discard(oid)
-            # Loops made by asyncio.run for async functions are closed now.
-            for loop in [lp for lp in self._bridges if lp.is_closed()]:
-                del self._bridges[loop]
+            if self.cancelled:
+                self.cancelled.discard(oid)
+            self.live.discard(oid)
+            if self.blocked_depth:
+                # Interrupted inside a get: lend the CPU slot back for good.
+                self.blocked_depth = 0
+                self.send(0, ("Q", 0, "blocked", False))
+            if self._bridges:
+                # Loops made by asyncio.run for async functions are closed now.
+                for loop in [lp for lp in self._bridges if lp.is_closed()]:
+                    del self._bridges[loop]
+
+    def _failure(self, oid, name, exc):
+        if oid in self.cancelled and oid == self.current_oid:   # an interrupted pool task
+            return TaskCancelledError()
+        return make_task_error(name, exc)
 
     def _send_failure(self, peer, oid, stream, err, name):
         err = _sendable_error(err, name)
@@ -218,25 +342,34 @@ class WorkerNode(Node):
 
     def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
         try:
-            result = fn(*args, **kwargs)
+            try:
+                self._in_user_code = True     # see _enter_user_code
+                if self._interrupt is not None:
+                    self._raise_interrupt()
+                result = fn(*args, **kwargs)
+                if not stream and inspect.iscoroutine(result):
+                    result = asyncio.run(result)
+            finally:
+                self._in_user_code = False
             if stream:
                 if inspect.isasyncgen(result):
-                    asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
+                    try:
+                        self._enter_user_code()   # the loop runs user code between our steps
+                        asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
+                    finally:
+                        self._in_user_code = False
                     return
                 if not inspect.isgenerator(result):
                     raise TypeError(f"{name} was called with num_returns='streaming' but "
                                     f"returned {type(result).__name__}, not a generator")
                 self._drain_gen(peer, oid, result, bp, name)
                 return
-            if inspect.iscoroutine(result):
-                result = asyncio.run(result)
             if nret != 1:
                 result = self._split(result, nret, name)
         except BaseException as exc:
+            self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
             if isinstance(exc, SystemExit):
-                self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
                 raise
-            self._send_failure(peer, oid, stream, make_task_error(name, exc), name)
             return
         self.reply(peer, ("R", oid, True, result), name)
 
@@ -258,14 +391,23 @@ class WorkerNode(Node):
                         or sid in self.cancelled)
 
     def _drain_gen(self, peer, sid, gen, bp, name):
+        # Whatever happens, the owner (or the driver, for a pool task: it
+        # frees the worker on it) gets an end message.
         i = 0
         try:
-            for item in gen:
+            while True:
+                try:
+                    self._enter_user_code()
+                    item = next(gen)
+                except StopIteration:
+                    break
+                finally:
+                    self._in_user_code = False
                 if sid in self.cancelled:
                     gen.close()
-                    return
+                    break
                 if not self.reply(peer, ("I", sid, i, True, item), name):
-                    gen.close()
+                    gen.close()      # reply() sent item i as an error, and the end
                     return
                 i += 1
                 if bp > 0 and i - self.stream_acks.get(sid, 0) >= bp:
@@ -273,12 +415,14 @@ class WorkerNode(Node):
                 elif i & 31 == 0:
                     self.drive_nowait()   # notices a cancel without a syscall per item
         except BaseException as exc:
-            if sid not in self.cancelled:
+            if sid in self.cancelled:
+                self.send(peer, ("E", sid, i))
+            else:
                 err = _sendable_error(make_task_error(name, exc), name)
                 self.send(peer, ("I", sid, i, False, err))
                 self.send(peer, ("E", sid, i + 1))
-            if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sid not in self.cancelled:
-                raise
+                if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                    raise
             return
         finally:
             self.stream_acks.pop(sid, None)
@@ -286,12 +430,19 @@ class WorkerNode(Node):
 
     async def _drain_async_gen(self, peer, sid, agen, bp, name):
         i = 0
+        cancelled = self.cancelled
+        link = self.links.get(peer)
+        send = link.send if link is not None else None
         try:
             async for item in agen:
-                if sid in self.cancelled:
+                if cancelled and sid in cancelled:
                     break
-                if not self.reply(peer, ("I", sid, i, True, item), name):
-                    break
+                msg = ("I", sid, i, True, item)
+                try:
+                    send(msg)          # the common case, without reply()'s checks
+                except Exception:      # noqa: BLE001 - reply() tells what went wrong
+                    if not self.reply(peer, msg, name):
+                        break
                 i += 1
                 if bp > 0:
                     while i - self.stream_acks.get(sid, 0) >= bp and sid not in self.cancelled:
@@ -303,10 +454,14 @@ class WorkerNode(Node):
                 self.send(peer, ("E", sid, i))
                 return
             await agen.aclose()
+            self.send(peer, ("E", sid, i))
         except asyncio.CancelledError:
+            self.send(peer, ("E", sid, i))
             return
         except BaseException as exc:
-            if sid not in self.cancelled:
+            if sid in self.cancelled:
+                self.send(peer, ("E", sid, i))
+            else:
                 err = _sendable_error(make_task_error(name, exc), name)
                 self.send(peer, ("I", sid, i, False, err))
                 self.send(peer, ("E", sid, i + 1))
@@ -320,7 +475,7 @@ class WorkerNode(Node):
     def start_actor(self, a):
         name = a["class_name"]
         try:
-            cls = cloudpickle.loads(a["cls_blob"])
+            cls = unship(a["cls_blob"])
             args, kwargs = self._resolve(a["args"], a["kwargs"])
             self.actor = cls(*args, **kwargs)
         except BaseException as exc:
@@ -343,52 +498,89 @@ class WorkerNode(Node):
             raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
                                  f"'{method}'") from None
 
+    def _call_name(self, method):
+        name = self._names.get(method)
+        if name is None:
+            name = self._names[method] = f"{type(self.actor).__name__}.{method}"
+        return name
+
     def _run_method(self, peer, msg):
         _, oid, method, args, kwargs, nret, stream, bp = msg
-        name = f"{type(self.actor).__name__}.{method}"
+        name = self._call_name(method)
         try:
-            fn = self._method_for(msg)
-            args, kwargs = self._resolve(args, kwargs)
-        except BaseException as exc:
-            err = exc if isinstance(exc, RayError) else make_task_error(name, exc)
-            self._send_failure(peer, oid, stream, err, name)
-            return
-        self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
-
-    async def _run_method_async(self, peer, msg):
-        _, oid, method, args, kwargs, nret, stream, bp = msg
-        name = f"{type(self.actor).__name__}.{method}"
-        self.running[oid] = asyncio.current_task()
-        try:
+            if oid in self.cancelled:
+                # Cancelled while queued; a running call of a sync actor is
+                # not interrupted (its state could be half updated), as in Ray.
+                self._send_failure(peer, oid, stream, TaskCancelledError(), name)
+                return
             try:
                 fn = self._method_for(msg)
                 args, kwargs = self._resolve(args, kwargs)
-                result = fn(*args, **kwargs)
-                if stream:
-                    if inspect.isasyncgen(result):
-                        await self._drain_async_gen(peer, oid, result, bp, name)
-                        return
-                    if inspect.isgenerator(result):
-                        self._drain_gen(peer, oid, result, bp, name)
-                        return
-                    raise TypeError(f"{name} was called with num_returns='streaming' but "
-                                    f"returned {type(result).__name__}, not a generator")
-                if inspect.isawaitable(result):
-                    result = await result
-                if nret != 1:
-                    result = self._split(result, nret, name)
-            except asyncio.CancelledError:
-                self._send_failure(peer, oid, stream, TaskCancelledError(), name)
-                return
             except BaseException as exc:
-                err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
-                    else make_task_error(name, exc)
+                err = exc if isinstance(exc, RayError) else make_task_error(name, exc)
                 self._send_failure(peer, oid, stream, err, name)
                 return
-            self.reply(peer, ("R", oid, True, result), name)
+            self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
         finally:
-            self.running.pop(oid, None)
-            self.cancelled.discard(oid)
+            if self.cancelled:
+                self.cancelled.discard(oid)
+            self.live.discard(oid)
+
+    async def _resolve_async(self, args, kwargs):
+        if any(type(a) is ObjectRef for a in args):
+            args = [await a if type(a) is ObjectRef else a for a in args]
+        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+            kwargs = {k: (await v if type(v) is ObjectRef else v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    async def _run_method_async(self, peer, msg):
+        # At most max_concurrency calls run at once (Ray's default for async
+        # actors: 1000); the others wait here, in arrival order.
+        sem = self._sem
+        try:
+            if sem is None:
+                await self._run_method_async_inner(peer, msg)
+            else:
+                async with sem:
+                    await self._run_method_async_inner(peer, msg)
+        except asyncio.CancelledError:
+            # Cancelled while waiting for a slot.
+            _, oid, method, _a, _k, _n, stream, _b = msg
+            self._send_failure(peer, oid, stream, TaskCancelledError(), self._call_name(method))
+        finally:
+            self.running.pop(msg[1], None)
+            self.cancelled.discard(msg[1])
+            self.live.discard(msg[1])
+
+    async def _run_method_async_inner(self, peer, msg):
+        _, oid, method, args, kwargs, nret, stream, bp = msg
+        name = self._call_name(method)
+        try:
+            fn = self._method_for(msg)
+            args, kwargs = await self._resolve_async(args, kwargs)
+            result = fn(*args, **kwargs)
+            if stream:
+                if inspect.isasyncgen(result):
+                    await self._drain_async_gen(peer, oid, result, bp, name)
+                    return
+                if inspect.isgenerator(result):
+                    self._drain_gen(peer, oid, result, bp, name)
+                    return
+                raise TypeError(f"{name} was called with num_returns='streaming' but "
+                                f"returned {type(result).__name__}, not a generator")
+            if inspect.isawaitable(result):
+                result = await result
+            if nret != 1:
+                result = self._split(result, nret, name)
+        except asyncio.CancelledError:
+            self._send_failure(peer, oid, stream, TaskCancelledError(), name)
+            return
+        except BaseException as exc:
+            err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
+                else make_task_error(name, exc)
+            self._send_failure(peer, oid, stream, err, name)
+            return
+        self.reply(peer, ("R", oid, True, result), name)
 
 
 def _is_async_class(cls):
@@ -403,11 +595,9 @@ def worker_main(spec):
     state.node = node
     os.chdir(spec.get("cwd", os.getcwd()))
     if spec["kind"] == "pool":
-        while not node.exiting:
-            node.wait_until(lambda: node.tasks or node.exiting)
-            while node.tasks and not node.exiting:
-                peer, msg = node.tasks.popleft()
-                node.run_pool_task(peer, msg)
+        node.single_waiter = True
+        signal.signal(CANCEL_SIGNAL, node.on_cancel_signal)
+        node.serve_calls(node.run_pool_task)
         return
     a = spec["actor"]
     if a["is_async"]:
@@ -416,6 +606,7 @@ def worker_main(spec):
         node.loop = loop
 
         async def boot():
+            node._sem = asyncio.Semaphore(a["max_concurrency"])
             node.bridge_for_running_loop()
             node.start_actor(a)
             # Calls that arrived while the constructor ran.
@@ -425,6 +616,7 @@ def worker_main(spec):
             loop.run_forever()
         return
     # Calls queue up while the constructor runs; they execute in order after.
+    node.single_waiter = a["max_concurrency"] <= 1
     node.start_actor(a)
     if a["max_concurrency"] > 1:
         from concurrent.futures import ThreadPoolExecutor
@@ -432,13 +624,10 @@ def worker_main(spec):
         while node.tasks:
             peer, msg = node.tasks.popleft()
             node.executor.submit(node._run_method, peer, msg)
+            del msg
         node.wait_until(lambda: node.exiting)
         return
-    while not node.exiting:
-        node.wait_until(lambda: node.tasks or node.exiting)
-        while node.tasks and not node.exiting:
-            peer, msg = node.tasks.popleft()
-            node._run_method(peer, msg)
+    node.serve_calls(node._run_method)
 
 
 _ = (threading, ObjectRefGenerator, _is_async_class)

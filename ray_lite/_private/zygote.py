@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from .interrupts import sleep_point
+
 _HEADER = struct.Struct("<I")
 
 
@@ -79,6 +81,7 @@ class ZygoteClient:
             raise RuntimeError(f"the zygote could not start a worker: {reply[1]}")
         return reply[1]
 
+    @sleep_point
     def stop(self, timeout=5.0):
         """Ask the zygote to end its workers and exit; reap it (kill if it lingers)."""
         try:

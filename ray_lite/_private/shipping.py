@@ -1,0 +1,68 @@
+"""Shipping functions and classes to workers, with tracebacks that still show source.
+
+A remote function or actor class is pickled by value (cloudpickle): the
+module attribute is the ``RemoteFunction``/``ActorClass`` wrapper, not the
+object itself, so it cannot go by reference.  cloudpickle (>= 3.1) replaces
+the file name of code pickled by value with ``<dynamic-code>``, which makes
+the remote traceback of a ``RayTaskError`` lose its source lines.  The blob
+therefore carries the original file name, and the worker puts it back.
+"""
+import inspect
+import types
+
+import cloudpickle
+
+_DYNAMIC = "<dynamic-code>"
+_TAG = "ray_lite.ship/1"
+
+
+def _origin(obj):
+    try:
+        return inspect.getsourcefile(obj) or inspect.getfile(obj)
+    except (TypeError, OSError):
+        return None
+
+
+def ship(obj):
+    """The blob of a function or class: ``unship`` in the worker."""
+    return cloudpickle.dumps((_TAG, obj, _origin(obj)))
+
+
+def _recode(code, filename):
+    consts = tuple(_recode(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    if code.co_filename == _DYNAMIC:
+        return code.replace(co_filename=filename, co_consts=consts)
+    return code.replace(co_consts=consts)
+
+
+def _fix_function(fn, filename):
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        try:
+            fn.__code__ = _recode(code, filename)
+        except (TypeError, ValueError):
+            pass
+
+
+def unship(blob):
+    """The function or class ``ship`` packed, with its file name restored."""
+    obj = cloudpickle.loads(blob)
+    if not (type(obj) is tuple and len(obj) == 3 and obj[0] == _TAG):
+        return obj   # a plain cloudpickle blob
+    _, obj, filename = obj
+    if filename:
+        if inspect.isclass(obj):
+            for member in vars(obj).values():
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                elif isinstance(member, property):
+                    for f in (member.fget, member.fset, member.fdel):
+                        if f is not None:
+                            _fix_function(f, filename)
+                    continue
+                if inspect.isfunction(member):
+                    _fix_function(member, filename)
+        elif inspect.isfunction(obj):
+            _fix_function(obj, filename)
+    return obj

@@ -1,0 +1,398 @@
+"""The runtime around the calls: a busy driver still serves its workers,
+cancelling running work, Ctrl-C in blocking calls, worker output, and the
+async actors' concurrency limit."""
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import ray_lite as ray
+from ray_lite._private import state
+from ray_lite.exceptions import TaskCancelledError
+
+T = 60
+
+
+@pytest.fixture
+def rt():
+    ray.init(num_cpus=2)
+    try:
+        yield state.node
+    finally:
+        ray.shutdown()
+
+
+def _run_driver(code, timeout=120):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@ray.remote
+def inc(x):
+    return x + 1
+
+
+@ray.remote
+def nested(x):
+    # Goes through the driver: the submission, then the result's forwarding.
+    return ray.get(inc.remote(x))
+
+
+@ray.remote
+class Spawner:
+    def spawn_and_call(self):
+        # Creating an actor from an actor is a request the driver answers.
+        @ray.remote
+        class Child:
+            def ping(self):
+                return "pong"
+        return ray.get(Child.remote().ping.remote())
+
+
+@ray.remote
+class Turnstile:
+    """Counts arrivals and holds them until opened."""
+
+    def __init__(self):
+        self.arrived = 0
+        self.changed = asyncio.Condition()
+        self.opened = False
+
+    async def pass_(self):
+        async with self.changed:
+            self.arrived += 1
+            self.changed.notify_all()
+            await self.changed.wait_for(lambda: self.opened)
+
+    async def until(self, n):
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.arrived >= n)
+        return self.arrived
+
+    async def open(self):
+        async with self.changed:
+            self.opened = True
+            self.changed.notify_all()
+
+
+def test_driver_serves_its_workers_while_busy(rt):
+    """The user's thread is outside ray_lite (here: blocked on an Event that
+    only the runtime can set); workers' requests are served all the same."""
+    for make in (lambda: nested.remote(1), lambda: Spawner.remote().spawn_and_call.remote()):
+        done = threading.Event()
+        ref = make()
+        ref.future().add_done_callback(lambda _f: done.set())
+        assert done.wait(T), "nobody served the workers while the driver was busy"
+    assert ray.get(nested.remote(1), timeout=T) == 2
+
+
+def test_driver_serves_while_computing(rt):
+    ref = nested.remote(41)
+    done = threading.Event()
+    ref.future().add_done_callback(lambda _f: done.set())
+    # Pure Python computation holding the GIL most of the time.
+    x = 0
+    while not done.is_set():
+        for i in range(10000):
+            x += i
+        if done.wait(0):
+            break
+        done.wait(0.001)
+    assert ray.get(ref, timeout=0) == 42
+
+
+def test_cancel_interrupts_a_running_task(rt):
+    node = rt
+
+    @ray.remote
+    class Started:
+        def __init__(self):
+            self.pid = None
+            self.event = asyncio.Event()
+
+        async def started(self, pid):
+            self.pid = pid
+            self.event.set()
+
+        async def wait(self):
+            await self.event.wait()
+            return self.pid
+
+    @ray.remote(max_retries=0)
+    def spin(gate):
+        ray.get(gate.started.remote(os.getpid()))
+        i = 0
+        while True:      # pure computation: never calls into ray_lite
+            i += 1
+
+    gate = Started.remote()
+    ref = spin.remote(gate)
+    pid = ray.get(gate.wait.remote(), timeout=T)      # the task is inside its loop
+    (wid,) = [w for w, p in node.pids.items() if p == pid]
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+    # The worker was interrupted (a KeyboardInterrupt in the task), not
+    # killed: it finishes the task and is free again.
+    assert node.wait_until(lambda: node.pool[wid].task is None, T)
+    assert wid in node.pool and node.pids[wid] == pid
+    assert ray.get([inc.remote(1), inc.remote(2)], timeout=T) == [2, 3]
+
+
+def test_cancel_interrupts_a_task_waiting_in_get(rt):
+    @ray.remote
+    class Never:
+        async def wait(self):
+            await asyncio.Event().wait()
+
+    @ray.remote(max_retries=0)
+    def waits(n):
+        return ray.get(n.wait.remote())
+    n = Never.remote()
+    ref = waits.remote(n)
+    ready, _ = ray.wait([ref], timeout=0.1)
+    assert ready == []
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+    assert ray.get([inc.remote(1), inc.remote(2)], timeout=T) == [2, 3]
+
+
+def test_cancel_of_queued_and_running_actor_calls(rt):
+    @ray.remote
+    class Slow:
+        def __init__(self):
+            self.ran = []
+
+        def block(self, turnstile):
+            ray.get(turnstile.pass_.remote())
+            self.ran.append("block")
+            return "done"
+
+        def record(self, tag):
+            self.ran.append(tag)
+            return tag
+
+        def log(self):
+            return self.ran
+
+    t = Turnstile.remote()
+    s = Slow.remote()
+    running = s.block.remote(t)
+    queued = s.record.remote("queued")
+    assert ray.get(t.until.remote(1), timeout=T) == 1     # `block` is running
+    ray.cancel(queued)
+    with pytest.raises(ValueError, match="force"):
+        ray.cancel(running, force=True)
+    ray.cancel(running)      # a sync actor's running call is not interrupted
+    ray.get(t.open.remote(), timeout=T)
+    assert ray.get(running, timeout=T) == "done"
+    with pytest.raises(TaskCancelledError):
+        ray.get(queued, timeout=T)
+    assert ray.get(s.log.remote(), timeout=T) == ["block"]
+
+
+def test_cancel_running_async_actor_call(rt):
+    @ray.remote
+    class Waiter:
+        async def wait_forever(self):
+            await asyncio.Event().wait()
+
+        async def ping(self):
+            return "pong"
+    w = Waiter.remote()
+    ref = w.wait_forever.remote()
+    assert ray.get(w.ping.remote(), timeout=T) == "pong"    # the call is running
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+    assert ray.get(w.ping.remote(), timeout=T) == "pong"
+
+
+def test_async_actor_concurrency_limit(rt):
+    @ray.remote(max_concurrency=2)
+    class Limited:
+        def __init__(self, turnstile):
+            self.turnstile = turnstile
+            self.running = 0
+            self.peak = 0
+
+        async def hold(self):
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            await self.turnstile.pass_.remote()
+            self.running -= 1
+            return self.peak
+
+    t = Turnstile.remote()
+    a = Limited.remote(t)
+    held = [a.hold.remote() for _ in range(5)]
+    assert ray.get(t.until.remote(2), timeout=T) == 2
+    # A third call would arrive within microseconds if it were let in.
+    third = t.until.remote(3)
+    ready, _ = ray.wait([third], timeout=0.3)
+    assert ready == []
+    ray.get(t.open.remote(), timeout=T)
+    assert max(ray.get(held, timeout=T)) == 2
+    assert ray.get(third, timeout=T) >= 3
+
+
+def test_async_actor_keeps_waking_after_a_blocking_get(rt):
+    @ray.remote
+    class Mixed:
+        async def block_then_await(self, first, second):
+            # A sync wait on the loop's thread sleeps on the links itself...
+            ray.wait([first.pass_.remote()])
+            # ...and the loop, asleep in its selector below, must still be
+            # woken by the reply.
+            await second.pass_.remote()
+            return "woken"
+
+    first, second = Turnstile.remote(), Turnstile.remote()
+    m = Mixed.remote()
+    ref = m.block_then_await.remote(first, second)
+    assert ray.get(first.until.remote(1), timeout=T) == 1
+    ray.get(first.open.remote(), timeout=T)
+    assert ray.get(second.until.remote(1), timeout=T) == 1   # the loop awaits it
+    ray.get(second.open.remote(), timeout=T)
+    assert ray.get(ref, timeout=T) == "woken"
+
+
+def test_async_actor_default_limit_allows_many_concurrent_calls(rt):
+    @ray.remote
+    class Barrier:
+        def __init__(self, n):
+            self.n = n
+            self.arrived = 0
+            self.all_here = asyncio.Event()
+
+        async def arrive(self):
+            self.arrived += 1
+            if self.arrived == self.n:
+                self.all_here.set()
+            await self.all_here.wait()
+            return self.arrived
+    n = 300          # well over 1 and under Ray's default of 1000
+    b = Barrier.remote(n)
+    assert ray.get([b.arrive.remote() for _ in range(n)], timeout=T) == [n] * n
+
+
+CTRL_C_DRIVER = """
+    import os, signal, time
+    import ray_lite as ray
+    ray.init(num_cpus=1)
+
+    @ray.remote(max_retries=0)
+    def interrupt_then_hang(pid):
+        os.kill(pid, signal.SIGINT)
+        time.sleep(600)     # the workload: it is cancelled below
+
+    @ray.remote(max_retries=0)
+    def stream_interrupt_then_hang(pid):
+        os.kill(pid, signal.SIGINT)
+        time.sleep(600)
+        yield 1
+
+    @ray.remote
+    def ping():
+        return "pong"
+
+    for what in ("get", "wait", "next"):
+        try:
+            if what == "next":
+                r = stream_interrupt_then_hang.remote(os.getpid())
+                next(r)
+            else:
+                r = interrupt_then_hang.remote(os.getpid())
+                ray.get(r) if what == "get" else ray.wait([r])
+            print(what, "returned", flush=True)
+        except KeyboardInterrupt:
+            print(what, "interrupted", flush=True)
+        ray.cancel(r, force=True)
+        print(what, "still works:", ray.get(ping.remote(), timeout=60), flush=True)
+    ray.shutdown()
+    print("clean exit", flush=True)
+"""
+
+
+def test_ctrl_c_ends_blocking_calls():
+    out = _run_driver(CTRL_C_DRIVER)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for what in ("get", "wait", "next"):
+        assert f"{what} interrupted" in out.stdout, out.stdout + out.stderr
+        assert f"{what} still works: pong" in out.stdout
+    assert "clean exit" in out.stdout
+
+
+def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost():
+    import signal
+    from ray_lite._private import interrupts
+    # Frames of code "in" the runtime's files: one plain, one a sleep point.
+    fake = os.path.join(interrupts._RUNTIME_DIRS[0], "_fake_for_test.py")
+    ns = {}
+    exec(compile("import sys\n"
+                 "def bookkeeping():\n    return sys._getframe()\n"
+                 "def sleeping():\n    return sys._getframe()\n", fake, "exec"), ns)
+    interrupts.sleep_point(ns["sleeping"])
+    resent = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: resent.set())
+    try:
+        with pytest.raises(KeyboardInterrupt):      # user code: at once
+            interrupts._on_sigint(signal.SIGINT, sys._getframe())
+        with pytest.raises(KeyboardInterrupt):      # a sleep point: at once
+            interrupts._on_sigint(signal.SIGINT, ns["sleeping"]())
+        interrupts._on_sigint(signal.SIGINT, ns["bookkeeping"]())   # deferred...
+        assert resent.wait(T)                                       # ...and sent again
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupts._SLEEP_POINTS.discard(ns["sleeping"].__code__)
+
+
+OUTPUT_DRIVER = """
+    import os, sys
+    import ray_lite as ray
+    ray.init(num_cpus=1)
+
+    @ray.remote
+    def chatty():
+        print("task line 1")
+        print("task line 2")
+        print("task error line", file=sys.stderr)
+        sys.stdout.write("no newline at the end")
+        return os.getpid()
+
+    @ray.remote
+    class Printer:
+        def say(self, text):
+            print(text)
+            print("actor error line", file=sys.stderr)
+            return os.getpid()
+
+    tpid = ray.get(chatty.remote())
+    apid = ray.get(Printer.remote().say.remote("hello from an actor"))
+    ray.shutdown()      # the relay flushes everything before shutdown returns
+    print("PIDS", tpid, apid, flush=True)
+"""
+
+
+def test_worker_stdout_and_stderr_reach_the_driver_prefixed():
+    out = _run_driver(OUTPUT_DRIVER)
+    assert out.returncode == 0, out.stderr
+    pids = [ln for ln in out.stdout.splitlines() if ln.startswith("PIDS ")]
+    assert pids, out.stdout
+    tpid, apid = pids[0].split()[1:]
+    lines = out.stdout.splitlines()
+    assert f"(pid={tpid}) task line 1" in lines
+    assert f"(pid={tpid}) task line 2" in lines
+    assert lines.index(f"(pid={tpid}) task line 1") < lines.index(f"(pid={tpid}) task line 2")
+    assert f"(Printer pid={apid}) hello from an actor" in lines
+    # A last line without a newline is still delivered when the worker exits.
+    assert f"(pid={tpid}) no newline at the end" in lines
+    err = out.stderr.splitlines()
+    assert f"(pid={tpid}) task error line" in err
+    assert f"(Printer pid={apid}) actor error line" in err
