@@ -37,7 +37,6 @@ def _ensure_controller(http_options=None):
                                                get_if_exists=True)
     ctl = cls.remote(http_options or {})
     context.set_controller(ctl)
-    _compat.ensure_driver_service()
     return ctl
 
 
@@ -158,7 +157,6 @@ def shutdown():
     with _lock:
         ctl = _controller_or_none()
         if ctl is None:
-            _compat.stop_driver_service()
             return
         try:
             _api.get(ctl.shutdown.remote(), timeout=120)
@@ -178,7 +176,6 @@ def shutdown():
         except Exception:   # noqa: BLE001
             pass
         context.clear_controller()
-        _compat.stop_driver_service()
 
 
 def get_app_handle(name):
