@@ -22,7 +22,6 @@ and call no Python: they use the C-level API of ``_ring_c.pxd``
 ``rl_ring_release``), so the waiting strategy is the ring's own (spin, yield,
 futex), and the figure is what the ring costs without the interpreter.
 """
-import os
 import subprocess
 import sys
 
@@ -181,17 +180,15 @@ def echo(ring_in, ring_out, Py_ssize_t n, double timeout=60.0):
 
 
 def c_round_trips(Py_ssize_t n, Py_ssize_t warmup=1000, Py_ssize_t size=8, double timeout=60.0):
-    import ray_lite
-    root = os.path.dirname(os.path.dirname(os.path.abspath(ray_lite.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # The child gets exactly our sys.path: `python -c` would otherwise put the
+    # current directory first, and run from a source checkout it would import
+    # the uncompiled ray_lite/ there instead of the installed one.
     with ShmRing.create(side="producer") as out_ring, ShmRing.create(side="consumer") as in_ring:
         child = subprocess.Popen(
             [sys.executable, "-c",
-             "import sys; from ray_lite.bench._ringbench_c import echo; "
-             "echo(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))",
-             out_ring.name, in_ring.name, str(warmup + n), str(timeout)],
-            env=env)
+             "import sys; sys.path[:] = %r; from ray_lite.bench._ringbench_c import echo; "
+             "echo(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))" % (sys.path,),
+             out_ring.name, in_ring.name, str(warmup + n), str(timeout)])
         try:
             samples = ping(out_ring, in_ring, n, warmup, size, timeout)
             child.wait(timeout)
