@@ -192,7 +192,7 @@ class DriverNode(Node):
                     return
 
     def _send_task(self, spec):
-        """Send ``spec`` to an idle worker (under ``_sched``); False if it went back to the queue."""
+        """Send ``spec`` to an idle worker (under ``_sched``); False if it was queued again."""
         args, kwargs = spec.args, spec.kwargs
         if spec.has_refs:
             try:

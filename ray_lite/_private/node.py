@@ -7,6 +7,14 @@ several threads wait, one drives and the others sleep on a condition that the
 driver notifies after each round.  An asyncio loop drives them from reader
 callbacks on the links' descriptors.
 
+How a wait sleeps: when the waited-for object names the process expected to
+fill it (``_Entry.peer``: the worker running the task, the actor called),
+the wait first sleeps on that peer's ring alone for up to ``HINT_BUDGET_S``
+(the ring's own spin-then-futex wait: the fastest wake-up), after draining
+the others; a process with a single link (a pool worker, an actor called by
+the driver only) always waits that way.  Otherwise it arms every link's
+descriptor and sleeps in ``poll`` with the peers' pidfds.
+
 The driver also has a *service thread* (``start_service``) so that its
 workers are served while the user's code computes: it takes over the links
 only when no thread has driven them for ``SERVICE_IDLE_S``, and then sleeps
@@ -47,7 +55,7 @@ from ray_lite._fast.stream_table import NOT_READY
 
 from .interrupts import sleep_point
 from .procutil import open_sentinel
-from .refs import ObjectRef, _BorrowedEntry, _Entry, error_entry, ready_entry
+from .refs import ObjectRef, _BorrowedEntry, _Entry, error_entry
 from .transport import WEAK_SLICE, LinkClosed, wait_readable
 
 _OID_SHIFT = 40
@@ -156,6 +164,19 @@ class Node:
         self.peer_pids.pop(peer, None)
         self._kick()
 
+    def _release_drive(self):
+        """Release the drive lock; wake who waits for it (threads, event loops)."""
+        self._drive_lock.release()
+        if self._sleepers:
+            with self._cond:
+                self._cond.notify_all()
+        if self._bridge_waiting:
+            self._bridge_waiting = False
+            for bridge in list(self._bridges.values()):
+                bridge.rearm_soon()
+
+    _bridge_waiting = False
+
     def _index_links(self):
         # What _drain walks: a snapshot (handlers may add or remove links
         # meanwhile) with each ring's poll bound once.
@@ -170,7 +191,7 @@ class Node:
             try:
                 self._drain()
             finally:
-                self._drive_lock.release()
+                self._release_drive()
             if self._interrupt is not None:
                 self._raise_interrupt()
         time.sleep(0.0002)
@@ -205,6 +226,11 @@ class Node:
             self._wait_epoch += 1
             if self._service is not None or self._fds_touched:
                 self._after_wait()
+        if self._cancel_signalled:
+            # A cancel signal came while this wait drove the links (so the
+            # handler could not read them): read its message now.
+            self._cancel_signalled = False
+            self.drive_nowait()
         if self._interrupt is not None:
             # Noticed while the wait was ending anyway: still raised here,
             # before the cancelled task's code runs on.
@@ -251,10 +277,7 @@ class Node:
                         hint_end = None
                     self._poll(remaining)
                 finally:
-                    lock.release()
-                    if self._sleepers:
-                        with self._cond:
-                            self._cond.notify_all()
+                    self._release_drive()
             else:
                 self._sleep_as_sleeper(remaining)
             if self._interrupt is not None:
@@ -276,6 +299,7 @@ class Node:
                 self._sleepers -= 1
 
     _interrupt = None
+    _cancel_signalled = False
 
     def _raise_interrupt(self):
         """Hook: WorkerNode raises a cancellation noticed while driving."""
@@ -373,10 +397,7 @@ class Node:
             try:
                 self._drain()
             finally:
-                self._drive_lock.release()
-                if self._sleepers:
-                    with self._cond:
-                        self._cond.notify_all()
+                self._release_drive()
             self._wait_epoch += 1
             if self._interrupt is not None:
                 self._raise_interrupt()
@@ -477,10 +498,7 @@ class Node:
                 traceback.print_exc()
                 fds = None
             finally:
-                lock.release()
-                if self._sleepers:
-                    with self._cond:
-                        self._cond.notify_all()
+                self._release_drive()
             if fds is None:
                 continue
             self._svc_listening = True
@@ -823,6 +841,11 @@ class Node:
             bridge = self.bridge_for_running_loop()
             fut = bridge.loop.create_future()
             s.waiter = bridge.waker(fut)
+            if table.is_next_ready():
+                # Reported by another thread (the service thread, one in a
+                # get) between our look and the waiter: no wake-up is coming.
+                s.waiter = None
+                continue
             try:
                 await fut
             finally:
@@ -966,6 +989,7 @@ class _LoopBridge:
         self.links = {}     # fd -> link
         self.fds = set()
         self.closed = False
+        self.suspended = False   # not watching the links: another thread drives them
         for link in list(node.links.values()):
             self.watch(link, None)
         for fd in list(node.sentinels):
@@ -990,7 +1014,8 @@ class _LoopBridge:
             self._watch_sentinel(sentinel_fd)
 
     def _add_link_reader(self, fd, link):
-        self.loop.add_reader(fd, self.on_readable, link)
+        if not self.suspended:
+            self.loop.add_reader(fd, self.on_readable, link)
         # Not at once: we may be inside a drain of this very loop.
         self.loop.call_soon(self.on_readable, None)
 
@@ -1000,22 +1025,51 @@ class _LoopBridge:
             self._call(self.loop.call_soon, self.on_readable, None)
 
     def on_readable(self, link):
-        if link is not None:
-            link.disarm()
+        # The descriptors' arm state is shared by every listener of a link,
+        # so it is touched only under the drive lock.  A thread holding it
+        # drains every link and may sleep in poll on these very descriptors:
+        # reading them here would steal its wake-up.  So the loop stops
+        # watching until that thread lets go (``Node._release_drive``).
         node = self.node
-        while True:
-            if not node.drive_nowait():
-                # Someone else is draining (another thread, or an outer frame
-                # of this callback): look again shortly rather than spin.
-                if not self.closed:
-                    self.loop.call_later(0.001, self.on_readable, None)
-                return
-            again = False
-            for lk in list(self.links.values()):
-                if not lk.arm():
-                    again = True
-            if not again:
-                return
+        if self.closed:
+            return
+        node._bridge_waiting = True       # before trying: see _release_drive
+        if not node._drive_lock.acquire(False):
+            self._suspend()
+            return
+        node._bridge_waiting = False
+        try:
+            if self.suspended:
+                self._resume()
+            if link is not None:
+                link.disarm()
+            while True:
+                node._drain()
+                again = False
+                for lk in list(self.links.values()):
+                    if not lk.arm():
+                        again = True
+                if not again:
+                    break
+        finally:
+            node._release_drive()
+            node._wait_epoch += 1
+        if node._interrupt is not None:
+            node._raise_interrupt()
+
+    def _suspend(self):
+        if not self.suspended:
+            self.suspended = True
+            for fd in list(self.links):
+                try:
+                    self.loop.remove_reader(fd)
+                except Exception:  # noqa: BLE001 - a closed loop or descriptor
+                    pass
+
+    def _resume(self):
+        self.suspended = False
+        for fd, lk in list(self.links.items()):
+            self.loop.add_reader(fd, self.on_readable, lk)
 
     def _watch_sentinel(self, fd):
         if fd in self.fds:

@@ -56,20 +56,34 @@ class _Entry:
         self._fire()
 
     def _fire(self):
-        cbs = self.callbacks
-        if cbs:
-            self.callbacks = None
-            for cb in cbs:
-                cb(self)
+        if self.callbacks:       # a peek without the lock: most entries have none
+            with _callbacks_lock:
+                cbs, self.callbacks = self.callbacks, None
+            if cbs:
+                for cb in cbs:
+                    cb(self)
 
     def add_callback(self, cb):
-        """Call ``cb(entry)`` once the entry is ready (at once if it is)."""
+        """Call ``cb(entry)`` once the entry is ready (at once if it is).
+
+        Safe against another thread filling the entry meanwhile (the driver's
+        service thread, a thread in ``get``): each callback runs exactly once.
+        """
         if self.ready:
             cb(self)
-        elif self.callbacks is None:
-            self.callbacks = [cb]
-        else:
-            self.callbacks.append(cb)
+            return
+        with _callbacks_lock:
+            if self.callbacks is None:
+                self.callbacks = [cb]
+            else:
+                self.callbacks.append(cb)
+        if self.ready:
+            # Filled between our look and the append: its _fire may have
+            # missed the callback.  Whichever _fire takes the list runs it.
+            self._fire()
+
+
+_callbacks_lock = threading.Lock()
 
 
 def ready_entry(value):

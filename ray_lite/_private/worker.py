@@ -164,6 +164,9 @@ class WorkerNode(Node):
         # Flag first, then look: a cancel noticed by the signal handler just
         # before the flag was up is raised here instead of getting lost.
         self._in_user_code = True
+        if self._cancel_signalled:
+            self._cancel_signalled = False
+            self.drive_nowait()       # reads the X; raises if it is ours
         if self._interrupt is not None:
             self._raise_interrupt()
 
@@ -185,8 +188,11 @@ class WorkerNode(Node):
                         else:
                             self._stash.append((0, m))
             finally:
-                self._drive_lock.release()
-        # Else this thread was interrupted while driving: wait_until raises.
+                self._release_drive()
+        else:
+            # This thread was interrupted while driving (a get in the task):
+            # the wait reads the X on its way out and raises there.
+            self._cancel_signalled = True
         if self._interrupt is not None and self._in_user_code:
             self._raise_interrupt()
 
@@ -255,7 +261,7 @@ class WorkerNode(Node):
                     try:
                         self._drain()
                     finally:
-                        lock.release()
+                        self._release_drive()
                     if self.exiting:
                         break
                 peer, msg = tasks.popleft()
@@ -270,7 +276,7 @@ class WorkerNode(Node):
                     if not tasks and not self.exiting:
                         self._poll(None)
                 finally:
-                    lock.release()
+                    self._release_drive()
             else:
                 self.wait_until(lambda: tasks or self.exiting)
 
@@ -343,9 +349,7 @@ class WorkerNode(Node):
     def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
         try:
             try:
-                self._in_user_code = True     # see _enter_user_code
-                if self._interrupt is not None:
-                    self._raise_interrupt()
+                self._enter_user_code()
                 result = fn(*args, **kwargs)
                 if not stream and inspect.iscoroutine(result):
                     result = asyncio.run(result)
