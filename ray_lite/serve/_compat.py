@@ -1,14 +1,8 @@
 """Everything Serve needs from the core runtime beyond its public API, in one place.
 
-Two kinds of things live here:
-
-* cheap access to a ref's readiness (``on_ready``/``peek``), with a fallback
-  on the public ``ObjectRef.future()`` should the core's internals change;
-* INTERIM (until the core fixes it): ``rearm_loop``, below.
-
-(A driver-side thread that served the links while the user's thread was not
-in a ray_lite call lived here too; the core's driver now serves its links
-itself, and two drivers of the same links lost each other's wake-ups.)
+Cheap access to a ref's readiness (``on_ready``/``peek``), with a fallback on
+the public ``ObjectRef.future()`` should the core's internals change, and a
+few questions about the process this code runs in.
 """
 
 from ray_lite._private import state as _state
@@ -55,35 +49,3 @@ def actor_is_dead(handle):
     if n is None:
         return False
     return handle._info.actor_id in getattr(n, "dead_peers", ())
-
-
-# ------------------------------------------------------------------ INTERIM
-def rearm_loop():
-    """INTERIM for a core bug: call after a blocking ray_lite wait on an event loop's thread.
-
-    ``Node.wait_until`` (``get``, and the driver requests behind actor
-    creation, ``kill`` and ``get_actor``) disarms every link when its poll
-    ends, while the loop's ``_LoopBridge`` still believes them armed: the loop
-    would then sleep through the next messages.  Draining and re-arming from
-    the loop restores the wake-ups.
-    """
-    import asyncio
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    n = _state.node
-    bridges = getattr(n, "_bridges", None)
-    if not bridges:
-        return
-    bridge = bridges.get(loop)
-    if bridge is not None:
-        loop.call_soon(bridge.on_readable, None)
-
-
-def blocking(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` (which may wait on the links), then :func:`rearm_loop`."""
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        rearm_loop()

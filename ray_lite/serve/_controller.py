@@ -16,7 +16,6 @@ import traceback
 from ray_lite._private import api as _api
 from ray_lite.exceptions import RayActorError
 
-from . import _compat
 
 _LISTEN_TIMEOUT_S = 30.0
 
@@ -49,7 +48,7 @@ class ServeController:
     def __init__(self, http_options):
         from ray_lite._private.api import get_actor
         from . import context
-        self._self_handle = _compat.blocking(get_actor, context.CONTROLLER_NAME,
+        self._self_handle = get_actor(context.CONTROLLER_NAME,
                                              namespace=context.SERVE_NAMESPACE)
         context.set_controller(self._self_handle)
         self.http_options = dict(http_options or {})
@@ -166,7 +165,7 @@ class ServeController:
         port = opts.get("port", 8000)
         for i in range(n):
             o = dict(opts, port=port)
-            h = _compat.blocking(actor_cls.remote, self._self_handle, i, o)
+            h = actor_cls.remote(self._self_handle, i, o)
             try:
                 port = await h.start.remote()
             except BaseException:
@@ -189,7 +188,7 @@ class ServeController:
         rid = f"{dep.name}#{next(self.ids)}"
         actor_cls = _api.remote(ServeReplica)
         spec = dep.spec
-        h = _compat.blocking(actor_cls.remote, self._self_handle, dep.app, dep.name, rid,
+        h = actor_cls.remote(self._self_handle, dep.app, dep.name, rid,
                              spec["cls_blob"], spec["args"], spec["kwargs"], dict(dep.config))
         return rid, h
 
@@ -278,7 +277,7 @@ class ServeController:
 
     def _kill(self, h):
         try:
-            _compat.blocking(_api.kill, h)
+            _api.kill(h)
         except Exception:   # noqa: BLE001 - already gone
             pass
 

@@ -74,7 +74,7 @@ class Router:
 
     def refresh_blocking(self, timeout=60.0):
         ctl = context.get_controller()
-        snap = _compat.blocking(_api.get, ctl.wait_replicas.remote(
+        snap = _api.get(ctl.wait_replicas.remote(
             self.app_name, self.deployment_name, self.version), timeout=timeout)
         self.apply(snap)
 
@@ -185,7 +185,7 @@ class DeploymentResponse:
         self._ref = ref
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
-        return _compat.blocking(_api.get, self._ref, timeout=timeout_s)
+        return _api.get(self._ref, timeout=timeout_s)
 
     def __await__(self):
         r = _compat.peek(self._ref)
@@ -220,8 +220,8 @@ class DeploymentResponseGenerator:
         return self
 
     def __next__(self):
-        ref = _compat.blocking(next, self._gen)
-        return _compat.blocking(_api.get, ref)
+        ref = next(self._gen)
+        return _api.get(ref)
 
     def __aiter__(self):
         return self
