@@ -415,3 +415,45 @@ def test_twins_agree_on_any_operation_sequence(ops):
         assert counters(c_table) == counters(py_table), op
         assert c_table.capacity == py_table.capacity, op
         assert repr(c_table) == repr(py_table)
+
+
+# -- threads ----------------------------------------------------------------------
+
+def test_reports_from_one_thread_taken_by_another(stream_table_impl):
+    """The runtime reports on the thread driving the links while another takes
+    items: every item arrives once and in order, across the buffer growing
+    and shrinking under the consumer (the pure twin once lost or repeated
+    items when a resize landed mid-take)."""
+    import sys
+    import threading
+
+    t = stream_table_impl.StreamTable()
+    n = 20_000
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)     # preempt between bytecodes as often as possible
+
+    def reporter():
+        # Bursts far enough ahead to grow the buffer, then room to shrink it.
+        for start in range(0, n, 500):
+            for i in reversed(range(start, start + 500)):
+                t.report(i, i)
+        t.report_end(n)
+
+    th = threading.Thread(target=reporter)
+    got = []
+    try:
+        th.start()
+        while True:
+            try:
+                item = t.try_next()
+            except StopIteration:
+                break
+            if item is not stream_table_impl.NOT_READY:
+                got.append(item)
+            elif not th.is_alive() and not t.is_next_ready():
+                break        # the reporter died: fail below instead of spinning
+    finally:
+        sys.setswitchinterval(old_interval)
+        th.join(30)
+    assert not th.is_alive()
+    assert got == list(range(n))

@@ -40,8 +40,16 @@ instead, so one far-out-of-order index cannot make the buffer huge.  When the
 consumer catches up (``try_next`` finds nothing), a buffer much larger than
 what it holds shrinks.  So a stream of any length, consumed as it goes, holds
 only its unconsumed items.
+
+Threads: the runtime reports from whichever thread drives the links while
+another thread takes items.  A method of the compiled twin runs under the
+GIL without calling back into Python, so it is atomic; here a method can be
+preempted between any two bytecodes (a report may resize the buffer while a
+``try_next`` is half-way through taking a slot), so every public method holds
+the table's lock to behave the same.
 """
 import operator
+import threading
 
 __all__ = ["StreamTable", "NOT_READY"]
 
@@ -100,9 +108,10 @@ class StreamTable:
     """Reported items of one streaming generator, taken in index order."""
 
     __slots__ = ("_slots", "_mask", "_next", "_num_reported", "_max_reported",
-                 "_end", "_error_index", "_error", "_spill")
+                 "_end", "_error_index", "_error", "_spill", "_lock")
 
     def __init__(self):
+        self._lock = threading.Lock()   # see "Threads" in the module docstring
         self._slots = [NOT_READY] * _MIN_CAPACITY
         self._mask = _MIN_CAPACITY - 1
         self._next = 0              # index of the next item to take == num_consumed
@@ -116,14 +125,15 @@ class StreamTable:
     # -- taking -------------------------------------------------------------
 
     def try_next(self):
-        slots = self._slots
-        slot = self._next & self._mask
-        item = slots[slot]
-        if item is not NOT_READY:
-            slots[slot] = NOT_READY
-            self._next += 1
-            return item
-        return self._take_slow()
+        with self._lock:
+            slots = self._slots
+            slot = self._next & self._mask
+            item = slots[slot]
+            if item is not NOT_READY:
+                slots[slot] = NOT_READY
+                self._next += 1
+                return item
+            return self._take_slow()
 
     def _take_slow(self):
         index = self._next
@@ -149,11 +159,12 @@ class StreamTable:
         return NOT_READY
 
     def is_next_ready(self):
-        index = self._next
-        return (self._slots[index & self._mask] is not NOT_READY
-                or index == self._end
-                or index == self._error_index
-                or (bool(self._spill) and index in self._spill))
+        with self._lock:
+            index = self._next
+            return (self._slots[index & self._mask] is not NOT_READY
+                    or index == self._end
+                    or index == self._error_index
+                    or (bool(self._spill) and index in self._spill))
 
     def is_finished(self):
         return self._next == self._end
@@ -162,42 +173,45 @@ class StreamTable:
 
     def report(self, index, payload):
         index = _as_index(index)
-        if index < 0:
-            raise ValueError(f"stream item index must be >= 0, got {index}")
-        if payload is NOT_READY:
-            raise ValueError("NOT_READY cannot be reported as a stream item")
-        self._check_new_index(index)
-        self._store(index, payload)
-        self._num_reported += 1
-        if index > self._max_reported:
-            self._max_reported = index
+        with self._lock:
+            if index < 0:
+                raise ValueError(f"stream item index must be >= 0, got {index}")
+            if payload is NOT_READY:
+                raise ValueError("NOT_READY cannot be reported as a stream item")
+            self._check_new_index(index)
+            self._store(index, payload)
+            self._num_reported += 1
+            if index > self._max_reported:
+                self._max_reported = index
 
     def report_end(self, count):
         count = _as_index(count)
-        if count < 0:
-            raise ValueError(f"stream item count must be >= 0, got {count}")
-        self._check_new_end(count)
-        self._end = count
-        if self._next == count:
-            self._release()
+        with self._lock:
+            if count < 0:
+                raise ValueError(f"stream item count must be >= 0, got {count}")
+            self._check_new_end(count)
+            self._end = count
+            if self._next == count:
+                self._release()
 
     def report_error(self, index, error):
         index = _as_index(index)
-        if not isinstance(error, BaseException):
-            raise TypeError(
-                f"report_error needs an exception instance, got {type(error).__name__}")
-        if index < 0:
-            raise ValueError(f"stream item index must be >= 0, got {index}")
-        if index == _INDEX_MAX:
-            raise OverflowError("stream item index too large")
-        self._check_new_index(index)
-        self._check_new_end(index + 1)
-        self._error_index = index
-        self._error = error
-        self._end = index + 1
-        self._num_reported += 1
-        if index > self._max_reported:
-            self._max_reported = index
+        with self._lock:
+            if not isinstance(error, BaseException):
+                raise TypeError(
+                    f"report_error needs an exception instance, got {type(error).__name__}")
+            if index < 0:
+                raise ValueError(f"stream item index must be >= 0, got {index}")
+            if index == _INDEX_MAX:
+                raise OverflowError("stream item index too large")
+            self._check_new_index(index)
+            self._check_new_end(index + 1)
+            self._error_index = index
+            self._error = error
+            self._end = index + 1
+            self._num_reported += 1
+            if index > self._max_reported:
+                self._max_reported = index
 
     def _check_new_index(self, index):
         if self._end >= 0 and index >= self._end:
