@@ -36,6 +36,20 @@ def load_twin_module(name, twin):
         pytest.fail(f"compiled twin of {name} should have been built but did not load: {exc}")
 
 
+@pytest.fixture
+def rt():
+    """A fresh runtime for one test (init is fast, and the leak check is per
+    test); yields the driver's node for tests that look inside."""
+    import ray_lite
+    from ray_lite._private import state
+
+    ray_lite.init(num_cpus=2)
+    try:
+        yield state.node
+    finally:
+        ray_lite.shutdown()
+
+
 @pytest.fixture(params=TWINS)
 def codec_impl(request):
     return load_twin_module("codec", request.param)

@@ -11,15 +11,6 @@ from ray_lite.exceptions import ActorDiedError, RayActorError
 T = 60
 
 
-@pytest.fixture
-def rt():
-    ray.init(num_cpus=2)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @ray.remote
 class Counter:
     def __init__(self, start=0):

@@ -12,16 +12,6 @@ from ray_lite.exceptions import (GetTimeoutError, RayError, RayTaskError, TaskCa
 T = 60  # bound on every wait: a bug fails the test instead of hanging it
 
 
-@pytest.fixture
-def rt():
-    """A runtime per test: init is fast, and the leak check is per test."""
-    ray.init(num_cpus=2)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @ray.remote
 def double(x):
     return 2 * x

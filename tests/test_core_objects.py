@@ -14,15 +14,6 @@ from ray_lite.exceptions import ObjectLostError, RayActorError, WorkerCrashedErr
 T = 60
 
 
-@pytest.fixture
-def rt():
-    ray.init(num_cpus=2)
-    try:
-        yield state.node
-    finally:
-        ray.shutdown()
-
-
 @ray.remote
 def identity(x):
     return x

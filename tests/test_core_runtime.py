@@ -11,19 +11,9 @@ import threading
 import pytest
 
 import ray_lite as ray
-from ray_lite._private import state
 from ray_lite.exceptions import TaskCancelledError
 
 T = 60
-
-
-@pytest.fixture
-def rt():
-    ray.init(num_cpus=2)
-    try:
-        yield state.node
-    finally:
-        ray.shutdown()
 
 
 def _run_driver(code, timeout=120):

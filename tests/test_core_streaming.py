@@ -14,15 +14,6 @@ from ray_lite.exceptions import (RayActorError, RayTaskError, TaskCancelledError
 T = 60
 
 
-@pytest.fixture
-def rt():
-    ray.init(num_cpus=2)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @ray.remote
 def count(n):
     for i in range(n):
