@@ -188,3 +188,25 @@ def test_actor_options(rt):
         Counter.options(max_restarts=2)
     c = Counter.options(num_cpus=1, max_concurrency=1, namespace="x").remote()
     assert ray.get(c.incr.remote(), timeout=T) == 1
+
+
+def test_actor_calls_another_actor_over_its_own_link(rt):
+    """No hop through the driver: the caller opens a link to the callee itself."""
+    @ray.remote
+    class Target:
+        def pid(self):
+            return os.getpid()
+
+    @ray.remote
+    class Caller:
+        def call_and_look(self, target):
+            from ray_lite._private import state
+            target_pid = ray.get(target.pid.remote())
+            node = state.node
+            peer = target._info.actor_id
+            return target_pid, peer in node.links, node.peer_pids.get(peer)
+
+    t = Target.remote()
+    target_pid, linked, link_pid = ray.get(Caller.remote().call_and_look.remote(t), timeout=T)
+    assert linked
+    assert link_pid == target_pid

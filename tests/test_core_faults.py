@@ -1,4 +1,4 @@
-"""Fault tolerance of the runtime itself: a driver killed with SIGKILL."""
+"""The runtime's own lifetime: a driver killed with SIGKILL, or one that never calls shutdown()."""
 import os
 import select
 import signal
@@ -66,3 +66,44 @@ def test_killed_driver_leaves_no_orphans_and_next_init_cleans_up():
         assert shm.list_segments(f"{shm.DEFAULT_PREFIX}{proc.pid}_") == []
     finally:
         ray.shutdown()
+
+
+FORGETFUL_DRIVER = textwrap.dedent("""
+    import os, sys, threading
+    import ray_lite as ray
+    from ray_lite._private import state
+
+    @ray.remote
+    class Sleeper:
+        def pid(self):
+            return os.getpid()
+
+        def forever(self):
+            threading.Event().wait()
+
+    @ray.remote
+    def pid():
+        return os.getpid()
+
+    s = Sleeper.remote()                 # starts the runtime without init()
+    pids = {ray.get(s.pid.remote())} | set(ray.get([pid.remote() for _ in range(4)]))
+    pids.add(state.node.zygote.proc.pid)
+    s.forever.remote()                   # still running when the program ends
+    print(os.getpid(), flush=True)
+    print(" ".join(map(str, sorted(pids))), flush=True)
+    # No shutdown(): the program just ends.
+""")
+
+
+def test_program_that_forgets_shutdown_exits_cleanly():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", FORGETFUL_DRIVER], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    driver_line, pids_line = proc.stdout.splitlines()
+    pids = [int(p) for p in pids_line.split()]
+    assert len(pids) >= 3, proc.stdout
+    for pid in pids:
+        assert _wait_dead(pid, 30), f"process {pid} outlived a driver that exited normally"
+    assert shm.list_segments(f"{shm.DEFAULT_PREFIX}{int(driver_line)}_") == []
