@@ -203,3 +203,26 @@ def test_table_shows_missing_rows_with_their_reason():
     assert "B4  round trip" in table
     assert "6.00 µs (p50)" in table and "p99 9.00 µs" in table and "NO" in table
     assert "not built" in table and "_ring_c is not built" in table
+
+
+def test_figures_are_related_to_the_anchor_of_the_same_run():
+    from ray_lite.bench._harness import Figure, relate_to_anchors
+
+    def fig(bench, impl, label, unit, value, goal=None, met=None):
+        return Figure(bench=bench, name="w", impl=impl, label=label, unit=unit, value=value,
+                      goal=goal, goal_met=met)
+
+    ours_rate = fig("B1", "compiled", "ray_lite", "tokens/s", 600_000, ">= 250,000", True)
+    ours_time = fig("B11", "compiled", "ray_lite", "us", 10.0, "<= 20 us", True)
+    slow_rate = fig("B2", "compiled", "ray_lite", "tokens/s", 300_000, ">= 250,000", True)
+    figures = [ours_rate, fig("B1", "anchor", "Ray", "tokens/s", 2_000),
+               ours_time, fig("B11", "anchor", "Ray", "us", 2_500.0),
+               slow_rate, fig("B2", "anchor", "Ray", "tokens/s", 10_000),
+               fig("B13", "compiled", "ray_lite", "MB", 20.0)]   # no anchor: untouched
+    relate_to_anchors(figures, {"B1": 50, "B2": 50})
+    assert ours_rate.detail["x_anchor"] == 300 and "300x Ray" in ours_rate.note
+    assert ours_rate.goal_met is True and "50x Ray" in ours_rate.goal
+    assert ours_time.detail["x_anchor"] == 250          # less time is better
+    assert ours_time.goal == "<= 20 us"                 # no factor asked for B11
+    assert slow_rate.detail["x_anchor"] == 30 and slow_rate.goal_met is False
+    assert "x_anchor" not in figures[-1].detail and figures[-1].note is None

@@ -3,13 +3,15 @@ compared with measured in the same run.
 
     ray-lite bench [NAME ...] [--quick] [--json FILE] [--compare-ray PYTHON]
 
-Each NAME is a suite (``micro`` when none is given).  A suite is a module that
+Each NAME is a suite (``DEFAULT_SUITES`` when none is given).  A suite is a module that
 defines::
 
     DESCRIPTION = "one line for --list"
     def run(ctx: Context) -> list[Figure]            # the measurements
     def compare_ray(ctx: Context, python: str) -> list[Figure]   # optional:
-        # the same workloads run on Ray by `python` (an interpreter with Ray)
+        # the same workloads run on Ray by `python` (an interpreter with Ray),
+        # as "anchor" rows with the same bench id and name as ours
+    RAY_RATIO_GOALS = {"B1": 50}    # optional: goals that ask for a factor over Ray
 
 and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
 later suite plugs in with one line and is imported only when asked for.
@@ -28,6 +30,7 @@ from ._harness import (
     machine_info,
     machine_line,
     print_err,
+    relate_to_anchors,
     render_table,
 )
 
@@ -82,6 +85,7 @@ def run_suites(names, ctx):
                     notes.append(f"--compare-ray: the {name} suite has no Ray workload")
                 else:
                     figures.extend(compare(ctx, ctx.compare_ray))
+                    relate_to_anchors(figures, getattr(suite, "RAY_RATIO_GOALS", None))
         except Exception as exc:   # noqa: BLE001 - one broken suite must not hide the others
             figures = [Figure(bench="-", name=f"suite {name}", impl="-", label="-", unit="",
                               status=ERROR, reason=f"{type(exc).__name__}: {exc}")]

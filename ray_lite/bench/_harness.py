@@ -181,6 +181,37 @@ class ChildProcess:
         self.stop(timeout=2.0 if exc[0] is not None else 10.0)
 
 
+# -- ours against the anchor of the same run ---------------------------------------
+
+def relate_to_anchors(figures, ratio_goals=None):
+    """Give each ray_lite figure its factor over the anchor row of the same
+    workload (same ``bench`` and ``name``, ``impl == "anchor"``) measured in
+    this run: ``detail["x_anchor"]`` (> 1 means ray_lite is better: more per
+    second, or less time, memory or CPU) and a note such as "262x Ray".
+
+    ``ratio_goals`` maps a bench id to the least factor its goal asks for
+    (BENCHMARKS.md: "B1 >= 50x Ray in the same run"); such a figure's goal
+    then holds only if the factor holds too.
+    """
+    ratio_goals = ratio_goals or {}
+    anchors = {(f.bench, f.name): f for f in figures
+               if f.impl == "anchor" and f.status == OK and f.value}
+    for f in figures:
+        a = anchors.get((f.bench, f.name))
+        if a is None or f.impl == "anchor" or f.status != OK or not f.value:
+            continue
+        higher_is_better = f.unit.endswith("/s")
+        x = f.value / a.value if higher_is_better else a.value / f.value
+        f.detail = dict(f.detail, x_anchor=round(x, 2))
+        text = f"{x:,.0f}x {a.label}" if x >= 10 else f"{x:.2f}x {a.label}"
+        f.note = f"{text}; {f.note}" if f.note else text
+        least = ratio_goals.get(f.bench)
+        if least is not None:
+            f.goal = f"{f.goal} and >= {least}x {a.label}" if f.goal else f">= {least}x {a.label}"
+            if f.goal_met is not None:
+                f.goal_met = f.goal_met and x >= least
+
+
 # -- the machine -----------------------------------------------------------------
 
 def cpu_model():

@@ -13,6 +13,8 @@ import sys
 from ._harness import ERROR, Figure, missing, summarize_trials
 
 DESCRIPTION = "core runtime: streaming throughput, ready-check, init, round trips, worker memory"
+# BENCHMARKS.md: B1 must also be at least 50 times Ray's figure in the same run.
+RAY_RATIO_GOALS = {"B1": 50}
 WORKLOADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_core_workloads.py")
 
 
