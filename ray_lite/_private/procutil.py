@@ -40,13 +40,3 @@ def open_sentinel(pid):
         return os.pidfd_open(pid)
     except ProcessLookupError:
         return None
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
