@@ -6,10 +6,12 @@ The twins are imported directly (``ray_lite._fast._x_c`` / ``_x_py``), not
 through ``ray_lite._fast.x``, so both are measured whatever the selector
 picked; a compiled twin that is not built shows as a "not built" row.
 """
+import gc
 import importlib
 import statistics
 import struct
 import time
+import timeit
 
 from . import _children
 from ._harness import (
@@ -414,18 +416,61 @@ B12_OBJECTS = {
 B12_GOAL = "<= 1.5x msgspec, >= 2x faster than packb"
 
 
-def _time_pair(enc_stmt, dec_stmt, setup, g, number, trials):
-    enc = ns_per_call(enc_stmt, setup, globals=g, number=number, trials=trials)
-    dec = ns_per_call(dec_stmt, setup, globals=g, number=number, trials=trials)
-    total = [e + d for e, d in zip(enc, dec)]
-    value, spread = summarize_trials(total)
-    return value, spread, statistics.median(enc), statistics.median(dec)
+class _CodecCase:
+    """One implementation's encode and decode loops over one object."""
+
+    def __init__(self, row, key, g, enc_stmt, dec_stmt, setup, number):
+        self.row, self.key, self.number = row, key, number
+        self.enc = timeit.Timer(enc_stmt, setup, timer=time.perf_counter_ns, globals=g)
+        self.dec = timeit.Timer(dec_stmt, setup, timer=time.perf_counter_ns, globals=g)
+        self.enc_ns, self.dec_ns = [], []
+
+    def trial(self):
+        self.enc_ns.append(self.enc.timeit(self.number) / self.number)
+        self.dec_ns.append(self.dec.timeit(self.number) / self.number)
+
+
+def _time_interleaved(cases, trials):
+    """Time every case's trials in turn (case 1 trial 1, case 2 trial 1, ...),
+    so that load from elsewhere on the machine falls on all of them alike and
+    their ratios stay meaningful.  A case that raises becomes an error row."""
+    live = []
+    for case in cases:
+        try:
+            case.trial()                  # warm-up, untimed; also checks it runs
+            case.enc_ns.clear()
+            case.dec_ns.clear()
+            live.append(case)
+        except Exception as exc:   # noqa: BLE001 - reported in its row
+            case.row.status = ERROR
+            case.row.reason = f"{type(exc).__name__}: {exc}"
+    gc_was_enabled = gc.isenabled()
+    gc.disable()      # as timeit does, but across the whole interleaved run
+    try:
+        for _ in range(trials):
+            for case in live:
+                case.trial()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    measured = {}
+    for case in live:
+        total = [e + d for e, d in zip(case.enc_ns, case.dec_ns)]
+        row = case.row
+        row.value, row.spread = summarize_trials(total)
+        row.trials, row.samples = trials, trials * case.number
+        enc, dec = statistics.median(case.enc_ns), statistics.median(case.dec_ns)
+        row.detail = {"encode": enc, "decode": dec}
+        row.note = f"enc {enc:.0f} + dec {dec:.0f}"
+        measured[case.key] = (enc, dec)
+    return measured
 
 
 def bench_b12(ctx):
     number = ctx.pick(100000, 20000, 1000)
     trials = ctx.pick(7, 3, 2)
-    ctx.log(f"B12: codec, {trials} trials x {number} calls per object and implementation")
+    ctx.log(f"B12: codec, {trials} interleaved trials x {number} calls per object and "
+            f"implementation")
     import pickle
 
     import msgpack
@@ -450,8 +495,7 @@ def bench_b12(ctx):
     figures = []
     for obj_name, obj in B12_OBJECTS.items():
         name = f"encode+decode {obj_name}"
-        measured = {}
-        rows = []
+        rows, cases = [], []
         for twin in TWINS:
             mod, why = load_twin("codec", twin)
             label = TWIN_LABEL[twin] + " encode_into/decode"
@@ -463,28 +507,16 @@ def bench_b12(ctx):
             g = {"enc": mod.encode_into, "dec": mod.decode, "obj": obj, "buf": bytearray(4096)}
             setup = "end, bufs = enc(obj, buf, 0); data = memoryview(buf)[:end]"
             row = Figure("B12", name, twin, label, "ns", goal=B12_GOAL)
-
-            def measure(g=g, setup=setup, twin=twin, label=label, row=row):
-                value, spread, enc, dec = _time_pair("enc(obj, buf, 0)", "dec(data, bufs)", setup,
-                                                     g, number, trials)
-                measured[twin] = (enc, dec)
-                row.value, row.spread, row.trials, row.samples = value, spread, trials, trials * number
-                row.detail = {"encode": enc, "decode": dec}
-                row.note = f"enc {enc:.0f} + dec {dec:.0f}"
-                return [row]
-            rows.extend(_guard(measure, row))
+            rows.append(row)
+            # The pure twin is ~30x slower: fewer calls keep its trials short.
+            n = number if twin == "compiled" else max(number // 20, 100)
+            cases.append(_CodecCase(row, twin, g, "enc(obj, buf, 0)", "dec(data, bufs)", setup, n))
         for impl, label, g, enc_stmt, dec_stmt, setup in anchors:
-            g = dict(g, obj=obj)
             row = Figure("B12", name, impl, label, "ns")
-
-            def measure(g=g, setup=setup, enc_stmt=enc_stmt, dec_stmt=dec_stmt, row=row, label=label):
-                value, spread, enc, dec = _time_pair(enc_stmt, dec_stmt, setup, g, number, trials)
-                measured[label] = (enc, dec)
-                row.value, row.spread, row.trials, row.samples = value, spread, trials, trials * number
-                row.detail = {"encode": enc, "decode": dec}
-                row.note = f"enc {enc:.0f} + dec {dec:.0f}"
-                return [row]
-            rows.extend(_guard(measure, row))
+            rows.append(row)
+            cases.append(_CodecCase(row, label, dict(g, obj=obj), enc_stmt, dec_stmt, setup,
+                                    number))
+        measured = _time_interleaved(cases, trials)
         if msgspec is None:
             rows.append(missing("B12", name, "anchor", "msgspec.msgpack encode/decode", "ns",
                                 UNAVAILABLE, "msgspec is not installed (optional)"))
