@@ -1,7 +1,8 @@
 """Serve in a few lines: composition, a streaming handle call, and HTTP.
 
-    python examples/serve_hello.py        # then: curl http://127.0.0.1:8000/?name=you
+    python examples/serve_hello.py [port]     # asks itself once, then shuts down
 or  ray-lite serve run serve_hello:app --app-dir examples
+    # then: curl 'http://127.0.0.1:8000/?name=you'
 """
 from starlette.requests import Request
 
@@ -32,7 +33,10 @@ class Ingress:
 app = Ingress.bind(Greeter.bind())
 
 if __name__ == "__main__":
+    import sys
     import urllib.request
-    handle = serve.run(app)
-    print(urllib.request.urlopen("http://127.0.0.1:8000/?name=ray_lite", timeout=30).read())
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8000
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(app)
+    print(urllib.request.urlopen(f"http://127.0.0.1:{port}/?name=ray_lite", timeout=30).read().decode())
     serve.shutdown()
