@@ -977,8 +977,10 @@ class _LoopBridge:
     """Wakes one asyncio loop through the links' descriptors (no thread, no spin).
 
     Each link's descriptor is armed while the loop sleeps; when one fires, the
-    loop drains every link and re-arms them (re-draining when a message slipped
-    in between, which ``arm`` reports).
+    loop drains every link and re-arms that one at its next turn (re-draining
+    when a message slipped in between, which ``arm`` reports).  Until then,
+    messages on that link need no wake-up: a busy loop collects the answers to
+    what it sent in batches, without a descriptor write and read for each.
     """
 
     def __init__(self, node, loop):
@@ -990,6 +992,8 @@ class _LoopBridge:
         self.fds = set()
         self.closed = False
         self.suspended = False   # not watching the links: another thread drives them
+        self.unarmed = set()     # links drained, to re-arm at the loop's next turn
+        self.rearm_due = False
         for link in list(node.links.values()):
             self.watch(link, None)
         for fd in list(node.sentinels):
@@ -1025,6 +1029,8 @@ class _LoopBridge:
             self._call(self.loop.call_soon, self.on_readable, None)
 
     def on_readable(self, link):
+        """Drain; re-arm ``link`` (the one whose descriptor fired) at the
+        loop's next turn, or every link at once when ``link`` is None."""
         # The descriptors' arm state is shared by every listener of a link,
         # so it is touched only under the drive lock.  A thread holding it
         # drains every link and may sleep in poll on these very descriptors:
@@ -1041,15 +1047,55 @@ class _LoopBridge:
         try:
             if self.suspended:
                 self._resume()
+                link = None     # disarmed by the thread that drove: re-arm them all
             if link is not None:
+                # Every other link is still armed, or has fired too (its own
+                # callback is due), or waits in ``unarmed``: only this one
+                # needs re-arming, which keeps a wake-up's cost low with many
+                # links (a proxy has one per replica).  Every link is read,
+                # though: what was sent before (causally) the message that
+                # woke us must be seen with it.
                 link.disarm()
+                node._drain()
+                self.unarmed.add(link)
+                if not self.rearm_due:
+                    self.rearm_due = True
+                    self.loop.call_soon(self._rearm)
+            else:
+                self.unarmed.clear()
+                while True:
+                    node._drain()
+                    again = False
+                    for lk in list(self.links.values()):
+                        if not lk.arm():
+                            again = True
+                    if not again:
+                        break
+        finally:
+            node._release_drive()
+            node._wait_epoch += 1
+        if node._interrupt is not None:
+            node._raise_interrupt()
+
+    def _rearm(self):
+        """Re-arm the links drained since the loop's last turn (read them first)."""
+        self.rearm_due = False
+        node = self.node
+        if self.closed or not self.unarmed:
+            return
+        node._bridge_waiting = True       # before trying: see _release_drive
+        if not node._drive_lock.acquire(False):
+            # Whoever drives reads these links; on leaving, it has us
+            # re-arm them all (rearm_soon).
+            self._suspend()
+            return
+        node._bridge_waiting = False
+        try:
+            unarmed, self.unarmed = self.unarmed, set()
             while True:
                 node._drain()
-                again = False
-                for lk in list(self.links.values()):
-                    if not lk.arm():
-                        again = True
-                if not again:
+                unarmed = [lk for lk in unarmed if not lk.arm()]
+                if not unarmed:
                     break
         finally:
             node._release_drive()

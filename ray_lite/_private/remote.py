@@ -88,6 +88,18 @@ def _check_args_serialisable(args, kwargs, what):
         raise TypeError(f"Could not serialize the arguments of {what}: {exc}") from exc
 
 
+def _prepare_args(args, kwargs, name):
+    _check_args_serialisable(args, kwargs, name)
+    # Ready refs travel as their values; the others are resolved by the actor
+    # (which fetches them from their owner).
+    args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
+            else a for a in args]
+    if kwargs:
+        kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
+                      and a._e.error is None else a) for k, a in kwargs.items()}
+    return args, kwargs
+
+
 def _make_call_result(node, nret, stream, bp, name, peer):
     """Allocate the ids and the refs (or the generator) for a call's results."""
     n = 1 if stream else max(nret, 1)
@@ -333,15 +345,15 @@ class ActorMethod:
         aid = info.actor_id
         nret, stream, bp = self._nret, self._stream, self._bp
         name = self._qualname
-        if args or kwargs:
-            _check_args_serialisable(args, kwargs, name)
-            # Ready refs travel as their values; the others are resolved by
-            # the actor (which fetches them from their owner).
-            args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
-                    else a for a in args]
-            if kwargs:
-                kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
-                              and a._e.error is None else a) for k, a in kwargs.items()}
+        if kwargs:
+            args, kwargs = _prepare_args(args, kwargs, name)
+        elif args:
+            for a in args:
+                if type(a) not in _SIMPLE_TYPES:
+                    args, kwargs = _prepare_args(args, kwargs, name)
+                    break
+            else:
+                args = list(args)     # plain values only (the common case)
         if node.id != 0:
             node.known_pids.setdefault(aid, info.pid)
         if nret == 1 and not stream:

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 
 import cloudpickle
 
@@ -539,52 +540,111 @@ class WorkerNode(Node):
 
     async def _run_method_async(self, peer, msg):
         # At most max_concurrency calls run at once (Ray's default for async
-        # actors: 1000); the others wait here, in arrival order.
-        sem = self._sem
-        try:
-            if sem is None:
-                await self._run_method_async_inner(peer, msg)
-            else:
-                async with sem:
-                    await self._run_method_async_inner(peer, msg)
-        except asyncio.CancelledError:
-            # Cancelled while waiting for a slot.
-            _, oid, method, _a, _k, _n, stream, _b = msg
-            self._send_failure(peer, oid, stream, TaskCancelledError(), self._call_name(method))
-        finally:
-            self.running.pop(msg[1], None)
-            self.cancelled.discard(msg[1])
-            self.live.discard(msg[1])
-
-    async def _run_method_async_inner(self, peer, msg):
+        # actors: 1000); the others wait here, in arrival order.  One flat
+        # coroutine per call: an actor serving many small calls (a Serve
+        # replica) spends most of its time on this path.
         _, oid, method, args, kwargs, nret, stream, bp = msg
-        name = self._call_name(method)
+        slots = self._sem
         try:
-            fn = self._method_for(msg)
-            args, kwargs = await self._resolve_async(args, kwargs)
-            result = fn(*args, **kwargs)
-            if stream:
-                if inspect.isasyncgen(result):
-                    await self._drain_async_gen(peer, oid, result, bp, name)
+            if slots.free > 0 and not slots.waiters:
+                slots.free -= 1
+            else:
+                try:
+                    await slots.wait()
+                except asyncio.CancelledError:
+                    # Cancelled while waiting for a slot.
+                    self._send_failure(peer, oid, stream, TaskCancelledError(),
+                                       self._call_name(method))
                     return
-                if inspect.isgenerator(result):
-                    self._drain_gen(peer, oid, result, bp, name)
+            try:
+                name = self._call_name(method)
+                try:
+                    fn = self._method_for(msg)
+                    for a in args:
+                        if type(a) is ObjectRef:
+                            args, kwargs = await self._resolve_async(args, kwargs)
+                            break
+                    else:
+                        if kwargs:
+                            args, kwargs = await self._resolve_async(args, kwargs)
+                    result = fn(*args, **kwargs)
+                    if stream:
+                        if inspect.isasyncgen(result):
+                            await self._drain_async_gen(peer, oid, result, bp, name)
+                            return
+                        if inspect.isgenerator(result):
+                            self._drain_gen(peer, oid, result, bp, name)
+                            return
+                        raise TypeError(f"{name} was called with num_returns='streaming' but "
+                                        f"returned {type(result).__name__}, not a generator")
+                    if type(result) is _COROUTINE or inspect.isawaitable(result):
+                        result = await result
+                    if nret != 1:
+                        result = self._split(result, nret, name)
+                except asyncio.CancelledError:
+                    self._send_failure(peer, oid, stream, TaskCancelledError(), name)
                     return
-                raise TypeError(f"{name} was called with num_returns='streaming' but "
-                                f"returned {type(result).__name__}, not a generator")
-            if inspect.isawaitable(result):
-                result = await result
-            if nret != 1:
-                result = self._split(result, nret, name)
+                except BaseException as exc:
+                    err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
+                        else make_task_error(name, exc)
+                    self._send_failure(peer, oid, stream, err, name)
+                    return
+                self.reply(peer, ("R", oid, True, result), name)
+            finally:
+                slots.release()
+        finally:
+            self.running.pop(oid, None)
+            self.cancelled.discard(oid)
+            self.live.discard(oid)
+
+
+class AsyncSlots:
+    """A FIFO semaphore for one event loop whose uncontended acquire costs no
+    coroutine call: the caller takes a slot itself::
+
+        if slots.free > 0 and not slots.waiters: slots.free -= 1
+        else: await slots.wait()
+        try: ... finally: slots.release()
+
+    (or ``async with slots``, off the hot paths).
+    """
+
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, n):
+        self.free = n
+        self.waiters = collections.deque()
+
+    async def wait(self):
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await fut
         except asyncio.CancelledError:
-            self._send_failure(peer, oid, stream, TaskCancelledError(), name)
-            return
-        except BaseException as exc:
-            err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
-                else make_task_error(name, exc)
-            self._send_failure(peer, oid, stream, err, name)
-            return
-        self.reply(peer, ("R", oid, True, result), name)
+            if fut.done() and not fut.cancelled():
+                self.release()      # the slot was handed over just before the cancel
+            raise
+
+    async def __aenter__(self):
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+        else:
+            await self.wait()
+
+    async def __aexit__(self, *exc):
+        self.release()
+
+    def release(self):
+        waiters = self.waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():          # a cancelled waiter is skipped
+                fut.set_result(None)    # the slot passes to it
+                return
+        self.free += 1
+
+
+_COROUTINE = types.CoroutineType
 
 
 def _is_async_class(cls):
@@ -592,6 +652,22 @@ def _is_async_class(cls):
         if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
             return True
     return False
+
+
+def _new_event_loop():
+    # uvloop (when installed) runs an async actor's loop in C: its wake-ups,
+    # callbacks and socket writes cost a fraction of the pure-Python loop's.
+    # RAY_LITE_NO_EXTENSIONS=1 means no compiled code of ours or theirs
+    # (and gives CI a run on asyncio's own loop).
+    from ray_lite._fast import NO_EXTENSIONS
+    if not NO_EXTENSIONS:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def worker_main(spec):
@@ -605,12 +681,12 @@ def worker_main(spec):
         return
     a = spec["actor"]
     if a["is_async"]:
-        loop = asyncio.new_event_loop()
+        loop = _new_event_loop()
         asyncio.set_event_loop(loop)
         node.loop = loop
 
         async def boot():
-            node._sem = asyncio.Semaphore(a["max_concurrency"])
+            node._sem = AsyncSlots(a["max_concurrency"])
             node.bridge_for_running_loop()
             node.start_actor(a)
             # Calls that arrived while the constructor ran.

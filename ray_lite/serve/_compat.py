@@ -6,6 +6,7 @@ few questions about the process this code runs in.
 """
 
 from ray_lite._private import state as _state
+from ray_lite._private.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
 
 _MISSING = object()
 
@@ -15,12 +16,13 @@ def node():
 
 
 def on_ready(ref, callback):
-    """Call ``callback()`` once ``ref`` is ready, on the thread that drives the links."""
+    """Call ``callback(x)`` once ``ref`` is ready, on the thread that drives the links
+    (``x``: the core's entry, or a future; read the outcome with ``peek(ref)``)."""
     e = getattr(ref, "_e", None)
     if e is not None and hasattr(e, "add_callback"):
-        e.add_callback(lambda _e: callback())
+        e.add_callback(callback)
         return
-    ref.future().add_done_callback(lambda _f: callback())
+    ref.future().add_done_callback(callback)
 
 
 def peek(ref):

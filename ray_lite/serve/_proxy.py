@@ -14,9 +14,9 @@ queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 """
 import asyncio
 import collections
-import random
 import socket
 import sys
+from random import random as _random
 from urllib.parse import unquote
 
 from ray_lite._private import api as _api
@@ -76,8 +76,8 @@ class _Route:
         if n == 1:
             r = reps[0]
             return r if r.inflight < limit else None
-        a = reps[random.randrange(n)]
-        b = reps[random.randrange(n)]
+        a = reps[int(_random() * n)]
+        b = reps[int(_random() * n)]
         if b.inflight < a.inflight:
             a = b
         if a.inflight < limit:
@@ -122,11 +122,15 @@ class HttpConnection(asyncio.Protocol):
         self.fail_status = 0
         self.paused = False
         self.in_next = False
+        self._reset()
+
+    def _reset(self):
         self.url = b""
         self.headers = []
         self.header_bytes = 0
         self.body = []
         self.body_size = 0
+        self.expect_continue = False
 
     # ---------------------------------------------------------- transport
     def connection_made(self, transport):
@@ -170,13 +174,6 @@ class HttpConnection(asyncio.Protocol):
             self.fail(status)
 
     # ------------------------------------------------------------- parser
-    def on_message_begin(self):
-        self.url = b""
-        self.headers = []
-        self.header_bytes = 0
-        self.body = []
-        self.body_size = 0
-
     def on_url(self, url):
         self.url += url
         if len(self.url) > MAX_HEADER_BYTES:
@@ -186,19 +183,20 @@ class HttpConnection(asyncio.Protocol):
         self.header_bytes += len(name) + len(value)
         if self.header_bytes > MAX_HEADER_BYTES:
             raise _Reject(431)
-        self.headers.append(name.lower() + b":" + value)
+        name = name.lower()
+        if name == b"content-length":
+            try:
+                if int(value) > self.proxy.max_body:
+                    raise _Reject(413)
+            except ValueError:
+                raise _Reject(400) from None
+        elif name == b"expect" and value.strip().lower() == b"100-continue":
+            self.expect_continue = True
+        self.headers.append(name + b":" + value)
 
     def on_headers_complete(self):
-        limit = self.proxy.max_body
-        for h in self.headers:
-            if h.startswith(b"content-length:"):
-                try:
-                    if int(h[15:]) > limit:
-                        raise _Reject(413)
-                except ValueError:
-                    raise _Reject(400) from None
-            elif h.startswith(b"expect:") and h[7:].strip().lower() == b"100-continue":
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.expect_continue:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body):
         self.body_size += len(body)
@@ -208,10 +206,17 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self):
         p = self.parser
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        body = self.body
+        body = b"" if not body else body[0] if len(body) == 1 else b"".join(body)
         req = _Req(p.get_method().decode("ascii", "replace"), self.url,
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
+        self._reset()
+        if self.current is None and not self.queue and not self.in_next:
+            # The common case (no pipelining): straight to a replica.
+            self.current = req
+            self.proxy.dispatch(self, req)
+            return
         self.queue.append(req)
         if len(self.queue) > MAX_PIPELINED and not self.paused:
             self.paused = True
@@ -396,11 +401,15 @@ class ProxyActor:
         path = raw_path.decode("utf-8", "surrogateescape")
         if "%" in path:
             path = unquote(path)
-        if not path.startswith("/"):
+        if path[:1] != "/":
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
-        route = self.match(path)
+        routes = self.routes
+        if len(routes) == 1 and routes[0].prefix == "/":
+            route = routes[0]
+        else:
+            route = self.match(path)
         if route is None:
             conn.respond_text(req, 404, "Not Found")
             return
@@ -434,7 +443,7 @@ class ProxyActor:
         req.ref = ref
         if self.request_timeout is not None:
             req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
-        _compat.on_ready(ref, lambda: self._on_reply(conn, req))
+        _compat.on_ready(ref, lambda _e: self._on_reply(conn, req))
 
     def release(self, req):
         rep = req.rep

@@ -12,12 +12,13 @@ import logging
 import os
 import sys
 import traceback
+import types
 
 import cloudpickle
 
 from ray_lite._private.refs import ObjectRef
 
-from . import context
+from . import _compat, context
 
 logger = logging.getLogger("ray_lite.serve")
 
@@ -29,6 +30,7 @@ _REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 _TEXT = b"content-type: text/plain; charset=utf-8\r\n"
+_COROUTINE = types.CoroutineType
 _JSON = b"content-type: application/json\r\n"
 _OCTET = b"content-type: application/octet-stream\r\n"
 
@@ -49,6 +51,34 @@ def _parse_headers(blob):
         k, _, v = line.partition(b":")
         out.append((k, v))
     return out
+
+
+_Request = None
+
+
+def _load_request():
+    # Imported on the first HTTP request: a replica serving handles only
+    # never pays for Starlette.
+    global _Request
+    from starlette.requests import Request
+    _Request = Request
+    return Request
+
+
+class _Receive:
+    """The ASGI ``receive`` of a request whose body arrived whole."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body):
+        self.body = body
+
+    async def __call__(self):
+        body = self.body
+        if body is not None:
+            self.body = None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.get_running_loop().create_future()   # until cancelled
 
 
 async def _resolve_args(args, kwargs):
@@ -75,7 +105,10 @@ class ServeReplica:
         self._stream_seq = 0
         self._port_host = None
         max_ongoing = config.get("max_ongoing_requests", 5)
-        self._sem = asyncio.Semaphore(max_ongoing)
+        self._slots = _compat.Slots(max_ongoing)
+        self._server_str = None
+        self._server = None
+        self._http_fn = None
         ctx = context.ReplicaContext(app_name, deployment_name, replica_id)
         context.set_replica_context(ctx)
         target = cloudpickle.loads(cls_blob)
@@ -164,7 +197,7 @@ class ServeReplica:
     async def handle_request(self, method, args, kwargs):
         self._inflight += 1
         try:
-            async with self._sem:
+            async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
                 r = self._callable(method)(*args, **kwargs)
                 if inspect.isawaitable(r):
@@ -176,7 +209,7 @@ class ServeReplica:
     async def handle_request_streaming(self, method, args, kwargs):
         self._inflight += 1
         try:
-            async with self._sem:
+            async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
                 r = self._callable(method)(*args, **kwargs)
                 if inspect.isawaitable(r) and not inspect.isasyncgen(r):
@@ -197,53 +230,63 @@ class ServeReplica:
     async def handle_http(self, method, path, query, headers, body, client, root_path,
                           http_version, server):
         """One HTTP request: ``(status, header block, body, stream token)``."""
+        # The per-request path is kept flat (one coroutine for the common
+        # case): with dozens of replicas sharing two cores, each request's
+        # Python work is most of what a replica costs.
         self._inflight += 1
+        slots = self._slots
+        if slots.free > 0 and not slots.waiters:
+            slots.free -= 1
+        else:
+            try:
+                await slots.wait()
+            except BaseException:
+                self._leave()
+                raise
         try:
-            async with self._sem:
-                scope = {
-                    "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-                    "http_version": http_version, "method": method, "scheme": "http",
-                    "path": path, "raw_path": path.encode("utf-8", "surrogateescape"),
-                    "query_string": query, "root_path": root_path,
-                    "headers": _parse_headers(headers),
-                    "client": _split_addr(client), "server": _split_addr(server),
-                }
-                try:
-                    return await self._http(scope, body)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    tb = traceback.format_exc()
-                    print(f"Replica {self._deployment}#{self._id}: {method} {path} failed:\n"
-                          f"{tb}", file=sys.stderr, end="", flush=True)
-                    msg = b"Internal Server Error"
-                    return (500, _sized(_TEXT, msg), msg, 0)
+            if server != self._server_str:
+                self._server_str = server
+                self._server = _split_addr(server)
+            scope = {
+                "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": http_version, "method": method,
+                "scheme": "http", "path": path,
+                "raw_path": path.encode("utf-8", "surrogateescape"),
+                "query_string": query, "root_path": root_path,
+                "headers": _parse_headers(headers),
+                "client": _split_addr(client), "server": self._server,
+            }
+            receive = _Receive(body)
+            try:
+                if self._http_fn is None:
+                    self._http_fn = self._callable("__call__")
+                r = self._http_fn((_Request or _load_request())(scope, receive))
+                if type(r) is _COROUTINE:
+                    r = await r
+                elif inspect.isawaitable(r) and not inspect.isasyncgen(r):
+                    r = await r
+                t = type(r)
+                if t is str:
+                    b = r.encode()
+                    return (200, _TEXT + b"content-length: %d\r\n" % len(b), b, 0)
+                if t is bytes:
+                    return (200, _OCTET + b"content-length: %d\r\n" % len(r), r, 0)
+                return await self._to_http(r, scope, receive)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                tb = traceback.format_exc()
+                print(f"Replica {self._deployment}#{self._id}: {method} {path} failed:\n"
+                      f"{tb}", file=sys.stderr, end="", flush=True)
+                msg = b"Internal Server Error"
+                return (500, _sized(_TEXT, msg), msg, 0)
         finally:
+            slots.release()
             self._leave()
 
-    async def _http(self, scope, body):
-        from starlette.requests import Request
-        sent = [False]
-
-        async def receive():
-            if not sent[0]:
-                sent[0] = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.get_running_loop().create_future()   # until cancelled
-        request = Request(scope, receive)
-        fn = self._callable("__call__")
-        r = fn(request)
-        if inspect.isawaitable(r) and not inspect.isasyncgen(r):
-            r = await r
-        return await self._to_http(r, scope, receive)
-
     async def _to_http(self, r, scope, receive):
+        """The reply for a result other than str or bytes (handled inline)."""
         t = type(r)
-        if t is str:
-            b = r.encode()
-            return (200, _sized(_TEXT, b), b, 0)
-        if t is bytes:
-            return (200, _sized(_OCTET, r), r, 0)
         if t is dict or t is list or r is None or t in (int, float, bool):
             b = json.dumps(r, separators=(",", ":")).encode()
             return (200, _sized(_JSON, b), b, 0)

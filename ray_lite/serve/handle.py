@@ -157,10 +157,10 @@ class DeploymentHandle:
         rep.inflight += 1
         if self._stream:
             gen = rep.stream.remote(self._method, args, kwargs)
-            _compat.on_ready(gen.completed(), lambda: _done(rep))
+            _compat.on_ready(gen.completed(), lambda _x: _done(rep))
             return DeploymentResponseGenerator(gen)
         ref = rep.call.remote(self._method, args, kwargs)
-        _compat.on_ready(ref, lambda: _done(rep))
+        _compat.on_ready(ref, lambda _x: _done(rep))
         return DeploymentResponse(ref)
 
     def __reduce__(self):

@@ -1,0 +1,209 @@
+"""The fast paths that Serve's HTTP throughput relies on keep their behaviour:
+the async actors' concurrency slots, an event loop collecting many answers
+from many links (each drained and re-armed on its own), and the proxy's
+header checks done as headers arrive."""
+import asyncio
+import importlib.util
+import socket
+
+import pytest
+from starlette.requests import Request
+
+import ray_lite as ray
+from ray_lite import serve
+from ray_lite._private.worker import AsyncSlots
+
+from serve_helpers import http, serve_port  # noqa: F401 (fixture)
+
+T = 60
+
+
+# ------------------------------------------------------------------ slots
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, T))
+
+
+async def _take(slots):
+    if slots.free > 0 and not slots.waiters:
+        slots.free -= 1
+    else:
+        await slots.wait()
+
+
+def test_slots_admit_in_arrival_order():
+    async def main():
+        slots = AsyncSlots(1)
+        order = []
+
+        async def user(i):
+            await _take(slots)
+            order.append(i)
+            await asyncio.sleep(0)
+            slots.release()
+        await asyncio.gather(*[user(i) for i in range(6)])
+        return order, slots.free
+    order, free = _run(main())
+    assert order == list(range(6))
+    assert free == 1
+
+
+def test_slot_of_a_cancelled_waiter_is_not_lost():
+    async def main():
+        slots = AsyncSlots(1)
+        await _take(slots)                      # held
+        waiter = asyncio.ensure_future(_take(slots))
+        await asyncio.sleep(0)
+        waiter.cancel()                         # cancelled while waiting
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        slots.release()
+        assert slots.free == 1
+        # Handed the slot, then cancelled before it ran: the slot moves on.
+        await _take(slots)
+        second = asyncio.ensure_future(_take(slots))
+        third = asyncio.ensure_future(_take(slots))
+        await asyncio.sleep(0)
+        slots.release()                         # to `second`...
+        second.cancel()                         # ...which never gets to use it
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        await third                             # so `third` has it
+        assert slots.free == 0 and not slots.waiters
+        slots.release()
+        return slots.free
+    assert _run(main()) == 1
+
+
+def test_async_actor_max_concurrency_is_a_limit(rt):
+    @ray.remote(max_concurrency=3)
+    class Gate:
+        def __init__(self):
+            self.now = 0
+            self.peak = 0
+
+        async def enter(self):
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            await asyncio.sleep(0.01)
+            self.now -= 1
+            return True
+
+        async def peak_seen(self):
+            return self.peak
+    g = Gate.remote()
+    assert all(ray.get([g.enter.remote() for _ in range(12)], timeout=T))
+    assert ray.get(g.peak_seen.remote(), timeout=T) == 3
+
+
+# ------------------------------------------------------- many links, one loop
+@ray.remote
+class Square:
+    def sq(self, x):
+        return x * x
+
+
+@ray.remote
+class FanOut:
+    def __init__(self, workers):
+        self.workers = workers
+
+    async def run(self, n):
+        # Many calls in flight over many links at once, answered in bursts.
+        refs = [self.workers[i % len(self.workers)].sq.remote(i) for i in range(n)]
+        return sum(await asyncio.gather(*refs))
+
+    async def run_with_blocking_get(self, n):
+        # A blocking get drives the links from inside the loop's thread (and
+        # disarms them on its way out); the loop must still hear later answers.
+        first = ray.get(self.workers[0].sq.remote(3), timeout=T)
+        rest = await self.run(n)
+        return first + rest
+
+
+def test_loop_collects_answers_from_many_links(rt):
+    workers = [Square.remote() for _ in range(6)]
+    fan = FanOut.remote(workers)
+    n = 3000
+    expected = sum(i * i for i in range(n))
+    for _ in range(3):
+        assert ray.get(fan.run.remote(n), timeout=T) == expected
+    assert ray.get(fan.run_with_blocking_get.remote(200), timeout=T) == \
+        9 + sum(i * i for i in range(200))
+
+
+def test_async_actors_run_on_uvloop_when_installed(rt):
+    """uvloop when it is importable, asyncio's own loop without it or under
+    RAY_LITE_NO_EXTENSIONS=1 (CI runs both)."""
+    from ray_lite._fast import NO_EXTENSIONS
+
+    @ray.remote
+    class LoopKind:
+        async def kind(self):
+            return type(asyncio.get_running_loop()).__module__
+
+    kind = ray.get(LoopKind.remote().kind.remote(), timeout=T)
+    if importlib.util.find_spec("uvloop") is not None and not NO_EXTENSIONS:
+        assert kind.startswith("uvloop"), kind
+    else:
+        assert kind.startswith("asyncio"), kind
+
+
+# ------------------------------------------------------------------- proxy
+@serve.deployment
+class Body:
+    async def __call__(self, request: Request):
+        return {"body": (await request.body()).decode(), "ct": request.headers.get("x-a")}
+
+
+def _recv_until(s, marker):
+    buf = b""
+    while marker not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"closed before {marker!r}: {buf!r}"
+        buf += chunk
+    return buf
+
+
+def test_expect_100_continue_then_body(serve_port):
+    serve.run(Body.bind())
+    s = socket.create_connection(("127.0.0.1", serve_port), timeout=T)
+    try:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nX-A: 1\r\n"
+                  b"Content-Length: 5\r\n\r\n")
+        assert _recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(b"hello")
+        out = _recv_until(s, b"}")
+        assert out.startswith(b"HTTP/1.1 200") and b'"body":"hello"' in out
+    finally:
+        s.close()
+
+
+def test_bad_content_length_is_400(serve_port):
+    serve.run(Body.bind())
+    s = socket.create_connection(("127.0.0.1", serve_port), timeout=T)
+    try:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    assert out.startswith(b"HTTP/1.1 400")
+
+
+def test_many_keep_alive_requests_each_get_their_answer(serve_port):
+    serve.run(Body.bind())
+    s = socket.create_connection(("127.0.0.1", serve_port), timeout=T)
+    try:
+        for i in range(200):
+            body = b"r%d" % i
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nX-A: %d\r\nContent-Length: %d\r\n\r\n"
+                      % (i, len(body)) + body)
+            out = _recv_until(s, b"}")
+            assert b'"body":"r%d"' % i in out and b'"ct":"%d"' % i in out
+    finally:
+        s.close()
+    assert http(serve_port, "GET", "/")[0] == 200
