@@ -4,6 +4,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -32,10 +33,10 @@ APP = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path, *args):
+def _start(tmp_path, *args, port=0):
     (tmp_path / "cli_app_mod.py").write_text(APP)
     cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
-           "serve", "run", *args, "--app-dir", str(tmp_path), "--port", "0", "--proxies", "1",
+           "serve", "run", *args, "--app-dir", str(tmp_path), "--port", str(port), "--proxies", "1",
            "--num-cpus", "1"]
     # The child imports the ray_lite this test imported (installed or a checkout).
     import ray_lite
@@ -96,3 +97,33 @@ def test_cli_reports_a_bad_target(tmp_path):
     proc = _start(tmp_path, "cli_app_mod:nothing_here")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1 and b"cannot load" in out
+
+
+def test_cli_route_prefix(tmp_path):
+    proc = _start(tmp_path, "cli_app_mod:app", "--route-prefix", "/api")
+    try:
+        port, _ = _wait_port(proc)
+        assert http(port, "GET", "/api")[2] == b"hi"
+        assert http(port, "GET", "/")[0] == 404
+    finally:
+        code, out = _stop(proc, signal.SIGTERM)
+    assert code == 0, out.decode(errors="replace")
+
+
+def test_cli_port_in_use_fails_and_cleans_up(tmp_path):
+    busy = socket.socket()
+    try:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = _start(tmp_path, "cli_app_mod:app", port=busy.getsockname()[1])
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+            pytest.fail("the CLI did not exit when its port was taken")
+    finally:
+        busy.close()
+    assert proc.returncode != 0
+    assert b"Address already in use" in out, out.decode(errors="replace")
+    assert b"shut down" in out

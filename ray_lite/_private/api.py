@@ -8,7 +8,8 @@ from ray_lite.exceptions import GetTimeoutError
 
 from . import interrupts, state
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
-from .remote import ActorClass, ActorHandle, RemoteFunction
+from .remote import ActorClass, ActorHandle, RemoteFunction, _check_args_serialisable
+from .shipping import ship
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
            "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator", "ActorHandle"]
@@ -51,6 +52,44 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
+
+
+def preload(modules):
+    """Import ``modules`` into the zygote so that workers started afterwards
+    have them loaded already (Serve does this for its replica and proxy code).
+    Only the driver has a zygote; elsewhere, or before ``init``, a no-op."""
+    node = state.node
+    if node is not None and node.id == 0:
+        node.zygote.preload(modules)
+
+
+def create_actors(actor_class, calls):
+    """One actor of ``actor_class`` (an unnamed ``@remote`` class) per
+    ``(args, kwargs)`` in ``calls``, all requested at once: a single request to
+    the driver and a single round trip to the zygote, where ``.remote()`` in a
+    loop would make one of each per actor.  A list of ``ActorHandle``, with
+    the exception in place of each actor that could not be started."""
+    if not isinstance(actor_class, ActorClass):
+        raise TypeError(f"create_actors expects a @remote class, got {actor_class!r}")
+    opts = actor_class._options
+    if opts.get("name") is not None:
+        raise ValueError("create_actors creates unnamed actors")
+    node = state.get_node()
+    cls = actor_class._cls
+    if actor_class._blob is None:
+        actor_class._blob = ship(cls)
+    namespace = opts.get("namespace") or getattr(node, "namespace", None)
+    mc = opts.get("max_concurrency") or (1000 if actor_class._is_async else 1)
+    reqs = []
+    for args, kwargs in calls:
+        _check_args_serialisable(args, kwargs, f"{cls.__name__}.__init__")
+        reqs.append((actor_class._blob, cls.__name__, actor_class._methods,
+                     actor_class._is_async, list(args), kwargs, mc, None, namespace, False))
+    if node.id == 0:
+        infos = node.create_actors(reqs)
+    else:
+        infos = node.rpc("create_actors", reqs)
+    return [info if isinstance(info, Exception) else ActorHandle(info) for info in infos]
 
 
 def _shutdown_at_exit():

@@ -368,32 +368,72 @@ class DriverNode(Node):
     # ------------------------------------------------------------- actors
     def create_actor(self, cls_blob, class_name, methods, is_async, args, kwargs,
                      max_concurrency, name, namespace, get_if_exists):
+        info = self.create_actors([(cls_blob, class_name, methods, is_async, args, kwargs,
+                                    max_concurrency, name, namespace, get_if_exists)])[0]
+        if isinstance(info, Exception):
+            raise info
+        return info
+
+    def create_actors(self, requests):
+        """Create one actor per request (``create_actor``'s arguments), forking
+        them all in one round trip to the zygote; a list of ``ActorInfo``, with
+        the exception in place of each actor that could not be created."""
+        out = [None] * len(requests)
+        todo = []           # (index, actor id, link, spawn spec, request)
         with self._sched:
-            if name is not None:
-                existing = self.named.get((namespace, name))
-                if existing is not None:
-                    if get_if_exists:
-                        return existing
-                    raise ValueError(f"Actor with name '{name}' already exists in the "
-                                     f"namespace {namespace}")
-            aid = next(self._ids)
-            link = Link.create(self.shm_prefix)
-            spec = self._spawn_spec(aid, "actor", link)
-            spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name, "args": args,
-                             "kwargs": kwargs, "is_async": is_async,
-                             "max_concurrency": max_concurrency}
             try:
-                pid = self.zygote.spawn(spec, class_name)
+                for i, req in enumerate(requests):
+                    (cls_blob, class_name, methods, is_async, args, kwargs, max_concurrency,
+                     name, namespace, get_if_exists) = req
+                    if name is not None:
+                        existing = self.named.get((namespace, name))
+                        if existing is None and any(r[7] == name and r[8] == namespace
+                                                    for _, _, _, _, r in todo):
+                            # The same name twice in one batch: settle the first.
+                            self._spawn_actors(todo, out)
+                            todo = []
+                            existing = self.named.get((namespace, name))
+                        if existing is not None:
+                            out[i] = existing if get_if_exists else ValueError(
+                                f"Actor with name '{name}' already exists in the "
+                                f"namespace {namespace}")
+                            continue
+                    aid = next(self._ids)
+                    link = Link.create(self.shm_prefix)
+                    spec = self._spawn_spec(aid, "actor", link)
+                    spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name,
+                                     "args": args, "kwargs": kwargs, "is_async": is_async,
+                                     "max_concurrency": max_concurrency}
+                    todo.append((i, aid, link, spec, req))
             except BaseException:
-                link.close()
+                for _, _, link, _, _ in todo:
+                    link.close()
                 raise
+            self._spawn_actors(todo, out)
+        return out
+
+    def _spawn_actors(self, todo, out):
+        try:
+            pids = self.zygote.spawn_many([(spec, req[1]) for _, _, _, spec, req in todo])
+        except BaseException:
+            for _, _, link, _, _ in todo:
+                link.close()
+            raise
+        for (i, aid, link, _, req), pid in zip(todo, pids):
+            if isinstance(pid, Exception):
+                link.close()
+                out[i] = pid
+                continue
+            _, class_name, methods, is_async, _, _, _, name, namespace, _ = req
             self.pids[aid] = pid
-            self.add_link(aid, link, pid)
             info = ActorInfo(aid, pid, class_name, methods, is_async, name, namespace)
             self.actors[aid] = info
             if name is not None:
                 self.named[(namespace, name)] = info
-            return info
+            # Its messages are read from here on: registered first, so that
+            # an actor looking up its own name in its constructor finds it.
+            self.add_link(aid, link, pid)
+            out[i] = info
 
     def get_actor(self, name, namespace):
         info = self.named.get((namespace, name))
@@ -445,6 +485,8 @@ class DriverNode(Node):
                 result = self.pids.get(args)
             elif op == "create_actor":
                 result = self.create_actor(*args)
+            elif op == "create_actors":
+                result = self.create_actors(args)
             elif op == "get_actor":
                 result = self.get_actor(*args)
             elif op == "kill":

@@ -2,7 +2,10 @@
 
 Started by the driver at ``init`` with the driver's ``sys.path`` and working
 directory, so a forked worker has the runtime (and whatever the zygote
-imported) loaded already and starts in about a millisecond.
+imported) loaded already and starts in about a millisecond.  The driver can
+ask it to import more (``preload``: Serve's replica and proxy code, Starlette)
+so that dozens of replicas do not each import them, and to fork many workers
+in one request (``spawn_many``).
 
 It also relays the workers' output: each worker's stdout/stderr is a pipe
 that the zygote reads, writing every line to its own stdout/stderr (the
@@ -14,6 +17,8 @@ control socket or dies (it watches a pidfd of the driver), and before
 exiting kills and reaps every worker, so that once the driver has reaped the
 zygote no worker is left.  Workers die with the zygote (PR_SET_PDEATHSIG).
 """
+import gc
+import importlib
 import os
 import pickle
 import selectors
@@ -74,12 +79,30 @@ class ZygoteClient:
 
     def spawn(self, spec, label=""):
         """Fork a worker running ``spec``; return its pid."""
+        pid = self.spawn_many([(spec, label)])[0]
+        if isinstance(pid, Exception):
+            raise pid
+        return pid
+
+    def spawn_many(self, items):
+        """Fork one worker per ``(spec, label)`` in a single round trip (Serve
+        starts dozens of replicas at once); a list of pids, with a
+        ``RuntimeError`` in place of each worker that could not be started."""
         with self._lock:
-            _send_frame(self._sock, ("spawn", spec, label))
-            reply = _recv_frame(self._sock)
-        if reply[0] != "ok":
-            raise RuntimeError(f"the zygote could not start a worker: {reply[1]}")
-        return reply[1]
+            _send_frame(self._sock, ("spawn", list(items)))
+            replies = _recv_frame(self._sock)
+        return [pid if status == "ok" else
+                RuntimeError(f"the zygote could not start a worker: {pid}")
+                for status, pid in replies]
+
+    def preload(self, modules):
+        """Have the zygote import ``modules`` so that workers forked later start
+        with them loaded.  No reply: the zygote imports them before it reads
+        the next request, so a spawn sent after this one waits for them while
+        the driver goes on; a module that fails to import is skipped (a worker
+        that needs it gets the error when it imports it itself)."""
+        with self._lock:
+            _send_frame(self._sock, ("preload", list(modules)))
 
     @sleep_point
     def stop(self, timeout=5.0):
@@ -171,6 +194,24 @@ def _spawn_worker(spec, label, ctrl, sel_fds):
     return pid, out_r, err_r
 
 
+def _freeze():
+    # Objects the zygote holds move to the GC's permanent generation: the
+    # collector in a worker then never writes to their headers, so the pages
+    # the workers inherit stay shared instead of being copied into each one.
+    # (No collection first: right after imports there is next to no garbage,
+    # and init waits for this.)
+    gc.freeze()
+
+
+def _preload(modules):
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:   # noqa: BLE001 - optional (e.g. Serve's extras missing)
+            pass
+    _freeze()
+
+
 def main():
     ctrl_fd, driver_pid, main_thread = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -186,6 +227,7 @@ def main():
         return
     # Import once what every worker needs; forks inherit it.
     from . import worker  # noqa: F401
+    _freeze()
 
     sel = selectors.DefaultSelector()
     sel.register(ctrl, selectors.EVENT_READ, "ctrl")
@@ -212,6 +254,19 @@ def main():
         if open_pipes[relay.pid] == 0:
             del open_pipes[relay.pid]
             reap(relay.pid)
+
+    def spawn(spec, label):
+        try:
+            pid, out_r, err_r = _spawn_worker(spec, label, ctrl,
+                                              list(relays) + [driver_sentinel])
+        except Exception as exc:  # fork failure, too many files, ...
+            return ("error", repr(exc))
+        prefix = (f"({label} pid={pid}) " if label else f"(pid={pid}) ").encode()
+        for fd, target in ((out_r, 1), (err_r, 2)):
+            relays[fd] = _Relay(pid, prefix, target)
+            sel.register(fd, selectors.EVENT_READ, "out")
+        open_pipes[pid] = 2
+        return ("ok", pid)
 
     def begin_exit():
         nonlocal exiting, deadline
@@ -259,19 +314,9 @@ def main():
                     req = pickle.loads(bytes(ctrl_buf[4:4 + size]))
                     del ctrl_buf[:4 + size]
                     if req[0] == "spawn":
-                        try:
-                            pid, out_r, err_r = _spawn_worker(
-                                req[1], req[2], ctrl, list(relays) + [driver_sentinel])
-                        except Exception as exc:  # fork failure, too many files, ...
-                            _send_frame(ctrl, ("error", repr(exc)))
-                            continue
-                        label = req[2]
-                        prefix = (f"({label} pid={pid}) " if label else f"(pid={pid}) ").encode()
-                        for fd, target in ((out_r, 1), (err_r, 2)):
-                            relays[fd] = _Relay(pid, prefix, target)
-                            sel.register(fd, selectors.EVENT_READ, "out")
-                        open_pipes[pid] = 2
-                        _send_frame(ctrl, ("ok", pid))
+                        _send_frame(ctrl, [spawn(spec, label) for spec, label in req[1]])
+                    elif req[0] == "preload":
+                        _preload(req[1])
                     elif req[0] == "exit":
                         begin_exit()
                         break

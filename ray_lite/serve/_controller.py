@@ -7,6 +7,11 @@ when the replica's process dies; ``check_health`` runs every
 that handles and proxies long-poll (``listen_*``).  A change is only
 reported done to ``serve.run``/``delete`` once every proxy has applied it, so
 that HTTP sees a new route as soon as ``serve.run`` returns.
+
+Replicas of a deployment are created together (one request to the driver,
+which forks them from the zygote in one go) and each is published as soon
+as it is ready: with dozens of replicas the first answers while the last
+still starts.
 """
 import asyncio
 import itertools
@@ -61,6 +66,8 @@ class ServeController:
         self.http_port = None
         self.ids = itertools.count(1)
         self.shutting_down = False
+        self._replica_cls = None
+        self._proxies_started = None        # the task starting them (its result: the port)
 
     # ------------------------------------------------------------ versions
     def _bump(self):
@@ -114,9 +121,14 @@ class ServeController:
             if app.route_prefix is None or app.status == "DELETING":
                 continue
             dep = app.deps.get(app.ingress)
-            if dep is None:
+            if dep is None or (app.status == "DEPLOYING" and not dep.replicas):
+                # Replicas join as they become ready: the route appears with
+                # the ingress's first one (until then: 404, not 503).
                 continue
             cfg = dep.config
+            # Each proxy gets the whole max_queued_requests and enforces it on
+            # its own queue: Ray Serve's limit is per caller (each proxy or
+            # DeploymentHandle), not one shared count.
             routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
                                         cfg["max_ongoing_requests"], cfg["max_queued_requests"])
         return routes
@@ -154,27 +166,36 @@ class ServeController:
 
     # -------------------------------------------------------------- proxies
     async def start_proxies(self, http_options):
-        if self.proxies:
-            return self.http_port
+        if self._proxies_started is None:
+            self._proxies_started = asyncio.ensure_future(self._start_proxies(http_options))
+        try:
+            return await asyncio.shield(self._proxies_started)
+        except BaseException:
+            if self._proxies_started.done():
+                self._proxies_started = None    # failed: a later call tries again
+            raise
+
+    async def _start_proxies(self, http_options):
         from ._proxy import ProxyActor
         opts = dict(self.http_options)
         opts.update(http_options or {})
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
         actor_cls = _api.remote(ProxyActor)
-        port = opts.get("port", 8000)
-        for i in range(n):
-            o = dict(opts, port=port)
-            h = actor_cls.remote(self._self_handle, i, o)
-            try:
-                port = await h.start.remote()
-            except BaseException:
+        # The first proxy binds the port (it picks one if asked for port 0);
+        # the others then share it and start together.
+        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", 8000)))
+        started = [first]
+        try:
+            port = await first.start.remote()
+            started += [actor_cls.remote(self._self_handle, i, dict(opts, port=port))
+                        for i in range(1, n)]
+            await asyncio.gather(*[h.start.remote() for h in started[1:]])
+        except BaseException:
+            for h in started:
                 self._kill(h)
-                for p in self.proxies:
-                    self._kill(p)
-                self.proxies = []
-                raise
-            self.proxies.append(h)
+            raise
+        self.proxies = started
         self.http_port = port
         await self._proxies_caught_up()
         return port
@@ -183,36 +204,50 @@ class ServeController:
         return (self.http_options.get("host", "127.0.0.1"), self.http_port)
 
     # ------------------------------------------------------------- replicas
-    def _start_replica(self, dep):
-        from ._replica import ServeReplica
-        rid = f"{dep.name}#{next(self.ids)}"
-        actor_cls = _api.remote(ServeReplica)
-        spec = dep.spec
-        h = actor_cls.remote(self._self_handle, dep.app, dep.name, rid,
-                             spec["cls_blob"], spec["args"], spec["kwargs"], dict(dep.config))
-        return rid, h
+    def _replica_class(self):
+        if self._replica_cls is None:
+            from ._replica import ServeReplica
+            self._replica_cls = _api.remote(ServeReplica)
+        return self._replica_cls
 
     async def _bring_up(self, dep, n):
-        """Start ``n`` replicas of ``dep``; add those that become ready."""
-        started = []
+        """Start ``n`` replicas of ``dep``; the errors of those that failed.
+
+        All are created with one request to the driver; each joins the
+        deployment, and is published to handles and proxies, as soon as it is
+        ready, so that the first ones serve while the others still start."""
+        spec = dep.spec
+        rids = [f"{dep.name}#{next(self.ids)}" for _ in range(n)]
+        errors = []
         dep.starting += n
         try:
-            for _ in range(n):
-                started.append(self._start_replica(dep))
-            results = await asyncio.gather(*[h.ready.remote() for _, h in started],
-                                           return_exceptions=True)
+            handles = _api.create_actors(self._replica_class(), [
+                ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
+                  spec["kwargs"], dict(dep.config)), {}) for rid in rids])
+
+            async def join(rid, h):
+                try:
+                    await h.ready.remote()
+                except Exception as exc:   # noqa: BLE001 - its constructor failed, or it died
+                    errors.append(exc)
+                    self._kill(h)
+                    return
+                if self.apps.get(dep.app) is not None and \
+                        self.apps[dep.app].deps.get(dep.name) is dep:
+                    dep.replicas[rid] = h
+                    self._watch(dep, rid, h)
+                    self._bump()
+                else:
+                    self._kill(h)
+            joins = []
+            for rid, h in zip(rids, handles):
+                if isinstance(h, Exception):
+                    errors.append(h)
+                else:
+                    joins.append(join(rid, h))
+            await asyncio.gather(*joins)
         finally:
             dep.starting -= n
-        errors = []
-        for (rid, h), res in zip(started, results):
-            if isinstance(res, BaseException):
-                errors.append(res)
-                self._kill(h)
-            elif dep.app in self.apps and self.apps[dep.app].deps.get(dep.name) is dep:
-                dep.replicas[rid] = h
-                self._watch(dep, rid, h)
-            else:
-                self._kill(h)
         return errors
 
     def _watch(self, dep, rid, h):
@@ -334,12 +369,12 @@ class ServeController:
             for dname, od in old.deps.items():
                 if app.deps.get(dname) is not od:
                     asyncio.ensure_future(self._stop_replicas(od))
-        errors = []
+        bring_ups = []
         for dep in app.deps.values():
             have = len(dep.replicas)
             want = dep.config["num_replicas"]
             if have < want:
-                errors += await self._bring_up(dep, want - have)
+                bring_ups.append(self._bring_up(dep, want - have))
             elif have > want:
                 extra = list(dep.replicas.items())[want:]
                 for rid, _ in extra:
@@ -347,7 +382,9 @@ class ServeController:
                 tmp = _Dep(name, dep.name, dep.spec)
                 tmp.replicas = dict(extra)
                 asyncio.ensure_future(self._stop_replicas(tmp))
-            if not errors:
+        errors = [e for errs in await asyncio.gather(*bring_ups) for e in errs]
+        if not errors:
+            for dep in app.deps.values():
                 dep.status = "HEALTHY"
         if errors:
             msg = _error_text(errors[0])
@@ -380,6 +417,7 @@ class ServeController:
         self.shutting_down = True
         await self.delete_apps(list(self.apps))
         proxies, self.proxies = self.proxies, []
+        self._proxies_started = None
         await asyncio.gather(*[_quiet(p.stop.remote()) for p in proxies])
         for p in proxies:
             self._kill(p)

@@ -12,6 +12,14 @@ from .handle import DeploymentHandle
 
 _lock = threading.RLock()
 
+# What the controller, proxies and replicas import: loaded once in the zygote
+# (which forks them) instead of once in each of possibly dozens of replicas.
+# Optional ones (uvloop: the async actors' loop when installed) are skipped
+# when missing.
+_WORKER_MODULES = ("ray_lite.serve", "ray_lite.serve._controller", "ray_lite.serve._replica",
+                   "ray_lite.serve._proxy", "starlette.requests", "starlette.responses",
+                   "httptools", "uvloop")
+
 
 def _controller_or_none():
     if _state.node is None:
@@ -31,6 +39,7 @@ def _ensure_controller(http_options=None):
     if not _compat.is_driver():
         from .exceptions import RayServeException
         raise RayServeException("Serve is not running; start it from the driver")
+    _api.preload(_WORKER_MODULES)
     from ._controller import ServeController
     cls = _api.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
@@ -115,10 +124,16 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
             route_prefix = route_prefix.rstrip("/")
     with _lock:
         ctl = _ensure_controller()
-        if route_prefix is not None:
-            _api.get(ctl.start_proxies.remote({}))
         ingress, specs = _build(target, name)
-        _api.get(ctl.deploy_app.remote(name, route_prefix, ingress, specs))
+        # The proxies (if not up yet) start while the replicas do; each waits
+        # until every proxy has the routes, so HTTP sees the app once both end.
+        proxies = ctl.start_proxies.remote({}) if route_prefix is not None else None
+        deployed = ctl.deploy_app.remote(name, route_prefix, ingress, specs)
+        try:
+            _api.get(deployed)
+        finally:
+            if proxies is not None:
+                _api.get(proxies)
     handle = DeploymentHandle(ingress, name)
     if blocking:
         _block_forever()

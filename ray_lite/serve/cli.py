@@ -89,11 +89,16 @@ def main(argv=None):
         opts = {"host": args.host, "port": args.port}
         if args.proxies:
             opts["proxies"] = args.proxies
-        serve.start(http_options=opts)
-        from .api import _http_port
-        port = _http_port()
+        from .api import _ensure_controller, _http_port
         prefix = None if args.route_prefix in ("None", "none", "") else args.route_prefix
+        if prefix is None:
+            serve.start(http_options=opts)
+        else:
+            # serve.run starts the proxies (with these options) while it
+            # starts the replicas, instead of one after the other.
+            _ensure_controller(opts)
         serve.run(app, name=args.name, route_prefix=prefix)
+        port = _http_port()
         print(f"ray-lite serve: application {args.name!r} running at "
               f"http://{args.host}:{port}{prefix or ''}", flush=True)
         while not stop.wait(1.0):

@@ -10,6 +10,8 @@ import inspect
 _DEFAULTS = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,          # Ray >= 2.32's default
+    # Per caller, as in Ray: each proxy and each DeploymentHandle may hold
+    # this many requests waiting for a replica (not one count shared by all).
     "max_queued_requests": -1,          # -1: no limit
     "user_config": None,
     "health_check_period_s": 10.0,
@@ -146,7 +148,14 @@ class Application:
 
 
 def deployment(_func_or_class=None, name=None, **config):
-    """``@serve.deployment`` or ``@serve.deployment(num_replicas=..., ...)``."""
+    """``@serve.deployment`` or ``@serve.deployment(num_replicas=..., ...)``.
+
+    ``max_ongoing_requests`` bounds the requests a replica runs at once;
+    beyond it requests wait at their caller, and ``max_queued_requests``
+    bounds that wait per caller (each HTTP proxy, each handle), as in Ray
+    Serve: with several proxies the deployment can hold up to that many
+    waiting requests in each (an HTTP 503 beyond it).
+    """
     _check_config(config)
 
     def decorate(obj):

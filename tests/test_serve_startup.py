@@ -1,0 +1,227 @@
+"""How Serve starts replicas: modules preloaded in the zygote, actors created in
+batches, replicas serving as soon as each is ready, and ``max_queued_requests``
+given whole to every proxy (Ray's limit is per caller)."""
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import ray_lite as ray
+from ray_lite import serve
+from ray_lite._private import api as core_api
+from ray_lite._private import state
+from ray_lite._private.shipping import ship
+from ray_lite.exceptions import ActorDiedError
+
+from serve_helpers import http
+
+
+@ray.remote
+class Probe:
+    def __init__(self, fail=False):
+        if fail:
+            raise ValueError("constructor refused")
+        self.started_with = set(sys.modules)
+
+    def had(self, names):
+        return [n in self.started_with for n in names]
+
+    def pid(self):
+        return os.getpid()
+
+
+@ray.remote
+class Parent:
+    def spawn_children(self, n):
+        hs = core_api.create_actors(Probe, [((), {})] * n)
+        return [ray.get(h.pid.remote()) for h in hs]
+
+
+@pytest.fixture
+def runtime():
+    ray.init(num_cpus=1)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_preloaded_modules_are_in_workers_started_later(runtime):
+    core_api.preload(["json.tool", "ray_lite_no_such_module_x"])
+    p = Probe.remote()
+    # The missing module is skipped; the zygote goes on forking workers.
+    assert ray.get(p.had.remote(["json.tool", "ray_lite_no_such_module_x"])) == [True, False]
+
+
+def test_serve_preloads_its_modules_for_replicas(runtime):
+    serve.start(http_options={"port": 0, "proxies": 1})
+    try:
+        p = Probe.remote()
+        # (Not imported by this module, which the worker imports to build Probe.)
+        assert ray.get(p.had.remote(["ray_lite.serve._replica", "ray_lite.serve._proxy",
+                                     "starlette.requests", "httptools"])) == [True] * 4
+    finally:
+        serve.shutdown()
+
+
+def test_create_actors_makes_distinct_working_actors(runtime):
+    hs = core_api.create_actors(Probe, [((), {}), ((False,), {}), ((), {"fail": False})])
+    pids = [ray.get(h.pid.remote(), timeout=60) for h in hs]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+
+
+def test_create_actors_constructor_failure_is_per_actor(runtime):
+    ok, bad = core_api.create_actors(Probe, [((), {}), ((True,), {})])
+    with pytest.raises(ActorDiedError, match="constructor refused"):
+        ray.get(bad.pid.remote(), timeout=60)
+    assert isinstance(ray.get(ok.pid.remote(), timeout=60), int)
+
+
+def test_create_actors_from_inside_an_actor(runtime):
+    parent = Parent.remote()
+    pids = ray.get(parent.spawn_children.remote(3), timeout=60)
+    assert len(set(pids)) == 3
+
+
+def test_create_actors_refuses_named_classes(runtime):
+    with pytest.raises(ValueError):
+        core_api.create_actors(ray.remote(name="x")(Probe._cls), [((), {})])
+    with pytest.raises(TypeError):
+        core_api.create_actors(Probe._cls, [((), {})])
+
+
+def test_same_name_twice_in_one_batch(runtime):
+    node = state.node
+    req = (ship(Probe._cls), "Probe", Probe._methods, False, [], {}, 1, "twin", "ns", True)
+    first, second = node.create_actors([req, req])
+    assert first is second
+    refused = node.create_actors([req[:-1] + (False,)])[0]
+    assert isinstance(refused, ValueError)
+
+
+# ------------------------------------------------------------------ Serve
+
+@serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0})
+class OneSlow:
+    """The second replica to start waits for the test's signal file."""
+
+    def __init__(self, slot_dir):
+        slot = 0
+        while True:
+            try:
+                os.close(os.open(os.path.join(slot_dir, f"slot{slot}"),
+                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                slot += 1
+        if slot > 0:
+            release = os.path.join(slot_dir, "release")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.slot = slot
+
+    async def __call__(self, request):
+        return f"slot{self.slot}"
+
+
+def test_a_replica_serves_before_the_others_are_ready(runtime, tmp_path):
+    serve.start(http_options={"port": 0, "proxies": 1})
+    try:
+        from ray_lite.serve.api import _http_port
+        port = _http_port()
+        done = threading.Event()
+        errors = []
+
+        def deploy():
+            try:
+                serve.run(OneSlow.bind(str(tmp_path)))
+            except BaseException as exc:   # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                done.set()
+        t = threading.Thread(target=deploy)
+        t.start()
+        try:
+            body = None
+            deadline = time.monotonic() + 60
+            while body is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+                        body = r.read()
+                except urllib.error.HTTPError as exc:
+                    assert exc.code == 404, "before its first replica the route is unknown"
+            assert body == b"slot0"
+            assert not done.is_set(), "serve.run returned before every replica was ready"
+            st = serve.status().applications["default"]
+            assert st.status == "DEPLOYING"
+        finally:
+            (tmp_path / "release").touch()
+            t.join(90)
+        assert done.is_set() and not errors
+        st = serve.status().applications["default"]
+        assert st.status == "RUNNING"
+        assert st.deployments["OneSlow"].replica_states == {"RUNNING": 2}
+    finally:
+        serve.shutdown()
+
+
+@serve.deployment(max_queued_requests=3, ray_actor_options={"num_cpus": 0})
+def queued(request):
+    return "ok"
+
+
+def test_every_proxy_enforces_the_whole_max_queued_requests(runtime):
+    serve.start(http_options={"port": 0, "proxies": 2})
+    try:
+        from ray_lite.serve import context
+        from ray_lite.serve.api import _http_port
+        serve.run(queued.bind())
+        ctl = context.get_controller()
+        for index in range(2):
+            _, routes = ray.get(ctl.listen_routes.remote(index, -1), timeout=60)
+            app, ingress, replicas, max_ongoing, max_queued = routes["/"]
+            assert (ingress, len(replicas), max_queued) == ("queued", 1, 3)
+        assert http(_http_port(), "GET", "/")[2] == b"ok"
+    finally:
+        serve.shutdown()
+
+
+@ray.remote
+class LooksItselfUp:
+    def __init__(self, name):
+        # What the Serve controller does: its own handle, from its name.
+        self.me = ray.get_actor(name)
+
+    def same(self, name):
+        return self.me == ray.get_actor(name)
+
+
+def test_an_actor_finds_its_own_name_in_its_constructor(runtime):
+    # What the Serve controller does.  A worker starts in about a millisecond,
+    # so its lookup can reach the driver right when the driver starts reading
+    # its link: the name must be registered by then.  Here the driver waits,
+    # once it reads the new actor's link, until the lookup has been answered.
+    node = state.node
+    answered = threading.Event()
+    real_add_link, real_request = node.add_link, node.handlers["Q"]
+
+    def add_link(peer, link, pid):
+        real_add_link(peer, link, pid)
+        answered.wait(30)
+
+    def on_request(peer, msg):
+        real_request(peer, msg)
+        if msg[2] == "get_actor":
+            answered.set()
+    node.add_link, node.handlers["Q"] = add_link, on_request
+    try:
+        h = LooksItselfUp.options(name="me").remote("me")
+        assert answered.is_set(), "the constructor did not look its name up during creation"
+    finally:
+        node.add_link, node.handlers["Q"] = real_add_link, real_request
+    assert ray.get(h.same.remote("me"), timeout=60)
