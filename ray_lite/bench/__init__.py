@@ -16,23 +16,21 @@ defines::
 and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
 later suite plugs in with one line and is imported only when asked for.
 """
-import argparse
-import json
 import os
 import sys
 import time
 
-from ._harness import (
-    ERROR,
-    SPREAD_WIDTH,
-    Context,
-    Figure,
-    machine_info,
-    machine_line,
-    print_err,
-    relate_to_anchors,
-    render_table,
-)
+# Nothing heavy at import time: Serve's benchmark app lives in this package
+# (``ray_lite.bench.serve_hi_app``), so each of its 48 replicas imports it.
+# The runner's modules are imported when a run starts.
+
+
+def __getattr__(name):
+    if name in ("Context", "Figure"):
+        from . import _harness
+        return getattr(_harness, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["main", "SUITES", "register_suite", "run_suites", "Context", "Figure"]
 
@@ -65,6 +63,7 @@ def _load_suite(name):
 
 def run_suites(names, ctx):
     """Run the suites ``names``; return the JSON-ready result."""
+    from ._harness import ERROR, Figure, machine_info, relate_to_anchors
     result = {
         "schema": "ray_lite.bench/1",
         "scale": ctx.scale,
@@ -99,6 +98,7 @@ def run_suites(names, ctx):
 
 
 def format_result(result):
+    from ._harness import SPREAD_WIDTH, machine_line, render_table
     lines = [f"machine: {machine_line(result['machine'])}"]
     for name, suite in result["suites"].items():
         lines.append("")
@@ -117,6 +117,7 @@ def format_result(result):
 
 
 def _parser():
+    import argparse
     parser = argparse.ArgumentParser(
         prog="ray-lite bench",
         description="Run ray_lite's benchmarks beside their anchors, measured in the same run.")
@@ -135,6 +136,9 @@ def _parser():
 
 def main(argv=None):
     """Entry point of ``ray-lite bench``; returns the exit status."""
+    import json
+
+    from ._harness import ERROR, Context, print_err
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.list:
         for name in SUITES:
