@@ -210,3 +210,27 @@ def test_actor_calls_another_actor_over_its_own_link(rt):
     target_pid, linked, link_pid = ray.get(Caller.remote().call_and_look.remote(t), timeout=T)
     assert linked
     assert link_pid == target_pid
+
+
+@ray.remote
+class TreeNode:
+    """Creates actors of its own class: the class ships inside its own pickle."""
+
+    def __init__(self, depth):
+        self.children = [TreeNode.remote(depth - 1) for _ in range(2)] if depth else []
+
+    def size(self):
+        return 1 + sum(ray.get([c.size.remote() for c in self.children]))
+
+
+def test_actor_creates_actors_of_its_own_class(rt):
+    assert ray.get(TreeNode.remote(2).size.remote(), timeout=T) == 7
+
+
+@ray.remote
+def fib(n):
+    return n if n < 2 else sum(ray.get([fib.remote(n - 1), fib.remote(n - 2)]))
+
+
+def test_task_calls_its_own_function(rt):
+    assert ray.get(fib.remote(6), timeout=T) == 8

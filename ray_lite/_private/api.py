@@ -8,8 +8,7 @@ from ray_lite.exceptions import GetTimeoutError
 
 from . import interrupts, state
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
-from .remote import ActorClass, ActorHandle, RemoteFunction, _check_args_serialisable
-from .shipping import ship
+from .remote import ActorClass, ActorHandle, RemoteFunction
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
            "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator", "ActorHandle"]
@@ -75,16 +74,7 @@ def create_actors(actor_class, calls):
     if opts.get("name") is not None:
         raise ValueError("create_actors creates unnamed actors")
     node = state.get_node()
-    cls = actor_class._cls
-    if actor_class._blob is None:
-        actor_class._blob = ship(cls)
-    namespace = opts.get("namespace") or getattr(node, "namespace", None)
-    mc = opts.get("max_concurrency") or (1000 if actor_class._is_async else 1)
-    reqs = []
-    for args, kwargs in calls:
-        _check_args_serialisable(args, kwargs, f"{cls.__name__}.__init__")
-        reqs.append((actor_class._blob, cls.__name__, actor_class._methods,
-                     actor_class._is_async, list(args), kwargs, mc, None, namespace, False))
+    reqs = [actor_class._creation_request(node, opts, args, kwargs) for args, kwargs in calls]
     if node.id == 0:
         infos = node.create_actors(reqs)
     else:

@@ -227,8 +227,9 @@ class ActorClass:
         self._cls = cls
         self._options = options
         self._blob = None
-        self._methods = _methods_of(cls)
-        self._is_async = _is_async(cls)
+        # Looked at on first use, not here: see _creation_request.
+        self._methods = None
+        self._is_async = None
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__doc__ = cls.__doc__
@@ -252,16 +253,30 @@ class ActorClass:
                 return ac._remote(merged, args, kwargs)
         return _Bound()
 
+    def _creation_request(self, node, opts, args, kwargs):
+        """What the driver needs to start one actor of this class.
+
+        The class's methods are looked at here rather than in ``__init__``: a
+        method that creates actors of its own class (``C.remote()`` inside
+        ``C``) ships the class inside its own pickle, and when a worker
+        unpickles it the class is rebuilt after this object, so at
+        ``__init__`` time it had no methods yet.
+        """
+        cls = self._cls
+        if self._methods is None:
+            self._methods = _methods_of(cls)
+            self._is_async = _is_async(cls)
+        _check_args_serialisable(args, kwargs, f"{cls.__name__}.__init__")
+        if self._blob is None:
+            self._blob = ship(cls)
+        namespace = opts.get("namespace") or getattr(node, "namespace", None)
+        mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
+        return (self._blob, cls.__name__, self._methods, self._is_async, list(args), kwargs,
+                mc, opts.get("name"), namespace, bool(opts.get("get_if_exists", False)))
+
     def _remote(self, opts, args, kwargs):
         node = state.get_node()
-        name = opts.get("name")
-        namespace = opts.get("namespace") or getattr(node, "namespace", None)
-        _check_args_serialisable(args, kwargs, f"{self._cls.__name__}.__init__")
-        if self._blob is None:
-            self._blob = ship(self._cls)
-        mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
-        req = (self._blob, self._cls.__name__, self._methods, self._is_async, list(args),
-               kwargs, mc, name, namespace, bool(opts.get("get_if_exists", False)))
+        req = self._creation_request(node, opts, args, kwargs)
         if node.id == 0:
             info = node.create_actor(*req)
         else:
