@@ -10,8 +10,9 @@ import inspect
 _DEFAULTS = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,          # Ray >= 2.32's default
-    # Per caller, as in Ray: each proxy and each DeploymentHandle may hold
-    # this many requests waiting for a replica (not one count shared by all).
+    # Per caller, as in Ray: each HTTP proxy may hold this many requests
+    # waiting for a replica (not one count shared by all).  Handles do not
+    # queue (see the README's limits of Serve).
     "max_queued_requests": -1,          # -1: no limit
     "user_config": None,
     "health_check_period_s": 10.0,
@@ -34,8 +35,13 @@ def _check_config(cfg):
         if key not in _DEFAULTS and key not in _HARMLESS and key != "name":
             raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
     n = cfg.get("num_replicas", 1)
-    if n == "auto":
-        pass
+    if n == "auto" or cfg.get("autoscaling_config"):
+        # Accepted so that a Ray program runs unchanged, but said out loud:
+        # a fixed number of replicas is not what the program asked for.
+        import warnings
+        warnings.warn("ray_lite Serve does not autoscale: num_replicas='auto' / "
+                      "autoscaling_config run a fixed number of replicas "
+                      "(initial_replicas, else min_replicas, else 1)", stacklevel=3)
     elif n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
         raise ValueError(f"num_replicas must be a non-negative int or 'auto', got {n!r}")
     m = cfg.get("max_ongoing_requests", 5)
@@ -70,7 +76,7 @@ def _check_config(cfg):
 def resolved_num_replicas(cfg):
     n = cfg.get("num_replicas", 1)
     auto = cfg.get("autoscaling_config") or {}
-    if n == "auto" or n is None:
+    if n == "auto" or n is None or auto:
         return int(auto.get("initial_replicas") or auto.get("min_replicas") or 1)
     return n
 
