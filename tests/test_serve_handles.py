@@ -13,6 +13,8 @@ from ray_lite.serve import DeploymentHandle, DeploymentResponse, DeploymentRespo
 
 from serve_helpers import serve_port  # noqa: F401 (fixture)
 
+T = 60
+
 
 @serve.deployment
 class Adder:
@@ -275,3 +277,83 @@ def test_options_and_decorator_validation():
         Adder(1)
     assert Adder.options(name="X").name == "X"
     assert Adder.options(num_replicas=3).num_replicas == 3
+
+
+# -- the handle's own limits: max_ongoing_requests, max_queued_requests -----------
+
+@ray.remote
+class Gate:
+    """Holds the calls of a deployment until opened; counts who entered."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+        self.entered = []
+
+    async def enter(self, x):
+        self.entered.append(x)
+        await self.event.wait()
+
+    async def open(self):
+        self.event.set()
+
+    async def wait_entered(self, n):
+        while len(self.entered) < n:      # the workload's own poll, bounded by the caller
+            await asyncio.sleep(0.005)
+        return list(self.entered)
+
+
+@serve.deployment(max_ongoing_requests=2)
+class Held:
+    def __init__(self, gate):
+        self.gate = gate
+
+    async def __call__(self, x):
+        await self.gate.enter.remote(x)
+        return x
+
+
+def test_handle_holds_calls_beyond_max_ongoing_requests(serve_port):
+    gate = Gate.remote()
+    h = serve.run(Held.bind(gate), name="held", route_prefix=None)
+    responses = [h.remote(i) for i in range(5)]
+    # Two reach the replica; the other three wait in the handle, in order.
+    assert ray.get(gate.wait_entered.remote(2), timeout=T) == [0, 1]
+    assert len(h._router.queue) == 3
+    ray.get(gate.open.remote(), timeout=T)
+    assert [r.result(timeout_s=T) for r in responses] == [0, 1, 2, 3, 4]
+    assert sorted(ray.get(gate.wait_entered.remote(5), timeout=T)) == [0, 1, 2, 3, 4]
+
+
+def test_handle_raises_backpressure_beyond_max_queued_requests(serve_port):
+    from ray_lite.serve.exceptions import BackPressureError, RequestCancelledError
+    gate = Gate.remote()
+    h = serve.run(Held.options(max_ongoing_requests=1, max_queued_requests=2).bind(gate),
+                  name="bp", route_prefix=None)
+    running = h.remote(0)
+    assert ray.get(gate.wait_entered.remote(1), timeout=T) == [0]
+    queued = [h.remote(1), h.remote(2)]
+    refused = h.remote(3)
+    with pytest.raises(BackPressureError) as info:
+        refused.result(timeout_s=T)
+    assert info.value.max_queued_requests == 2
+    queued[0].cancel()                         # a held call is dropped at once
+    with pytest.raises(RequestCancelledError):
+        queued[0].result(timeout_s=T)
+    ray.get(gate.open.remote(), timeout=T)
+    assert running.result(timeout_s=T) == 0
+    assert queued[1].result(timeout_s=T) == 2
+    assert ray.get(gate.wait_entered.remote(2), timeout=T) == [0, 2]
+
+
+def test_held_response_passes_into_another_call(serve_port):
+    gate = Gate.remote()
+    held = serve.run(Held.options(max_ongoing_requests=1).bind(gate), name="held2",
+                     route_prefix=None)
+    add = serve.run(Adder.bind(100), name="adder", route_prefix=None)
+    first = held.remote(1)
+    assert ray.get(gate.wait_entered.remote(1), timeout=T) == [1]
+    second = held.remote(2)                     # held by the handle
+    total = add.remote(second)                  # its (unready) ref goes to another replica
+    ray.get(gate.open.remote(), timeout=T)
+    assert first.result(timeout_s=T) == 1
+    assert total.result(timeout_s=T) == 102

@@ -10,9 +10,8 @@ import inspect
 _DEFAULTS = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,          # Ray >= 2.32's default
-    # Per caller, as in Ray: each HTTP proxy may hold this many requests
-    # waiting for a replica (not one count shared by all).  Handles do not
-    # queue (see the README's limits of Serve).
+    # Per caller, as in Ray: each HTTP proxy and each DeploymentHandle may
+    # hold this many requests waiting for a replica (not one shared count).
     "max_queued_requests": -1,          # -1: no limit
     "user_config": None,
     "health_check_period_s": 10.0,

@@ -1,5 +1,5 @@
 """Serve's errors (Ray Serve's names)."""
-from ray_lite.exceptions import RayError
+from ray_lite.exceptions import RayError, TaskCancelledError
 
 
 class RayServeException(RayError):
@@ -29,3 +29,7 @@ class BackPressureError(RayServeException):
 
 class DeploymentUnavailableError(RayServeException):
     pass
+
+
+class RequestCancelledError(RayServeException, TaskCancelledError):
+    """The request was cancelled (``DeploymentResponse.cancel()``)."""

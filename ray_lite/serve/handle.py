@@ -1,18 +1,27 @@
 """``DeploymentHandle``, ``DeploymentResponse``, ``DeploymentResponseGenerator``.
 
 A handle routes each call to one replica of a deployment, chosen by power of
-two choices on the calls this process has in flight to each replica.  The
-replica set comes from the controller and is kept current by a long poll:
+two choices on the calls this process has in flight to each replica, among
+those under ``max_ongoing_requests``.  When every replica is at the limit the
+call waits in the handle's queue (its response is a ref this process owns,
+filled when the call has run), and beyond ``max_queued_requests`` waiting
+calls it fails with ``BackPressureError``, as in Ray: both limits are per
+caller.  Streaming calls are not held: the least loaded replica queues them.
+
+The replica set comes from the controller and is kept current by a long poll:
 one ``listen`` call is always outstanding, and each call first looks whether
 it has completed (a readiness check, no message), so the driver, a replica or
 a proxy all see changes without a background thread.
 """
+import collections
 import random
+import threading
 
 from ray_lite._private import api as _api
-from ray_lite._private.refs import ObjectRef
+from ray_lite._private.refs import ObjectRef, _Entry, error_entry
 
 from . import _compat, context
+from .exceptions import BackPressureError, RequestCancelledError
 
 
 class _Replica:
@@ -27,6 +36,20 @@ class _Replica:
         self.http = handle.handle_http
 
 
+_SENDING = object()
+
+
+class _Queued:
+    """A call the handle holds until a replica is under max_ongoing_requests."""
+
+    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled")
+
+    def __init__(self, method, args, kwargs, ref):
+        self.method, self.args, self.kwargs, self.ref = method, args, kwargs, ref
+        self.sent = None          # the replica call's ref, once sent (keeps it alive)
+        self.cancelled = False
+
+
 class Router:
     """The replicas of one deployment as this process sees them."""
 
@@ -38,6 +61,12 @@ class Router:
         self.config = {}
         self.listen_ref = None
         self.exists = True
+        self.queue = collections.deque()
+        # In-flight counts and the queue change on the caller's thread and on
+        # the thread that runs reply callbacks.  Never held while sending: a
+        # send may wait on a full ring, driving the links (and so callbacks).
+        self.lock = threading.RLock()
+        self._listen_watched = None
 
     # ------------------------------------------------------------- updates
     def apply(self, snap):
@@ -79,27 +108,140 @@ class Router:
         self.apply(snap)
 
     # ------------------------------------------------------------- choice
-    def choose(self):
-        self.poll_update()
+    def _live_replicas(self):
         reps = self.replicas
         if reps:
             dead = [r for r in reps if _compat.actor_is_dead(r.handle)]
             if dead:
                 reps = self.replicas = [r for r in reps if r not in dead]
+        return reps
+
+    def _reserve(self, reps):
+        """Under ``lock``: a replica under max_ongoing_requests by power of two
+        choices, counted in flight; None when every one is at the limit."""
+        n = len(reps)
+        if n == 0:
+            return None
+        limit = self.config.get("max_ongoing_requests") or 1 << 30
+        a = reps[random.randrange(n)]
+        if n > 1:
+            b = reps[random.randrange(n)]
+            if b.inflight < a.inflight:
+                a = b
+        if a.inflight >= limit:
+            a = min(reps, key=_inflight)
+            if a.inflight >= limit:
+                return None
+        a.inflight += 1
+        return a
+
+    def reserve(self, hold):
+        """A replica for a new call, counted in flight; or, when ``hold`` and
+        every replica is at max_ongoing_requests (or calls already wait), None:
+        the caller queues the call."""
+        self.poll_update()
+        reps = self._live_replicas()
         if not reps:
             self.refresh_blocking()
-            reps = self.replicas
+            reps = self._live_replicas()
             if not reps:
                 from .exceptions import DeploymentUnavailableError
                 raise DeploymentUnavailableError(
                     f"deployment {self.deployment_name!r} of application {self.app_name!r} "
                     f"has no running replica")
-        n = len(reps)
-        if n == 1:
-            return reps[0]
-        a = reps[random.randrange(n)]
-        b = reps[random.randrange(n)]
-        return a if a.inflight <= b.inflight else b
+        with self.lock:
+            if hold:
+                # First come, first served: behind calls already held.
+                return None if self.queue else self._reserve(reps)
+            rep = self._reserve(reps)
+            if rep is None:
+                # A stream is never held: the least loaded replica queues it.
+                rep = min(reps, key=_inflight)
+                rep.inflight += 1
+            return rep
+
+    def release(self, rep):
+        with self.lock:
+            rep.inflight -= 1
+        if self.queue:
+            self.pump()
+
+    # -------------------------------------------------------------- queue
+    def enqueue(self, method, args, kwargs):
+        """Hold a call; its ref, or a ref to a BackPressureError when
+        max_queued_requests calls already wait."""
+        node = _compat.node()
+        with self.lock:
+            limit = self.config.get("max_queued_requests", -1)
+            if limit != -1 and len(self.queue) >= limit:
+                err = BackPressureError(num_queued_requests=len(self.queue),
+                                        max_queued_requests=limit)
+                return None, ObjectRef(node.new_oid(), node.id, error_entry(err))
+            q = _Queued(method, args, kwargs, ObjectRef(node.new_oid(), node.id, _Entry()))
+            self.queue.append(q)
+        # A slot may have freed meanwhile (its release saw no queue yet).
+        self.pump()
+        return q, q.ref
+
+    def cancel(self, q):
+        with self.lock:
+            if q.sent is None and not q.cancelled:
+                q.cancelled = True
+                try:
+                    self.queue.remove(q)
+                except ValueError:
+                    pass
+                q.ref._e.set_error(RequestCancelledError(
+                    "the request was cancelled while it waited for a replica"))
+                return True
+        return False
+
+    def pump(self):
+        """Send held calls while replicas have room (on any thread, no wait)."""
+        while True:
+            self.poll_update()
+            reps = self._live_replicas()
+            with self.lock:
+                if not self.queue:
+                    return
+                rep = self._reserve(reps)
+                if rep is None:
+                    self._watch_listen()
+                    return
+                q = self.queue.popleft()
+                q.sent = _SENDING       # from here on, cancel() goes to the replica
+            self._send_held(q, rep)
+
+    def _send_held(self, q, rep):
+        try:
+            ref = rep.call.remote(q.method, q.args, q.kwargs)
+        except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
+            self.release(rep)
+            q.ref._e.set_error(exc)
+            return
+        q.sent = ref
+        q.args = q.kwargs = None
+
+        def done(_x):
+            r = _compat.peek(ref)
+            if r[0]:
+                q.ref._e.set_value(r[1])
+            else:
+                q.ref._e.set_error(r[1])
+            self.release(rep)
+        _compat.on_ready(ref, done)
+
+    def _watch_listen(self):
+        # Held calls with no replica free: a replica set change (a new or
+        # replaced replica) must also send them, not only a finished call.
+        ref = self.listen_ref
+        if ref is not None and self._listen_watched is not ref:
+            self._listen_watched = ref
+            _compat.on_ready(ref, lambda _x: self.pump())
+
+
+def _inflight(rep):
+    return rep.inflight
 
 
 def get_router(app_name, deployment_name):
@@ -153,14 +295,22 @@ class DeploymentHandle:
             args = [_unwrap(a) for a in args]
         if kwargs:
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-        rep = router.choose()
-        rep.inflight += 1
+        rep = router.reserve(hold=not self._stream)
+        if rep is None:
+            q, ref = router.enqueue(self._method, args, kwargs)
+            return DeploymentResponse(ref, router, q)
+        try:
+            if self._stream:
+                gen = rep.stream.remote(self._method, args, kwargs)
+            else:
+                ref = rep.call.remote(self._method, args, kwargs)
+        except BaseException:
+            router.release(rep)
+            raise
         if self._stream:
-            gen = rep.stream.remote(self._method, args, kwargs)
-            _compat.on_ready(gen.completed(), lambda _x: _done(rep))
+            _compat.on_ready(gen.completed(), lambda _x: router.release(rep))
             return DeploymentResponseGenerator(gen)
-        ref = rep.call.remote(self._method, args, kwargs)
-        _compat.on_ready(ref, lambda _x: _done(rep))
+        _compat.on_ready(ref, lambda _x: router.release(rep))
         return DeploymentResponse(ref)
 
     def __reduce__(self):
@@ -172,17 +322,15 @@ class DeploymentHandle:
                 f"app={self.app_name!r})")
 
 
-def _done(rep):
-    rep.inflight -= 1
-
-
 class DeploymentResponse:
     """The future result of a handle call: ``.result()``, ``await``, or pass it on."""
 
-    __slots__ = ("_ref",)
+    __slots__ = ("_ref", "_router", "_queued")
 
-    def __init__(self, ref):
+    def __init__(self, ref, router=None, queued=None):
         self._ref = ref
+        self._router = router      # with _queued: a call the handle holds
+        self._queued = queued
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
         return _api.get(self._ref, timeout=timeout_s)
@@ -196,6 +344,13 @@ class DeploymentResponse:
         return (yield from self._ref.__await__())
 
     def cancel(self):
+        q = self._queued
+        if q is not None:
+            if self._router.cancel(q):
+                return
+            if q.sent is not None and q.sent is not _SENDING:
+                _api.cancel(q.sent)
+            return
         _api.cancel(self._ref)
 
     async def _to_object_ref(self):
