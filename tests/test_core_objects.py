@@ -270,3 +270,18 @@ def test_owner_killed_during_get_of_a_large_object(rt):
         ray.get(never, timeout=T)
     # What was fetched before stays valid; the driver still works.
     assert ray.get(identity.remote(3), timeout=T) == 3
+
+
+def test_a_failing_ready_callback_does_not_cost_the_others_theirs():
+    from ray_lite._private.refs import _Entry
+    e = _Entry()
+    seen = []
+
+    def bad(_e):
+        raise RuntimeError("callback failed")
+    e.add_callback(lambda _e: seen.append("first"))
+    e.add_callback(bad)
+    e.add_callback(lambda _e: seen.append("third"))
+    with pytest.raises(RuntimeError, match="callback failed"):
+        e.set_value(1)
+    assert seen == ["first", "third"]

@@ -316,12 +316,13 @@ def test_handle_holds_calls_beyond_max_ongoing_requests(serve_port):
     gate = Gate.remote()
     h = serve.run(Held.bind(gate), name="held", route_prefix=None)
     responses = [h.remote(i) for i in range(5)]
-    # Two reach the replica; the other three wait in the handle, in order.
+    # Two reach the replica; the other three wait in the handle.
     assert ray.get(gate.wait_entered.remote(2), timeout=T) == [0, 1]
     assert len(h._router.queue) == 3
     ray.get(gate.open.remote(), timeout=T)
     assert [r.result(timeout_s=T) for r in responses] == [0, 1, 2, 3, 4]
-    assert sorted(ray.get(gate.wait_entered.remote(5), timeout=T)) == [0, 1, 2, 3, 4]
+    # The held calls went out first come, first served.
+    assert ray.get(gate.wait_entered.remote(5), timeout=T) == [0, 1, 2, 3, 4]
 
 
 def test_handle_raises_backpressure_beyond_max_queued_requests(serve_port):
@@ -357,3 +358,18 @@ def test_held_response_passes_into_another_call(serve_port):
     ray.get(gate.open.remote(), timeout=T)
     assert first.result(timeout_s=T) == 1
     assert total.result(timeout_s=T) == 102
+
+
+def test_held_calls_fail_when_their_deployment_is_deleted(serve_port):
+    from ray_lite.serve.exceptions import DeploymentUnavailableError
+    gate = Gate.remote()                         # never opened
+    h = serve.run(Held.options(max_ongoing_requests=1, graceful_shutdown_timeout_s=0.2)
+                  .bind(gate), name="gone", route_prefix=None)
+    running = h.remote(0)
+    assert ray.get(gate.wait_entered.remote(1), timeout=T) == [0]
+    held = h.remote(1)
+    serve.delete("gone")                         # the running call is cut off
+    with pytest.raises(Exception):
+        running.result(timeout_s=T)
+    with pytest.raises(DeploymentUnavailableError, match="deleted"):
+        held.result(timeout_s=T)

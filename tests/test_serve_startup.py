@@ -14,7 +14,6 @@ import ray_lite as ray
 from ray_lite import serve
 from ray_lite._private import api as core_api
 from ray_lite._private import state
-from ray_lite._private.shipping import ship
 from ray_lite.exceptions import ActorDiedError
 
 from serve_helpers import http
@@ -54,7 +53,8 @@ def test_preloaded_modules_are_in_workers_started_later(runtime):
     core_api.preload(["json.tool", "ray_lite_no_such_module_x"])
     p = Probe.remote()
     # The missing module is skipped; the zygote goes on forking workers.
-    assert ray.get(p.had.remote(["json.tool", "ray_lite_no_such_module_x"])) == [True, False]
+    assert ray.get(p.had.remote(["json.tool", "ray_lite_no_such_module_x"]),
+                   timeout=60) == [True, False]
 
 
 def test_serve_preloads_its_modules_for_replicas(runtime):
@@ -63,7 +63,8 @@ def test_serve_preloads_its_modules_for_replicas(runtime):
         p = Probe.remote()
         # (Not imported by this module, which the worker imports to build Probe.)
         assert ray.get(p.had.remote(["ray_lite.serve._replica", "ray_lite.serve._proxy",
-                                     "starlette.requests", "httptools"])) == [True] * 4
+                                     "starlette.requests", "httptools"]),
+                       timeout=60) == [True] * 4
     finally:
         serve.shutdown()
 
@@ -96,7 +97,8 @@ def test_create_actors_refuses_named_classes(runtime):
 
 def test_same_name_twice_in_one_batch(runtime):
     node = state.node
-    req = (ship(Probe._cls), "Probe", Probe._methods, False, [], {}, 1, "twin", "ns", True)
+    req = Probe._creation_request(node, {"name": "twin", "namespace": "ns",
+                                         "get_if_exists": True}, (), {})
     first, second = node.create_actors([req, req])
     assert first is second
     refused = node.create_actors([req[:-1] + (False,)])[0]
@@ -155,6 +157,9 @@ def test_a_replica_serves_before_the_others_are_ready(runtime, tmp_path):
                         body = r.read()
                 except urllib.error.HTTPError as exc:
                     assert exc.code == 404, "before its first replica the route is unknown"
+                    time.sleep(0.01)   # pacing the poll on 2 cores, not synchronisation
+                except urllib.error.URLError:
+                    time.sleep(0.01)   # the proxy is not listening yet
             assert body == b"slot0"
             assert not done.is_set(), "serve.run returned before every replica was ready"
             st = serve.status().applications["default"]
@@ -244,3 +249,11 @@ def test_autoscaling_config_runs_a_fixed_count_and_says_so():
         assert Scaled.options(num_replicas="auto",
                               autoscaling_config={"initial_replicas": 3}).num_replicas == 3
     assert any("does not autoscale" in str(w.message) for w in caught)
+
+
+def test_num_replicas_with_autoscaling_config_is_refused():
+    from ray_lite import serve
+    with pytest.raises(ValueError, match="num_replicas"):
+        serve.deployment(num_replicas=3, autoscaling_config={"min_replicas": 1})
+    with pytest.raises(ValueError, match="num_replicas"):
+        serve.deployment(num_replicas=-1)

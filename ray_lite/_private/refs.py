@@ -60,8 +60,20 @@ class _Entry:
             with _callbacks_lock:
                 cbs, self.callbacks = self.callbacks, None
             if cbs:
+                if len(cbs) == 1:
+                    cbs[0](self)
+                    return
+                # One failing callback must not cost the others their call
+                # (they may be waiters that would then wait for ever).
+                first_error = None
                 for cb in cbs:
-                    cb(self)
+                    try:
+                        cb(self)
+                    except BaseException as exc:   # re-raised below
+                        if first_error is None:
+                            first_error = exc
+                if first_error is not None:
+                    raise first_error
 
     def add_callback(self, cb):
         """Call ``cb(entry)`` once the entry is ready (at once if it is).

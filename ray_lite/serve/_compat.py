@@ -8,7 +8,6 @@ few questions about the process this code runs in.
 from ray_lite._private import state as _state
 from ray_lite._private.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
 
-_MISSING = object()
 
 
 def node():

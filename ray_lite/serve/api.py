@@ -129,11 +129,11 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
         # until every proxy has the routes, so HTTP sees the app once both end.
         proxies = ctl.start_proxies.remote({}) if route_prefix is not None else None
         deployed = ctl.deploy_app.remote(name, route_prefix, ingress, specs)
-        try:
-            _api.get(deployed)
-        finally:
-            if proxies is not None:
-                _api.get(proxies)
+        # The deployment's error, if any, is what the caller needs to see: a
+        # proxy's error only when the deployment succeeded.
+        _api.get(deployed)
+        if proxies is not None:
+            _api.get(proxies)
     handle = DeploymentHandle(ingress, name)
     if blocking:
         _block_forever()

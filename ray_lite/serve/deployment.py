@@ -34,6 +34,12 @@ def _check_config(cfg):
         if key not in _DEFAULTS and key not in _HARMLESS and key != "name":
             raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
     n = cfg.get("num_replicas", 1)
+    if n != "auto" and n is not None and (not isinstance(n, int) or isinstance(n, bool)
+                                          or n < 0):
+        raise ValueError(f"num_replicas must be a non-negative int or 'auto', got {n!r}")
+    if cfg.get("autoscaling_config") and n not in ("auto", None) and "num_replicas" in cfg:
+        raise ValueError("Manually setting num_replicas is not allowed when "
+                         "autoscaling_config is provided.")
     if n == "auto" or cfg.get("autoscaling_config"):
         # Accepted so that a Ray program runs unchanged, but said out loud:
         # a fixed number of replicas is not what the program asked for.
@@ -41,8 +47,6 @@ def _check_config(cfg):
         warnings.warn("ray_lite Serve does not autoscale: num_replicas='auto' / "
                       "autoscaling_config run a fixed number of replicas "
                       "(initial_replicas, else min_replicas, else 1)", stacklevel=3)
-    elif n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
-        raise ValueError(f"num_replicas must be a non-negative int or 'auto', got {n!r}")
     m = cfg.get("max_ongoing_requests", 5)
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"max_ongoing_requests must be a positive int, got {m!r}")

@@ -19,6 +19,7 @@ import threading
 
 from ray_lite._private import api as _api
 from ray_lite._private.refs import ObjectRef, _Entry, error_entry
+from ray_lite.exceptions import TaskCancelledError
 
 from . import _compat, context
 from .exceptions import BackPressureError, RequestCancelledError
@@ -66,40 +67,58 @@ class Router:
         # the thread that runs reply callbacks.  Never held while sending: a
         # send may wait on a full ring, driving the links (and so callbacks).
         self.lock = threading.RLock()
-        self._listen_watched = None
+        self.listen_error = None      # why the last listen call failed, if it did
+        self._listening = False       # a thread is sending the listen call
+        self._listen_watched = None   # the listen ref a pump waits on
+        self._pumping = False
+        self._pump_again = False
 
     # ------------------------------------------------------------- updates
     def apply(self, snap):
         version, exists, handles, config = snap
-        if version < self.version:
-            return
-        old = {r.actor_id: r for r in self.replicas}
-        reps = []
-        for h in handles:
-            r = old.get(h._info.actor_id)
-            reps.append(r if r is not None else _Replica(h))
-        self.replicas = reps
-        self.version = version
-        self.config = config
-        self.exists = exists
-
-    def _listen(self):
-        ctl = context.get_controller()
-        self.listen_ref = ctl.listen_deployment.remote(self.app_name, self.deployment_name,
-                                                       self.version)
+        with self.lock:
+            if version < self.version:
+                return
+            old = {r.actor_id: r for r in self.replicas}
+            reps = []
+            for h in handles:
+                r = old.get(h._info.actor_id)
+                reps.append(r if r is not None else _Replica(h))
+            self.replicas = reps
+            self.version = version
+            self.config = config
+            self.exists = exists
 
     def poll_update(self):
-        ref = self.listen_ref
-        if ref is None:
-            self._listen()
-            return
-        r = _compat.peek(ref)
-        if r is None:
-            return
-        self.listen_ref = None
-        if r[0]:
-            self.apply(r[1])
-        self._listen()
+        """Apply the outstanding listen call's answer if it has come, and keep
+        one listen call outstanding (a readiness check, no message, when
+        nothing changed)."""
+        with self.lock:
+            ref = self.listen_ref
+            if ref is not None:
+                r = _compat.peek(ref)
+                if r is None:
+                    return
+                self.listen_ref = None
+                if r[0]:
+                    self.apply(r[1])
+                    self.listen_error = None
+                else:
+                    self.listen_error = r[1]     # the controller is gone or failing
+            if self._listening:
+                return                           # another thread is sending it
+            self._listening = True
+        ref = None
+        try:
+            ctl = context.get_controller()
+            ref = ctl.listen_deployment.remote(self.app_name, self.deployment_name,
+                                               self.version)
+        except Exception as exc:   # noqa: BLE001 - Serve shut down meanwhile
+            self.listen_error = exc
+        finally:
+            with self.lock:
+                self.listen_ref = ref
+                self._listening = False
 
     def refresh_blocking(self, timeout=60.0):
         ctl = context.get_controller()
@@ -109,12 +128,13 @@ class Router:
 
     # ------------------------------------------------------------- choice
     def _live_replicas(self):
-        reps = self.replicas
-        if reps:
-            dead = [r for r in reps if _compat.actor_is_dead(r.handle)]
-            if dead:
-                reps = self.replicas = [r for r in reps if r not in dead]
-        return reps
+        with self.lock:
+            reps = self.replicas
+            if reps:
+                dead = [r for r in reps if _compat.actor_is_dead(r.handle)]
+                if dead:
+                    reps = self.replicas = [r for r in reps if r not in dead]
+            return reps
 
     def _reserve(self, reps):
         """Under ``lock``: a replica under max_ongoing_requests by power of two
@@ -184,60 +204,126 @@ class Router:
         return q, q.ref
 
     def cancel(self, q):
+        """Cancel a held call: dropped at once if not sent yet, else cancelled
+        in the replica as soon as it is sent; its result raises
+        ``RequestCancelledError`` either way."""
         with self.lock:
-            if q.sent is None and not q.cancelled:
-                q.cancelled = True
+            if q.cancelled:
+                return
+            q.cancelled = True
+            sent = q.sent
+            if sent is None:
                 try:
                     self.queue.remove(q)
                 except ValueError:
                     pass
-                q.ref._e.set_error(RequestCancelledError(
-                    "the request was cancelled while it waited for a replica"))
-                return True
-        return False
+        if sent is None:
+            q.ref._e.set_error(RequestCancelledError(
+                "the request was cancelled while it waited for a replica"))
+        elif sent is not _SENDING:
+            _api.cancel(sent)
+        # else: _send_held cancels it once the call is out.
 
     def pump(self):
-        """Send held calls while replicas have room (on any thread, no wait)."""
+        """Send held calls while replicas have room.  Any thread may call it,
+        a reply callback included; a call that comes while another pumps
+        (this thread re-entering, or another thread) leaves it to that one,
+        which goes round once more: no recursion, no lost turn."""
+        with self.lock:
+            if self._pumping:
+                self._pump_again = True
+                return
+            self._pumping = True
+        try:
+            while True:
+                with self.lock:
+                    self._pump_again = False
+                watch = self._pump_round()
+                if watch is not None:
+                    # Nothing free: a change of the replica set (a new or a
+                    # replaced replica) must send the held calls too, not only
+                    # a finished call.  Registered outside the lock, and a
+                    # callback that fires at once only asks for another round.
+                    _compat.on_ready(watch, lambda _x: self.pump())
+                with self.lock:
+                    if not self._pump_again:
+                        self._pumping = False
+                        return
+        except BaseException:
+            with self.lock:
+                self._pumping = False
+            raise
+
+    def _pump_round(self):
+        """Send what can be sent; the listen ref to watch if calls remain held."""
         while True:
             self.poll_update()
             reps = self._live_replicas()
             with self.lock:
                 if not self.queue:
-                    return
+                    return None
                 rep = self._reserve(reps)
                 if rep is None:
-                    self._watch_listen()
-                    return
-                q = self.queue.popleft()
-                q.sent = _SENDING       # from here on, cancel() goes to the replica
+                    failure = self._held_calls_failure(reps)
+                    if failure is None:
+                        ref = self.listen_ref
+                        if ref is None or self._listen_watched is ref:
+                            return None
+                        self._listen_watched = ref
+                        return ref
+                    held, self.queue = list(self.queue), collections.deque()
+                else:
+                    q = self.queue.popleft()
+                    q.sent = _SENDING       # from here on, cancel() goes to the replica
+            if rep is None:
+                for q in held:
+                    q.ref._e.set_error(failure)
+                return None
             self._send_held(q, rep)
+
+    def _held_calls_failure(self, reps):
+        """Under ``lock``, nothing free: why the held calls can never be sent
+        (the deployment deleted; the controller gone with no call in flight
+        whose end could free a replica), or None."""
+        from .exceptions import DeploymentUnavailableError
+        if not self.exists:
+            return DeploymentUnavailableError(
+                f"deployment {self.deployment_name!r} of application {self.app_name!r} "
+                f"was deleted")
+        if self.listen_error is not None and not any(r.inflight for r in reps):
+            return DeploymentUnavailableError(
+                f"deployment {self.deployment_name!r} of application {self.app_name!r} "
+                f"is unavailable: {self.listen_error}")
+        return None
 
     def _send_held(self, q, rep):
         try:
             ref = rep.call.remote(q.method, q.args, q.kwargs)
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
-            self.release(rep)
             q.ref._e.set_error(exc)
+            self.release(rep)
             return
-        q.sent = ref
+        except BaseException:      # Ctrl-C while a full ring made the send wait
+            q.ref._e.set_error(RequestCancelledError("interrupted while it was being sent"))
+            self.release(rep)
+            raise
         q.args = q.kwargs = None
+        with self.lock:
+            q.sent = ref
+            cancelled = q.cancelled
+        if cancelled:
+            _api.cancel(ref)
 
         def done(_x):
             r = _compat.peek(ref)
             if r[0]:
                 q.ref._e.set_value(r[1])
+            elif q.cancelled and isinstance(r[1], TaskCancelledError):
+                q.ref._e.set_error(RequestCancelledError("the request was cancelled"))
             else:
                 q.ref._e.set_error(r[1])
             self.release(rep)
         _compat.on_ready(ref, done)
-
-    def _watch_listen(self):
-        # Held calls with no replica free: a replica set change (a new or
-        # replaced replica) must also send them, not only a finished call.
-        ref = self.listen_ref
-        if ref is not None and self._listen_watched is not ref:
-            self._listen_watched = ref
-            _compat.on_ready(ref, lambda _x: self.pump())
 
 
 def _inflight(rep):
@@ -395,6 +481,3 @@ class DeploymentResponseGenerator:
 
     def _to_object_ref_gen(self):
         return self._gen
-
-
-_ = ObjectRef
