@@ -207,3 +207,26 @@ def test_many_keep_alive_requests_each_get_their_answer(serve_port):
     finally:
         s.close()
     assert http(serve_port, "GET", "/")[0] == 200
+
+
+@serve.deployment
+class Priority:
+    async def __call__(self, request: Request):
+        import os
+        return {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+def test_replicas_run_below_the_proxies_priority(serve_port):
+    """A proxy that wakes a replica must not be preempted by it at once (see
+    _replica._NICE): replicas serve at a lower priority than the runtime's
+    own processes."""
+    import json
+    import os
+    from ray_lite.serve import _replica
+    serve.run(Priority.bind())
+    status, _, body = http(serve_port, "GET", "/")
+    assert status == 200
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert json.loads(body)["nice"] == min(19, mine + _replica._NICE)
+    if "RAY_LITE_SERVE_REPLICA_NICE" not in os.environ:
+        assert _replica._NICE > 0

@@ -40,6 +40,7 @@ Message kinds (tuples; the first element says what it is):
 """
 import asyncio
 import itertools
+import operator
 import os
 import select
 import signal
@@ -57,6 +58,9 @@ from .interrupts import sleep_point
 from .procutil import open_sentinel
 from .refs import ObjectRef, _BorrowedEntry, _Entry, error_entry
 from .transport import WEAK_SLICE, LinkClosed, wait_readable
+
+_compress = itertools.compress
+_call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 3.11+
 
 _OID_SHIFT = 40
 # How long a wait may sleep on the expected peer's ring alone (the others are
@@ -90,7 +94,7 @@ class Node:
         self._deferred = []      # stream releases asked from __del__
         self._releases = []      # (owner, oid, weight) to give back
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
-        self._drain_list = ()
+        self._drain_list = ((), ())
         self._export_lock = threading.Lock()
         self._seq = itertools.count(1)
         self._oid_base = node_id << _OID_SHIFT
@@ -179,9 +183,10 @@ class Node:
 
     def _index_links(self):
         # What _drain walks: a snapshot (handlers may add or remove links
-        # meanwhile) with each ring's poll bound once.
-        self._drain_list = tuple((peer, link, link._rx.poll)
-                                 for peer, link in self.links.items())
+        # meanwhile) with each ring's poll bound once; one attribute, so that
+        # a drain on another thread never pairs a new list with old polls.
+        links = tuple(self.links.items())
+        self._drain_list = (links, tuple(link._rx.poll for _, link in links))
 
     @sleep_point
     def _on_link_full(self):
@@ -369,10 +374,15 @@ class Node:
             except BaseException:
                 self._stash[:0] = stash[n:]
                 raise
-        for peer, link, poll in self._drain_list:
+        # The polls run in C (map): a proxy has a link per replica, most of
+        # them empty at any drain.
+        links, polls = self._drain_list
+        try:
+            ready = list(_compress(links, map(_call, polls)))
+        except (OSError, ValueError):
+            ready = links       # a ring closed under us: read each on its own
+        for peer, link in ready:
             try:
-                if not poll():
-                    continue
                 msgs = link.recv_all()
             except (LinkClosed, OSError, ValueError):
                 continue

@@ -109,11 +109,26 @@ class _Reject(Exception):
     pass
 
 
+_HttpRequestParser = None
+
+
+def _load_parser():
+    # Imported by the proxy process only (not by whoever imports this module).
+    global _HttpRequestParser
+    from httptools import HttpRequestParser
+    _HttpRequestParser = HttpRequestParser
+    return HttpRequestParser
+
+
 class HttpConnection(asyncio.Protocol):
+    # One per TCP connection (with ab, per request): slots make it cheaper.
+    __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
+                 "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
+                 "body_size", "expect_continue")
+
     def __init__(self, proxy):
-        import httptools
         self.proxy = proxy
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser = (_HttpRequestParser or _load_parser())(self)
         self.transport = None
         self.client = ""
         self.queue = collections.deque()

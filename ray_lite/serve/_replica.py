@@ -29,6 +29,15 @@ _REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
             422: "Unprocessable Entity", 429: "Too Many Requests",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
+# Replicas run below the proxies' priority (nice): a proxy that wakes a
+# replica is then not preempted by it at once, so it parses and sends what
+# it has before replicas run, and a replica wakes once for several requests
+# instead of once for each.  With 48 replicas on 2 cores that is ~20 % less
+# CPU per HTTP request.  The price: under CPU contention from other
+# programs, replicas get a smaller share.  RAY_LITE_SERVE_REPLICA_NICE=0
+# turns it off.
+_NICE = int(os.environ.get("RAY_LITE_SERVE_REPLICA_NICE", "10"))
+
 _TEXT = b"content-type: text/plain; charset=utf-8\r\n"
 _COROUTINE = types.CoroutineType
 _JSON = b"content-type: application/json\r\n"
@@ -109,6 +118,7 @@ class ServeReplica:
         self._server_str = None
         self._server = None
         self._http_fn = None
+        self._niced = False
         ctx = context.ReplicaContext(app_name, deployment_name, replica_id)
         context.set_replica_context(ctx)
         target = cloudpickle.loads(cls_blob)
@@ -131,6 +141,14 @@ class ServeReplica:
         if self._init_task is not None:
             t, self._init_task = self._init_task, None
             await t
+        if not self._niced:
+            # Not before: starting many replicas at once is not slowed.
+            self._niced = True
+            if _NICE > 0:
+                try:
+                    os.nice(_NICE)
+                except OSError:
+                    pass
         return os.getpid()
 
     async def _reconfigure(self, user_config):
