@@ -438,3 +438,24 @@ def test_worker_stdout_and_stderr_reach_the_driver_prefixed():
     err = out.stderr.splitlines()
     assert f"(pid={tpid}) task error line" in err
     assert f"(Printer pid={apid}) actor error line" in err
+
+
+def test_blocking_get_after_an_event_loop_has_closed(rt):
+    """asyncio.run() awaiting refs, then plain get on the same thread: the
+    closed loop's wake-up bridge must not be used any more."""
+    @ray.remote
+    def echo(x):
+        return x
+
+    @ray.remote
+    def slow():
+        import time
+        time.sleep(0.05)      # the workload: a get that has to wait
+        return "ok"
+
+    async def first():
+        return await echo.remote(1)
+    assert asyncio.run(first()) == 1
+    assert ray.get(slow.remote(), timeout=T) == "ok"
+    assert asyncio.run(first()) == 1       # and a new loop works again
+    assert ray.get(slow.remote(), timeout=T) == "ok"

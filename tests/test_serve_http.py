@@ -244,3 +244,28 @@ def test_several_proxies_share_the_port():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@serve.deployment
+class Counted:
+    def __init__(self):
+        self.n = 0
+
+    async def __call__(self, request: Request):
+        self.n += 1
+        return "counted"
+
+    def count(self):
+        return self.n
+
+
+def test_nothing_pipelined_behind_connection_close_is_run(serve_port):
+    h = serve.run(Counted.bind(), route_prefix="/only")
+    # One read: a request answered at once (404) asking to close, then one
+    # for the app.  The second must not reach a replica: nobody reads its
+    # answer (llhttp refuses bytes after a message that closes the connection).
+    out = raw(serve_port, b"GET /elsewhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                          b"GET /only HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 404") and out.count(b"HTTP/1.1 ") == 1
+    assert http(serve_port, "GET", "/only")[2] == b"counted"
+    assert h.count.remote().result(timeout_s=60) == 1

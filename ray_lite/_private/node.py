@@ -175,11 +175,15 @@ class Node:
             with self._cond:
                 self._cond.notify_all()
         if self._bridge_waiting:
+            # An event loop found the lock taken and stopped watching its
+            # links (``_LoopBridge._take_drive``): it watches again now.
             self._bridge_waiting = False
             for bridge in list(self._bridges.values()):
-                bridge.rearm_soon()
+                if bridge.waiting:
+                    bridge.waiting = False
+                    bridge.rearm_soon()
 
-    _bridge_waiting = False
+    _bridge_waiting = False     # some bridge may be waiting (see _release_drive)
 
     def _index_links(self):
         # What _drain walks: a snapshot (handlers may add or remove links
@@ -956,6 +960,10 @@ class Node:
         loop = asyncio.get_running_loop()
         bridge = self._bridges.get(loop)
         if bridge is None:
+            # Loops that have closed since (each asyncio.run() makes one)
+            # are forgotten: nothing may be scheduled on them any more.
+            for old in [lp for lp in self._bridges if lp.is_closed()]:
+                self._bridges.pop(old).close()
             bridge = _LoopBridge(self, loop)
             self._bridges[loop] = bridge
         return bridge
@@ -1002,6 +1010,7 @@ class _LoopBridge:
         self.fds = set()
         self.closed = False
         self.suspended = False   # not watching the links: another thread drives them
+        self.waiting = False     # suspended for want of the drive lock (see _take_drive)
         self.unarmed = set()     # links drained, to re-arm at the loop's next turn
         self.rearm_due = False
         for link in list(node.links.values()):
@@ -1041,19 +1050,8 @@ class _LoopBridge:
     def on_readable(self, link):
         """Drain; re-arm ``link`` (the one whose descriptor fired) at the
         loop's next turn, or every link at once when ``link`` is None."""
-        # The descriptors' arm state is shared by every listener of a link,
-        # so it is touched only under the drive lock.  A thread holding it
-        # drains every link and may sleep in poll on these very descriptors:
-        # reading them here would steal its wake-up.  So the loop stops
-        # watching until that thread lets go (``Node._release_drive``).
-        node = self.node
-        if self.closed:
+        if self.closed or not self._take_drive():
             return
-        node._bridge_waiting = True       # before trying: see _release_drive
-        if not node._drive_lock.acquire(False):
-            self._suspend()
-            return
-        node._bridge_waiting = False
         try:
             if self.suspended:
                 self._resume()
@@ -1066,50 +1064,67 @@ class _LoopBridge:
                 # though: what was sent before (causally) the message that
                 # woke us must be seen with it.
                 link.disarm()
-                node._drain()
+                self.node._drain()
                 self.unarmed.add(link)
                 if not self.rearm_due:
                     self.rearm_due = True
                     self.loop.call_soon(self._rearm)
             else:
                 self.unarmed.clear()
-                while True:
-                    node._drain()
-                    again = False
-                    for lk in list(self.links.values()):
-                        if not lk.arm():
-                            again = True
-                    if not again:
-                        break
+                self._drain_and_arm(list(self.links.values()))
         finally:
-            node._release_drive()
-            node._wait_epoch += 1
-        if node._interrupt is not None:
-            node._raise_interrupt()
+            self._let_go()
 
     def _rearm(self):
         """Re-arm the links drained since the loop's last turn (read them first)."""
         self.rearm_due = False
-        node = self.node
-        if self.closed or not self.unarmed:
+        if self.closed or not self.unarmed or not self._take_drive():
             return
-        node._bridge_waiting = True       # before trying: see _release_drive
-        if not node._drive_lock.acquire(False):
-            # Whoever drives reads these links; on leaving, it has us
-            # re-arm them all (rearm_soon).
-            self._suspend()
-            return
-        node._bridge_waiting = False
         try:
-            unarmed, self.unarmed = self.unarmed, set()
-            while True:
-                node._drain()
-                unarmed = [lk for lk in unarmed if not lk.arm()]
-                if not unarmed:
-                    break
+            if self.suspended:
+                # Another thread drove (and disarmed) every link meanwhile.
+                self._resume()
+                self.unarmed.clear()
+                self._drain_and_arm(list(self.links.values()))
+            else:
+                unarmed, self.unarmed = self.unarmed, set()
+                self._drain_and_arm(unarmed)
         finally:
-            node._release_drive()
-            node._wait_epoch += 1
+            self._let_go()
+
+    def _take_drive(self):
+        """The node's drive lock, or False after suspending this loop's watch.
+
+        The descriptors' arm state is shared by every listener of a link, so
+        it is touched only under the drive lock.  A thread holding it drains
+        every link and may sleep in poll on these very descriptors: reading
+        them here would steal its wake-up.  So the loop stops watching until
+        that thread lets go and re-arms it (``Node._release_drive``, which
+        looks at ``waiting``, set before trying so that no release misses it).
+        """
+        node = self.node
+        self.waiting = True
+        node._bridge_waiting = True
+        if node._drive_lock.acquire(False):
+            self.waiting = False
+            return True
+        self._suspend()
+        return False
+
+    def _drain_and_arm(self, links):
+        # Arm each link after reading it; arm() says when a message slipped
+        # in between (its wake-up may be lost): read again, re-arm those.
+        node = self.node
+        while True:
+            node._drain()
+            links = [lk for lk in links if not lk.arm()]
+            if not links:
+                return
+
+    def _let_go(self):
+        node = self.node
+        node._release_drive()
+        node._wait_epoch += 1
         if node._interrupt is not None:
             node._raise_interrupt()
 
@@ -1146,6 +1161,11 @@ class _LoopBridge:
             self._call(self.loop.remove_reader, fd)
 
     def _call(self, fn, *args):
+        if self.closed:
+            return
+        if self.loop.is_closed():       # asyncio.run() ended: nothing runs it any more
+            self.closed = True
+            return
         if threading.get_ident() == self.thread_id:
             fn(*args)
         else:
