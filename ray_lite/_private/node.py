@@ -60,6 +60,7 @@ from .refs import ObjectRef, _BorrowedEntry, _Entry, error_entry
 from .transport import WEAK_SLICE, LinkClosed, wait_readable
 
 _compress = itertools.compress
+_MANY_LINKS = 8     # beyond this, _drain polls from C (fewer: a loop costs less)
 _call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 3.11+
 
 _OID_SHIFT = 40
@@ -189,8 +190,8 @@ class Node:
         # What _drain walks: a snapshot (handlers may add or remove links
         # meanwhile) with each ring's poll bound once; one attribute, so that
         # a drain on another thread never pairs a new list with old polls.
-        links = tuple(self.links.items())
-        self._drain_list = (links, tuple(link._rx.poll for _, link in links))
+        entries = tuple((peer, link, link._rx.poll) for peer, link in self.links.items())
+        self._drain_list = (entries, tuple(e[2] for e in entries))
 
     @sleep_point
     def _on_link_full(self):
@@ -378,15 +379,18 @@ class Node:
             except BaseException:
                 self._stash[:0] = stash[n:]
                 raise
-        # The polls run in C (map): a proxy has a link per replica, most of
-        # them empty at any drain.
-        links, polls = self._drain_list
-        try:
-            ready = list(_compress(links, map(_call, polls)))
-        except (OSError, ValueError):
-            ready = links       # a ring closed under us: read each on its own
-        for peer, link in ready:
+        entries, polls = self._drain_list
+        if len(polls) > _MANY_LINKS:
+            # A proxy has a link per replica, most of them empty at any
+            # drain: poll them all from C (map) and visit the ready ones.
             try:
+                entries = list(_compress(entries, map(_call, polls)))
+            except (OSError, ValueError):
+                pass            # a ring closed under us: look at each below
+        for peer, link, poll in entries:
+            try:
+                if not poll():
+                    continue
                 msgs = link.recv_all()
             except (LinkClosed, OSError, ValueError):
                 continue

@@ -1,11 +1,13 @@
 """B7/B8/B9 app: the reproduction of ray-project/ray issue 42565 — a deployment of
 REPLICAS (default 48) replicas answering "hi", started with
-``ray-lite serve run ray_lite.bench.serve_hi_app:model``."""
+``ray-lite serve run ray_lite.bench.serve_hi_app:model``.  ``RAYMOD=ray`` makes it
+the same app on Ray Serve (``--compare-ray``)."""
+import importlib
 import os
 
 from starlette.requests import Request
 
-from ray_lite import serve
+serve = importlib.import_module(os.environ.get("RAYMOD", "ray_lite") + ".serve")
 
 
 @serve.deployment(num_replicas=int(os.environ.get("REPLICAS", "48")),
