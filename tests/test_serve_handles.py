@@ -373,3 +373,24 @@ def test_held_calls_fail_when_their_deployment_is_deleted(serve_port):
         running.result(timeout_s=T)
     with pytest.raises(DeploymentUnavailableError, match="deleted"):
         held.result(timeout_s=T)
+
+
+def test_cancelled_response_raises_request_cancelled(serve_port):
+    from ray_lite.exceptions import TaskCancelledError
+    from ray_lite.serve.exceptions import RequestCancelledError
+    gate = Gate.remote()                         # never opened: the call runs until cancelled
+    h = serve.run(Held.bind(gate), name="cancel", route_prefix=None)
+    r = h.remote(7)
+    assert ray.get(gate.wait_entered.remote(1), timeout=T) == [7]
+    r.cancel()
+    with pytest.raises(RequestCancelledError) as info:
+        r.result(timeout_s=T)
+    assert isinstance(info.value, TaskCancelledError)    # what Ray code may catch
+
+    async def awaited():
+        r2 = h.remote(8)
+        assert await gate.wait_entered.remote(2) == [7, 8]
+        r2.cancel()
+        with pytest.raises(RequestCancelledError):
+            await r2
+    asyncio.run(asyncio.wait_for(awaited(), T))

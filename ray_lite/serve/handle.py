@@ -408,6 +408,14 @@ class DeploymentHandle:
                 f"app={self.app_name!r})")
 
 
+def _request_cancelled(exc):
+    # Serve reports a cancelled request as RequestCancelledError (a
+    # TaskCancelledError too), as Ray Serve does; other errors pass as they are.
+    if isinstance(exc, TaskCancelledError) and not isinstance(exc, RequestCancelledError):
+        return RequestCancelledError(str(exc) or "the request was cancelled")
+    return exc
+
+
 class DeploymentResponse:
     """The future result of a handle call: ``.result()``, ``await``, or pass it on."""
 
@@ -419,25 +427,27 @@ class DeploymentResponse:
         self._queued = queued
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
-        return _api.get(self._ref, timeout=timeout_s)
+        try:
+            return _api.get(self._ref, timeout=timeout_s)
+        except TaskCancelledError as exc:
+            raise _request_cancelled(exc) from None
 
     def __await__(self):
         r = _compat.peek(self._ref)
         if r is not None:
             if r[0]:
                 return r[1]
-            raise r[1]
-        return (yield from self._ref.__await__())
+            raise _request_cancelled(r[1])
+        try:
+            return (yield from self._ref.__await__())
+        except TaskCancelledError as exc:
+            raise _request_cancelled(exc) from None
 
     def cancel(self):
-        q = self._queued
-        if q is not None:
-            if self._router.cancel(q):
-                return
-            if q.sent is not None and q.sent is not _SENDING:
-                _api.cancel(q.sent)
-            return
-        _api.cancel(self._ref)
+        if self._queued is not None:
+            self._router.cancel(self._queued)
+        else:
+            _api.cancel(self._ref)
 
     async def _to_object_ref(self):
         return self._ref
