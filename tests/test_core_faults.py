@@ -1,6 +1,5 @@
 """The runtime's own lifetime: a driver killed with SIGKILL, or one that never calls shutdown()."""
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -8,6 +7,8 @@ import textwrap
 
 import ray_lite as ray
 from ray_lite._fast import shm
+
+from procs import wait_dead
 
 DRIVER = textwrap.dedent("""
     import os, sys
@@ -32,16 +33,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _wait_dead(pid, timeout):
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
-
 
 def test_killed_driver_leaves_no_orphans_and_next_init_cleans_up():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -59,7 +50,7 @@ def test_killed_driver_leaves_no_orphans_and_next_init_cleans_up():
         proc.stdout.close()
         proc.stdin.close()
     for pid in pids:
-        assert _wait_dead(pid, 30), f"process {pid} outlived its driver"
+        assert wait_dead(pid, 30), f"process {pid} outlived its driver"
     # The killed driver could not unlink its rings: the next init does.
     ray.init(num_cpus=1)
     try:
@@ -105,5 +96,5 @@ def test_program_that_forgets_shutdown_exits_cleanly():
     pids = [int(p) for p in pids_line.split()]
     assert len(pids) >= 3, proc.stdout
     for pid in pids:
-        assert _wait_dead(pid, 30), f"process {pid} outlived a driver that exited normally"
+        assert wait_dead(pid, 30), f"process {pid} outlived a driver that exited normally"
     assert shm.list_segments(f"{shm.DEFAULT_PREFIX}{int(driver_line)}_") == []

@@ -2,7 +2,6 @@
 import asyncio
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import pytest
 from ray_lite._fast import shm
 from ray_lite.exceptions import RayTaskError
 from ray_lite.executor import ExecutorShutdownError, MultiprocExecutor, RpcFuture, WorkerDiedError
+
+from procs import wait_dead
 
 WAIT = 30  # seconds: bound on every wait that should end much sooner
 
@@ -96,25 +97,7 @@ def release(tmp_path):
 
 
 def _alive(pid):
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        return not select.select([fd], [], [], 0)[0]
-    finally:
-        os.close(fd)
-
-
-def _wait_dead(pid, timeout=WAIT):
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
+    return not wait_dead(pid, 0)
 
 
 # --------------------------------------------------------------- calls
@@ -308,7 +291,7 @@ def test_sigkill_while_idle_is_detected(ex):
     ex.check_health()
     victim = ex.worker_pids[0]
     os.kill(victim, signal.SIGKILL)
-    assert _wait_dead(victim)
+    assert wait_dead(victim, WAIT)
     with pytest.raises(WorkerDiedError, match="rank 0"):
         ex.check_health()
     assert failures == [1]
@@ -388,7 +371,7 @@ def test_workers_exit_when_the_driver_dies():
         assert all(_alive(p) for p in pids)
         driver.kill()
         driver.wait(WAIT)
-        assert all(_wait_dead(p) for p in pids)
+        assert all(wait_dead(p, WAIT) for p in pids)
     finally:
         if driver.poll() is None:
             driver.kill()
