@@ -420,18 +420,26 @@ class WorkerNode(Node):
                 elif i & 31 == 0:
                     self.drive_nowait()   # notices a cancel without a syscall per item
         except BaseException as exc:
-            if sid in self.cancelled:
-                self.send(peer, ("E", sid, i))
-            else:
-                err = _sendable_error(make_task_error(name, exc), name)
-                self.send(peer, ("I", sid, i, False, err))
-                self.send(peer, ("E", sid, i + 1))
-                if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                    raise
+            # A KeyboardInterrupt of a cancelled stream is the cancel itself.
+            if not self._end_failed_stream(peer, sid, i, name, exc) and \
+                    isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
             return
         finally:
             self.stream_acks.pop(sid, None)
         self.send(peer, ("E", sid, i))
+
+    def _end_failed_stream(self, peer, sid, i, name, exc):
+        """The generator of stream ``sid`` raised ``exc`` at item ``i``: item
+        ``i`` is the error, then the stream ends; a cancelled stream just
+        ends.  True when it was cancelled."""
+        if sid in self.cancelled:
+            self.send(peer, ("E", sid, i))
+            return True
+        err = _sendable_error(make_task_error(name, exc), name)
+        self.send(peer, ("I", sid, i, False, err))
+        self.send(peer, ("E", sid, i + 1))
+        return False
 
     async def _drain_async_gen(self, peer, sid, agen, bp, name):
         i = 0
@@ -464,12 +472,7 @@ class WorkerNode(Node):
             self.send(peer, ("E", sid, i))
             return
         except BaseException as exc:
-            if sid in self.cancelled:
-                self.send(peer, ("E", sid, i))
-            else:
-                err = _sendable_error(make_task_error(name, exc), name)
-                self.send(peer, ("I", sid, i, False, err))
-                self.send(peer, ("E", sid, i + 1))
+            self._end_failed_stream(peer, sid, i, name, exc)
             if isinstance(exc, (SystemExit, KeyboardInterrupt)):
                 raise
         finally:
