@@ -496,6 +496,35 @@ def test_close_is_idempotent_and_closed_ends_refuse_work(pair):
         producer.put_bytes(b"x")
 
 
+def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
+    producer, consumer = pair
+    fd = consumer.fileno()
+    assert consumer.spin_poll(0) is False
+    assert consumer.spin_poll(float("nan")) is False
+    assert consumer.spin_poll(0.002) is False           # gives up: bounded
+    producer.put_bytes(b"ready")
+    assert consumer.spin_poll(0) is True                # already there
+    assert drain(consumer) == [b"ready"]
+
+    # A message put while it spins ends the spin (the compiled one spins
+    # without the GIL; the pure one lets the writer in at each GIL switch).
+    writer = threading.Thread(target=producer.put_bytes, args=(b"late",))
+    writer.start()
+    try:
+        assert consumer.spin_poll(5.0) is True
+    finally:
+        writer.join(30)
+    assert not select.select([fd], [], [], 0)[0]        # not armed: nothing written to the fd
+    assert drain(consumer) == [b"late"]
+
+    with pytest.raises(ValueError):
+        producer.spin_poll(0)                           # the consumer's call
+    producer.close()
+    assert consumer.spin_poll(5.0) is True              # a closed peer ends it at once
+    consumer.close()
+    assert consumer.spin_poll(0) is True                # as poll(): reading will tell
+
+
 def test_close_from_another_thread_wakes_a_blocked_get(pair):
     _, consumer = pair
     result = []

@@ -131,6 +131,48 @@ def test_loop_collects_answers_from_many_links(rt):
         9 + sum(i * i for i in range(200))
 
 
+@ray.remote(max_concurrency=4)
+class Gate:
+    def __init__(self):
+        import threading
+        self.opened = threading.Event()
+
+    def pass_(self):
+        return self.opened.wait(T)
+
+    def open(self):
+        self.opened.set()
+
+    def sq(self, x):
+        return x * x
+
+
+@ray.remote
+class BriefWaiter:
+    async def run(self, gate):
+        from ray_lite._private import state
+        node = state.get_node()
+        await gate.sq.remote(2)
+        for _ in range(3):
+            await asyncio.sleep(0)          # the loop's turns: the link is re-armed
+        # Answered within the budget: ready when the spin returns.
+        fast = gate.sq.remote(7)
+        caught = node.wait_briefly(fast, 10.0)
+        # Not answered within it (the gate is shut): gives up, and the loop
+        # must still hear the answer later (the link is re-armed).
+        slow = gate.pass_.remote()
+        missed = node.wait_briefly(slow, 0.005)
+        await gate.open.remote()
+        return caught, await fast, missed, await slow, await gate.sq.remote(3)
+
+
+def test_a_brief_wait_on_the_loop_thread_catches_an_answer_or_gives_up(rt):
+    """The proxy's spin for a replica's answer (``Node.wait_briefly``)."""
+    gate = Gate.remote()
+    assert ray.get(BriefWaiter.remote().run.remote(gate), timeout=T) == \
+        (True, 49, False, True, 9)
+
+
 def test_async_actors_run_on_uvloop_when_installed(rt):
     """uvloop when it is importable, asyncio's own loop without it or under
     RAY_LITE_NO_EXTENSIONS=1 (CI runs both)."""
@@ -214,6 +256,30 @@ class Priority:
     async def __call__(self, request: Request):
         import os
         return {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+class _StubReplica:
+    def __init__(self, inflight):
+        self.inflight = inflight
+
+
+def test_proxy_prefers_the_first_replica_while_idle_then_spreads_by_load():
+    from ray_lite.serve._proxy import _Route
+    reps = [_StubReplica(0) for _ in range(4)]
+    route = _Route("/", "app", "dep", reps, max_ongoing=2, max_queued=-1)
+    assert all(route.choose() is reps[0] for _ in range(20))     # low load: one warm replica
+    reps[0].inflight = 1
+    picks = [route.choose() for _ in range(400)]
+    # Busy: the power of two choices, which takes it only when both samples
+    # are it (1 in 16 here); the others share the rest.
+    assert picks.count(reps[0]) < 100
+    assert all(picks.count(r) > 50 for r in reps[1:])
+    for r in reps:
+        r.inflight = 2                                            # all at max_ongoing
+    assert route.choose() is None
+    reps[3].inflight = 1
+    assert route.choose() is reps[3]                              # the one under the limit
+    assert _Route("/", "app", "dep", [], 2, -1).choose() is None
 
 
 def test_replicas_run_below_the_proxies_priority(serve_port):

@@ -367,6 +367,28 @@ cdef bint rl_ring_poll(RingEnd* e) noexcept nogil:
     return e.pos != e.cache or _data_ready(e)
 
 
+# How often spin_poll hands the CPU to whatever else is runnable on it: the
+# peer it waits for may have been woken onto this very CPU.
+cdef int64_t SPIN_POLL_YIELD_NS = 5000
+
+
+cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
+    cdef int64_t now
+    cdef int64_t next_yield = rl_now_ns() + SPIN_POLL_YIELD_NS
+    cdef int i
+    while True:
+        for i in range(16):
+            if _data_ready(e):
+                return True
+            rl_cpu_relax()
+        now = rl_now_ns()
+        if now >= deadline_ns:
+            return _data_ready(e)
+        if now >= next_yield:
+            sched_yield()
+            next_yield = now + SPIN_POLL_YIELD_NS
+
+
 cdef bint _ready(RingEnd* e) noexcept nogil:
     return _space_ready(e) if e.is_producer else _data_ready(e)
 
@@ -816,6 +838,32 @@ cdef class ShmRing:
         if self.end.is_producer:
             raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
         return rl_ring_poll(&self.end)
+
+    def spin_poll(self, double timeout):
+        """Busy-wait at most ``timeout`` seconds for data; never sleeps.
+
+        True once ``poll()`` would be (a message, or the ring closed or its
+        peer dead), False when the time ran out.  For a consumer that expects
+        an answer within microseconds and has nothing else to do meanwhile:
+        a process that sleeps is woken in tens of microseconds on a VM, and
+        its peer pays a descriptor write for the wake-up.  It yields the CPU
+        every few microseconds, in case the peer is runnable on this CPU.
+        """
+        cdef RingEnd* e = &self.end
+        cdef int64_t deadline
+        cdef bint ready
+        if self._closed:
+            return True
+        if e.is_producer:
+            raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
+        if rl_ring_poll(e):
+            return True
+        if not timeout > 0:     # also NaN
+            return False
+        deadline = rl_now_ns() + <int64_t>(min(timeout, 1.0) * 1e9)
+        with nogil:
+            ready = _spin_poll(e, deadline)
+        return ready
 
     cdef int _check_consumer(self) except -1:
         if self._closed:

@@ -252,6 +252,7 @@ FIFO_SUFFIX = ".fifo"
 # ------------------------------------------------------------- waiting ---
 SPIN_NS = 20_000            # Python spins slowly; a few µs buys little
 YIELDS = 4
+SPIN_POLL_YIELD_NS = 5_000     # spin_poll hands the CPU on this often (the peer may be runnable here)
 SLICE_NS_WEAK = 2_000_000   # see "Ordering"
 PEER_CHECK_NS = 100_000_000
 
@@ -1013,6 +1014,25 @@ class ShmRing:
         if self._is_producer:
             raise ValueError(f"ring {self._name}: poll() is for the consumer end; this is the producer")
         return self._pos != self._cache or self._data_ready()
+
+    def spin_poll(self, timeout):
+        """Busy-wait at most ``timeout`` seconds for data; never sleeps (see _ring_c)."""
+        if self.poll():
+            return True
+        if not timeout > 0:
+            return False
+        now = time.monotonic_ns()
+        deadline = now + int(min(timeout, 1.0) * 1e9)
+        next_yield = now + SPIN_POLL_YIELD_NS
+        while True:
+            if self.poll():
+                return True
+            now = time.monotonic_ns()
+            if now >= deadline:
+                return self.poll()
+            if now >= next_yield:
+                os.sched_yield()
+                next_yield = now + SPIN_POLL_YIELD_NS
 
     def fileno(self):
         self._check_consumer()

@@ -117,6 +117,16 @@ class Link:
     def has_data(self):
         return self._rx.poll()
 
+    def spin_poll(self, timeout):
+        """Busy-wait at most ``timeout`` s for a message, never sleeping; True
+        when there is one (or the link is closed: reading will tell)."""
+        if self._closed:
+            return True
+        try:
+            return self._rx.spin_poll(timeout)
+        except (ValueError, OSError):     # closed under us
+            return True
+
     def fileno(self):
         return self._fd
 

@@ -40,6 +40,14 @@ def peek(ref):
     return (True, e.value)
 
 
+def wait_briefly(ref, budget):
+    """Busy-wait at most ``budget`` s on this event loop's thread for ``ref``
+    (the loop runs nothing else meanwhile); True if it became ready."""
+    if getattr(ref, "_e", None) is None:
+        return False
+    return _state.get_node().wait_briefly(ref, budget)
+
+
 def is_driver():
     n = _state.node
     return n is not None and n.id == 0
