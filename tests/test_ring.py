@@ -28,7 +28,8 @@ from ray_lite._fast.errors import (
     RingEmpty,
     SerializationError,
 )
-from ray_lite._fast.ring import get_async, wait_any
+from ray_lite._fast import ring as ring_facade
+from ray_lite._fast.ring import get_async, spin_any, wait_any
 
 from conftest import load_twin_module
 from ring_peer import Peer
@@ -312,6 +313,49 @@ def test_wait_any_sleeps_on_many_rings(ring_impl):
     finally:
         for r in producers + consumers:
             r.close()
+
+
+def test_spin_any_polls_many_rings_without_sleeping(ring_impl):
+    producers = [ring_impl.ShmRing.create(SMALL, side="producer") for _ in range(3)]
+    consumers = [ring_impl.ShmRing.attach(p.name, side="consumer") for p in producers]
+    try:
+        with pytest.raises(ValueError):
+            spin_any([], 1.0)
+        assert spin_any(consumers, 0.002) == []                 # bounded
+        assert spin_any(consumers, 0) == []
+        producers[1].put_bytes(b"x")
+        assert spin_any(consumers, 5.0) == [consumers[1]]
+        assert spin_any(consumers[1:2], 5.0) == [consumers[1]]  # one ring: its spin_poll
+        drain(consumers[1])
+        writer = threading.Thread(target=producers[2].put, args=("late",))
+        writer.start()
+        try:
+            assert spin_any(consumers, 5.0) == [consumers[2]]
+        finally:
+            writer.join(30)
+        assert drain(consumers[2]) == ["late"]
+        producers[0].close()
+        assert spin_any(consumers, 5.0) == [consumers[0]]       # a close ends it too
+        # It never armed anything: only the closed ring's descriptor fired.
+        assert select.select([c.fileno() for c in consumers], [], [], 0)[0] == \
+            [consumers[0].fileno()]
+    finally:
+        for r in producers + consumers:
+            r.close()
+
+
+def test_spin_any_gives_up_when_its_cpu_went_elsewhere(pair, monkeypatch):
+    """A round that took long means another thread had this CPU: spinning on
+    would take it from that thread, so the caller sleeps instead."""
+    _, consumer = pair
+    clock = iter([0.0, 0.000001, 0.000002, 0.5])     # the last round lost the CPU
+
+    class FakeTime:
+        @staticmethod
+        def monotonic():
+            return next(clock)
+    monkeypatch.setattr(ring_facade, "time", FakeTime)
+    assert spin_any([consumer, consumer], 10.0) == []    # well before its budget
 
 
 # ------------------------------------------------------ naming and claims ---

@@ -367,22 +367,26 @@ cdef bint rl_ring_poll(RingEnd* e) noexcept nogil:
     return e.pos != e.cache or _data_ready(e)
 
 
-# How often spin_poll hands the CPU to whatever else is runnable on it: the
-# peer it waits for may have been woken onto this very CPU.
+# How often spin_poll hands the CPU to whatever else is runnable on it (the
+# peer it waits for may have been woken onto this very CPU); it gives up
+# when it lost the CPU this long at once: the CPU is wanted elsewhere.
 cdef int64_t SPIN_POLL_YIELD_NS = 5000
+cdef int64_t SPIN_POLL_PREEMPTED_NS = 100000
 
 
 cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
-    cdef int64_t now
-    cdef int64_t next_yield = rl_now_ns() + SPIN_POLL_YIELD_NS
+    cdef int64_t now = rl_now_ns()
+    cdef int64_t before
+    cdef int64_t next_yield = now + SPIN_POLL_YIELD_NS
     cdef int i
     while True:
         for i in range(16):
             if _data_ready(e):
                 return True
             rl_cpu_relax()
+        before = now
         now = rl_now_ns()
-        if now >= deadline_ns:
+        if now >= deadline_ns or now - before > SPIN_POLL_PREEMPTED_NS:
             return _data_ready(e)
         if now >= next_yield:
             sched_yield()

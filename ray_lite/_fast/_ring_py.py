@@ -253,6 +253,7 @@ FIFO_SUFFIX = ".fifo"
 SPIN_NS = 20_000            # Python spins slowly; a few µs buys little
 YIELDS = 4
 SPIN_POLL_YIELD_NS = 5_000     # spin_poll hands the CPU on this often (the peer may be runnable here)
+SPIN_POLL_PREEMPTED_NS = 100_000   # and gives up after losing the CPU this long at once
 SLICE_NS_WEAK = 2_000_000   # see "Ordering"
 PEER_CHECK_NS = 100_000_000
 
@@ -1027,8 +1028,8 @@ class ShmRing:
         while True:
             if self.poll():
                 return True
-            now = time.monotonic_ns()
-            if now >= deadline:
+            before, now = now, time.monotonic_ns()
+            if now >= deadline or now - before > SPIN_POLL_PREEMPTED_NS:
                 return self.poll()
             if now >= next_yield:
                 os.sched_yield()

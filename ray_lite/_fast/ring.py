@@ -23,6 +23,12 @@ on something else than one ring from one thread:
     the timeout expires.  It spins briefly over all of them, then arms their
     descriptors and sleeps in ``poll(2)`` (with the peers' pidfds, so a dead
     peer wakes it too): one thread can sleep on many rings at ~0 CPU.
+``spin_any(rings, timeout) -> list``
+    The same question without ever sleeping: it polls the rings (and yields
+    the CPU every few microseconds) for at most ``timeout`` seconds.  For an
+    event loop that expects its next message within microseconds and has
+    nothing else to do: a sleeper is woken in tens of microseconds on a VM,
+    and its peers pay a descriptor write for the wake-up.
 ``async get_async(ring, timeout=None)``
     ``ring.get()`` for asyncio: a message already there is returned without
     touching the event loop; otherwise the ring's descriptor is armed and
@@ -36,6 +42,7 @@ many messages, registering ``ring.fileno()`` once with ``loop.add_reader``
 two ``epoll_ctl`` calls ``get_async`` makes per wait.
 """
 import asyncio
+import os
 import select
 import time
 
@@ -50,9 +57,14 @@ ShmRing = _impl.ShmRing
 WAIT_ANY_SPIN_S = 20e-6
 #: Sleeps end at least this often to look for dead peers not yet known by pidfd.
 SLICE_S = 0.1
+#: ``spin_any`` hands the CPU to whatever else is runnable on it this often,
+#: and gives up when a round took this long: something else ran meanwhile,
+#: for longer than the brief turns of the peers it waits for.
+SPIN_ANY_YIELD_S = 5e-6
+SPIN_ANY_PREEMPTED_S = 100e-6
 
 __all__ = ["COMPILED", "ShmRing", "RingEmpty", "ChannelClosedError", "MessageTooLargeError",
-           "PeerDiedError", "wait_any", "get_async"]
+           "PeerDiedError", "wait_any", "spin_any", "get_async"]
 
 
 def _ready(rings):
@@ -119,6 +131,32 @@ def wait_any(rings, timeout=None):
     finally:
         for r in rings:
             r.clear_fd()
+
+
+def spin_any(rings, timeout):
+    """Poll ``rings`` (consumer ends) for at most ``timeout`` seconds, never
+    sleeping; return the ready ones, or ``[]`` when the time ran out."""
+    rings = list(rings)
+    if not rings:
+        raise ValueError("spin_any needs at least one ring")
+    if len(rings) == 1:
+        return rings if rings[0].spin_poll(timeout) else []
+    polls = [r.poll for r in rings]
+    now = time.monotonic()
+    deadline = now + min(timeout, 1.0) if timeout > 0 else now
+    next_yield = now + SPIN_ANY_YIELD_S
+    while True:
+        for poll in polls:
+            if poll():
+                return _ready(rings)
+        before, now = now, time.monotonic()
+        if now >= deadline or now - before > SPIN_ANY_PREEMPTED_S:
+            # Out of time, or this CPU went to another thread for long: it
+            # is wanted, so stop spinning (the caller sleeps instead).
+            return []
+        if now >= next_yield:
+            os.sched_yield()
+            next_yield = now + SPIN_ANY_YIELD_S
 
 
 async def get_async(ring, timeout=None):

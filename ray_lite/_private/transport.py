@@ -157,6 +157,15 @@ WEAK_SLICE = None if RING_COMPILED else 0.002
 SPIN_S = 30e-6
 
 
+def spin_readable(links, timeout):
+    """Busy-wait at most ``timeout`` s, never sleeping, until a link may have
+    data (``ring.spin_any``); True if one may."""
+    try:
+        return bool(_ring_mod.spin_any([link._rx for link in links], timeout))
+    except (ValueError, OSError):   # a ring closed under us: reading will tell
+        return True
+
+
 @sleep_point
 def wait_readable(links, fds, timeout):
     """Sleep until a link may have data, a sentinel fd is readable, or ``timeout``.

@@ -48,6 +48,12 @@ def wait_briefly(ref, budget):
     return _state.get_node().wait_briefly(ref, budget)
 
 
+def spin_for_messages(budget):
+    """Busy-wait at most ``budget`` s on this event loop's thread for a call
+    on any link (the loop runs nothing else meanwhile); True if one came."""
+    return _state.get_node().spin_for_messages(budget)
+
+
 def is_driver():
     n = _state.node
     return n is not None and n.id == 0
