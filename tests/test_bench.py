@@ -219,10 +219,17 @@ def test_figures_are_related_to_the_anchor_of_the_same_run():
                ours_time, fig("B11", "anchor", "Ray", "us", 2_500.0),
                slow_rate, fig("B2", "anchor", "Ray", "tokens/s", 10_000),
                fig("B13", "compiled", "ray_lite", "MB", 20.0)]   # no anchor: untouched
-    relate_to_anchors(figures, {"B1": 50, "B2": 50})
+    latency = fig("B9", "compiled", "ray_lite", "us", 150.0, "<= 200 us", True)
+    figures += [latency, fig("B9", "anchor", "Ray Serve", "us", 4_500.0),
+                fig("B9", "ceiling", "bare uvicorn", "us", 120.0)]
+    relate_to_anchors(figures, {"B1": 50, "B2": 50, "B9": 10})
     assert ours_rate.detail["x_anchor"] == 300 and "300x Ray" in ours_rate.note
     assert ours_rate.goal_met is True and "50x Ray" in ours_rate.goal
     assert ours_time.detail["x_anchor"] == 250          # less time is better
     assert ours_time.goal == "<= 20 us"                 # no factor asked for B11
     assert slow_rate.detail["x_anchor"] == 30 and slow_rate.goal_met is False
-    assert "x_anchor" not in figures[-1].detail and figures[-1].note is None
+    assert "x_anchor" not in figures[6].detail and figures[6].note is None
+    # A ceiling is related too, but only the anchor counts for a factor goal.
+    assert latency.detail["x_anchor"] == 30 and latency.detail["x_ceiling"] == 0.8
+    assert latency.note == "30x Ray Serve; 0.80x bare uvicorn"
+    assert latency.goal_met is True and "10x Ray Serve" in latency.goal

@@ -4,8 +4,9 @@ child processes, the machine description, and the table and JSON output.
 A suite returns a list of :class:`Figure`.  A figure is one row of the table:
 one workload (``bench``, e.g. ``"B4"``) measured on one implementation
 (``impl``: ``"compiled"`` / ``"python"`` twin of ray_lite, ``"anchor"`` for
-what we compare with in the same run, ``"C"`` for a compiled loop with no
-Python in it).  A figure that could not be measured keeps its row, with
+what we compare with in the same run, ``"ceiling"`` for a bare reference
+that does less than the workload asks (a one-process HTTP server), ``"C"``
+for a compiled loop with no Python in it).  A figure that could not be measured keeps its row, with
 ``status`` saying why (``"not built"``, ``"unavailable"``, ``"error"``), so a
 missing compiled twin or an absent optional library shows in the table
 instead of silently vanishing.
@@ -31,7 +32,7 @@ ERROR = "error"
 class Figure:
     bench: str                     # "B3", "B4", ... (BENCHMARKS.md)
     name: str                      # what is measured, e.g. "ring round trip, 1-byte message"
-    impl: str                      # "compiled" | "python" | "anchor" | "C"
+    impl: str                      # "compiled" | "python" | "anchor" | "ceiling" | "C"
     label: str                     # the row's subject, e.g. "ray_lite (compiled)", "multiprocessing.Pipe"
     unit: str                      # "ns" | "us" | "%"
     value: float = None            # the headline statistic (a median or a p50)
@@ -187,29 +188,41 @@ def relate_to_anchors(figures, ratio_goals=None):
     """Give each ray_lite figure its factor over the anchor row of the same
     workload (same ``bench`` and ``name``, ``impl == "anchor"``) measured in
     this run: ``detail["x_anchor"]`` (> 1 means ray_lite is better: more per
-    second, or less time, memory or CPU) and a note such as "262x Ray".
+    second, or less time, memory or CPU) and a note such as "262x Ray".  A
+    ``"ceiling"`` row of the workload (what a bare server does, say) gives
+    ``detail["x_ceiling"]`` and its own note the same way.
 
     ``ratio_goals`` maps a bench id to the least factor its goal asks for
     (BENCHMARKS.md: "B1 >= 50x Ray in the same run"); such a figure's goal
-    then holds only if the factor holds too.
+    then holds only if the factor over the anchor holds too.
     """
     ratio_goals = ratio_goals or {}
-    anchors = {(f.bench, f.name): f for f in figures
-               if f.impl == "anchor" and f.status == OK and f.value}
+    refs = {"anchor": {}, "ceiling": {}}
     for f in figures:
-        a = anchors.get((f.bench, f.name))
-        if a is None or f.impl == "anchor" or f.status != OK or not f.value:
+        if f.impl in refs and f.status == OK and f.value:
+            refs[f.impl][(f.bench, f.name)] = f
+    for f in figures:
+        if f.impl in refs or f.status != OK or not f.value:
             continue
-        higher_is_better = f.unit.endswith("/s")
-        x = f.value / a.value if higher_is_better else a.value / f.value
-        f.detail = dict(f.detail, x_anchor=round(x, 2))
-        text = f"{x:,.0f}x {a.label}" if x >= 10 else f"{x:.2f}x {a.label}"
-        f.note = f"{text}; {f.note}" if f.note else text
-        least = ratio_goals.get(f.bench)
-        if least is not None:
-            f.goal = f"{f.goal} and >= {least}x {a.label}" if f.goal else f">= {least}x {a.label}"
-            if f.goal_met is not None:
-                f.goal_met = f.goal_met and x >= least
+        key = (f.bench, f.name)
+        texts = []
+        for kind, a in (("anchor", refs["anchor"].get(key)),
+                        ("ceiling", refs["ceiling"].get(key))):
+            if a is None:
+                continue
+            higher_is_better = f.unit.endswith("/s")
+            x = f.value / a.value if higher_is_better else a.value / f.value
+            f.detail = dict(f.detail, **{f"x_{kind}": round(x, 2)})
+            texts.append(f"{x:,.0f}x {a.label}" if x >= 10 else f"{x:.2f}x {a.label}")
+            least = ratio_goals.get(f.bench) if kind == "anchor" else None
+            if least is not None:
+                f.goal = (f"{f.goal} and >= {least}x {a.label}" if f.goal
+                          else f">= {least}x {a.label}")
+                if f.goal_met is not None:
+                    f.goal_met = f.goal_met and x >= least
+        if texts:
+            text = "; ".join(texts)
+            f.note = f"{text}; {f.note}" if f.note else text
 
 
 # -- the machine -----------------------------------------------------------------

@@ -7,7 +7,9 @@ reproduction) started with ``ray-lite serve run ...:model`` using ``ab`` and
 from starting that command to the first answer.  B2 runs the workload of
 Ray's ``streaming_handle_throughput.py`` (below, ``_b2_main``).  With
 ``--compare-ray`` the same app and workload run on Ray Serve with that Python,
-one after the other on the same port.
+and B7/B8/B9 also on a bare "hi" ASGI app served by uvicorn (uvloop,
+httptools, one process) when that Python has them: the ceiling of one
+Python process answering by itself, with no replica behind it.
 """
 import json
 import os
@@ -66,8 +68,23 @@ time.sleep(3600)
 """
 
 
+_UVICORN_SERVER = """
+import sys, uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+    await send({"type": "http.response.body", "body": b"hi"})
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
+            access_log=False, log_level="warning")
+"""
+
+
 class _Server:
-    """The hi app served by ray_lite's CLI or by Ray Serve, until stopped."""
+    """The hi app served by ray_lite's CLI, Ray Serve or bare uvicorn, until stopped."""
 
     def __init__(self, python, raymod, replicas):
         self.port = _free_port()
@@ -76,6 +93,8 @@ class _Server:
         if raymod == "ray_lite":
             cmd = [python, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
                    "serve", "run", "ray_lite.bench.serve_hi_app:model", "--port", str(self.port)]
+        elif raymod == "uvicorn":
+            cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
         else:
             cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE]
         self.t0 = time.monotonic()
@@ -100,7 +119,7 @@ class _Server:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM if self.raymod == "ray_lite" else signal.SIGINT)
+            self.proc.send_signal(signal.SIGINT if self.raymod == "ray" else signal.SIGTERM)
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -144,11 +163,12 @@ def _http_figures(ctx, python, raymod, impl, label, goals):
     srv = _Server(python, raymod, sz["replicas"])
     try:
         up = srv.wait_up(600)
-        figs.append(Figure(bench="B10", name=f"serve run of {sz['replicas']} replicas until it "
-                           f"answers (CLI start included)", impl=impl, label=label, unit="s",
-                           value=up, stat="once", trials=1,
-                           goal="<= 3 s" if goals else None,
-                           goal_met=(up <= 3.0) if goals else None))
+        if raymod != "uvicorn":
+            figs.append(Figure(bench="B10", name=f"serve run of {sz['replicas']} replicas until "
+                               f"it answers (CLI start included)", impl=impl, label=label,
+                               unit="s", value=up, stat="once", trials=1,
+                               goal="<= 3 s" if goals else None,
+                               goal_met=(up <= 3.0) if goals else None))
         if have_ab:
             _ab(srv.port, 200, 10)    # warm-up
             r = _ab(srv.port, sz["ab_n"], 100)
@@ -227,6 +247,18 @@ def compare_ray(ctx, python):
         except Exception as exc:   # noqa: BLE001
             figs.append(missing("-", part.__name__, "anchor", "Ray Serve", "", ERROR,
                                 f"{type(exc).__name__}: {exc}"))
+    label = "bare uvicorn"
+    probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
+                           capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        figs.append(missing("B9", "HTTP hi (bare uvicorn)", "ceiling", label, "us", UNAVAILABLE,
+                            f"{python} lacks uvicorn, uvloop or httptools"))
+        return figs
+    try:
+        figs += _http_figures(ctx, python, "uvicorn", "ceiling", label, False)
+    except Exception as exc:   # noqa: BLE001
+        figs.append(missing("-", "bare uvicorn", "ceiling", label, "", ERROR,
+                            f"{type(exc).__name__}: {exc}"))
     return figs
 
 
