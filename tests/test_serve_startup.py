@@ -257,3 +257,38 @@ def test_num_replicas_with_autoscaling_config_is_refused():
         serve.deployment(num_replicas=3, autoscaling_config={"min_replicas": 1})
     with pytest.raises(ValueError, match="num_replicas"):
         serve.deployment(num_replicas=-1)
+
+
+class _GrpcOptions:
+    """Shaped like Ray's gRPCOptions (attributes, not a dict)."""
+    port = 9000
+    grpc_servicer_functions = ["service_pb2_grpc.add_ModelServicer_to_server"]
+
+
+def test_start_refuses_what_it_cannot_honour_naming_it():
+    for grpc in ({"port": 9000, "grpc_servicer_functions": ["m.add_X_to_server"]},
+                 _GrpcOptions()):
+        with pytest.raises(ValueError, match="grpc_options.*no gRPC ingress"):
+            serve.start(grpc_options=grpc)
+    with pytest.raises(ValueError, match="tracing_config"):
+        serve.start(tracing_config={"exporter_import_path": "tracing:setup"})
+    with pytest.raises(ValueError, match="controller_options"):
+        serve.start(controller_options={"runtime_env": {}})
+    with pytest.raises(TypeError, match="http_port"):
+        serve.start(http_port=8000)
+
+
+def test_start_takes_ray_signature_and_harmless_options(runtime):
+    with pytest.warns(UserWarning, match="logging_config"):
+        serve.start(None, {"port": 0, "proxies": 1},
+                    grpc_options={"port": 9000, "grpc_servicer_functions": []},
+                    logging_config={"log_level": "INFO"}, detached=True)
+    try:
+        @serve.deployment
+        def hello(request):
+            return "hello"
+        serve.run(hello.bind())
+        from ray_lite.serve.api import _http_port
+        assert http(_http_port(), "GET", "/")[0] == 200
+    finally:
+        serve.shutdown()

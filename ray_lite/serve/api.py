@@ -1,5 +1,6 @@
 """``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
 import threading
+import warnings
 
 import cloudpickle
 
@@ -49,16 +50,45 @@ def _ensure_controller(http_options=None):
     return ctl
 
 
-def start(http_options=None, *, detached=False, proxy_location=None, grpc_options=None,
-          **_ignored):
+def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
+          tracing_config=None, controller_options=None, **kwargs):
     """Start Serve and its HTTP proxies (``http_options``: host, port, proxies,
-    request_timeout_s, max_body_size)."""
+    request_timeout_s, max_body_size), with Ray's signature.
+
+    What ray_lite cannot honour is refused, naming the option: a gRPC
+    ingress (``grpc_options`` with servicer functions), ``tracing_config``,
+    ``controller_options``.  ``logging_config`` is accepted and not applied
+    (Serve logs to standard error), with a warning.
+    """
+    _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
+                         kwargs)
     with _lock:
         opts = _http_options(http_options)
         ctl = _ensure_controller(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
         _api.get(ctl.start_proxies.remote(opts))
+
+
+def _option(config, name):
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
+                         kwargs):
+    if grpc_options is not None and _option(grpc_options, "grpc_servicer_functions"):
+        raise ValueError("serve.start(grpc_options=...): ray_lite.serve has no gRPC ingress "
+                         "(HTTP only); drop grpc_servicer_functions")
+    for name, value in (("tracing_config", tracing_config),
+                        ("controller_options", controller_options)):
+        if value is not None:
+            raise ValueError(f"serve.start({name}=...) is not supported by ray_lite.serve")
+    unknown = sorted(k for k in kwargs if k != "detached")    # detached: Ray's older keyword
+    if unknown:
+        raise TypeError(f"serve.start() got unexpected keyword arguments: {', '.join(unknown)}")
+    if logging_config is not None:
+        warnings.warn("serve.start(logging_config=...) is not applied by ray_lite.serve: "
+                      "Serve logs to standard error", stacklevel=3)
 
 
 def _http_options(http_options):
