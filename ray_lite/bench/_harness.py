@@ -13,6 +13,7 @@ instead of silently vanishing.
 """
 import datetime
 import gc
+import importlib
 import math
 import os
 import platform
@@ -65,6 +66,55 @@ def missing(bench, name, impl, label, unit, status, reason, goal=None):
     """A row for a figure that could not be measured."""
     return Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, goal=goal,
                   status=status, reason=reason)
+
+
+TWINS = ("compiled", "python")
+TWIN_LABEL = {"compiled": "ray_lite (compiled)", "python": "ray_lite (pure Python)"}
+
+
+def load_twin(name, twin):
+    """``(module, None)`` or ``(None, (status, reason))`` for twin "compiled"/"python"."""
+    module_name = f"ray_lite._fast._{name}_{'c' if twin == 'compiled' else 'py'}"
+    try:
+        return importlib.import_module(module_name), None
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None, (NOT_BUILT, f"{module_name} is not built")
+        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
+    except Exception as exc:   # noqa: BLE001 - an import error is a row, not a crash
+        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
+
+
+def guard(fn, *fail_rows):
+    """Run one measurement; an exception turns the rows it would have filled
+    into "error" rows that say why."""
+    try:
+        return fn()
+    except Exception as exc:   # noqa: BLE001 - a failed measurement is a row
+        for row in fail_rows:
+            row.value = None
+            row.status = ERROR
+            row.reason = f"{type(exc).__name__}: {exc}"
+        return list(fail_rows)
+
+
+def idle_waiter_figures(replies, twin, label, cpu_name, cpu_goal, wake_name, wake_goal):
+    """B5's two rows from an idle waiter's rounds, ``(cpu_ns, wall_ns, wake_ns)``
+    each, the first after the long idle: its CPU share then, and the wake-ups."""
+    cpu_ns, wall_ns, _ = replies[0]
+    cpu_pct = 100.0 * cpu_ns / wall_ns
+    cpu_fig = Figure("B5", cpu_name, twin, label, "%", cpu_pct, stat=f"over {wall_ns / 1e9:.1f} s",
+                     trials=1, samples=1, goal=cpu_goal, goal_met=cpu_pct <= 1.0)
+    cpu_fig.detail = {"cpu_s": cpu_ns / 1e9, "wall_s": wall_ns / 1e9,
+                      "short_idles_cpu_pct": [100.0 * c / w for c, w, _ in replies[1:]]}
+    wakes_us = [w / 1000.0 for _, _, w in replies]
+    value, spread = summarize_samples(wakes_us)
+    wake_fig = Figure("B5", wake_name, twin, label, "us", value, stat="p50",
+                      spread={"max": spread["max"], "after long idle": wakes_us[0]},
+                      trials=len(wakes_us), samples=len(wakes_us), goal=wake_goal,
+                      goal_met=value <= 100.0)
+    wake_fig.detail = {"samples_us": wakes_us}
+    return [cpu_fig, wake_fig]
 
 
 class Context:

@@ -24,10 +24,13 @@ import resource
 import time
 
 from ._harness import (
-    ERROR,
-    NOT_BUILT,
+    TWIN_LABEL,
+    TWINS,
     UNAVAILABLE,
     Figure,
+    guard,
+    idle_waiter_figures,
+    load_twin,
     missing,
     settle,
     summarize_samples,
@@ -36,8 +39,6 @@ from ._harness import (
 DESCRIPTION = ("executor: collective_rpc round trip (B6), broadcast queue idle reader (B5), "
                "one-way broadcast throughput")
 
-TWINS = ("compiled", "python")
-TWIN_LABEL = {"compiled": "ray_lite (compiled)", "python": "ray_lite (pure Python)"}
 TIMEOUT_S = 60.0  # any single wait on a child: a benchmark must fail, not hang
 
 B6_NAME = "collective_rpc round trip, no-op, small args, {n} worker{s}"
@@ -76,29 +77,6 @@ def _cpu_s_of(pid):
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def _load(name, twin):
-    module_name = f"ray_lite._fast._{name}_{'c' if twin == 'compiled' else 'py'}"
-    try:
-        return importlib.import_module(module_name), None
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None, (NOT_BUILT, f"{module_name} is not built")
-        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
-    except Exception as exc:   # noqa: BLE001 - an import error is a row, not a crash
-        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
-
-
-def _guard(fn, *rows):
-    try:
-        return fn()
-    except Exception as exc:   # noqa: BLE001 - a failed measurement is a row
-        for row in rows:
-            row.value = None
-            row.status = ERROR
-            row.reason = f"{type(exc).__name__}: {exc}"
-        return list(rows)
 
 
 def _vllm_reason():
@@ -187,7 +165,7 @@ def bench_b6(ctx):
             finally:
                 ex.shutdown()
             return [_b6_figure(label, impl, n, lat, cpu, wall, foreign)]
-        figures.extend(_guard(ours, row))
+        figures.extend(guard(ours, row))
 
         base = Figure("B6", B6_NAME.format(n=n, s=s), "anchor", "multiprocessing.Pipe executor", "us")
 
@@ -200,7 +178,7 @@ def bench_b6(ctx):
                 ex.close()
             return [_b6_figure("multiprocessing.Pipe executor", "anchor", n, lat, cpu, wall, foreign,
                                goal=False)]
-        figures.extend(_guard(pipe, base))
+        figures.extend(guard(pipe, base))
         figures.append(missing("B6", B6_NAME.format(n=n, s=s), "anchor", "vLLM MessageQueue executor",
                                "us", UNAVAILABLE, _vllm_reason()))
     return figures
@@ -289,7 +267,7 @@ def bench_b5(ctx):
     ctx.log(f"B5: MessageQueue idle reader, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
     figures = []
     for twin in TWINS:
-        mod, why = _load("broadcast", twin)
+        mod, why = load_twin("broadcast", twin)
         label = TWIN_LABEL[twin]
         if mod is None:
             figures.append(missing("B5", B5_CPU_NAME, twin, label, "%", *why, goal=B5_CPU_GOAL))
@@ -297,7 +275,7 @@ def bench_b5(ctx):
             continue
         rows = (Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
                 Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL))
-        figures.extend(_guard(lambda mod=mod, twin=twin, label=label:
+        figures.extend(guard(lambda mod=mod, twin=twin, label=label:
                               _idle(mod, twin, label, idle_s, short_idle_s, short_rounds), *rows))
     return figures
 
@@ -330,20 +308,8 @@ def _idle(mod, twin, label, idle_s, short_idle_s, short_rounds):
         q.close()
         _join_all([p])
         parent.close()
-    cpu_ns, wall_ns, _ = replies[0]
-    cpu_pct = 100.0 * cpu_ns / wall_ns
-    cpu_fig = Figure("B5", B5_CPU_NAME, twin, label, "%", cpu_pct, stat=f"over {wall_ns / 1e9:.1f} s",
-                     trials=1, samples=1, goal=B5_CPU_GOAL, goal_met=cpu_pct <= 1.0)
-    cpu_fig.detail = {"cpu_s": cpu_ns / 1e9, "wall_s": wall_ns / 1e9,
-                      "short_idles_cpu_pct": [100.0 * c / w for c, w, _ in replies[1:]]}
-    wakes_us = [w / 1000.0 for _, _, w in replies]
-    value, spread = summarize_samples(wakes_us)
-    wake_fig = Figure("B5", B5_WAKE_NAME, twin, label, "us", value, stat="p50",
-                      spread={"max": spread["max"], "after long idle": wakes_us[0]},
-                      trials=len(wakes_us), samples=len(wakes_us), goal=B5_WAKE_GOAL,
-                      goal_met=value <= 100.0)
-    wake_fig.detail = {"samples_us": wakes_us}
-    return [cpu_fig, wake_fig]
+    return idle_waiter_figures(replies, twin, label, B5_CPU_NAME, B5_CPU_GOAL, B5_WAKE_NAME,
+                               B5_WAKE_GOAL)
 
 
 # -- one-way broadcast throughput ---------------------------------------------------------
@@ -383,17 +349,17 @@ def bench_throughput(ctx):
         s = "s" if readers > 1 else ""
         name = TPUT_NAME.format(n=readers, s=s)
         for twin in TWINS:
-            mod, why = _load("broadcast", twin)
+            mod, why = load_twin("broadcast", twin)
             label = TWIN_LABEL[twin]
             if mod is None:
                 figures.append(missing("tput", name, twin, label, "msg/s", *why))
                 continue
             n = n_c if twin == "compiled" else n_py
             row = Figure("tput", name, twin, label, "msg/s")
-            figures.extend(_guard(lambda mod=mod, twin=twin, label=label, n=n, readers=readers:
+            figures.extend(guard(lambda mod=mod, twin=twin, label=label, n=n, readers=readers:
                                   _tput_mq(mod, twin, label, name, readers, n), row))
         row = Figure("tput", name, "anchor", "multiprocessing.Pipe fan-out", "msg/s")
-        figures.extend(_guard(lambda readers=readers: _tput_pipe(name, readers, n_c), row))
+        figures.extend(guard(lambda readers=readers: _tput_pipe(name, readers, n_c), row))
         figures.append(missing("tput", name, "anchor", "vLLM MessageQueue", "msg/s", UNAVAILABLE,
                                _vllm_reason().replace(
                                    "44 µs p50 / 96 µs p99, 2 workers", "128k msg/s, 1 reader")))

@@ -18,9 +18,14 @@ from ._harness import (
     ERROR,
     NOT_BUILT,
     OK,
+    TWIN_LABEL,
+    TWINS,
     UNAVAILABLE,
     ChildProcess,
     Figure,
+    guard,
+    idle_waiter_figures,
+    load_twin,
     missing,
     ns_per_call,
     settle,
@@ -30,38 +35,9 @@ from ._harness import (
 
 DESCRIPTION = "hot paths alone: stream table (B3), ring round trip (B4), idle waiter (B5), codec (B12)"
 
-TWINS = ("compiled", "python")
-TWIN_LABEL = {"compiled": "ray_lite (compiled)", "python": "ray_lite (pure Python)"}
-
 # Generous bounds on any single wait on a child: a benchmark must fail, not hang.
 STARTUP_TIMEOUT_S = 60.0     # a spawned interpreter importing ray_lite on a loaded machine
 MESSAGE_TIMEOUT_S = 30.0
-
-
-def load_twin(name, twin):
-    """``(module, None)`` or ``(None, (status, reason))`` for twin "compiled"/"python"."""
-    module_name = f"ray_lite._fast._{name}_{'c' if twin == 'compiled' else 'py'}"
-    try:
-        return importlib.import_module(module_name), None
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None, (NOT_BUILT, f"{module_name} is not built")
-        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
-    except Exception as exc:   # noqa: BLE001 - an import error is a row, not a crash
-        return None, (ERROR, f"{module_name}: {type(exc).__name__}: {exc}")
-
-
-def _guard(fn, *fail_rows):
-    """Run one measurement; an exception turns the rows it would have filled
-    into "error" rows that say why."""
-    try:
-        return fn()
-    except Exception as exc:   # noqa: BLE001
-        for row in fail_rows:
-            row.value = None
-            row.status = ERROR
-            row.reason = f"{type(exc).__name__}: {exc}"
-        return list(fail_rows)
 
 
 def run(ctx):
@@ -271,14 +247,14 @@ def bench_b4(ctx):
             samples, p50s = ring_round_trips(mod.__name__, n, trials, warmup)
             return [_latency_figure("B4", B4_NAME, twin, label, samples, p50s, trials,
                                     goal=B4_GOAL, goal_us=2.0)]
-        figures.extend(_guard(measure, row))
+        figures.extend(guard(measure, row))
 
     row = Figure("B4", B4_NAME, "anchor", "multiprocessing.Pipe send_bytes/recv_bytes", "us")
 
     def measure_pipe():
         samples, p50s = pipe_round_trips(n, trials, warmup)
         return [_latency_figure("B4", B4_NAME, "anchor", row.label, samples, p50s, trials)]
-    figures.extend(_guard(measure_pipe, row))
+    figures.extend(guard(measure_pipe, row))
     figures.extend(_ring_c_level(ctx))
     figures.extend(_spin_floor(ctx))
     return figures
@@ -312,7 +288,7 @@ def _ring_c_level(ctx):
             p50s.append(statistics.median(trial))
             samples.extend(trial)
         return [_latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)]
-    return _guard(run_c, row)
+    return guard(run_c, row)
 
 
 def _spin_floor(ctx):
@@ -338,7 +314,7 @@ def _spin_floor(ctx):
         fig = _latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)
         fig.note = "samples are block means"
         return [fig]
-    return _guard(run_floor, row)
+    return guard(run_floor, row)
 
 
 # -- B5: an idle waiter ------------------------------------------------------------
@@ -371,7 +347,7 @@ def bench_b5(ctx):
 
         def measure(mod=mod, twin=twin, label=label):
             return idle_waiter(mod.__name__, twin, label, idle_s, short_idle_s, short_rounds)
-        figures.extend(_guard(measure, *rows))
+        figures.extend(guard(measure, *rows))
     return figures
 
 
@@ -390,20 +366,8 @@ def idle_waiter(ring_module, twin, label, idle_s, short_idle_s, short_rounds):
             replies.append(_WAKE_REPLY.unpack(reply))
     finally:
         pair.close()
-    cpu_ns, wall_ns, wake_ns = replies[0]
-    cpu_pct = 100.0 * cpu_ns / wall_ns
-    cpu_fig = Figure("B5", B5_CPU_NAME, twin, label, "%", cpu_pct, stat=f"over {wall_ns / 1e9:.1f} s",
-                     trials=1, samples=1, goal=B5_CPU_GOAL, goal_met=cpu_pct <= 1.0)
-    cpu_fig.detail = {"cpu_s": cpu_ns / 1e9, "wall_s": wall_ns / 1e9,
-                      "short_idles_cpu_pct": [100.0 * c / w for c, w, _ in replies[1:]]}
-    wakes_us = [w / 1000.0 for _, _, w in replies]
-    value, spread = summarize_samples(wakes_us)
-    wake_fig = Figure("B5", B5_WAKE_NAME, twin, label, "us", value, stat="p50",
-                      spread={"max": spread["max"], "after long idle": wakes_us[0]},
-                      trials=len(wakes_us), samples=len(wakes_us), goal=B5_WAKE_GOAL,
-                      goal_met=value <= 100.0)
-    wake_fig.detail = {"samples_us": wakes_us}
-    return [cpu_fig, wake_fig]
+    return idle_waiter_figures(replies, twin, label, B5_CPU_NAME, B5_CPU_GOAL, B5_WAKE_NAME,
+                               B5_WAKE_GOAL)
 
 
 # -- B12: codec -----------------------------------------------------------------------
