@@ -851,7 +851,9 @@ cdef class ShmRing:
         an answer within microseconds and has nothing else to do meanwhile:
         a process that sleeps is woken in tens of microseconds on a VM, and
         its peer pays a descriptor write for the wake-up.  It yields the CPU
-        every few microseconds, in case the peer is runnable on this CPU.
+        every few microseconds, in case the peer is runnable on this CPU, and
+        gives up early (False) when the CPU went to another thread for 100 µs
+        at once: the CPU is wanted there more than here.
         """
         cdef RingEnd* e = &self.end
         cdef int64_t deadline

@@ -25,7 +25,8 @@ on something else than one ring from one thread:
     peer wakes it too): one thread can sleep on many rings at ~0 CPU.
 ``spin_any(rings, timeout) -> list``
     The same question without ever sleeping: it polls the rings (and yields
-    the CPU every few microseconds) for at most ``timeout`` seconds.  For an
+    the CPU every few microseconds) for at most ``timeout`` seconds, and
+    gives up early when its CPU went to another thread for long.  For an
     event loop that expects its next message within microseconds and has
     nothing else to do: a sleeper is woken in tens of microseconds on a VM,
     and its peers pay a descriptor write for the wake-up.
