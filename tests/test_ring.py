@@ -330,7 +330,9 @@ def test_spin_any_polls_many_rings_without_sleeping(ring_impl):
         writer = threading.Thread(target=producers[2].put, args=("late",))
         writer.start()
         try:
-            assert spin_any(consumers, 5.0) == [consumers[2]]
+            # (Retried: a spin also ends when its CPU went elsewhere for long.)
+            assert next(filter(None, (spin_any(consumers, 0.5) for _ in range(60))), None) == \
+                [consumers[2]]
         finally:
             writer.join(30)
         assert drain(consumers[2]) == ["late"]
@@ -552,10 +554,11 @@ def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
 
     # A message put while it spins ends the spin (the compiled one spins
     # without the GIL; the pure one lets the writer in at each GIL switch).
+    # Retried: a spin also ends early when its CPU went elsewhere for long.
     writer = threading.Thread(target=producer.put_bytes, args=(b"late",))
     writer.start()
     try:
-        assert consumer.spin_poll(5.0) is True
+        assert any(consumer.spin_poll(0.5) for _ in range(60))
     finally:
         writer.join(30)
     assert not select.select([fd], [], [], 0)[0]        # not armed: nothing written to the fd
