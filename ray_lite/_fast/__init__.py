@@ -8,10 +8,8 @@ pure-Python twins (and, at build time, skips compiling them).
 The pure-Python twins are the executable specification: when the two
 disagree, the compiled one is wrong.
 """
-import os
-
 #: True when the environment asks for the pure-Python twins.
-NO_EXTENSIONS = os.environ.get("RAY_LITE_NO_EXTENSIONS", "") not in ("", "0")
+from .._config import NO_EXTENSIONS
 
 from . import broadcast, codec, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
 

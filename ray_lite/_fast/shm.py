@@ -15,11 +15,13 @@ import os
 import re
 import secrets
 
+from .._config import SHM_PREFIX
+
 SHM_DIR = "/dev/shm"
 
 #: Prefix of every segment ray_lite creates unless told otherwise.  A runtime
 #: can narrow it (``rl_<runtime id>_``) so its clean-up touches only its own.
-DEFAULT_PREFIX = os.environ.get("RAY_LITE_SHM_PREFIX", "rl_")
+DEFAULT_PREFIX = SHM_PREFIX
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 # The first number after the prefix is the owning process: the creator for

@@ -14,13 +14,13 @@ queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 """
 import asyncio
 import collections
-import os
 import socket
 import sys
 from random import random as _random
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
+from ray_lite._config import SERVE_PROXY_SPIN_S
 from ray_lite._private import api as _api
 
 from . import _compat, context
@@ -37,7 +37,7 @@ MAX_PIPELINED = 64
 # request's latency at low load.  It spins only for a route whose recent
 # answers came within the budget, so a slow deployment costs no CPU.
 # RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
-SPIN_BUDGET_S = float(os.environ.get("RAY_LITE_SERVE_PROXY_SPIN_US", "200")) * 1e-6
+SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 _STATUS_LINES = {}
 

@@ -17,6 +17,7 @@ from time import monotonic as _monotonic
 
 import cloudpickle
 
+from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 from ray_lite._private.refs import ObjectRef
 
 from . import _compat, context
@@ -37,7 +38,7 @@ _REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
 # CPU per HTTP request.  The price: under CPU contention from other
 # programs, replicas get a smaller share.  RAY_LITE_SERVE_REPLICA_NICE=0
 # turns it off.
-_NICE = int(os.environ.get("RAY_LITE_SERVE_REPLICA_NICE", "10"))
+_NICE = SERVE_REPLICA_NICE
 
 # A replica whose HTTP requests come in quick succession (each arriving
 # within this long of the previous one's answer, on a moving average) spins,
@@ -47,7 +48,7 @@ _NICE = int(os.environ.get("RAY_LITE_SERVE_REPLICA_NICE", "10"))
 # latency.  It spins on the thread that waits and yields the CPU every few
 # microseconds; a replica whose requests come further apart never spins.
 # RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
-_SPIN_S = float(os.environ.get("RAY_LITE_SERVE_REPLICA_SPIN_US", "250")) * 1e-6
+_SPIN_S = SERVE_REPLICA_SPIN_S
 
 _TEXT = b"content-type: text/plain; charset=utf-8\r\n"
 _COROUTINE = types.CoroutineType

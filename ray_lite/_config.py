@@ -1,0 +1,122 @@
+"""Every ``RAY_LITE_*`` environment variable ray_lite reads, read here once.
+
+No other module of the runtime reads ``os.environ`` for its settings (the
+benchmark runner and the command line aside): they import the value from
+here.  Each variable is validated when ray_lite is imported, and a bad value
+raises ``ValueError`` naming the variable and what it accepts, instead of
+surfacing later as an odd failure deep inside a worker.
+
+The table in the README ("Environment variables") lists the same variables;
+``VARIABLES`` below is the source of truth.
+
+Processes that ray_lite starts inherit the environment, so they see the same
+values as their parent.
+"""
+import os
+import re
+
+__all__ = [
+    "VARIABLES", "ConfigVar",
+    "NO_EXTENSIONS", "SHM_PREFIX",
+    "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE",
+]
+
+
+class ConfigVar:
+    """One environment variable: its name, default, meaning and parser."""
+
+    __slots__ = ("name", "default", "accepts", "meaning", "parse")
+
+    def __init__(self, name, default, accepts, meaning, parse):
+        self.name = name
+        self.default = default
+        self.accepts = accepts
+        self.meaning = meaning
+        self.parse = parse
+
+    def read(self, environ=None):
+        environ = os.environ if environ is None else environ
+        raw = environ.get(self.name)
+        if raw is None or raw.strip() == "":
+            raw = self.default
+        try:
+            return self.parse(raw.strip())
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"environment variable {self.name}={raw!r} is invalid: "
+                f"it accepts {self.accepts}") from None
+
+
+def _flag(raw):
+    if raw in ("0", "false", "False", "no", ""):
+        return False
+    if raw in ("1", "true", "True", "yes"):
+        return True
+    raise ValueError(raw)
+
+
+def _micros_to_s(raw):
+    value = float(raw)
+    if not value >= 0 or value > 1e6:       # also refuses NaN
+        raise ValueError(raw)
+    return value * 1e-6
+
+
+def _nice(raw):
+    value = int(raw)
+    if not 0 <= value <= 19:
+        raise ValueError(raw)
+    return value
+
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _prefix(raw):
+    if not _PREFIX_RE.match(raw):
+        raise ValueError(raw)
+    return raw
+
+
+VARIABLES = (
+    ConfigVar("RAY_LITE_NO_EXTENSIONS", "0", "0 or 1",
+              "1: use the pure-Python twins of the hot paths (at build time: "
+              "build none of the compiled ones)", _flag),
+    ConfigVar("RAY_LITE_SHM_PREFIX", "rl_",
+              "1 to 64 letters, digits, '_', '.', '-'",
+              "prefix of every shared-memory segment ray_lite creates in /dev/shm",
+              _prefix),
+    ConfigVar("RAY_LITE_SERVE_PROXY_SPIN_US", "200",
+              "microseconds from 0 to 1000000",
+              "how long an HTTP proxy with one request in flight spins for the "
+              "replica's answer before it sleeps (0: never spins)", _micros_to_s),
+    ConfigVar("RAY_LITE_SERVE_REPLICA_SPIN_US", "250",
+              "microseconds from 0 to 1000000",
+              "how long a replica whose requests come in quick succession spins "
+              "for the next one after answering (0: never spins)", _micros_to_s),
+    ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "10", "an integer from 0 to 19",
+              "the nice value Serve replicas lower their CPU priority by once "
+              "started (0: not at all)", _nice),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def read(name, environ=None):
+    """The parsed value of variable ``name`` in ``environ`` (default: os.environ)."""
+    return _BY_NAME[name].read(environ)
+
+
+NO_EXTENSIONS = read("RAY_LITE_NO_EXTENSIONS")
+SHM_PREFIX = read("RAY_LITE_SHM_PREFIX")
+SERVE_PROXY_SPIN_S = read("RAY_LITE_SERVE_PROXY_SPIN_US")
+SERVE_REPLICA_SPIN_S = read("RAY_LITE_SERVE_REPLICA_SPIN_US")
+SERVE_REPLICA_NICE = read("RAY_LITE_SERVE_REPLICA_NICE")
+
+
+def markdown_table():
+    """The README's table of variables, made from ``VARIABLES``."""
+    rows = ["| variable | default | accepts | what it does |", "|---|---|---|---|"]
+    for v in VARIABLES:
+        rows.append(f"| `{v.name}` | `{v.default}` | {v.accepts} | {v.meaning} |")
+    return "\n".join(rows)
