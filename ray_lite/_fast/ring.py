@@ -49,15 +49,19 @@ import time
 
 from ._select import load_twin
 from .errors import ChannelClosedError, MessageTooLargeError, PeerDiedError, RingEmpty
+from .wait_policy import MULTI_SPIN_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 _impl, COMPILED = load_twin("ring")
 
 ShmRing = _impl.ShmRing
 
 #: How long ``wait_any`` polls its rings before it arms their descriptors and sleeps.
-WAIT_ANY_SPIN_S = 20e-6
+WAIT_ANY_SPIN_S = ns_to_s(MULTI_SPIN_NS)
 #: Sleeps end at least this often to look for dead peers not yet known by pidfd.
-SLICE_S = 0.1
+SLICE_S = ns_to_s(SLICE_NS)
+# An end that cannot fence (the pure-Python twin) may lose a wake-up: sleeps
+# on its descriptors end this often.
+_WEAK_SLICE_S = None if COMPILED else ns_to_s(SLICE_WEAK_NS)
 #: ``spin_any`` hands the CPU to whatever else is runnable on it this often,
 #: and gives up when a round took this long: something else ran meanwhile,
 #: for longer than the brief turns of the peers it waits for.
@@ -65,7 +69,7 @@ SPIN_ANY_YIELD_S = 5e-6
 SPIN_ANY_PREEMPTED_S = 100e-6
 
 __all__ = ["COMPILED", "ShmRing", "RingEmpty", "ChannelClosedError", "MessageTooLargeError",
-           "PeerDiedError", "wait_any", "spin_any", "get_async"]
+           "PeerDiedError", "wait_any", "wait_rings_or_fds", "spin_any", "get_async"]
 
 
 def _ready(rings):
@@ -84,54 +88,90 @@ def wait_any(rings, timeout=None):
     ready = _ready(rings)
     if ready or timeout is not None and timeout <= 0:
         return ready
-    now = time.monotonic()
-    deadline = None if timeout is None else now + timeout
-    spin_end = now + WAIT_ANY_SPIN_S
-    if deadline is not None and deadline < spin_end:
-        spin_end = deadline
-    while time.monotonic() < spin_end:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    spin_s = WAIT_ANY_SPIN_S
+    peers = {}              # the peers' pidfds -> their ring
+    watched = set()
+    while True:
+        for r in rings:
+            if id(r) not in watched:
+                pfd = r.peer_fd()
+                if pfd >= 0:
+                    peers[pfd] = r
+                    watched.add(id(r))
+        wait_s = SLICE_S
+        if deadline is not None:
+            wait_s = max(0.0, min(SLICE_S, deadline - time.monotonic()))
+        fired = wait_rings_or_fds(rings, list(peers), wait_s, spin_s)
+        spin_s = 0.0        # spun once; from now on a wake-up is worth a sleep
+        for pfd in fired:
+            peers[pfd].peer_alive()     # marks the peer dead: poll() is now true
         ready = _ready(rings)
         if ready:
             return ready
-    poller = select.poll()
-    for r in rings:
-        poller.register(r.fileno(), select.POLLIN)
-    pidfds = {}
-    try:
-        while True:
-            # Arm every ring; one that refuses (already ready) ends the wait.
-            for r in rings:
-                if not r.arm_fd():
-                    return _ready(rings)
-            for r in rings:
-                if r not in pidfds.values():
-                    pfd = r.peer_fd()
-                    if pfd >= 0:
-                        pidfds[pfd] = r
-                        poller.register(pfd, select.POLLIN)
-            if deadline is None:
-                wait_ms = SLICE_S * 1000
-            else:
-                wait_ms = max(0.0, min(SLICE_S, deadline - time.monotonic()) * 1000)
-            events = poller.poll(wait_ms)
-            for r in rings:
-                r.clear_fd()
-            fired = {fd for fd, _ in events}
-            for pfd, r in pidfds.items():
-                if pfd in fired:
-                    r.peer_alive()      # marks the peer dead: poll() is now true
-            if not events:
-                for r in rings:         # peers still unknown by pidfd, and pidfd-less systems
-                    if not r.closed:
-                        r.peer_alive()
+        if not fired:
+            for r in rings:             # peers still unknown by pidfd, and pidfd-less systems
+                if not r.closed:
+                    r.peer_alive()
             ready = _ready(rings)
             if ready:
                 return ready
-            if deadline is not None and time.monotonic() >= deadline:
-                return []
-    finally:
-        for r in rings:
-            r.clear_fd()
+        if deadline is not None and time.monotonic() >= deadline:
+            return []
+
+
+def wait_rings_or_fds(rings, fds=(), timeout=None, spin_s=WAIT_ANY_SPIN_S, yield_s=0.0):
+    """One wait on consumer ``rings`` and other descriptors ``fds`` (process
+    sentinels, say); the waiting policy shared by every waiter on several rings.
+
+    Polls the rings for ``spin_s`` seconds, then yields the CPU until
+    ``yield_s`` (a peer on this CPU gets to answer), then arms the rings'
+    descriptors and sleeps once in ``poll(2)`` on them and on ``fds``, for at
+    most ``timeout`` seconds (None: no limit; an end that cannot fence, at
+    most ``SLICE_WEAK_NS``: it may lose a wake-up).  Returns those of ``fds``
+    that fired (``[]`` when a ring became ready or the time ran out): the
+    caller reads its rings either way.  A ring closed under the wait ends it.
+    """
+    polls = [r.poll for r in rings]
+    if timeout is not None:
+        spin_s = min(spin_s, timeout)
+        yield_s = min(yield_s, timeout)
+    try:
+        now = time.monotonic()
+        spin_end = now + spin_s
+        yield_end = now + yield_s
+        while True:
+            for poll in polls:
+                if poll():
+                    return []
+            if now >= spin_end:
+                if now >= yield_end:
+                    break
+                os.sched_yield()
+            now = time.monotonic()
+        if _WEAK_SLICE_S is not None and (timeout is None or timeout > _WEAK_SLICE_S):
+            timeout = _WEAK_SLICE_S
+        poller = select.poll()
+        armed = []
+        try:
+            for r in rings:
+                if not r.arm_fd():
+                    return []           # a message came: no sleep
+                armed.append(r)
+                poller.register(r.fileno(), select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+            if fds:
+                wanted = set(fds)
+                return [fd for fd, _ in poller.poll(ms) if fd in wanted]
+            poller.poll(ms)
+            return []
+        finally:
+            for r in armed:
+                r.clear_fd()
+    except (ValueError, OSError):
+        return []                       # a ring closed under us: reading it will tell
 
 
 def spin_any(rings, timeout):

@@ -4,9 +4,10 @@ import inspect
 import os
 import threading
 
-from ray_lite.exceptions import GetTimeoutError
+from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
 
 from . import interrupts, state
+from . import protocol as P
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
 from .remote import ActorClass, ActorHandle, RemoteFunction
 
@@ -75,10 +76,7 @@ def create_actors(actor_class, calls):
         raise ValueError("create_actors creates unnamed actors")
     node = state.get_node()
     reqs = [actor_class._creation_request(node, opts, args, kwargs) for args, kwargs in calls]
-    if node.id == 0:
-        infos = node.create_actors(reqs)
-    else:
-        infos = node.rpc("create_actors", reqs)
+    infos = node.request(P.OP_CREATE_ACTORS, reqs)
     return [info if isinstance(info, Exception) else ActorHandle(info) for info in infos]
 
 
@@ -275,11 +273,7 @@ def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
-    node = state.get_node()
-    if node.id == 0:
-        node.kill_actor(actor._info.actor_id)
-    else:
-        node.rpc("kill", actor._info.actor_id)
+    state.get_node().request(P.OP_KILL, actor._info.actor_id)
 
 
 def cancel(ref, *, force=False, recursive=True):
@@ -298,17 +292,12 @@ def cancel(ref, *, force=False, recursive=True):
         s = ref._s
         if s.done:
             return
-        if node.inflight.get(s.peer, {}).get(s.sid) == "stream":  # an actor's stream
+        if node.inflight.get(s.peer, {}).get(s.sid) == P.STREAM:  # an actor's stream
             if force:
                 raise ValueError("force=True is not supported for actor tasks.")
             node.cancel_stream(s, force)
             return
-        oid = s.sid
-        if node.id == 0:
-            node.cancel_task(oid, force)
-        else:
-            node.rpc("cancel", (oid, force))
-        from ray_lite.exceptions import TaskCancelledError
+        node.request(P.OP_CANCEL, s.sid, force)
         node.fail_stream(s, TaskCancelledError())
         return
     if type(ref) is not ObjectRef:
@@ -318,15 +307,12 @@ def cancel(ref, *, force=False, recursive=True):
         return
     oid = ref._id
     for peer, fl in list(node.inflight.items()):
-        if fl.get(oid) == "actor":
+        if fl.get(oid) == P.ACTOR_CALL:
             if force:
                 raise ValueError("force=True is not supported for actor tasks.")
-            node.send(peer, ("X", oid, force))
+            node.send(peer, P.cancel_msg(oid, force))
             return
-    if node.id == 0:
-        node.cancel_task(oid, force)
-    else:
-        node.rpc("cancel", (oid, force))
+    node.request(P.OP_CANCEL, oid, force)
 
 
 def get_actor(name, namespace=None):
@@ -335,8 +321,4 @@ def get_actor(name, namespace=None):
         raise ValueError("Please supply a non-empty value to get_actor")
     node = state.get_node()
     ns = namespace if namespace is not None else node.namespace
-    if node.id == 0:
-        info = node.get_actor(name, ns)
-    else:
-        info = node.rpc("get_actor", (name, ns))
-    return ActorHandle(info)
+    return ActorHandle(node.request(P.OP_GET_ACTOR, name, ns))

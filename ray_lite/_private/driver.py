@@ -8,35 +8,14 @@ import threading
 from ray_lite._fast import shm
 from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
+from . import protocol as P
 from . import state
 from .node import Node
 from .procutil import CANCEL_SIGNAL
+from .protocol import ActorInfo, TaskSpec
 from .refs import ObjectRef
 from .transport import Link
 from .zygote import ZygoteClient
-
-
-class TaskSpec:
-    """A task the driver schedules onto the pool (its own or a worker's nested one)."""
-
-    __slots__ = ("oid", "fn_id", "blob", "args", "kwargs", "nret", "stream", "bp",
-                 "retries", "name", "owner", "deps_left", "cancelled", "has_refs")
-
-    def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner):
-        self.oid = oid
-        self.fn_id = fn_id
-        self.blob = blob
-        self.args = args
-        self.kwargs = kwargs
-        self.nret = nret
-        self.stream = stream
-        self.bp = bp
-        self.retries = retries
-        self.name = name
-        self.owner = owner
-        self.deps_left = 0
-        self.cancelled = False
-        self.has_refs = True     # until submit looked
 
 
 class _PoolWorker:
@@ -48,25 +27,6 @@ class _PoolWorker:
         self.shipped = set()
         self.task = None
         self.blocked = False
-
-
-class ActorInfo:
-    """What a handle needs to reach an actor (picklable: handles travel)."""
-
-    __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace")
-
-    def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace):
-        self.actor_id = actor_id
-        self.pid = pid
-        self.class_name = class_name
-        self.methods = methods
-        self.is_async = is_async
-        self.name = name
-        self.namespace = namespace
-
-    def __reduce__(self):
-        return (ActorInfo, (self.actor_id, self.pid, self.class_name, self.methods,
-                            self.is_async, self.name, self.namespace))
 
 
 class DriverNode(Node):
@@ -92,7 +52,17 @@ class DriverNode(Node):
         self.pids = {0: pid}
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
-        self.handlers.update({"Q": self._on_request, "K": self._on_ack})
+        self.handlers.update({P.REQUEST: self._on_request, P.ACK: self._on_ack})
+        # op -> handler(peer, *args): what ``request`` (here) and a worker's
+        # REQUEST message (``_on_request``) run.
+        self.requests = {
+            P.OP_SUBMIT: self._req_submit, P.OP_BLOCKED: self._req_blocked,
+            P.OP_CONNECT: self._req_connect, P.OP_PID_OF: self._req_pid_of,
+            P.OP_CREATE_ACTOR: self._req_create_actor,
+            P.OP_CREATE_ACTORS: self._req_create_actors,
+            P.OP_GET_ACTOR: self._req_get_actor, P.OP_KILL: self._req_kill,
+            P.OP_CANCEL: self._req_cancel,
+        }
         self.zygote = ZygoteClient()
         try:
             for _ in range(num_cpus):
@@ -126,7 +96,7 @@ class DriverNode(Node):
         return w
 
     def peer_kind(self, peer):
-        return "worker" if peer in self.pool else "actor"
+        return P.POOL_WORKER if peer in self.pool else P.ACTOR_CALL
 
     def submit(self, spec):
         with self._sched:
@@ -204,7 +174,7 @@ class DriverNode(Node):
                 return True
         w = self.idle.pop()
         fn_id = spec.fn_id
-        msg = ("T", spec.oid, fn_id, None if fn_id in w.shipped else spec.blob, args, kwargs,
+        msg = (P.TASK, spec.oid, fn_id, None if fn_id in w.shipped else spec.blob, args, kwargs,
                spec.nret, spec.stream, spec.bp, spec.name)
         # Booked before the send: a KeyboardInterrupt right after it (the
         # task may make the driver's Ctrl-C itself) must not leave a worker
@@ -234,11 +204,8 @@ class DriverNode(Node):
 
     def _fail_task(self, spec, err):
         if spec.owner != self.id:
-            if spec.stream:
-                self.send(spec.owner, ("I", spec.oid, 0, False, err))
-                self.send(spec.owner, ("E", spec.oid, 1))
-            else:
-                self.send(spec.owner, ("R", spec.oid, False, err))
+            for msg in P.failure_msgs(spec.oid, spec.stream, err):
+                self.send(spec.owner, msg)
             return
         if spec.stream:
             s = self.streams.get(spec.oid)
@@ -356,7 +323,7 @@ class DriverNode(Node):
                         # The message says which task; the signal interrupts
                         # it (a KeyboardInterrupt in the task, as in Ray) if
                         # it is still that one when the worker looks.
-                        self.send(w.id, ("X", oid, False))
+                        self.send(w.id, P.cancel_msg(oid, False))
                         try:
                             os.kill(w.pid, CANCEL_SIGNAL)
                         except ProcessLookupError:
@@ -456,58 +423,69 @@ class DriverNode(Node):
         return peer in self.links
 
     # ----------------------------------------------------------- requests
+    def request(self, op, *args):
+        return self.requests[op](0, *args)
+
+    def submit_task(self, *fields):
+        """Schedule a task of this process (``TaskSpec``'s fields but the owner)."""
+        self.submit(TaskSpec(*fields, owner=0))
+
     def _on_request(self, peer, msg):
         _, req, op, args = msg
         try:
-            if op == "submit":
-                spec = TaskSpec(*args, owner=peer)
-                if spec.stream:
-                    self.forward[spec.oid] = peer
-                else:
-                    self.forward[spec.oid] = peer
-                self.submit(spec)
-                result = None
-            elif op == "blocked":
-                with self._sched:
-                    w = self.pool.get(peer)
-                    if w is not None and w.task is not None and w.blocked != args:
-                        w.blocked = args
-                        self.num_blocked += 1 if args else -1
-                        self.busy += -1 if args else 1
-                        self._dispatch()
-                result = None
-            elif op == "connect":
-                target, names = args
-                if target in self.links:
-                    self.send(target, ("A", peer, self.pids.get(peer), names))
-                result = None
-            elif op == "pid_of":
-                result = self.pids.get(args)
-            elif op == "create_actor":
-                result = self.create_actor(*args)
-            elif op == "create_actors":
-                result = self.create_actors(args)
-            elif op == "get_actor":
-                result = self.get_actor(*args)
-            elif op == "kill":
-                self.kill_actor(args)
-                result = None
-            elif op == "cancel":
-                result = self.cancel_task(*args)
-            else:
+            handler = self.requests.get(op)
+            if handler is None:
                 raise ValueError(f"unknown request {op!r}")
+            result = handler(peer, *args)
             ok = True
         except Exception as exc:
             ok, result = False, exc
         if req:
-            self.send(peer, ("P", req, ok, result))
+            self.send(peer, P.reply_msg(req, ok, result))
+
+    def _req_submit(self, peer, *fields):
+        spec = TaskSpec(*fields, owner=peer)
+        if peer != self.id:
+            self.forward[spec.oid] = peer      # its results go back to that worker
+        self.submit(spec)
+
+    def _req_blocked(self, peer, blocked):
+        with self._sched:
+            w = self.pool.get(peer)
+            if w is not None and w.task is not None and w.blocked != blocked:
+                w.blocked = blocked
+                self.num_blocked += 1 if blocked else -1
+                self.busy += -1 if blocked else 1
+                self._dispatch()
+
+    def _req_connect(self, peer, target, names):
+        if target in self.links:
+            self.send(target, P.attach_msg(peer, self.pids.get(peer), names))
+
+    def _req_pid_of(self, peer, actor_id):
+        return self.pids.get(actor_id)
+
+    def _req_create_actor(self, peer, *request):
+        return self.create_actor(*request)
+
+    def _req_create_actors(self, peer, requests):
+        return self.create_actors(requests)
+
+    def _req_get_actor(self, peer, name, namespace):
+        return self.get_actor(name, namespace)
+
+    def _req_kill(self, peer, actor_id):
+        self.kill_actor(actor_id)
+
+    def _req_cancel(self, peer, oid, force):
+        return self.cancel_task(oid, force)
 
     # ----------------------------------------------------------- shutdown
     def shutdown(self):
         self.stop_service()
         self.closed = True
         for peer in list(self.links):
-            self.send(peer, ("Z",))
+            self.send(peer, P.exit_msg())
         try:
             self.zygote.stop()
         finally:

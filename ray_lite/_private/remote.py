@@ -5,11 +5,11 @@ import os
 
 from ray_lite.exceptions import ActorDiedError
 
+from . import protocol as P
 from . import state
-from .refs import ObjectRef, ObjectRefGenerator, _Entry, error_entry, probe_serialisable
-from .transport import LinkClosed
-from .driver import TaskSpec
+from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
 from .shipping import ship
+from .transport import LinkClosed
 
 # Options Ray accepts that ray_lite honours.
 _TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects"}
@@ -184,13 +184,8 @@ class RemoteFunction:
             oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
             node.pending[oid] = target
-        args = list(args)
-        if node.id == 0:
-            node.submit(TaskSpec(oid, self._fn_id, blob, args, kwargs, nret, stream, bp,
-                                 plan.retries, name, 0))
-        else:
-            node.send(0, ("Q", 0, "submit", (oid, self._fn_id, blob, args, kwargs, nret,
-                                             stream, bp, plan.retries, name)))
+        node.submit_task(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
+                         plan.retries, name)
         return result
 
     def __reduce__(self):
@@ -277,11 +272,7 @@ class ActorClass:
     def _remote(self, opts, args, kwargs):
         node = state.get_node()
         req = self._creation_request(node, opts, args, kwargs)
-        if node.id == 0:
-            info = node.create_actor(*req)
-        else:
-            info = node.rpc("create_actor", req)
-        return ActorHandle(info)
+        return ActorHandle(node.request(P.OP_CREATE_ACTOR, *req))
 
     def __reduce__(self):
         return (_rebuild_actor_class, (self._cls, self._options))
@@ -382,11 +373,11 @@ class ActorMethod:
             fl = node.inflight.get(aid)
             if fl is None:
                 fl = node.inflight[aid] = {}
-            fl[oid] = "actor"
+            fl[oid] = P.ACTOR_CALL
         link = node.links.get(aid)
         if link is not None:
             try:
-                link.send(("M", oid, self._name, args, kwargs, nret, stream, bp))
+                link.send((P.METHOD, oid, self._name, args, kwargs, nret, stream, bp))
                 return result
             except (LinkClosed, OSError):
                 pass
@@ -396,7 +387,7 @@ class ActorMethod:
                     node.inflight.get(aid, {}).pop(oid, None)
                 raise
         if aid in node.dead_peers or not node.connect(aid) or not node.send(
-                aid, ("M", oid, self._name, args, kwargs, nret, stream, bp)):
+                aid, P.method_msg(oid, self._name, args, kwargs, nret, stream, bp)):
             err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
                                  actor_id=aid)
             if stream:
@@ -408,5 +399,3 @@ class ActorMethod:
                     e.set_error(err)
         return result
 
-
-_ = error_entry

@@ -3,48 +3,25 @@ import asyncio
 import collections
 import inspect
 import os
-import pickle
 import signal
 import sys
 import threading
 import traceback
 import types
 
-import cloudpickle
-
 from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCancelledError
 
+from . import protocol as P
 from . import state
+from .aio import AsyncSlots, new_event_loop
+from .errors import make_task_error, sendable_error, unpicklable_task_error
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .refs import ObjectRef, ObjectRefGenerator
+from .refs import ObjectRef
 from .shipping import unship
 from .transport import Link
 
-
-def make_task_error(name, exc, tb=None):
-    """The error sent for a failure of user code: a RayTaskError with the traceback."""
-    if tb is None:
-        tb = traceback.format_exc()
-    if isinstance(exc, RayTaskError):
-        return exc
-    if isinstance(exc, RayError):
-        return exc
-    return RayTaskError(name, tb, exc, os.getpid())
-
-
-def _sendable_error(err, name):
-    """``err`` if it survives a pickle round trip, else a RayTaskError keeping its text.
-
-    An exception class whose ``__init__`` does not match its ``args`` pickles
-    but fails to unpickle: the owner must never receive such a message.
-    """
-    try:
-        pickle.loads(cloudpickle.dumps(err))
-        return err
-    except Exception:
-        tb = getattr(err, "traceback_str", "") or repr(err)
-        return RayTaskError(name, tb, RuntimeError(f"(unpicklable) {err!r}"), os.getpid())
+_COROUTINE = types.CoroutineType
 
 
 class WorkerNode(Node):
@@ -73,14 +50,14 @@ class WorkerNode(Node):
         self.actor_init_error = None
         self.loop = None
         self.executor = None
-        self.handlers.update({"T": self._on_task, "M": self._on_method, "X": self._on_cancel,
-                              "Z": self._on_exit})
-        self.handlers["K"] = self._on_ack_worker
+        self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
+                              P.CANCEL: self._on_cancel, P.EXIT: self._on_exit,
+                              P.ACK: self._on_ack_worker})
         self.add_link(0, Link.attach(spec["link_names"]), spec["driver_pid"])
 
     # ----------------------------------------------------------- plumbing
     def peer_kind(self, peer):
-        return "worker" if peer == 0 else "actor"
+        return P.POOL_WORKER if peer == 0 else P.ACTOR_CALL
 
     def on_peer_died(self, peer, kind):
         if peer == 0:  # the driver is gone: nothing left to do for anyone
@@ -96,7 +73,7 @@ class WorkerNode(Node):
         self.add_link(peer, link, pid)
         if peer in self.dead_peers:
             return False
-        self.send(0, ("Q", 0, "connect", (peer, link.names)))
+        self.notify(P.OP_CONNECT, peer, link.names)
         return True
 
     def _on_attach(self, peer, msg):
@@ -104,10 +81,10 @@ class WorkerNode(Node):
         self.known_pids[requester] = pid
         self.add_link(requester, Link.attach(names), pid)
 
-    def rpc(self, op, args):
+    def request(self, op, *args):
         """A request to the driver, answered; drives the links while waiting."""
         req = next(self._rpc_seq)
-        if not self.send(0, ("Q", req, op, args)):
+        if not self.send(0, P.request_msg(req, op, args)):
             raise RuntimeError("the driver is gone")
         self.wait_until(lambda: req in self.rpc_replies)
         ok, payload = self.rpc_replies.pop(req)
@@ -115,19 +92,27 @@ class WorkerNode(Node):
             raise payload
         return payload
 
+    def notify(self, op, *args):
+        """A request to the driver that needs no answer."""
+        self.send(0, P.request_msg(0, op, args))
+
+    def submit_task(self, *fields):
+        """A nested task, scheduled by the driver; its results come back through it."""
+        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT, fields))
+
     def block_begin(self):
         # A pool worker waiting in get lends its CPU back so that the driver
         # can run the task it waits for (no deadlock with a full pool).
         if self.kind == "pool" and self.current_thread_busy:
             self.blocked_depth += 1
             if self.blocked_depth == 1:
-                self.send(0, ("Q", 0, "blocked", True))
+                self.notify(P.OP_BLOCKED, True)
 
     def block_end(self):
         if self.kind == "pool" and self.blocked_depth:
             self.blocked_depth -= 1
             if self.blocked_depth == 0:
-                self.send(0, ("Q", 0, "blocked", False))
+                self.notify(P.OP_BLOCKED, False)
 
     def _on_exit(self, peer, msg):
         self.exiting = True
@@ -184,7 +169,7 @@ class WorkerNode(Node):
                 link = self.links.get(0)
                 if link is not None:
                     for m in link.recv_all():
-                        if m[0] == "X":
+                        if m[0] == P.CANCEL:
                             self._on_cancel(0, m)
                         else:
                             self._stash.append((0, m))
@@ -291,15 +276,14 @@ class WorkerNode(Node):
         except (ConnectionError, OSError):
             return
         except Exception as exc:
-            kind = "result" if msg[0] == "R" else f"item {msg[2]}"
+            is_result = msg[0] == P.RESULT
+            kind = "result" if is_result else f"item {msg[2]}"
             err = RayTaskError(name, f"could not serialize the {kind} of {name}: {exc!r}",
                                TypeError(f"could not serialize the {kind} of {name}: {exc}"),
                                os.getpid())
-            if msg[0] == "R":
-                self.send(peer, ("R", msg[1], False, err))
-            else:
-                self.send(peer, ("I", msg[1], msg[2], False, err))
-                self.send(peer, ("E", msg[1], msg[2] + 1))
+            for m in ((P.result_msg(msg[1], False, err),) if is_result
+                      else P.stream_failed_msgs(msg[1], msg[2], err)):
+                self.send(peer, m)
             return False
         return True
 
@@ -328,7 +312,7 @@ class WorkerNode(Node):
             if self.blocked_depth:
                 # Interrupted inside a get: lend the CPU slot back for good.
                 self.blocked_depth = 0
-                self.send(0, ("Q", 0, "blocked", False))
+                self.notify(P.OP_BLOCKED, False)
             if self._bridges:
                 # Loops made by asyncio.run for async functions are closed now.
                 for loop in [lp for lp in self._bridges if lp.is_closed()]:
@@ -340,12 +324,9 @@ class WorkerNode(Node):
         return make_task_error(name, exc)
 
     def _send_failure(self, peer, oid, stream, err, name):
-        err = _sendable_error(err, name)
-        if stream:
-            self.send(peer, ("I", oid, 0, False, err))
-            self.send(peer, ("E", oid, 1))
-        else:
-            self.send(peer, ("R", oid, False, err))
+        err = sendable_error(err, unpicklable_task_error(name))
+        for m in P.failure_msgs(oid, stream, err):
+            self.send(peer, m)
 
     def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
         try:
@@ -376,7 +357,7 @@ class WorkerNode(Node):
             if isinstance(exc, SystemExit):
                 raise
             return
-        self.reply(peer, ("R", oid, True, result), name)
+        self.reply(peer, (P.RESULT, oid, True, result), name)
 
     @staticmethod
     def _split(result, nret, name):
@@ -411,7 +392,7 @@ class WorkerNode(Node):
                 if sid in self.cancelled:
                     gen.close()
                     break
-                if not self.reply(peer, ("I", sid, i, True, item), name):
+                if not self.reply(peer, (P.ITEM, sid, i, True, item), name):
                     gen.close()      # reply() sent item i as an error, and the end
                     return
                 i += 1
@@ -427,18 +408,18 @@ class WorkerNode(Node):
             return
         finally:
             self.stream_acks.pop(sid, None)
-        self.send(peer, ("E", sid, i))
+        self.send(peer, P.end_msg(sid, i))
 
     def _end_failed_stream(self, peer, sid, i, name, exc):
         """The generator of stream ``sid`` raised ``exc`` at item ``i``: item
         ``i`` is the error, then the stream ends; a cancelled stream just
         ends.  True when it was cancelled."""
         if sid in self.cancelled:
-            self.send(peer, ("E", sid, i))
+            self.send(peer, P.end_msg(sid, i))
             return True
-        err = _sendable_error(make_task_error(name, exc), name)
-        self.send(peer, ("I", sid, i, False, err))
-        self.send(peer, ("E", sid, i + 1))
+        err = sendable_error(make_task_error(name, exc), unpicklable_task_error(name))
+        for m in P.stream_failed_msgs(sid, i, err):
+            self.send(peer, m)
         return False
 
     async def _drain_async_gen(self, peer, sid, agen, bp, name):
@@ -450,7 +431,7 @@ class WorkerNode(Node):
             async for item in agen:
                 if cancelled and sid in cancelled:
                     break
-                msg = ("I", sid, i, True, item)
+                msg = (P.ITEM, sid, i, True, item)
                 try:
                     send(msg)          # the common case, without reply()'s checks
                 except Exception:      # noqa: BLE001 - reply() tells what went wrong
@@ -464,12 +445,12 @@ class WorkerNode(Node):
                         self.ack_waiters[sid] = bridge.waker(fut)
                         await fut
             else:
-                self.send(peer, ("E", sid, i))
+                self.send(peer, P.end_msg(sid, i))
                 return
             await agen.aclose()
-            self.send(peer, ("E", sid, i))
+            self.send(peer, P.end_msg(sid, i))
         except asyncio.CancelledError:
-            self.send(peer, ("E", sid, i))
+            self.send(peer, P.end_msg(sid, i))
             return
         except BaseException as exc:
             self._end_failed_stream(peer, sid, i, name, exc)
@@ -592,85 +573,13 @@ class WorkerNode(Node):
                         else make_task_error(name, exc)
                     self._send_failure(peer, oid, stream, err, name)
                     return
-                self.reply(peer, ("R", oid, True, result), name)
+                self.reply(peer, (P.RESULT, oid, True, result), name)
             finally:
                 slots.release()
         finally:
             self.running.pop(oid, None)
             self.cancelled.discard(oid)
             self.live.discard(oid)
-
-
-class AsyncSlots:
-    """A FIFO semaphore for one event loop whose uncontended acquire costs no
-    coroutine call: the caller takes a slot itself::
-
-        if slots.free > 0 and not slots.waiters: slots.free -= 1
-        else: await slots.wait()
-        try: ... finally: slots.release()
-
-    (or ``async with slots``, off the hot paths).
-    """
-
-    __slots__ = ("free", "waiters")
-
-    def __init__(self, n):
-        self.free = n
-        self.waiters = collections.deque()
-
-    async def wait(self):
-        fut = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()      # the slot was handed over just before the cancel
-            raise
-
-    async def __aenter__(self):
-        if self.free > 0 and not self.waiters:
-            self.free -= 1
-        else:
-            await self.wait()
-
-    async def __aexit__(self, *exc):
-        self.release()
-
-    def release(self):
-        waiters = self.waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():          # a cancelled waiter is skipped
-                fut.set_result(None)    # the slot passes to it
-                return
-        self.free += 1
-
-
-_COROUTINE = types.CoroutineType
-
-
-def _is_async_class(cls):
-    for _, member in inspect.getmembers(cls):
-        if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
-            return True
-    return False
-
-
-def _new_event_loop():
-    # uvloop (when installed) runs an async actor's loop in C: its wake-ups,
-    # callbacks and socket writes cost a fraction of the pure-Python loop's.
-    # RAY_LITE_NO_EXTENSIONS=1 means no compiled code of ours or theirs
-    # (and gives CI a run on asyncio's own loop).
-    from ray_lite._fast import NO_EXTENSIONS
-    if not NO_EXTENSIONS:
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 def worker_main(spec):
@@ -684,7 +593,7 @@ def worker_main(spec):
         return
     a = spec["actor"]
     if a["is_async"]:
-        loop = _new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         node.loop = loop
 
@@ -712,5 +621,3 @@ def worker_main(spec):
         return
     node.serve_calls(node._run_method)
 
-
-_ = (threading, ObjectRefGenerator, _is_async_class)

@@ -22,6 +22,9 @@ import signal
 import sys
 import traceback
 
+from ray_lite._private.errors import sendable_error
+from ray_lite._private.procutil import die_with_parent
+
 CALL = 0
 SHUTDOWN = 1
 READY = -1
@@ -29,28 +32,14 @@ START_FAILED = -2
 OK = 0
 ERROR = 1
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(driver_pid):
-    """Ask the kernel for SIGKILL when the driver exits; then make sure it
-    had not exited already (the request would never fire)."""
-    import ctypes
-    import ctypes.util
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != driver_pid:
-        os._exit(1)
-
 
 def _portable_error(exc):
-    """``exc`` if the codec can carry it, else a RuntimeError with its text."""
-    from ray_lite._fast import codec
-    try:
-        codec.dumps(exc)
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+    """``exc`` if it can travel to the driver, else a RuntimeError with its text."""
+    return sendable_error(exc, _described)
+
+
+def _described(exc):
+    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
 def main(blob_fd):
@@ -63,7 +52,7 @@ def main(blob_fd):
     boot = cloudpickle.loads(blob)
     driver_pid = boot["driver_pid"]
     if boot["die_with_parent"]:
-        _die_with_parent(driver_pid)
+        die_with_parent(driver_pid)
     elif os.getppid() != driver_pid:
         os._exit(1)
     if boot.get("cwd"):

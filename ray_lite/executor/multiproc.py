@@ -12,7 +12,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -26,19 +25,21 @@ import cloudpickle
 from ray_lite._fast import shm
 from ray_lite._fast.broadcast import MessageQueue
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError, RingEmpty
-from ray_lite._fast.ring import ShmRing
+from ray_lite._fast.ring import ShmRing, wait_rings_or_fds
+from ray_lite._fast.wait_policy import BROADCAST_YIELD_NS, MULTI_SPIN_NS, SLICE_NS, ns_to_s
 from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
 
 from . import _worker as proto
+from ._async_pump import AsyncPump
 
 __all__ = ["MultiprocExecutor", "RpcFuture", "WorkerDiedError", "ExecutorShutdownError"]
 
-#: Spin/yield budget of a waiting caller before it sleeps in poll().  The
-#: yield phase is what keeps a round trip in microseconds on a 2-core
-#: machine without burning a core while idle.
-SPIN_S = 20e-6
-YIELD_S = 200e-6
-SLEEP_SLICE_MS = 100
+# A waiting caller spins, then yields, before it sleeps in poll(), with the
+# budget its workers have on the queue: the yield phase keeps a round trip in
+# microseconds on a 2-core machine without burning a core while idle.
+_SPIN_S = ns_to_s(MULTI_SPIN_NS)
+_YIELD_S = ns_to_s(BROADCAST_YIELD_NS)
+_SLICE_S = ns_to_s(SLICE_NS)
 
 
 class WorkerDiedError(WorkerCrashedError):
@@ -259,7 +260,7 @@ class MultiprocExecutor:
             with self._lock:
                 pump = self._async_pumps.get(loop)
                 if pump is None:
-                    pump = self._async_pumps[loop] = _AsyncPump(self, loop)
+                    pump = self._async_pumps[loop] = AsyncPump(self, loop)
             afut = asyncio.wrap_future(fut, loop=loop)
             pump.start()
             if timeout is None:
@@ -391,58 +392,31 @@ class MultiprocExecutor:
         if done():
             return
         rings = self._rings
-        # Spin, then yield: replies usually come within microseconds.
-        t0 = time.monotonic()
-        spin_end, yield_end = t0 + SPIN_S, t0 + YIELD_S
-        if deadline is not None:
-            yield_end = min(yield_end, deadline)
-        now = t0
-        while now < yield_end:
-            for ring in rings:
-                if ring.poll():
-                    self._poll_rings()
-                    if done():
-                        return
-                    break
-            if now > spin_end:
-                os.sched_yield()
-            now = time.monotonic()
-        # Sleep in poll() on the rings' descriptors and the process sentinels.
-        poller = select.poll()
-        fds = {}
-        for rank, ring in enumerate(rings):
-            fds[ring.fileno()] = ("ring", rank)
-            poller.register(ring.fileno(), select.POLLIN)
-        for rank, pidfd in enumerate(self._pidfds):
-            fds[pidfd] = ("proc", rank)
-            poller.register(pidfd, select.POLLIN)
+        pidfds = self._pidfds
+        # Replies usually come within microseconds: spin, then yield, before
+        # the first sleep, and again after each wake-up that brought one.
+        spin_s, yield_s = _SPIN_S, _YIELD_S
         while True:
-            self._poll_rings()
-            if done():
-                return
             if self._failure is not None or self._is_shutdown:
                 self._check_failed(done)
                 return
-            armed = [ring for ring in rings if ring.arm_fd()]
-            try:
-                if len(armed) == len(rings):
-                    # Sliced: another thread waiting on the same rings may
-                    # clear an armed descriptor; a slice bounds what that costs.
-                    wait_ms = SLEEP_SLICE_MS
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError(f"the executor's call did not complete within {timeout} s")
-                        wait_ms = min(wait_ms, max(1, int(left * 1000 + 0.999)))
-                    events = poller.poll(wait_ms)
-                    for fd, _ in events:
-                        kind, rank = fds[fd]
-                        if kind == "proc":
-                            self._poll_rings()  # replies sent before it died still count
-                            self._worker_lost(rank)
-            finally:
-                for ring in armed:
-                    ring.clear_fd()
+            # Sliced: another thread waiting on the same rings may clear an
+            # armed descriptor; a slice bounds what that costs.
+            wait_s = _SLICE_S
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the executor's call did not complete within {timeout} s")
+                wait_s = min(wait_s, left)
+            fired = wait_rings_or_fds(rings, pidfds, wait_s, spin_s, yield_s)
+            got = self._poll_rings()
+            for fd in fired:
+                # Replies sent before it died are read above and still count.
+                self._worker_lost(pidfds.index(fd))
+            if done():
+                return
+            if not got:
+                spin_s = yield_s = 0.0
 
     def _check_failed(self, done):
         if not done():
@@ -598,106 +572,6 @@ class MultiprocExecutor:
     def __repr__(self):
         state = "failed" if self._failure else "shut down" if self._is_shutdown else "running"
         return f"<MultiprocExecutor world_size={self.world_size} {state}>"
-
-
-class _AsyncPump:
-    """Reads the reply rings from an asyncio loop while async calls wait.
-
-    Registers the rings' descriptors and the pidfds with the loop only while
-    some call made on this loop is pending; each wake-up reads every reply
-    (which resolves futures, bridged to the loop by ``wrap_future``).
-    """
-
-    def __init__(self, ex, loop):
-        self._ex = weakref.ref(ex)
-        self._loop = loop
-        self._registered = False
-        self._armed = []
-        self._timer = None
-
-    def start(self):
-        if not self._registered:
-            self._pump()
-
-    def stop(self):
-        self._unregister()
-
-    def _register(self, ex):
-        if self._registered:
-            return
-        for ring in ex._rings:
-            self._loop.add_reader(ring.fileno(), self._pump)
-        for rank, pidfd in enumerate(ex._pidfds):
-            self._loop.add_reader(pidfd, self._on_death, rank)
-        self._registered = True
-        self._timer = self._loop.call_later(SLEEP_SLICE_MS / 1000, self._tick)
-
-    def _tick(self):
-        # A sync caller on another thread may clear an armed descriptor:
-        # re-check now and then while registered (cheap, bounded).
-        self._timer = None
-        if self._registered:
-            self._pump()
-            if self._registered and self._timer is None:
-                self._timer = self._loop.call_later(SLEEP_SLICE_MS / 1000, self._tick)
-
-    def _unregister(self):
-        for ring in self._armed:
-            try:
-                ring.clear_fd()
-            except Exception:
-                pass
-        self._armed = []
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._registered:
-            return
-        self._registered = False
-        ex = self._ex()
-        if ex is None or self._loop.is_closed():
-            return
-        for ring in ex._rings:
-            try:
-                self._loop.remove_reader(ring.fileno())
-            except Exception:
-                pass
-        for pidfd in ex._pidfds:
-            self._loop.remove_reader(pidfd)
-
-    def _on_death(self, rank):
-        ex = self._ex()
-        if ex is not None:
-            ex._poll_rings()
-            ex._worker_lost(rank)
-        self._unregister()
-
-    def _pump(self):
-        ex = self._ex()
-        if ex is None or ex._is_shutdown or ex._failure is not None:
-            self._unregister()
-            return
-        for ring in self._armed:
-            ring.clear_fd()
-        self._armed = []
-        while True:
-            ex._poll_rings()
-            if not ex._pending:
-                self._unregister()
-                return
-            armed = []
-            ready = False
-            for ring in ex._rings:
-                if ring.arm_fd():
-                    armed.append(ring)
-                else:
-                    ready = True
-            if not ready:
-                self._armed = armed
-                self._register(ex)
-                return
-            for ring in armed:
-                ring.clear_fd()
 
 
 _live_executors = weakref.WeakSet()

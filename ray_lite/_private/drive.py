@@ -1,0 +1,261 @@
+"""Driving the links: the wait loop every blocking call of a process runs.
+
+The thread that waits (in ``get``, ``wait``, ``next`` or a worker's idle
+loop) *drives* the links — it drains every link and dispatches each message
+through ``Node.handlers`` — in ``wait_until``.  When several threads wait, one
+drives and the others sleep on a condition that the driver notifies after
+each round.  An asyncio loop drives them from reader callbacks on the links'
+descriptors (``loop_bridge``).
+
+How a wait sleeps: when the waited-for object names the process expected to
+fill it (``_Entry.peer``: the worker running the task, the actor called),
+the wait first sleeps on that peer's ring alone for up to ``HINT_BUDGET_S``
+(the ring's own spin-then-futex wait: the fastest wake-up), after draining
+the others; a process with a single link (a pool worker, an actor called by
+the driver only) always waits that way.  Otherwise it arms every link's
+descriptor and sleeps in ``poll`` with the peers' pidfds
+(``ring.wait_rings_or_fds``).
+"""
+import itertools
+import operator
+import time
+
+from ray_lite._fast import ring as _ring
+
+from .interrupts import sleep_point
+from .transport import LinkClosed
+
+_compress = itertools.compress
+_MANY_LINKS = 8     # beyond this, _drain polls from C (fewer: a loop costs less)
+_call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 3.11+
+# How long a wait may sleep on the expected peer's ring alone (the others are
+# read again after this): covers a typical call's round trip.
+HINT_BUDGET_S = 0.002
+_wait_rings_or_fds = sleep_point(_ring.wait_rings_or_fds)   # a Ctrl-C ends its sleep
+
+
+class DrivingMixin:
+    """The drive lock, the wait loop and the drain of every link (part of ``Node``)."""
+
+    _interrupt = None
+    _cancel_signalled = False
+    _bridge_waiting = False     # some bridge may be waiting (see _release_drive)
+
+    def _release_drive(self):
+        """Release the drive lock; wake who waits for it (threads, event loops)."""
+        self._drive_lock.release()
+        if self._sleepers:
+            with self._cond:
+                self._cond.notify_all()
+        if self._bridge_waiting:
+            # An event loop found the lock taken and stopped watching its
+            # links (``_LoopBridge._take_drive``): it watches again now.
+            self._bridge_waiting = False
+            for bridge in list(self._bridges.values()):
+                if bridge.waiting:
+                    bridge.waiting = False
+                    bridge.rearm_soon()
+
+    def wait_until(self, pred, timeout=None, hint=None):
+        """Drive the links until ``pred()`` is true or ``timeout`` passes.
+
+        Returns ``pred()``.  Safe from any thread; see the module docstring.
+        ``hint``: the peer expected to answer; for a short while the wait
+        sleeps on that peer's ring alone, which wakes fastest.
+        """
+        if pred():
+            return True
+        waiting = self._waiting
+        waiting.append(None)
+        try:
+            ok = self._wait_loop(pred, timeout, hint)
+        finally:
+            waiting.pop()
+            self._wait_epoch += 1
+            if self._service is not None or self._fds_touched:
+                self._after_wait()
+        if self._cancel_signalled:
+            # A cancel signal came while this wait drove the links (so the
+            # handler could not read them): read its message now.
+            self._cancel_signalled = False
+            self.drive_nowait()
+        if self._interrupt is not None:
+            # Noticed while the wait was ending anyway: still raised here,
+            # before the cancelled task's code runs on.
+            self._raise_interrupt()
+        return ok
+
+    def wait_ref(self, ref, timeout=None):
+        """Wait until ``ref`` is ready (fetching it if it is borrowed); False on timeout."""
+        e = ref._e
+        if e.ready:
+            return True
+        if ref._owner != self.id:
+            self.ensure_fetch(ref)
+        self.block_begin()
+        try:
+            return self.wait_until(lambda: e.ready, timeout, e.peer)
+        finally:
+            self.block_end()
+
+    def block_begin(self):
+        """Hook: a pool worker lends its CPU slot while it waits."""
+
+    def block_end(self):
+        """Hook: the end of ``block_begin``."""
+
+    def _wait_loop(self, pred, timeout, hint):
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        hint_end = None if hint is None or hint not in self.links else now + HINT_BUDGET_S
+        lock = self._drive_lock
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return pred()
+            if lock.acquire(False):
+                try:
+                    if pred():
+                        return True
+                    if hint_end is not None:
+                        left = hint_end - time.monotonic()
+                        if left > 0 and self._poll_one(
+                                hint, left if remaining is None else min(left, remaining)):
+                            continue
+                        hint_end = None
+                    self._poll(remaining)
+                finally:
+                    self._release_drive()
+            else:
+                self._sleep_as_sleeper(remaining)
+            if self._interrupt is not None:
+                self._raise_interrupt()
+            if pred():
+                return True
+            if self.closed:
+                raise RuntimeError("ray_lite was shut down while waiting")
+
+    @sleep_point
+    def _sleep_as_sleeper(self, remaining):
+        with self._cond:
+            self._sleepers += 1
+            try:
+                # Bounded: the driving thread may leave without a round
+                # that concerns us (its own predicate became true).
+                self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
+            finally:
+                self._sleepers -= 1
+
+    _interrupt = None
+    _cancel_signalled = False
+
+    def _raise_interrupt(self):
+        """Hook: WorkerNode raises a cancellation noticed while driving."""
+
+    def _poll_one(self, peer, timeout):
+        """Wait on ``peer``'s ring only (after draining all); False if it cannot.
+
+        The other links are drained before the wait (while the peer works on
+        our request), not after the answer: that would delay the caller.
+        """
+        if self._drain():
+            return True
+        link = self.links.get(peer)
+        if link is None:
+            return False
+        try:
+            msg = link.recv_wait(timeout)
+        except (LinkClosed, OSError):
+            self._on_peer_died(peer)
+            return True
+        if msg is not None:
+            self.handlers[msg[0]](peer, msg)
+        return True
+
+    def _poll(self, timeout):
+        if self._drain() or timeout == 0:
+            return
+        if self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1:
+            # One peer (a worker's driver, an actor's only caller): wait on
+            # its ring directly; the ring notices the peer's death itself.
+            # No other thread can add a link meanwhile (single_waiter), so
+            # the wait needs no time limit of its own.
+            for peer, link in self.links.items():
+                try:
+                    msg = link.recv_wait(timeout)
+                except (LinkClosed, OSError):
+                    self._on_peer_died(peer)
+                    return
+                if msg is not None:
+                    # What followed it is read by the next round: this one
+                    # is probably what the caller waits for.
+                    self.handlers[msg[0]](peer, msg)
+                return
+        sentinel_fds = list(self.sentinels)
+        # Sleeping arms and then disarms the links' descriptors, which the
+        # service thread (if listening) relies on: it must re-arm them.
+        self._fds_touched = True
+        fired = _wait_rings_or_fds([link._rx for link in self.links.values()], sentinel_fds,
+                                   timeout)
+        self._drain()
+        for fd in fired:
+            peer = self.sentinels.get(fd)
+            if peer is not None:
+                self._on_peer_died(peer)
+
+    def _drain(self):
+        if self._deferred or self._releases:
+            self._run_deferred()
+        n = 0
+        handlers = self.handlers
+        if self._stash:
+            stash, self._stash = self._stash, []
+            try:
+                for peer, msg in stash:
+                    n += 1
+                    handlers[msg[0]](peer, msg)
+            except BaseException:
+                self._stash[:0] = stash[n:]
+                raise
+        entries, polls = self._drain_list
+        if len(polls) > _MANY_LINKS:
+            # A proxy has a link per replica, most of them empty at any
+            # drain: poll them all from C (map) and visit the ready ones.
+            try:
+                entries = list(_compress(entries, map(_call, polls)))
+            except (OSError, ValueError):
+                pass            # a ring closed under us: look at each below
+        for peer, link, poll in entries:
+            try:
+                if not poll():
+                    continue
+                msgs = link.recv_all()
+            except (LinkClosed, OSError, ValueError):
+                continue
+            i = 0
+            try:
+                for msg in msgs:
+                    i += 1
+                    handlers[msg[0]](peer, msg)
+            except BaseException:
+                # A KeyboardInterrupt (or a bug) must not lose what was read.
+                self._stash.extend((peer, m) for m in msgs[i:])
+                raise
+            n += i
+        return n
+
+    def drive_nowait(self):
+        """One non-blocking round (from an asyncio reader callback).
+
+        False when another thread (or an outer frame of this one) is driving.
+        """
+        if self._drive_lock.acquire(False):
+            try:
+                self._drain()
+            finally:
+                self._release_drive()
+            self._wait_epoch += 1
+            if self._interrupt is not None:
+                self._raise_interrupt()
+            return True
+        return False

@@ -1,0 +1,214 @@
+"""Objects across processes: results, lending and borrowing refs, fetching values.
+
+Weighted reference counting of refs that leave the process unready (see
+``refs.py``): weights are exact fractions; the owner lends 1 per
+serialisation, a borrower halves what it holds to pass a ref on.
+"""
+from fractions import Fraction
+
+from ray_lite.exceptions import ObjectLostError
+
+from . import protocol as P
+from .refs import _BorrowedEntry, error_entry
+from .transport import LinkClosed
+
+
+class ObjectsMixin:
+    """Results expected, objects lent and borrowed (part of ``Node``)."""
+
+    def expect(self, peer, oid, entry, kind):
+        """Record that ``peer`` will answer ``oid`` (for failure on its death)."""
+        self.pending[oid] = entry
+        self.inflight.setdefault(peer, {})[oid] = kind
+
+    def _on_result(self, peer, msg):
+        _, oid, ok, payload = msg
+        fl = self.inflight.get(peer)
+        if fl is not None:
+            fl.pop(oid, None)
+        target = self.pending.pop(oid, None)
+        if target is None:
+            return
+        if type(target) is list:
+            if ok:
+                for e, v in zip(target, payload):
+                    e.set_value(v)
+            else:
+                for e in target:
+                    e.set_error(payload)
+        elif ok:
+            target.set_value(payload)
+        else:
+            target.set_error(payload)
+
+    def lend(self, ref):
+        """The weight to send with ``ref`` (unready) serialised for another process."""
+        e = ref._e
+        oid = ref._id
+        with self._export_lock:
+            if ref._owner == self.id:
+                rec = self.exported.get(oid)
+                if rec is None:
+                    self.exported[oid] = [e, 1]
+                else:
+                    rec[1] += 1
+                return 1
+            w = getattr(e, "weight", 0)
+            if not w:
+                # Nothing to split (cannot happen for a ref this process
+                # received): the receiver will hold no weight.
+                return None
+            half = Fraction(w) / 2
+            e.weight = w - half
+            return (half.numerator, half.denominator)
+
+    def lookup_owned(self, oid):
+        rec = self.exported.get(oid)
+        if rec is not None:
+            return rec[0]
+        e = self.pending.get(oid)
+        if type(e) is list:
+            e = None
+        return e
+
+    def receive_ref(self, oid, owner, weight):
+        """The entry for a ref (not ready when sent) that arrived from another process."""
+        if owner == self.id:
+            e = self.lookup_owned(oid)
+            if weight is not None:
+                self._give_back(oid, weight)   # the weight came home
+            if e is None:
+                e = error_entry(ObjectLostError(
+                    f"object {oid:x} is not known to its owner (freed?)", oid))
+            return e
+        with self._export_lock:
+            e = self.borrowed.get(oid)
+            if e is None:
+                e = _BorrowedEntry(oid, owner, self)
+                if owner in self.dead_peers:
+                    e.set_error(ObjectLostError(f"the owner of object {oid:x} died", oid))
+                self.borrowed[oid] = e
+            if weight is not None:
+                if e.ready:
+                    self.release_later(owner, oid, weight)
+                else:
+                    w = weight if type(weight) is int else Fraction(*weight)
+                    e.weight = e.weight + w if e.weight else w
+        return e
+
+    def release_later(self, owner, oid, weight):
+        """Give ``weight`` back to ``owner`` at the next drain (safe from __del__)."""
+        self._releases.append((owner, oid, weight))
+
+    def _give_back(self, oid, weight):
+        if type(weight) is int:
+            w = weight
+        elif type(weight) is tuple:
+            w = Fraction(*weight)
+        else:
+            w = weight
+        with self._export_lock:
+            rec = self.exported.get(oid)
+            if rec is not None:
+                rec[1] -= w
+                if rec[1] <= 0:
+                    del self.exported[oid]
+
+    def _on_release(self, peer, msg):
+        if len(msg) > 2 and msg[2] != self.id:
+            # Relayed by the driver for a borrower with no link to the owner.
+            self.send(msg[2], P.release_msg(msg[1]))
+            return
+        for oid, num, den in msg[1]:
+            self._give_back(oid, num if den == 1 else Fraction(num, den))
+
+    def _send_releases(self):
+        items, self._releases = self._releases, []
+        by_owner = {}
+        for owner, oid, w in items:
+            if type(w) is tuple:
+                num, den = w
+            else:
+                w = Fraction(w)
+                num, den = w.numerator, w.denominator
+            by_owner.setdefault(owner, []).append((oid, num, den))
+        for owner, batch in by_owner.items():
+            if owner == self.id:
+                for oid, num, den in batch:
+                    self._give_back(oid, Fraction(num, den))
+            elif owner in self.links:
+                self.send(owner, P.release_msg(batch))
+            elif self.id != 0 and owner not in self.dead_peers:
+                # No link to the owner (we never fetched from it): the
+                # driver, linked to everyone, passes it on.
+                self.send(0, P.release_msg(batch, owner))
+
+    def object_table_size(self):
+        """How many objects this process keeps for others or waits for (for tests)."""
+        return len(self.exported) + len(self.pending) + len(self.fetching) + len(self.borrowed)
+
+    def ensure_fetch(self, ref):
+        """Ask the owner of a borrowed, unready ref for its value (once)."""
+        e = ref._e
+        if e.ready or ref._owner == self.id:
+            return
+        oid = ref._id
+        if oid in self.fetch_requested:
+            return
+        lst = self.fetching.setdefault(oid, [])
+        if e not in lst:
+            lst.append(e)
+        self.fetch_requested.add(oid)
+        owner = ref._owner
+        if not self.connect(owner) or not self.send(owner, P.fetch_msg(oid)):
+            self._fail_fetch(oid, ObjectLostError(f"the owner of object {oid:x} is gone", oid))
+            return
+        self.inflight.setdefault(owner, {})[oid] = P.FETCH_OBJECT
+
+    def _fail_fetch(self, oid, err):
+        self.fetch_requested.discard(oid)
+        for e in self.fetching.pop(oid, ()):
+            if getattr(e, "weight", 0):
+                e.weight = 0     # the owner is gone: nobody to give it back to
+            e.set_error(err)
+
+    def _on_fetch(self, peer, msg):
+        oid = msg[1]
+        e = self.lookup_owned(oid)
+        if e is None:
+            self.send(peer, P.fetched_msg(oid, False, ObjectLostError(
+                f"object {oid:x} is not known to its owner (freed?)", oid)))
+            return
+
+        def answer(entry, peer=peer, oid=oid):
+            if entry.error is None:
+                try:
+                    link = self.links.get(peer)
+                    if link is not None:
+                        link.send(P.fetched_msg(oid, True, entry.value))
+                except (LinkClosed, OSError):
+                    pass
+                except Exception as exc:  # noqa: BLE001 - the value cannot be serialised
+                    self.send(peer, P.fetched_msg(oid, False, TypeError(
+                        f"could not serialize object {oid:x}: {exc}")))
+            else:
+                self.send(peer, P.fetched_msg(oid, False, entry.error))
+        e.add_callback(answer)
+
+    def _on_fetched(self, peer, msg):
+        _, oid, ok, payload = msg
+        fl = self.inflight.get(peer)
+        if fl is not None:
+            fl.pop(oid, None)
+        self.fetch_requested.discard(oid)
+        for e in self.fetching.pop(oid, ()):
+            if ok:
+                e.set_value(payload)
+            else:
+                e.set_error(payload)
+            if getattr(e, "weight", 0):
+                with self._export_lock:
+                    w, e.weight = e.weight, 0
+                if w:
+                    # The value is here: this process never needs the owner for it again.
+                    self.release_later(peer, oid, w)

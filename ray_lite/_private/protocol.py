@@ -1,0 +1,167 @@
+"""Every message the runtime's processes exchange over their links, named once.
+
+A message is a tuple whose first element, its *tag*, says what it is (one
+character: the tag travels with every message).  Each handler table maps a
+tag to the method that handles it (``Node.handlers``).
+
+  tag        from -> to                  fields after the tag
+  TASK       driver -> pool worker       oid, fn_id, blob|None, args, kwargs, nret, stream, bp, name
+  METHOD     caller -> actor             oid, method, args, kwargs, nret, stream, bp
+  RESULT     executor -> owner           oid, ok, payload (a task or call finished)
+  ITEM       producer -> owner           sid, index, ok, payload (a stream item)
+  END        producer -> owner           sid, count (a stream ended)
+  ACK        owner -> producer           sid, consumed (stream back-pressure)
+  CANCEL     owner -> executor           oid, force
+  FETCH      borrower -> owner           oid; answered by FETCHED (oid, ok, payload)
+  RELEASE    borrower -> owner           [(oid, numerator, denominator)] ref weights given
+                                         back; relayed by the driver as (batch, owner)
+                                         when the borrower has no link to the owner
+  REQUEST    worker -> driver            req_id, op, args; answered by REPLY
+                                         (req_id, ok, payload) unless req_id is 0
+  ATTACH     driver -> worker            peer, pid, names (a link a peer created)
+  EXIT       driver -> worker            (nothing)
+
+The builders below are for the paths where a call's cost does not matter;
+the hot paths (a task, a method call, a result, a stream item) write the
+tuple in place, with the tag constant, to spare a call per message.
+"""
+
+TASK = "T"
+METHOD = "M"
+RESULT = "R"
+ITEM = "I"
+END = "E"
+ACK = "K"
+CANCEL = "X"
+FETCH = "F"
+FETCHED = "O"
+RELEASE = "D"
+REQUEST = "Q"
+REPLY = "P"
+ATTACH = "A"
+EXIT = "Z"
+
+# What a process waits for from a peer (``Node.inflight``: peer -> {oid: kind}),
+# which says which error the wait gets when that peer dies.
+ACTOR_CALL = "actor"        # a call of an actor method
+FETCH_OBJECT = "fetch"      # an object fetched from its owner
+FETCH_FROM_ACTOR = "fetch-actor"
+STREAM = "stream"           # the items of a stream
+# The kind of a peer that runs pool tasks (others are actors).
+POOL_WORKER = "worker"
+
+# Requests a worker makes to the driver (``request(op, *args)``).
+OP_SUBMIT = "submit"
+OP_BLOCKED = "blocked"
+OP_CONNECT = "connect"
+OP_PID_OF = "pid_of"
+OP_CREATE_ACTOR = "create_actor"
+OP_CREATE_ACTORS = "create_actors"
+OP_GET_ACTOR = "get_actor"
+OP_KILL = "kill"
+OP_CANCEL = "cancel"
+
+# A stream's end "with no more items" for a consumer that dropped it.
+UNLIMITED_ACK = 1 << 62
+
+
+def result_msg(oid, ok, payload):
+    return (RESULT, oid, ok, payload)
+
+
+def stream_failed_msgs(sid, index, error):
+    """The pair that ends stream ``sid`` with ``error`` as its item ``index``."""
+    return (ITEM, sid, index, False, error), (END, sid, index + 1)
+
+
+def end_msg(sid, count):
+    return (END, sid, count)
+
+
+def failure_msgs(oid, stream, error):
+    """What tells the owner that call ``oid`` failed with ``error`` before it ran."""
+    if stream:
+        return stream_failed_msgs(oid, 0, error)
+    return (result_msg(oid, False, error),)
+
+
+def ack_msg(sid, consumed):
+    return (ACK, sid, consumed)
+
+
+def cancel_msg(oid, force):
+    return (CANCEL, oid, force)
+
+
+def fetch_msg(oid):
+    return (FETCH, oid)
+
+
+def fetched_msg(oid, ok, payload):
+    return (FETCHED, oid, ok, payload)
+
+
+def release_msg(batch, owner=None):
+    return (RELEASE, batch) if owner is None else (RELEASE, batch, owner)
+
+
+def request_msg(req_id, op, args):
+    return (REQUEST, req_id, op, args)
+
+
+def reply_msg(req_id, ok, payload):
+    return (REPLY, req_id, ok, payload)
+
+
+def attach_msg(peer, pid, names):
+    return (ATTACH, peer, pid, names)
+
+
+def exit_msg():
+    return (EXIT,)
+
+
+def method_msg(oid, method, args, kwargs, nret, stream, bp):
+    return (METHOD, oid, method, args, kwargs, nret, stream, bp)
+
+
+class TaskSpec:
+    """A task the driver schedules onto the pool (its own or a worker's nested one)."""
+
+    __slots__ = ("oid", "fn_id", "blob", "args", "kwargs", "nret", "stream", "bp",
+                 "retries", "name", "owner", "deps_left", "cancelled", "has_refs")
+
+    def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner):
+        self.oid = oid
+        self.fn_id = fn_id
+        self.blob = blob
+        self.args = args
+        self.kwargs = kwargs
+        self.nret = nret
+        self.stream = stream
+        self.bp = bp
+        self.retries = retries
+        self.name = name
+        self.owner = owner
+        self.deps_left = 0
+        self.cancelled = False
+        self.has_refs = True     # until submit looked
+
+
+class ActorInfo:
+    """What a handle needs to reach an actor (picklable: handles travel)."""
+
+    __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace")
+
+    def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace):
+        self.actor_id = actor_id
+        self.pid = pid
+        self.class_name = class_name
+        self.methods = methods
+        self.is_async = is_async
+        self.name = name
+        self.namespace = namespace
+
+    def __reduce__(self):
+        return (ActorInfo, (self.actor_id, self.pid, self.class_name, self.methods,
+                            self.is_async, self.name, self.namespace))

@@ -1,0 +1,144 @@
+"""Streams this process owns: items reported by a producer, back-pressure, ends."""
+from ray_lite.exceptions import TaskCancelledError
+
+from ray_lite._fast.stream_table import NOT_READY
+
+from . import protocol as P
+from .refs import ObjectRef, _Entry, _StreamState, error_entry
+
+
+class StreamsMixin:
+    """The owner's side of streaming generators (part of ``Node``)."""
+
+    def new_stream(self, sid, peer, bp, name):
+        s = _StreamState(sid, peer, bp, name)
+        self.streams[sid] = s
+        if peer is not None:
+            self.inflight.setdefault(peer, {})[sid] = P.STREAM
+        return s
+
+    def _on_item(self, peer, msg):
+        _, sid, index, ok, payload = msg
+        s = self.streams.get(sid)
+        if s is None or s.done:
+            return
+        if s.peer is None:
+            s.peer = peer    # a pool task's producer is known once it reports
+        if s.released:
+            if not ok:
+                self._end_stream(s, index + 1, payload)
+            return
+        if ok:
+            e = _Entry()
+            e.value = payload
+            e.ready = True
+            s.table.report(index, ObjectRef(self._oid_base | next(self._seq), self.id, e))
+        else:
+            s.table.report(index, ObjectRef(self.new_oid(), self.id, error_entry(payload)))
+            self._end_stream(s, index + 1, payload)
+            return
+        if s.waiter is not None:
+            w, s.waiter = s.waiter, None
+            w()
+
+    def _on_end(self, peer, msg):
+        s = self.streams.get(msg[1])
+        if s is None or s.done:
+            return
+        self._end_stream(s, msg[2], None)
+
+    def _end_stream(self, s, count, error):
+        s.done = True
+        self.streams.pop(s.sid, None)
+        fl = self.inflight.get(s.peer)
+        if fl is not None:
+            fl.pop(s.sid, None)
+        if s.table is not None:
+            try:
+                s.table.report_end(count)
+            except ValueError:
+                pass
+        if error is None:
+            s.completed.set_value(None)
+        else:
+            s.completed.set_error(error)
+        if s.waiter is not None:
+            w, s.waiter = s.waiter, None
+            w()
+
+    def fail_stream(self, s, error):
+        """End ``s`` with ``error`` at the next index not yet reported."""
+        if s.done:
+            return
+        if s.table is None:
+            self._end_stream(s, 0, error)
+            return
+        index = s.table.num_consumed + s.table.num_unconsumed
+        e = error_entry(error)
+        try:
+            s.table.report(index, ObjectRef(self.new_oid(), self.id, e))
+        except ValueError:
+            pass
+        self._end_stream(s, index + 1, error)
+
+    def next_item(self, s, timeout):
+        """Wait for the next item of ``s``; NOT_READY on timeout."""
+        table = s.table
+        if not table.is_next_ready():
+            self.wait_until(table.is_next_ready, timeout)
+        return table.try_next()
+
+    async def next_item_async(self, s):
+        table = s.table
+        while True:
+            try:
+                item = table.try_next()
+            except StopIteration:
+                raise StopAsyncIteration from None
+            if item is not NOT_READY:
+                return item
+            bridge = self.bridge_for_running_loop()
+            fut = bridge.loop.create_future()
+            s.waiter = bridge.waker(fut)
+            if table.is_next_ready():
+                # Reported by another thread (the service thread, one in a
+                # get) between our look and the waiter: no wake-up is coming.
+                s.waiter = None
+                continue
+            try:
+                await fut
+            finally:
+                s.waiter = None
+
+    def ack_stream(self, s):
+        consumed = s.table.num_consumed
+        if consumed > s.acked and not s.done:
+            s.acked = consumed
+            self.send(s.peer, P.ack_msg(s.sid, consumed))
+
+    def _on_ack(self, peer, msg):
+        """Back-pressure acks concern producers (WorkerNode); a late one is dropped."""
+
+    def defer_stream_release(self, s):
+        self._deferred.append(s)
+
+    def _run_deferred(self):
+        if self._releases:
+            self._send_releases()
+        # Like Ray, dropping a generator does not cancel its task (completed()
+        # still resolves): the items are no longer kept, and a producer held
+        # back by back-pressure is let go.
+        items, self._deferred = self._deferred, []
+        for s in items:
+            if not s.done:
+                s.released = True
+                s.table = None
+                if s.bp > 0 and s.peer is not None:
+                    self.send(s.peer, P.ack_msg(s.sid, P.UNLIMITED_ACK))
+
+    def cancel_stream(self, s, force):
+        if s.done:
+            return
+        s.cancelled = True
+        self.send(s.peer, P.cancel_msg(s.sid, force))
+        self.fail_stream(s, TaskCancelledError())
