@@ -233,6 +233,39 @@ def test_options_accepted_and_refused(rt):
         double.options(not_an_option=3)
 
 
+def test_options_are_made_once_per_set_of_options(rt):
+    # f.options(...) per call must not cost a class each time: the same
+    # options give back the same bound object, other options another one.
+    first = double.options(name="twice", max_retries=0)
+    assert double.options(name="twice", max_retries=0) is first
+    other = double.options(name="thrice")
+    assert other is not first
+    assert ray.get([first.remote(2), other.remote(3)], timeout=T) == [4, 6]
+    # Equal but not equally valid values are told apart, and refused each time.
+    @ray.remote(num_returns=2)
+    def pair(x):
+        return x, x + 1
+    assert ray.get(pair.options(num_returns=1).remote(3), timeout=T) == (3, 4)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="num_returns"):
+            pair.options(num_returns=1.0)
+    # Unhashable values work (they are just not kept).
+    assert ray.get(double.options(resources={}).remote(5), timeout=T) == 10
+
+    @ray.remote
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+        def get(self):
+            return self.v
+    bound = Box.options(max_concurrency=2)
+    assert Box.options(max_concurrency=2) is bound
+    assert ray.get(bound.remote(7).get.remote(), timeout=T) == 7
+    with pytest.raises(ValueError, match="max_concurrency"):
+        Box.options(max_concurrency=0)
+
+
 def test_worker_crash_is_retried_or_reported(rt, tmp_path):
     marker = tmp_path / "crashed-once"
 

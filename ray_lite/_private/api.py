@@ -54,6 +54,9 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             _atexit_registered = True
 
 
+state.auto_start = init
+
+
 def preload(modules):
     """Import ``modules`` into the zygote so that workers started afterwards
     have them loaded already (Serve does this for its replica and proxy code).

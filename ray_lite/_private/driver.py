@@ -12,7 +12,7 @@ from . import protocol as P
 from . import state
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .protocol import ActorInfo, TaskSpec
+from .protocol import TASK, ActorInfo, TaskSpec
 from .refs import ObjectRef
 from .transport import Link
 from .zygote import ZygoteClient
@@ -174,7 +174,7 @@ class DriverNode(Node):
                 return True
         w = self.idle.pop()
         fn_id = spec.fn_id
-        msg = (P.TASK, spec.oid, fn_id, None if fn_id in w.shipped else spec.blob, args, kwargs,
+        msg = (TASK, spec.oid, fn_id, None if fn_id in w.shipped else spec.blob, args, kwargs,
                spec.nret, spec.stream, spec.bp, spec.name)
         # Booked before the send: a KeyboardInterrupt right after it (the
         # task may make the driver's Ctrl-C itself) must not leave a worker
@@ -424,7 +424,13 @@ class DriverNode(Node):
 
     # ----------------------------------------------------------- requests
     def request(self, op, *args):
-        return self.requests[op](0, *args)
+        return self._request_handler(op)(0, *args)
+
+    def _request_handler(self, op):
+        handler = self.requests.get(op)
+        if handler is None:
+            raise ValueError(f"unknown request {op!r}")
+        return handler
 
     def submit_task(self, *fields):
         """Schedule a task of this process (``TaskSpec``'s fields but the owner)."""
@@ -433,10 +439,7 @@ class DriverNode(Node):
     def _on_request(self, peer, msg):
         _, req, op, args = msg
         try:
-            handler = self.requests.get(op)
-            if handler is None:
-                raise ValueError(f"unknown request {op!r}")
-            result = handler(peer, *args)
+            result = self._request_handler(op)(peer, *args)
             ok = True
         except Exception as exc:
             ok, result = False, exc

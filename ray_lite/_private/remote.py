@@ -6,6 +6,7 @@ import os
 from ray_lite.exceptions import ActorDiedError
 
 from . import protocol as P
+from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
 from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
 from .shipping import ship
@@ -133,6 +134,55 @@ class _TaskPlan:
         self.retries = opts.get("max_retries", 3)
 
 
+# ``.options(...)`` is often called per call (``f.options(name=...).remote()``):
+# what it returns is made once per set of options and kept, up to this many.
+_MAX_BOUND = 64
+
+
+def _cached_bound(cache, opts):
+    """``(bound, key)``: what ``options(**opts)`` returned before (or None) and
+    the key to keep a new one under (None: the options cannot be a key)."""
+    # The type too: 1, 1.0 and True are equal keys, not equally valid options.
+    key = tuple((k, type(v), v) for k, v in opts.items())
+    try:
+        return cache.get(key), key
+    except TypeError:       # an unhashable value (a dict, a list)
+        return None, None
+
+
+def _cache_bound(cache, key, bound):
+    if key is not None:
+        if len(cache) >= _MAX_BOUND:
+            cache.clear()
+        cache[key] = bound
+
+
+class _BoundTask:
+    """``f.options(...)``: the remote function with other options."""
+
+    __slots__ = ("_function", "_plan")
+
+    def __init__(self, function, plan):
+        self._function = function
+        self._plan = plan
+
+    def remote(self, *args, **kwargs):
+        return self._function._remote(self._plan, args, kwargs)
+
+
+class _BoundActorClass:
+    """``C.options(...)``: the actor class with other options."""
+
+    __slots__ = ("_actor_class", "_options")
+
+    def __init__(self, actor_class, options):
+        self._actor_class = actor_class
+        self._options = options
+
+    def remote(self, *args, **kwargs):
+        return self._actor_class._remote(self._options, args, kwargs)
+
+
 class RemoteFunction:
     """A function run as a task on the worker pool: ``f.remote(...)`` -> ``ObjectRef``."""
 
@@ -144,6 +194,7 @@ class RemoteFunction:
         self._blob = None
         self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
         self._plan = _TaskPlan(function, options, self._is_gen)
+        self._bound = {}        # options -> _BoundTask (see _cached_bound)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args, **kwargs):
@@ -155,15 +206,13 @@ class RemoteFunction:
         return self._remote(self._plan, args, kwargs)
 
     def options(self, **opts):
-        merged = {**self._options, **opts}
-        _check_options(merged, "task")
-        rf = self
-        plan = _TaskPlan(self._function, merged, self._is_gen)
-
-        class _Bound:
-            def remote(self, *args, **kwargs):
-                return rf._remote(plan, args, kwargs)
-        return _Bound()
+        bound, key = _cached_bound(self._bound, opts)
+        if bound is None:
+            merged = {**self._options, **opts}
+            _check_options(merged, "task")
+            bound = _BoundTask(self, _TaskPlan(self._function, merged, self._is_gen))
+            _cache_bound(self._bound, key, bound)
+        return bound
 
     def _remote(self, plan, args, kwargs):
         node = state.node
@@ -225,6 +274,7 @@ class ActorClass:
         # Looked at on first use, not here: see _creation_request.
         self._methods = None
         self._is_async = None
+        self._bound = {}        # options -> _BoundActorClass (see _cached_bound)
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__doc__ = cls.__doc__
@@ -239,14 +289,13 @@ class ActorClass:
         return self._remote(self._options, args, kwargs)
 
     def options(self, **opts):
-        merged = {**self._options, **opts}
-        _check_options(merged, "actor")
-        ac = self
-
-        class _Bound:
-            def remote(self, *args, **kwargs):
-                return ac._remote(merged, args, kwargs)
-        return _Bound()
+        bound, key = _cached_bound(self._bound, opts)
+        if bound is None:
+            merged = {**self._options, **opts}
+            _check_options(merged, "actor")
+            bound = _BoundActorClass(self, merged)
+            _cache_bound(self._bound, key, bound)
+        return bound
 
     def _creation_request(self, node, opts, args, kwargs):
         """What the driver needs to start one actor of this class.
@@ -373,11 +422,11 @@ class ActorMethod:
             fl = node.inflight.get(aid)
             if fl is None:
                 fl = node.inflight[aid] = {}
-            fl[oid] = P.ACTOR_CALL
+            fl[oid] = ACTOR_CALL
         link = node.links.get(aid)
         if link is not None:
             try:
-                link.send((P.METHOD, oid, self._name, args, kwargs, nret, stream, bp))
+                link.send((METHOD, oid, self._name, args, kwargs, nret, stream, bp))
                 return result
             except (LinkClosed, OSError):
                 pass

@@ -1,15 +1,22 @@
-"""The runtime of this process: ``node`` is the driver's or the worker's Node."""
+"""The runtime of this process: ``node`` is the driver's or the worker's Node.
+
+This module imports nothing of the runtime: everything else imports it.  The
+driver's first use starts the runtime, as Ray does, through ``auto_start``,
+which ``api`` sets to its ``init`` when it is imported.
+"""
 import threading
 
 node = None
 _lock = threading.RLock()
+auto_start = None
 
 
 def get_node():
     """The running Node; the driver starts the runtime on first use, as Ray does."""
     n = node
     if n is None:
-        from ray_lite._private import api
-        api.init()
+        if auto_start is None:
+            raise RuntimeError("ray_lite is not initialized (call ray_lite.init())")
+        auto_start()
         n = node
     return n

@@ -12,6 +12,7 @@ import types
 from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCancelledError
 
 from . import protocol as P
+from .protocol import ITEM, RESULT   # per result and item: a global, not an attribute
 from . import state
 from .aio import AsyncSlots, new_event_loop
 from .errors import make_task_error, sendable_error, unpicklable_task_error
@@ -224,11 +225,20 @@ class WorkerNode(Node):
                     break
             else:
                 return args, kwargs
-        from ray_lite._private import api
-        args = [api.get(a) if type(a) is ObjectRef else a for a in args]
+        value = self.value_of
+        args = [value(a) if type(a) is ObjectRef else a for a in args]
         if kwargs:
-            kwargs = {k: api.get(v) if type(v) is ObjectRef else v for k, v in kwargs.items()}
+            kwargs = {k: value(v) if type(v) is ObjectRef else v for k, v in kwargs.items()}
         return args, kwargs
+
+    def value_of(self, ref):
+        """``get(ref)``: its value, waiting for it; raises its error."""
+        e = ref._e
+        if not e.ready:
+            self.wait_ref(ref)
+        if e.error is not None:
+            raise e.error
+        return e.value
 
     def serve_calls(self, run):
         """The main loop of a pool worker or a sync actor: run calls as they arrive.
@@ -357,7 +367,7 @@ class WorkerNode(Node):
             if isinstance(exc, SystemExit):
                 raise
             return
-        self.reply(peer, (P.RESULT, oid, True, result), name)
+        self.reply(peer, (RESULT, oid, True, result), name)
 
     @staticmethod
     def _split(result, nret, name):
@@ -392,7 +402,7 @@ class WorkerNode(Node):
                 if sid in self.cancelled:
                     gen.close()
                     break
-                if not self.reply(peer, (P.ITEM, sid, i, True, item), name):
+                if not self.reply(peer, (ITEM, sid, i, True, item), name):
                     gen.close()      # reply() sent item i as an error, and the end
                     return
                 i += 1
@@ -431,7 +441,7 @@ class WorkerNode(Node):
             async for item in agen:
                 if cancelled and sid in cancelled:
                     break
-                msg = (P.ITEM, sid, i, True, item)
+                msg = (ITEM, sid, i, True, item)
                 try:
                     send(msg)          # the common case, without reply()'s checks
                 except Exception:      # noqa: BLE001 - reply() tells what went wrong
@@ -573,7 +583,7 @@ class WorkerNode(Node):
                         else make_task_error(name, exc)
                     self._send_failure(peer, oid, stream, err, name)
                     return
-                self.reply(peer, (P.RESULT, oid, True, result), name)
+                self.reply(peer, (RESULT, oid, True, result), name)
             finally:
                 slots.release()
         finally:
