@@ -157,30 +157,18 @@ def _cache_bound(cache, key, bound):
         cache[key] = bound
 
 
-class _BoundTask:
-    """``f.options(...)``: the remote function with other options."""
+class _Bound:
+    """``f.options(...)`` or ``C.options(...)``: the function or actor class with
+    other options (``how``: what its ``_remote`` takes for them)."""
 
-    __slots__ = ("_function", "_plan")
+    __slots__ = ("_target", "_how")
 
-    def __init__(self, function, plan):
-        self._function = function
-        self._plan = plan
-
-    def remote(self, *args, **kwargs):
-        return self._function._remote(self._plan, args, kwargs)
-
-
-class _BoundActorClass:
-    """``C.options(...)``: the actor class with other options."""
-
-    __slots__ = ("_actor_class", "_options")
-
-    def __init__(self, actor_class, options):
-        self._actor_class = actor_class
-        self._options = options
+    def __init__(self, target, how):
+        self._target = target
+        self._how = how
 
     def remote(self, *args, **kwargs):
-        return self._actor_class._remote(self._options, args, kwargs)
+        return self._target._remote(self._how, args, kwargs)
 
 
 class RemoteFunction:
@@ -194,7 +182,7 @@ class RemoteFunction:
         self._blob = None
         self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
         self._plan = _TaskPlan(function, options, self._is_gen)
-        self._bound = {}        # options -> _BoundTask (see _cached_bound)
+        self._bound = {}        # options -> _Bound (see _cached_bound)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args, **kwargs):
@@ -210,7 +198,7 @@ class RemoteFunction:
         if bound is None:
             merged = {**self._options, **opts}
             _check_options(merged, "task")
-            bound = _BoundTask(self, _TaskPlan(self._function, merged, self._is_gen))
+            bound = _Bound(self, _TaskPlan(self._function, merged, self._is_gen))
             _cache_bound(self._bound, key, bound)
         return bound
 
@@ -274,7 +262,7 @@ class ActorClass:
         # Looked at on first use, not here: see _creation_request.
         self._methods = None
         self._is_async = None
-        self._bound = {}        # options -> _BoundActorClass (see _cached_bound)
+        self._bound = {}        # options -> _Bound (see _cached_bound)
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__doc__ = cls.__doc__
@@ -293,7 +281,7 @@ class ActorClass:
         if bound is None:
             merged = {**self._options, **opts}
             _check_options(merged, "actor")
-            bound = _BoundActorClass(self, merged)
+            bound = _Bound(self, merged)
             _cache_bound(self._bound, key, bound)
         return bound
 
