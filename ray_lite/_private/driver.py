@@ -432,9 +432,9 @@ class DriverNode(Node):
             raise ValueError(f"unknown request {op!r}")
         return handler
 
-    def submit_task(self, *fields):
+    def submit_task(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name):
         """Schedule a task of this process (``TaskSpec``'s fields but the owner)."""
-        self.submit(TaskSpec(*fields, owner=0))
+        self.submit(TaskSpec(oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, 0))
 
     def _on_request(self, peer, msg):
         _, req, op, args = msg

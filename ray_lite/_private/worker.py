@@ -97,9 +97,10 @@ class WorkerNode(Node):
         """A request to the driver that needs no answer."""
         self.send(0, P.request_msg(0, op, args))
 
-    def submit_task(self, *fields):
+    def submit_task(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name):
         """A nested task, scheduled by the driver; its results come back through it."""
-        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT, fields))
+        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT,
+                      (oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name)))
 
     def block_begin(self):
         # A pool worker waiting in get lends its CPU back so that the driver
