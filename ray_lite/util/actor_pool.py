@@ -46,24 +46,20 @@ class ActorPool:
 
         Results still pending from earlier submissions are discarded first.
         """
-        self._discard_pending(self.get_next)
-        for v in values:
-            self.submit(fn, v)
-
-        def results():
-            while self.has_next():
-                yield self.get_next()
-        return results()
+        return self._run_all(fn, values, self.get_next)
 
     def map_unordered(self, fn, values):
         """Like ``map``, but each result comes as soon as it is ready."""
-        self._discard_pending(self.get_next_unordered)
+        return self._run_all(fn, values, self.get_next_unordered)
+
+    def _run_all(self, fn, values, take):
+        self._discard_pending(take)
         for v in values:
             self.submit(fn, v)
 
         def results():
             while self.has_next():
-                yield self.get_next_unordered()
+                yield take()
         return results()
 
     def _discard_pending(self, take):

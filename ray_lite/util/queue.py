@@ -10,6 +10,7 @@ the ``RayActorError`` the core raises for a dead actor, never hang.
 """
 import asyncio
 import collections
+import functools
 import queue as _stdlib_queue
 from collections.abc import Iterable
 
@@ -268,12 +269,5 @@ async def _wait_for(fut, timeout, timed_out_answer):
         timer.cancel()
 
 
-_queue_actor = None
-
-
-def _queue_actor_class():
-    # Made on first use: importing this module starts nothing and costs little.
-    global _queue_actor
-    if _queue_actor is None:
-        _queue_actor = ray_lite.remote(_QueueOwner)
-    return _queue_actor
+# Made on first use: importing this module starts nothing and costs little.
+_queue_actor_class = functools.cache(lambda: ray_lite.remote(_QueueOwner))

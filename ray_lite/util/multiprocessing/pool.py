@@ -16,6 +16,7 @@ a callback), as the standard library runs them on its result-handler thread:
 never on the thread that reads the actors' answers, so a callback may submit
 more work or wait for other results.
 """
+import functools
 import itertools
 import os
 import queue
@@ -70,14 +71,7 @@ class _PoolWorker:
         return self._function(blob)(*args, **kwds)
 
 
-_worker_class = None
-
-
-def _pool_worker_class():
-    global _worker_class
-    if _worker_class is None:
-        _worker_class = ray_lite.remote(_PoolWorker)
-    return _worker_class
+_pool_worker_class = functools.cache(lambda: ray_lite.remote(_PoolWorker))
 
 
 def _default_processes():
