@@ -253,6 +253,23 @@ def test_a_worker_that_dies_mid_map_raises_and_is_replaced(pool):
     assert len(set(pool.map(pid, range(8), chunksize=1))) == 2
 
 
+@ray_lite.remote
+class Victim:
+    def ping(self):
+        return "pong"
+
+
+def test_a_dead_actor_called_by_the_function_is_not_the_workers_death(pool):
+    victim = Victim.remote()
+    ray_lite.kill(victim)
+    workers = set(pool.map(pid, range(8), chunksize=1))
+    with pytest.raises(RayActorError):
+        pool.map(lambda x: ray_lite.get(victim.ping.remote()), range(4))
+    with pytest.raises(RayActorError):
+        pool.apply(lambda: ray_lite.get(victim.ping.remote()))
+    assert set(pool.map(pid, range(8), chunksize=1)) == workers   # none replaced
+
+
 def test_a_worker_that_dies_under_imap_raises(pool):
     it = pool.imap(lambda x: die_at(x, 3), range(6))
     got = []

@@ -33,7 +33,7 @@ import cloudpickle
 import ray_lite
 from ray_lite.exceptions import RayActorError
 
-__all__ = ["Pool", "AsyncResult", "IMapIterator"]
+__all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
 
 # Chunks in flight per worker while an imap iterator is consumed: enough to
 # keep each worker busy while its previous answer travels back.
@@ -42,6 +42,12 @@ _IMAP_CHUNKS_PER_WORKER = 4
 _ONE_ROUND_S = 1e-9
 # Functions each worker keeps unpickled (a pool is usually fed a few).
 _FUNCTION_CACHE = 32
+
+
+class FunctionRaisedActorError(RayActorError):
+    """A ``RayActorError`` that the pool's function raised itself (an actor it
+    called died): unlike one the runtime raises for a dead worker, it does
+    not make the pool replace the worker that ran the function."""
 
 
 class _PoolWorker:
@@ -63,12 +69,22 @@ class _PoolWorker:
 
     def run_chunk(self, blob, chunk, star):
         fn = self._function(blob)
-        if star:
-            return [fn(*args) for args in chunk]
-        return [fn(x) for x in chunk]
+        try:
+            if star:
+                return [fn(*args) for args in chunk]
+            return [fn(x) for x in chunk]
+        except FunctionRaisedActorError:
+            raise
+        except RayActorError as exc:
+            raise FunctionRaisedActorError(str(exc)) from exc
 
     def run_call(self, blob, args, kwds):
-        return self._function(blob)(*args, **kwds)
+        try:
+            return self._function(blob)(*args, **kwds)
+        except FunctionRaisedActorError:
+            raise
+        except RayActorError as exc:
+            raise FunctionRaisedActorError(str(exc)) from exc
 
 
 _pool_worker_class = functools.cache(lambda: ray_lite.remote(_PoolWorker))
@@ -143,7 +159,7 @@ def _collect(pool, calls, single):
         try:
             value = ray_lite.get(ref)
         except RayActorError as exc:
-            if pool is not None:
+            if pool is not None and not isinstance(exc, FunctionRaisedActorError):
                 pool._worker_died(slot, actor)
             error = error or exc
             continue
@@ -322,7 +338,7 @@ class IMapIterator:
         try:
             values = ray_lite.get(ref)
         except Exception as exc:
-            if isinstance(exc, RayActorError):
+            if isinstance(exc, RayActorError) and not isinstance(exc, FunctionRaisedActorError):
                 self._pool._worker_died(slot, actor)
             if self._chunksize > 1:
                 self._ended = True
