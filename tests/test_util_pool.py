@@ -341,3 +341,21 @@ def test_default_size_is_the_cpu_count(rt):
     with Pool() as p:
         assert p._processes >= 1
         assert sorted(p.imap_unordered(square, range(5))) == [0, 1, 4, 9, 16]
+
+
+@ray_lite.remote
+def use_a_pool_inside_a_task(n):
+    # A task's process has no thread reading answers in the background:
+    # ready() itself must read them, or this loop would never end.
+    import time
+    with Pool(1) as p:
+        result = p.apply_async(square, (n,))
+        deadline = time.monotonic() + 30
+        while not result.ready():
+            if time.monotonic() > deadline:
+                return "never ready"
+        return result.get(), p.map(square, range(3))
+
+
+def test_a_pool_inside_a_task(rt):
+    assert ray_lite.get(use_a_pool_inside_a_task.remote(5), timeout=60) == (25, [0, 1, 4])

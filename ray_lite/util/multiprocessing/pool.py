@@ -38,8 +38,9 @@ __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
 # Chunks in flight per worker while an imap iterator is consumed: enough to
 # keep each worker busy while its previous answer travels back.
 _IMAP_CHUNKS_PER_WORKER = 4
-# A wait this short reads what has arrived, once, and does not sleep.
-_ONE_ROUND_S = 1e-9
+# ready() waits this long at most: long enough to read what has arrived (a
+# wait of 0 only looks), short enough not to be felt.
+_READ_ARRIVALS_S = 1e-4
 # Functions each worker keeps unpickled (a pool is usually fed a few).
 _FUNCTION_CACHE = 32
 
@@ -236,7 +237,7 @@ class AsyncResult:
                 # Read what has arrived: a process without a service thread
                 # (a task, an actor) has nobody else to read it.
                 refs = [c[0] for c in calls]
-                ray_lite.wait(refs, num_returns=len(refs), timeout=_ONE_ROUND_S)
+                ray_lite.wait(refs, num_returns=len(refs), timeout=_READ_ARRIVALS_S)
         return self._event.is_set()
 
     def successful(self):
