@@ -28,3 +28,12 @@ __all__ = [
     "wait", "put", "kill", "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator",
     "MessageQueue",
 ]
+
+
+def __getattr__(name):
+    # ``ray_lite.util`` is imported on first use, as ``ray.util`` is reachable
+    # after ``import ray``, without slowing down ``import ray_lite``.
+    if name == "util":
+        import importlib
+        return importlib.import_module("ray_lite.util")
+    raise AttributeError(f"module 'ray_lite' has no attribute {name!r}")

@@ -1,0 +1,42 @@
+"""Ray's ``ray.util`` for ray_lite: utilities built on the public core API.
+
+``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``
+and ``inspect_serializability`` are here; ``ray_lite.util.queue`` (``Queue``)
+and ``ray_lite.util.multiprocessing`` (``Pool``) are imported on first use,
+as in Ray, where they are submodules too.
+"""
+import importlib
+import socket
+
+from ray_lite.util.actor_pool import ActorPool
+from ray_lite.util.check_serialize import inspect_serializability
+from ray_lite.util.helpers import as_completed, map_unordered
+
+__all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
+           "inspect_serializability", "queue", "multiprocessing"]
+
+_LAZY_SUBMODULES = ("queue", "multiprocessing")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_node_ip_address(address="8.8.8.8:53"):
+    """The address this machine uses to reach ``address`` (the one node's IP).
+
+    A UDP ``connect`` sends nothing; it only asks the kernel which local
+    address routes there.  Without a route (an offline machine) the node is
+    reached at the loopback address, ``127.0.0.1``.
+    """
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.connect((host, int(port)))
+        return sock.getsockname()[0]
+    except (OSError, ValueError):
+        return "127.0.0.1"
+    finally:
+        sock.close()

@@ -1,0 +1,6 @@
+"""``multiprocessing.Pool``'s API on ray_lite actors (Ray's ``ray.util.multiprocessing``)."""
+from multiprocessing import TimeoutError
+
+from ray_lite.util.multiprocessing.pool import AsyncResult, IMapIterator, Pool
+
+__all__ = ["Pool", "TimeoutError", "AsyncResult", "IMapIterator"]
