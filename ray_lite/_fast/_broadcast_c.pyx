@@ -16,6 +16,10 @@ from libc.string cimport memcpy
 
 from ray_lite._fast._codec_c cimport decode_from_ptr, encode_to_ptr
 from ray_lite._fast._wait cimport (
+    WP_BROADCAST_SPIN_NS,
+    WP_BROADCAST_YIELD_NS,
+    WP_SLICE_NS,
+    WP_SLICE_WEAK_NS,
     rl_fence_seq_cst,
     rl_fetch_add_u32,
     rl_futex_wait,
@@ -31,6 +35,7 @@ from ray_lite._fast._wait cimport (
     rl_store_release_u32,
     rl_store_release_u64,
     rl_wait_policy,
+    rl_wait_policy_values,
     sched_yield,
 )
 
@@ -41,7 +46,7 @@ import time
 
 from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
-from ray_lite._fast import shm
+from ray_lite._fast import shm, wait_policy
 from ray_lite._fast.errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
@@ -112,23 +117,20 @@ for _const, _value in (
     if getattr(_spec, _const) != _value:
         raise ImportError(f"_broadcast_c and _broadcast_py disagree on {_const}")
 
-# Waiting strategy (see the pure twin).  Spinning is cheap in C, so it is
-# short and precise; yielding lets the other processes of a 2-core machine
-# run while we still answer within microseconds; both are bounded in time so
-# an idle waiter costs at most ~YIELD_NS of CPU per idle period.
-cdef enum:
-    SPIN_NS = 5000
-    YIELD_NS = 200000
-    SLEEP_SLICE_NS = 100000000
-    SLEEP_SLICE_WEAK_NS = 2000000   # when an end cannot fence (see the pure twin)
+# Waiting strategy (see the pure twin), with the numbers of wait_policy (C
+# copies in _wait.pxd, checked here).  Spinning is cheap in C, so it is short
+# and precise; yielding lets the other processes of a 2-core machine run
+# while we still answer within microseconds; both are bounded in time so an
+# idle waiter costs at most ~BROADCAST_YIELD_NS of CPU per idle period.
+wait_policy.check_twin("ray_lite._fast._broadcast_c", rl_wait_policy_values())
 
 # rl_spin's phases (the futex sleep that follows is this queue's own: a
 # counter word bumped by the waker, with per-end "waiting" flags).
 cdef rl_wait_policy _BUSY_PHASES
-_BUSY_PHASES.spin_ns = SPIN_NS
+_BUSY_PHASES.spin_ns = WP_BROADCAST_SPIN_NS
 _BUSY_PHASES.yields = 1 << 30       # bounded by time (yield_ns), not by count
-_BUSY_PHASES.yield_ns = YIELD_NS
-_BUSY_PHASES.slice_ns = SLEEP_SLICE_NS
+_BUSY_PHASES.yield_ns = WP_BROADCAST_YIELD_NS
+_BUSY_PHASES.slice_ns = WP_SLICE_NS
 
 
 cdef struct _SpaceWait:
@@ -163,7 +165,8 @@ cdef bint _message_ready(void* ctx) noexcept nogil:
 
 
 cdef inline int64_t _sleep_slice(const char* base) noexcept nogil:
-    return SLEEP_SLICE_WEAK_NS if rl_load_acquire_u32(_u32(base + OFF_WEAK_ORDERING)) else SLEEP_SLICE_NS
+    # An end that cannot fence may lose a wake-up: shorter slices then.
+    return WP_SLICE_WEAK_NS if rl_load_acquire_u32(_u32(base + OFF_WEAK_ORDERING)) else WP_SLICE_NS
 
 
 # Words of the shared mapping, addressed by byte offset (the layout is in bytes).

@@ -75,6 +75,7 @@ from . import _codec_py as _codec
 from . import shm
 from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
 from .errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
@@ -122,12 +123,14 @@ KIND_OOB_SEGMENT = 2
 WAIT_FUTEX = 1
 WAIT_FD = 2
 
-#: Waiting strategy.  The spin and yield phases are bounded in time so an
-#: idle waiter costs at most ~YIELD_S of CPU per idle period; the sleep is
-#: sliced so a dead peer is noticed and a timeout is honoured.
-SPIN_CHECKS = 64
-YIELD_S = 200e-6
-SLEEP_SLICE_S = 0.1
+#: Waiting strategy (the numbers are wait_policy's).  The spin and yield
+#: phases are bounded in time so an idle waiter costs at most ~YIELD_S of
+#: CPU per idle period; the sleep is sliced so a dead peer is noticed and a
+#: timeout is honoured, in short slices when some end cannot fence (see
+#: OFF_WEAK_ORDERING).
+YIELD_S = ns_to_s(BROADCAST_YIELD_NS)
+SLEEP_SLICE_S = ns_to_s(SLICE_NS)
+SLEEP_SLICE_WEAK_S = ns_to_s(SLICE_WEAK_NS)
 
 _OOB_SEGMENT_PREFIX = None  # shm.DEFAULT_PREFIX at call time
 
@@ -150,10 +153,6 @@ def geometry(n_readers, max_chunk_bytes, max_chunks):
     data_offset = C_MARKS + _align(8 * n_readers, LINE)
     stride = _align(data_offset + max_chunk_bytes, LINE)
     return chunks_offset, stride, data_offset, chunks_offset + stride * max_chunks
-
-
-#: Sleep slice when some end cannot fence (see OFF_WEAK_ORDERING).
-SLEEP_SLICE_WEAK_S = 0.002
 
 
 class _PeerWatch:
@@ -469,7 +468,7 @@ class MessageQueue:
 
     def _busy_wait(self, ready, deadline):
         """The spin and yield phases of a wait: True as soon as ``ready()``."""
-        for _ in range(SPIN_CHECKS):
+        for _ in range(BROADCAST_SPIN_CHECKS):
             if ready():
                 return True
         end_yield = time.monotonic() + YIELD_S

@@ -30,7 +30,7 @@ from ._codec_c cimport decode_from_ptr, encode_to_ptr
 import os
 
 from . import _ring_py as _spec
-from . import shm
+from . import shm, wait_policy
 from ._codec_c import OOB_THRESHOLD
 from ._codec_c import decode as _codec_decode
 from .errors import (
@@ -93,17 +93,17 @@ for _const, _value in (("HEADER_SIZE", HEADER_SIZE), ("H_MAX_MESSAGE", H_MAX_MES
     if getattr(_spec, _const) != _value:
         raise ImportError(f"_ring_c and _ring_py disagree on {_const}")
 
-# Waiting.  A round trip between two active processes takes ~1 µs, so a
-# short spin holding the GIL catches most replies without paying for a GIL
-# release; the spin continues without the GIL, then sched_yield (lets a peer
-# sharing our core run), then futex sleep in slices.
-cdef int64_t SPIN_GIL_NS = 3000
-cdef int64_t SPIN_NS = 20000
-cdef int YIELDS = 4
-cdef int64_t SLICE_NS = 100000000       # peer-death and Ctrl-C checks at least this often
-
-cdef int64_t SLICE_NS_WEAK = 2000000    # a pure-Python end may lose a wake-up (see _ring_py)
-cdef int64_t AGAIN_NS = 100000000       # raw API returns RL_AGAIN this often to let callers check signals
+# Waiting: the numbers of wait_policy (C copies in _wait.pxd, checked here).
+# A round trip between two active processes takes ~1 µs, so a short spin
+# holding the GIL catches most replies without paying for a GIL release; the
+# spin continues without the GIL, then sched_yield (lets a peer sharing our
+# core run), then futex sleep in slices.  These four can be tuned for the
+# rings set up afterwards (_set_wait_policy).
+wait_policy.check_twin("ray_lite._fast._ring_c", rl_wait_policy_values())
+cdef int64_t SPIN_GIL_NS = WP_RING_SPIN_GIL_NS
+cdef int64_t SPIN_NS = WP_RING_SPIN_NS
+cdef int YIELDS = WP_RING_YIELDS
+cdef int64_t SLICE_NS = WP_SLICE_NS      # peer-death and Ctrl-C checks at least this often
 
 def _set_wait_policy(spin_gil_ns=None, spin_ns=None, yields=None, slice_ns=None):
     """Tune the waiting strategy of rings set up afterwards (experiments, benchmarks)."""
@@ -193,8 +193,9 @@ cdef int rl_ring_wait_ready(RingEnd* e, int64_t deadline_ns, bint spin) noexcept
         # only delays it (a 20 µs spin made such round trips 15x slower).
         # sched_yield hands it the CPU at once.
         policy.spin_ns = 0
-    if rl_load_relaxed_u32(_u32(e, H_FLAGS)) & FLAG_WEAK_ORDERING and policy.slice_ns > SLICE_NS_WEAK:
-        policy.slice_ns = SLICE_NS_WEAK
+    if rl_load_relaxed_u32(_u32(e, H_FLAGS)) & FLAG_WEAK_ORDERING and policy.slice_ns > WP_SLICE_WEAK_NS:
+        # A pure-Python end may lose a wake-up (see _ring_py, "Ordering").
+        policy.slice_ns = WP_SLICE_WEAK_NS
     if e.is_producer:
         st = rl_wait(_u32(e, H_PRODUCER_SLEEPING), _space_ready, e, deadline_ns, &policy, spin)
     else:
@@ -285,7 +286,7 @@ cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** pay
             started = rl_now_ns()
         st = rl_ring_wait_ready(e, deadline_ns, spin)
         spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
+        if st == RL_AGAIN and rl_now_ns() - started < WP_AGAIN_NS:
             continue
         if st != RL_OK:
             return st
@@ -349,7 +350,7 @@ cdef int rl_ring_peek(RingEnd* e, int64_t deadline_ns, const char** payload, uin
             started = rl_now_ns()
         st = rl_ring_wait_ready(e, deadline_ns, spin)
         spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
+        if st == RL_AGAIN and rl_now_ns() - started < WP_AGAIN_NS:
             continue
         if st != RL_OK:
             return st
@@ -367,17 +368,14 @@ cdef bint rl_ring_poll(RingEnd* e) noexcept nogil:
     return e.pos != e.cache or _data_ready(e)
 
 
-# How often spin_poll hands the CPU to whatever else is runnable on it (the
-# peer it waits for may have been woken onto this very CPU); it gives up
-# when it lost the CPU this long at once: the CPU is wanted elsewhere.
-cdef int64_t SPIN_POLL_YIELD_NS = 5000
-cdef int64_t SPIN_POLL_PREEMPTED_NS = 100000
-
-
 cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
+    # It hands the CPU to whatever else is runnable on it every
+    # SPIN_POLL_YIELD_NS (the peer it waits for may have been woken onto
+    # this very CPU), and gives up when it lost the CPU for
+    # SPIN_POLL_PREEMPTED_NS at once: the CPU is wanted elsewhere.
     cdef int64_t now = rl_now_ns()
     cdef int64_t before
-    cdef int64_t next_yield = now + SPIN_POLL_YIELD_NS
+    cdef int64_t next_yield = now + WP_SPIN_POLL_YIELD_NS
     cdef int i
     while True:
         for i in range(16):
@@ -386,11 +384,11 @@ cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
             rl_cpu_relax()
         before = now
         now = rl_now_ns()
-        if now >= deadline_ns or now - before > SPIN_POLL_PREEMPTED_NS:
+        if now >= deadline_ns or now - before > WP_SPIN_POLL_PREEMPTED_NS:
             return _data_ready(e)
         if now >= next_yield:
             sched_yield()
-            next_yield = now + SPIN_POLL_YIELD_NS
+            next_yield = now + WP_SPIN_POLL_YIELD_NS
 
 
 cdef bint _ready(RingEnd* e) noexcept nogil:

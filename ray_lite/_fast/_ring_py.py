@@ -139,8 +139,8 @@ Each end keeps its own position locally and caches the peer's, reloading it
 only when the cache says "empty"/"full", so an active pair touches the other
 end's line once per batch.
 
-Waiting (either end): spin a few microseconds (``SPIN_NS``), ``sched_yield``
-a few times (``YIELDS``), then sleep on the futex word of its side.  The spin
+Waiting (either end): spin a few microseconds (``RING_SPIN_NS``), ``sched_yield``
+a few times (``RING_YIELDS``), then sleep on the futex word of its side.  The spin
 is skipped when the peer's last action on this ring (publish, release) was on
 the CPU this end runs on now: the peer is then not running (we are), and
 every microsecond spent spinning is one it cannot use (with both ends on one
@@ -177,8 +177,8 @@ x86-64 and aarch64) and on x86 TSO for release/acquire.  The store-then-load
 of the sleeping handshake can still be reordered by a store buffer, so a
 wake-up can be lost, but only when the other end publishes while the
 sleeper's flag store may still be in flight: this twin's first sleep after
-setting its flag lasts at most ``SLICE_NS_WEAK`` (2 ms), later ones (the flag
-stayed set, so it is visible) up to ``PEER_CHECK_NS``.  It sets header flag
+setting its flag lasts at most ``SLICE_WEAK_NS`` (2 ms), later ones (the flag
+stayed set, so it is visible) up to ``SLICE_NS``.  It sets header flag
 bit 0 so that a compiled peer sleeps in 2 ms slices too (its own stores are
 fenced, but a pure-Python waker's load may pass its store).  A lost wake-up
 costs latency, never a hang.
@@ -201,6 +201,14 @@ from .errors import (
     MessageTooLargeError,
     PeerDiedError,
     RingEmpty,
+)
+from .wait_policy import (
+    RING_SPIN_NS,
+    RING_YIELDS,
+    SLICE_NS,
+    SLICE_WEAK_NS,
+    SPIN_POLL_PREEMPTED_NS,
+    SPIN_POLL_YIELD_NS,
 )
 
 __all__ = [
@@ -249,13 +257,6 @@ DEFAULT_MAX_MESSAGE_SIZE = 1 << 31
 SIDE_ALIGN = 64             # entries of a side segment: cache-line (and SIMD) aligned
 FIFO_SUFFIX = ".fifo"
 
-# ------------------------------------------------------------- waiting ---
-SPIN_NS = 20_000            # Python spins slowly; a few µs buys little
-YIELDS = 4
-SPIN_POLL_YIELD_NS = 5_000     # spin_poll hands the CPU on this often (the peer may be runnable here)
-SPIN_POLL_PREEMPTED_NS = 100_000   # and gives up after losing the CPU this long at once
-SLICE_NS_WEAK = 2_000_000   # see "Ordering"
-PEER_CHECK_NS = 100_000_000
 
 _U64 = (1 << 64) - 1
 
@@ -646,13 +647,13 @@ class ShmRing:
         word = flag_off // 4
         addr = self._base_addr + flag_off
         next_peer_check = 0
-        spin_end = t + (0 if self._peer_on_my_cpu() else SPIN_NS)
+        spin_end = t + (0 if self._peer_on_my_cpu() else RING_SPIN_NS)
         if deadline is not None and spin_end > deadline:
             spin_end = deadline
         while time.monotonic_ns() < spin_end:
             if ready():
                 return
-        for _ in range(YIELDS):
+        for _ in range(RING_YIELDS):
             os.sched_yield()
             if ready():
                 return
@@ -662,7 +663,7 @@ class ShmRing:
                 if deadline is not None and now >= deadline:
                     raise TimeoutError(f"ring {self._name}: timed out")
                 if now >= next_peer_check:
-                    next_peer_check = now + PEER_CHECK_NS
+                    next_peer_check = now + SLICE_NS
                     if not self.peer_alive():
                         return
                 # A wake-up can only be missed while our flag store may still
@@ -673,7 +674,7 @@ class ShmRing:
                 h32[word] = 1
                 if ready():
                     return
-                slice_ns = SLICE_NS_WEAK if fresh else PEER_CHECK_NS
+                slice_ns = SLICE_WEAK_NS if fresh else SLICE_NS
                 if deadline is not None and deadline - now < slice_ns:
                     slice_ns = max(deadline - now, 1)
                 futex_wait(addr, 1, slice_ns)

@@ -25,6 +25,7 @@ from ray_lite._fast.errors import ChannelClosedError as _ChannelClosed
 from ray_lite._fast.errors import PeerDiedError as _PeerDied
 from ray_lite._fast.errors import RingEmpty as _RingEmpty
 from ray_lite._fast.ring import ShmRing as _ShmRing
+from ray_lite._fast.wait_policy import LINK_SPIN_NS, SLICE_WEAK_NS, ns_to_s
 
 from .interrupts import sleep_point
 
@@ -153,8 +154,8 @@ RING_COMPILED = _ring_mod.COMPILED
 RING_CAPACITY = 1 << 20
 # The pure-Python ring has no memory fences: a wake-up can be lost (see
 # _ring_py "Ordering"), so sleepers re-check at this interval.
-WEAK_SLICE = None if RING_COMPILED else 0.002
-SPIN_S = 30e-6
+WEAK_SLICE = None if RING_COMPILED else ns_to_s(SLICE_WEAK_NS)
+SPIN_S = ns_to_s(LINK_SPIN_NS)
 
 
 def spin_readable(links, timeout):
