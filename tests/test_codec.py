@@ -511,6 +511,33 @@ def test_too_small_with_out_of_band_buffers(codec_impl):
     assert info.value.needed == end
 
 
+def test_encode_growing_grows_until_the_frame_fits(codec_impl):
+    value = ["x" * 5000, b"y" * codec_impl.OOB_THRESHOLD, 7]
+    small = bytearray(16)
+    retries = []
+    buf, end, buffers = codec_impl.encode_growing(value, small, on_retry=lambda: retries.append(1))
+    assert type(buf) is bytearray and buf is not small and len(buf) >= end > 5000
+    assert type(buffers) is list and len(buffers) == 1
+    assert retries == [1]                                   # needed was exact: one retry
+    assert codec_impl.decode(memoryview(buf)[:end], buffers) == value
+    same, end2, none = codec_impl.encode_growing(7, small)  # fits: the bytearray given
+    assert same is small and none == [] and codec_impl.decode(small[:end2]) == 7
+    big, end3, inband = codec_impl.encode_growing(value, bytearray(16), None)
+    assert inband == [] and codec_impl.decode(big[:end3]) == value
+
+
+def test_encode_growing_refuses_a_frame_over_its_limit(codec_impl):
+    frame = codec_impl.dumps("z" * 3000)
+    with pytest.raises(BufferTooSmallError) as info:
+        codec_impl.encode_growing("z" * 3000, bytearray(64), limit=len(frame) - 1)
+    assert info.value.needed == len(frame)
+    # A frame within the limit is encoded even when doubling would pass it.
+    buf, end, _ = codec_impl.encode_growing("z" * 3000, bytearray(2000), limit=len(frame))
+    assert bytes(buf[:end]) == frame
+    with pytest.raises(TypeError):
+        codec_impl.encode_growing(1, memoryview(bytearray(64)))
+
+
 def test_encode_into_argument_errors(codec_impl):
     with pytest.raises(TypeError):
         codec_impl.encode_into(1, b"read-only bytes")

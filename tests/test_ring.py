@@ -194,6 +194,19 @@ def test_messages_over_max_message_size_are_refused_before_anything_is_sent(ring
         assert producer.max_message_size == consumer.max_message_size == 500
 
 
+def test_a_large_frame_just_under_max_message_size_is_sent(ring_impl):
+    # Encoded aside in a scratch buffer that grows: growing past the maximum
+    # must not refuse a frame that is within it.
+    value = "v" * 5000
+    with ring_impl.ShmRing.create(SMALL, side="producer", max_message_size=6000) as producer, \
+            ring_impl.ShmRing.attach(producer.name, side="consumer") as consumer:
+        producer.put(value, timeout=5)
+        assert consumer.get(timeout=5) == value
+        with pytest.raises(MessageTooLargeError):
+            producer.put("w" * 6001)
+        assert not consumer.poll()
+
+
 def test_unserialisable_value_raises_and_leaves_the_ring_untouched(pair):
     producer, consumer = pair
     with pytest.raises(SerializationError):

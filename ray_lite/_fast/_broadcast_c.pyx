@@ -612,19 +612,11 @@ cdef class MessageQueue:
         return 0
 
     def _write_oob_segment(self, obj, needed):
-        cdef Py_ssize_t size = max(needed, 2 * self._chunk_bytes, 4096)
         cdef Py_ssize_t end
-        cdef Py_ssize_t threshold = -1 if self._oob_threshold is None else self._oob_threshold
         cdef list bufs
         cdef bytearray frame
-        while True:
-            frame = bytearray(size)
-            bufs = []
-            try:
-                end = encode_to_ptr(obj, <char*>frame, size, bufs, threshold)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, 2 * size)
+        frame, end, bufs = _codec.encode_growing(
+            obj, bytearray(max(needed, 2 * self._chunk_bytes, 4096)), self._oob_threshold)
         total = _layout_total(end, bufs)
         seg_name, mm = shm.create_segment(total)
         cdef Py_buffer view

@@ -549,14 +549,8 @@ class MessageQueue:
         self._wake_readers()
 
     def _write_oob_segment(self, obj, needed):
-        size = max(needed, 2 * self._chunk_bytes, 4096)
-        while True:
-            frame = bytearray(size)
-            try:
-                end, bufs = _codec.encode_into(obj, frame, 0, self._oob_threshold)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, 2 * size)
+        frame, end, bufs = _codec.encode_growing(
+            obj, bytearray(max(needed, 2 * self._chunk_bytes, 4096)), self._oob_threshold)
         lengths = [b.nbytes for b in bufs]
         total = _layout_total(end, lengths)
         seg_name, mm = shm.create_segment(total)

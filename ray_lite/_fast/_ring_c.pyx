@@ -31,7 +31,7 @@ import os
 
 from . import _ring_py as _spec
 from . import shm, wait_policy
-from ._codec_c import OOB_THRESHOLD
+from ._codec_c import OOB_THRESHOLD, encode_growing
 from ._codec_c import decode as _codec_decode
 from .errors import (
     BufferTooSmallError,
@@ -411,6 +411,13 @@ cdef inline void _spin_with_gil(RingEnd* e) noexcept:
             return
 
 
+cdef inline int _check_size(RingEnd* e, Py_ssize_t n) except -1:
+    """MessageTooLargeError, before anything is sent, for a message over the maximum."""
+    if <uint64_t>n > e.max_message:
+        raise MessageTooLargeError(f"message of {n} bytes exceeds max_message_size={e.max_message}")
+    return 0
+
+
 cdef int64_t _deadline_ns(object timeout) except? -2:
     cdef double t
     if timeout is None:
@@ -598,9 +605,7 @@ cdef class ShmRing:
                 has_buf = True
                 src = <const char*>buf.buf
                 n = buf.len
-            if <uint64_t>n > e.max_message:
-                raise MessageTooLargeError(
-                    f"message of {n} bytes exceeds max_message_size={e.max_message}")
+            _check_size(e, n)
             if <uint64_t>n <= e.inline_limit:
                 self._reserve(n, timeout, &slot)
                 memcpy(slot, src, n)
@@ -630,18 +635,11 @@ cdef class ShmRing:
                 n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1)
+            if not need:
+                need = self._publish_frame(slot, n, room, timeout)
             if need:
                 # Outside the except block: errors while waiting must not chain to it.
                 self._put_slow(obj, need, timeout)
-                return
-            if PyList_GET_SIZE(self._oob) == 0:
-                if <uint64_t>n > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
-                rl_ring_publish(e, KIND_VALUE, n)
-                return
-            if self._put_oob(slot, n, room, timeout):
-                self._put_slow(obj, self._put_oob_need, timeout)
         finally:
             self._leave()
 
@@ -662,30 +660,32 @@ cdef class ShmRing:
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1, need + 1)
                 continue
-            if PyList_GET_SIZE(self._oob) == 0:
-                if <uint64_t>n > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
-                rl_ring_publish(e, KIND_VALUE, n)
+            need = self._publish_frame(slot, n, room, timeout)
+            if not need:
                 return 0
-            if not self._put_oob(slot, n, room, timeout):
-                return 0
-            need = self._put_oob_need
 
-    cdef int _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1:
+    cdef Py_ssize_t _publish_frame(self, char* slot, Py_ssize_t n, Py_ssize_t room,
+                                   object timeout) except -1:
+        """Publish the frame of ``n`` bytes just encoded at ``slot`` (its
+        out-of-band buffers in ``_oob``); 0 when sent, else the payload room
+        the record needs (more than ``room``): wait for it and encode again."""
+        if PyList_GET_SIZE(self._oob) == 0:
+            _check_size(&self.end, n)
+            rl_ring_publish(&self.end, KIND_VALUE, n)
+            return 0
+        return self._put_oob(slot, n, room, timeout)
+
+    cdef Py_ssize_t _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room,
+                             object timeout) except -1:
         """The frame at ``slot`` has out-of-band buffers: ship them in a side segment.
 
-        Returns 1 (with ``_put_oob_need`` set) when the record needs more room
-        than ``room``: the caller waits for it and encodes again.
+        Returns 0 when sent, else the payload room the record needs (more than ``room``).
         """
         cdef RingEnd* e = &self.end
         cdef list buffers = self._oob
         cdef Py_ssize_t payload
         self._oob = []
-        total = n + sum([b.nbytes for b in buffers])
-        if total > e.max_message:
-            raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+        _check_size(e, n + sum([b.nbytes for b in buffers]))
         side_name = shm.new_name(self._prefix)
         payload = <Py_ssize_t>_align8(n) + 16 + <Py_ssize_t>_align8(len(side_name)) + 8
         if <uint64_t>payload > e.inline_limit:
@@ -693,8 +693,7 @@ cdef class ShmRing:
             self._put_side(KIND_SIDE_FRAME, [PyBytes_FromStringAndSize(slot, n)] + buffers, timeout)
             return 0
         if payload > room:
-            self._put_oob_need = payload
-            return 1
+            return payload
         size = _spec._write_side_segment(side_name, buffers)
         self._write_side_ref(slot, n, side_name.encode("ascii"), size, KIND_SIDE_VALUE)
         return 0
@@ -702,26 +701,14 @@ cdef class ShmRing:
     cdef int _put_big(self, object obj, object timeout) except -1:
         """A frame over the inline limit: encode it aside, then ship it in a side segment."""
         cdef RingEnd* e = &self.end
-        cdef Py_ssize_t size = max(<Py_ssize_t>e.inline_limit * 2, 4096)
-        cdef Py_ssize_t n
-        cdef list buffers
-        cdef bytearray scratch
-        while True:
-            scratch = bytearray(size)
-            buffers = []
-            try:
-                n = encode_to_ptr(obj, <char*>scratch, size, buffers, _OOB_THRESHOLD)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, size * 2)
-                if <uint64_t>size > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of at least {size} bytes exceeds "
-                        f"max_message_size={e.max_message}") from None
-        total = n + sum([b.nbytes for b in buffers])
-        if total > e.max_message:
+        try:
+            scratch, n, buffers = encode_growing(
+                obj, bytearray(max(<Py_ssize_t>e.inline_limit * 2, 4096)), OOB_THRESHOLD,
+                limit=e.max_message)
+        except BufferTooSmallError as exc:
             raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+                f"message of {exc.needed} bytes exceeds max_message_size={e.max_message}") from None
+        _check_size(e, n + sum([b.nbytes for b in buffers]))
         return self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:n]] + buffers, timeout)
 
     cdef int _put_side(self, uint32_t kind, list pieces, object timeout) except -1:

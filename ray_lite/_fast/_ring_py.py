@@ -792,8 +792,7 @@ class ShmRing:
             mv = mv.cast("B")
         n = mv.nbytes
         if n > self._max_message:
-            raise MessageTooLargeError(
-                f"message of {n} bytes exceeds max_message_size={self._max_message}")
+            raise self._too_large(n)
         deadline = _deadline(timeout)
         if n <= self._inline_limit:
             off = self._reserve(n, deadline)
@@ -831,14 +830,12 @@ class ShmRing:
             n = end - off
             if not buffers:
                 if n > self._max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={self._max_message}")
+                    raise self._too_large(n)
                 self._publish(KIND_VALUE, n)
                 return
             total = n + sum(b.nbytes for b in buffers)
             if total > self._max_message:
-                raise MessageTooLargeError(
-                    f"message of {total} bytes exceeds max_message_size={self._max_message}")
+                raise self._too_large(total)
             side_name = shm.new_name(self._prefix)
             payload = _align8(n) + _side_ref_size(len(side_name)) + 8
             if payload > limit:
@@ -854,23 +851,20 @@ class ShmRing:
 
     def _put_big(self, obj, deadline):
         """A frame over the inline limit: encode it aside, then ship it in a side segment."""
-        size = max(self._inline_limit * 2, 4096)
-        while True:
-            scratch = bytearray(size)
-            try:
-                end, buffers = _codec.encode_into(obj, scratch, 0, _codec.OOB_THRESHOLD)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, size * 2)
-                if size > self._max_message:
-                    raise MessageTooLargeError(
-                        f"message of at least {size} bytes exceeds "
-                        f"max_message_size={self._max_message}") from None
+        try:
+            scratch, end, buffers = _codec.encode_growing(
+                obj, bytearray(max(self._inline_limit * 2, 4096)), _codec.OOB_THRESHOLD,
+                limit=self._max_message)
+        except BufferTooSmallError as exc:
+            raise self._too_large(exc.needed) from None
         total = end + sum(b.nbytes for b in buffers)
         if total > self._max_message:
-            raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={self._max_message}")
+            raise self._too_large(total)
         self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:end], *buffers], deadline)
+
+    def _too_large(self, n):
+        """The error for a message of ``n`` bytes over the maximum (raised before anything is sent)."""
+        return MessageTooLargeError(f"message of {n} bytes exceeds max_message_size={self._max_message}")
 
     def _put_side(self, kind, pieces, deadline):
         name = shm.new_name(self._prefix)
