@@ -273,6 +273,26 @@ def _run_blocked(fn, n=1):
     return threads, outcomes
 
 
+def test_errors_name_the_queue_and_the_cause_in_both_twins(bq):
+    w = bq.MessageQueue(1, max_chunk_bytes=4096, max_chunks=1)
+    r = bq.MessageQueue.attach(w.export_handle(), 0)
+    name = w.name
+    try:
+        with pytest.raises(TimeoutError, match=f"^MessageQueue {name}: timed out waiting for a message$"):
+            r.dequeue(timeout=0)
+        w.enqueue(1)
+        with pytest.raises(TimeoutError,
+                           match=f"^MessageQueue {name}: timed out waiting for readers to make room$"):
+            w.enqueue(2, timeout=0)
+        r.close()
+        with pytest.raises(ChannelClosedError, match=f"^MessageQueue {name} is closed$"):
+            r.dequeue(timeout=0)
+        with pytest.raises(ChannelClosedError, match=f"^MessageQueue {name}: the reader 0 closed the channel$"):
+            w.enqueue(2, timeout=0)
+    finally:
+        _closing(w, r)
+
+
 def test_close_by_writer_wakes_blocked_readers(bq):
     w = bq.MessageQueue(3, max_chunk_bytes=512, max_chunks=2)
     readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(3)]

@@ -555,6 +555,54 @@ def test_close_is_idempotent_and_closed_ends_refuse_work(pair):
         producer.put_bytes(b"x")
 
 
+def test_a_closed_ring_raises_channel_closed_error_in_both_twins(ring_impl):
+    # Every entry point, for this end closed and for the peer closed, with
+    # one message per case whichever twin raises it.
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    name = producer.name
+    producer.close()
+    for call in (consumer.get_nowait, lambda: consumer.get(timeout=0), lambda: consumer.get(timeout=5)):
+        with pytest.raises(ChannelClosedError, match=f"^ring {name}: the producer closed the channel$"):
+            call()
+    assert consumer.poll() and consumer.spin_poll(1.0) and consumer.peer_alive()
+    consumer.close()
+    for call in (consumer.get_nowait, lambda: consumer.get(timeout=0), consumer.fileno, consumer.arm_fd,
+                 consumer.peer_fd, consumer.peer_alive, lambda: producer.put(1), lambda: producer.put_bytes(b"x"),
+                 lambda: producer.put(b"x" * 100_000), producer.fileno):
+        with pytest.raises(ChannelClosedError, match=f"^ring {name} is closed$") as info:
+            call()
+        assert type(info.value) is ChannelClosedError
+    assert consumer.poll() and consumer.spin_poll(0) and producer.spin_poll(0)
+    consumer.clear_fd()
+
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    consumer.close()
+    for call in (lambda: producer.put(1), lambda: producer.put_bytes(b"x"), lambda: producer.put(b"x" * 100_000)):
+        with pytest.raises(ChannelClosedError, match=f"^ring {producer.name}: the consumer closed the channel$"):
+            call()
+    producer.close()
+
+
+def test_channel_error_names_the_channel_and_the_cause():
+    from ray_lite._fast.errors import RL_CLOSED, RL_CORRUPT, RL_PEER_DIED, RL_TIMEOUT, channel_error
+
+    cases = [
+        (dict(status=RL_TIMEOUT), TimeoutError, "ring r: timed out"),
+        (dict(status=RL_TIMEOUT, waiting_for="room"), TimeoutError, "ring r: timed out waiting for room"),
+        (dict(status=RL_CLOSED, this_end=True), ChannelClosedError, "ring r is closed"),
+        (dict(status=RL_CLOSED, peer="writer"), ChannelClosedError, "ring r: the writer closed the channel"),
+        (dict(status=RL_PEER_DIED, peer="reader 2", pid=7), PeerDiedError, "ring r: the reader 2 process 7 died"),
+        (dict(status=RL_CORRUPT), DecodeError, "ring r: corrupt record"),
+        (dict(status=42), AssertionError, "ring r: unexpected status 42"),
+    ]
+    for kwargs, cls, message in cases:
+        status = kwargs.pop("status")
+        err = channel_error(status, "ring r", **kwargs)
+        assert type(err) is cls and str(err) == message
+
+
 def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
     producer, consumer = pair
     fd = consumer.fileno()

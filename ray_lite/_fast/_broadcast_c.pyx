@@ -47,7 +47,14 @@ import time
 from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
 from ray_lite._fast import shm, wait_policy
-from ray_lite._fast.errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+from ray_lite._fast.errors import (
+    RL_CLOSED,
+    RL_PEER_DIED,
+    RL_TIMEOUT,
+    BufferTooSmallError,
+    DecodeError,
+    channel_error,
+)
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
@@ -62,6 +69,7 @@ from ray_lite._fast._broadcast_py import (
     MAX_READERS,
     MIN_CHUNK_BYTES,
     VERSION,
+    _WAITING_FOR,
     _buffer_views,
     _deadline as _deadline_s,
     _map_readonly,
@@ -413,7 +421,7 @@ cdef class MessageQueue:
 
     cdef int _enter(self) except -1:
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
         self._busy += 1
         return 0
 
@@ -461,7 +469,7 @@ cdef class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -499,7 +507,7 @@ cdef class MessageQueue:
         for r in range(self._n_readers):
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 if rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_CLOSED)):
-                    raise ChannelClosedError(f"reader {r} closed the MessageQueue")
+                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer=f"reader {r}")
                 return False
         return True
 
@@ -511,7 +519,7 @@ cdef class MessageQueue:
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 pid = rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_PID))
                 if pid and not self._peer_alive(pid):
-                    raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
+                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader (see the pure twin)."""
@@ -529,13 +537,13 @@ cdef class MessageQueue:
         finally:
             self._leave()
 
-    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str timeout_message) except -1:
+    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str waiting_for) except -1:
         """One futex sleep of at most a slice, ending at ``deadline``; then signals are checked."""
         cdef int64_t now, slice_ns = _sleep_slice(self._base)
         if deadline >= 0:
             now = rl_now_ns()
             if now >= deadline:
-                raise TimeoutError(timeout_message)
+                raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=waiting_for)
             if deadline - now < slice_ns:
                 slice_ns = deadline - now
         with nogil:
@@ -559,7 +567,7 @@ cdef class MessageQueue:
                 if self._chunk_free(c, k):
                     return 0
                 if self._closed:
-                    raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
+                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
                 seen = rl_load_acquire_u32(_u32(futex))
                 rl_store_release_u32(_u32(waiting), WAIT_FUTEX)
                 rl_fence_seq_cst()
@@ -567,7 +575,7 @@ cdef class MessageQueue:
                     return 0
                 self._check_readers_alive(c, k)
                 self._sleep(futex, seen, deadline,
-                            "MessageQueue.enqueue timed out waiting for readers to make room")
+                            _WAITING_FOR["enqueue"])
         finally:
             if self._base != NULL:
                 rl_store_release_u32(_u32(waiting), 0)
@@ -657,11 +665,11 @@ cdef class MessageQueue:
         if rl_load_acquire_u64(_u64(seq)) == k + 1:
             return 1
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
         if rl_load_acquire_u32(_u32(self._base + OFF_WRITER_CLOSED)):
             if rl_load_acquire_u64(_u64(seq)) == k + 1:
                 return 1
-            raise ChannelClosedError("the writer closed the MessageQueue")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer="writer")
         return 0
 
     def dequeue(self, timeout=None):
@@ -684,7 +692,7 @@ cdef class MessageQueue:
         cdef _MessageWait mw
         cdef uint32_t seen
         if deadline >= 0 and rl_now_ns() >= deadline:
-            raise TimeoutError("MessageQueue.dequeue timed out")
+            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR["dequeue"])
         mw.seq = _u64(seq)
         mw.want = k + 1
         mw.writer_closed = _u32(closed)
@@ -705,8 +713,8 @@ cdef class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return 0
-                    raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                self._sleep(futex, seen, deadline, "MessageQueue.dequeue timed out")
+                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+                self._sleep(futex, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._base != NULL:
                 rl_store_release_u32(_u32(waiting), 0)
@@ -783,7 +791,7 @@ cdef class MessageQueue:
 
     def _try_enqueue(self, obj):
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
         cdef uint64_t k = self._next
         cdef uint32_t c = self._cursor
         if not self._chunk_free(c, k):
@@ -795,7 +803,7 @@ cdef class MessageQueue:
 
     def _check_writer_alive(self):
         if not self._peer_alive(self._writer_pid):
-            raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+            raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
 
     def _check_space_peers(self):
         self._check_readers_alive(self._cursor, self._next)
@@ -910,7 +918,7 @@ async def _async_wait(MessageQueue q, attempt, check_peer, deadline, what):
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError(f"MessageQueue.{what} timed out")
+                        raise channel_error(RL_TIMEOUT, f"MessageQueue {q._name}", waiting_for=_WAITING_FOR[what])
                     slice_s = min(slice_s, left)
                 fut = loop.create_future()
                 loop.add_reader(fd, _set_done, fut)

@@ -74,7 +74,15 @@ import time
 from . import _codec_py as _codec
 from . import shm
 from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
-from .errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+from .errors import (
+    RL_CLOSED,
+    RL_PEER_DIED,
+    RL_TIMEOUT,
+    BufferTooSmallError,
+    ChannelClosedError,
+    DecodeError,
+    channel_error,
+)
 from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
@@ -132,7 +140,8 @@ YIELD_S = ns_to_s(BROADCAST_YIELD_NS)
 SLEEP_SLICE_S = ns_to_s(SLICE_NS)
 SLEEP_SLICE_WEAK_S = ns_to_s(SLICE_WEAK_NS)
 
-_OOB_SEGMENT_PREFIX = None  # shm.DEFAULT_PREFIX at call time
+#: What a timed-out wait waited for, in its TimeoutError.
+_WAITING_FOR = {"dequeue": "a message", "enqueue": "readers to make room"}
 
 
 def _align(n, a):
@@ -350,7 +359,7 @@ class MessageQueue:
 
     def _enter(self):
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
         self._busy += 1
 
     def _leave(self):
@@ -405,7 +414,7 @@ class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -435,7 +444,7 @@ class MessageQueue:
         for r in range(self._n_readers):
             if u64[base + r] < want:
                 if self._u32[self._reader_slot(r) + R_CLOSED // 4]:
-                    raise ChannelClosedError(f"reader {r} closed the MessageQueue")
+                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer=f"reader {r}")
                 return False
         return True
 
@@ -446,7 +455,7 @@ class MessageQueue:
             if self._u64[base + r] < want:
                 pid = self._u32[self._reader_slot(r) + R_PID // 4]
                 if pid and not self._peer_alive(pid):
-                    raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
+                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader.  Waits while the chunk it needs
@@ -480,13 +489,13 @@ class MessageQueue:
                 return True
         return False
 
-    def _sleep_slice(self, futex_addr, seen, deadline, timeout_message):
+    def _sleep_slice(self, futex_addr, seen, deadline, waiting_for):
         """One futex sleep of at most a slice, ending at ``deadline``."""
         slice_s = self._slice()
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(timeout_message)
+                raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=waiting_for)
             slice_s = min(slice_s, left)
         futex_wait(futex_addr, seen, int(slice_s * 1e9))
 
@@ -503,10 +512,10 @@ class MessageQueue:
                 if self._chunk_free(c, k):
                     return
                 if self._closed:
-                    raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
+                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
                 self._check_readers_alive(c, k)
                 self._sleep_slice(futex_addr, seen, deadline,
-                                  "MessageQueue.enqueue timed out waiting for readers to make room")
+                                  _WAITING_FOR["enqueue"])
         finally:
             if self._u32 is not None:
                 u32[OFF_WRITER_WAITING // 4] = 0
@@ -595,13 +604,13 @@ class MessageQueue:
         if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
             return True
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
         if self._u32[OFF_WRITER_CLOSED // 4]:
             # Closed flag then seq: a message published before the close is
             # still delivered.
             if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
                 return True
-            raise ChannelClosedError("the writer closed the MessageQueue")
+            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer="writer")
         return False
 
     def dequeue(self, timeout=None):
@@ -622,7 +631,7 @@ class MessageQueue:
 
     def _wait_message(self, c, k, deadline):
         if deadline is not None and deadline <= time.monotonic():
-            raise TimeoutError("MessageQueue.dequeue timed out")
+            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR["dequeue"])
         if self._busy_wait(lambda: self._poll(c, k), deadline):
             return
         u32 = self._u32
@@ -638,8 +647,8 @@ class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return
-                    raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                self._sleep_slice(futex_addr, seen, deadline, "MessageQueue.dequeue timed out")
+                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+                self._sleep_slice(futex_addr, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._u32 is not None:
                 u32[waiting] = 0
@@ -696,7 +705,7 @@ class MessageQueue:
 
         def check_peer():
             if not self._peer_alive(self._writer_pid):
-                raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+                raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
 
         waiting = self._reader_slot(self._rank) + R_WAITING // 4
         return await self._async_wait(attempt, waiting, _deadline(timeout), check_peer, "dequeue")
@@ -708,7 +717,7 @@ class MessageQueue:
 
         def attempt():
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
             k = self._next
             c = k % self._n_chunks
             if not self._chunk_free(c, k):
@@ -746,7 +755,7 @@ class MessageQueue:
                     if deadline is not None:
                         left = deadline - time.monotonic()
                         if left <= 0:
-                            raise TimeoutError(f"MessageQueue.{what} timed out")
+                            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR[what])
                         slice_s = min(slice_s, left)
                     fut = loop.create_future()
                     loop.add_reader(fd, _set_done, fut)

@@ -30,7 +30,7 @@ from ._codec_c cimport decode_from_ptr, encode_to_ptr
 import os
 
 from . import _ring_py as _spec
-from . import shm, wait_policy
+from . import errors, shm, wait_policy
 from ._codec_c import OOB_THRESHOLD, encode_growing
 from ._codec_c import decode as _codec_decode
 from .errors import (
@@ -40,6 +40,7 @@ from .errors import (
     MessageTooLargeError,
     PeerDiedError,
     RingEmpty,
+    channel_error,
 )
 
 __all__ = [
@@ -92,6 +93,11 @@ for _const, _value in (("HEADER_SIZE", HEADER_SIZE), ("H_MAX_MESSAGE", H_MAX_MES
                        ("KIND_SIDE_FRAME", KIND_SIDE_FRAME)):
     if getattr(_spec, _const) != _value:
         raise ImportError(f"_ring_c and _ring_py disagree on {_const}")
+
+for _const, _value in (("RL_OK", RL_OK), ("RL_TIMEOUT", RL_TIMEOUT), ("RL_CLOSED", RL_CLOSED),
+                       ("RL_PEER_DIED", RL_PEER_DIED), ("RL_CORRUPT", RL_CORRUPT)):
+    if getattr(errors, _const) != _value:
+        raise ImportError(f"_ring_c and errors disagree on the status code {_const}")
 
 # Waiting: the numbers of wait_policy (C copies in _wait.pxd, checked here).
 # A round trip between two active processes takes ~1 µs, so a short spin
@@ -512,7 +518,7 @@ cdef class ShmRing:
     # -- peer ----------------------------------------------------------------
     def peer_fd(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         _learn_peer(&self.end)
         return self.end.peer_pidfd
 
@@ -520,7 +526,7 @@ cdef class ShmRing:
         if self.end.peer_dead:
             return False
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         return _peer_alive(&self.end)
 
     # -- operation guard -------------------------------------------------------
@@ -529,7 +535,7 @@ cdef class ShmRing:
         # ran Python code: decode, pickle): close() from another thread
         # defers the unmapping to _leave.
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if producer != self.end.is_producer:
             raise ValueError(f"ring {self._name}: {'put' if producer else 'get'}() is for the "
                              f"{'producer' if producer else 'consumer'} end; this is the {self._side}")
@@ -537,9 +543,9 @@ cdef class ShmRing:
             raise RuntimeError(f"ring {self._name}: one end used by two threads at once")
         if producer:
             if rl_load_relaxed_u32(_u32(&self.end, H_CONSUMER_CLOSED)):
-                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+                self._raise_status(RL_CLOSED)
             if self.end.peer_dead:
-                raise PeerDiedError(f"ring {self._name}: the consumer process {self.end.peer_pid} died")
+                self._raise_status(RL_PEER_DIED)
         self._in_op = True
         self._pins += 1
         return 0
@@ -551,20 +557,8 @@ cdef class ShmRing:
             self._release()
 
     cdef int _raise_status(self, int st) except -1:
-        if st == RL_TIMEOUT:
-            raise TimeoutError(f"ring {self._name}: timed out")
-        if st == RL_CLOSED:
-            if self._closed:
-                raise ChannelClosedError(f"ring {self._name} is closed")
-            if self.end.is_producer:
-                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
-            raise ChannelClosedError(f"ring {self._name}: the producer closed the channel")
-        if st == RL_PEER_DIED:
-            raise PeerDiedError(f"ring {self._name}: the {'consumer' if self.end.is_producer else 'producer'} "
-                                f"process {self.end.peer_pid} died")
-        if st == RL_CORRUPT:
-            raise DecodeError(f"ring {self._name}: corrupt record")
-        raise AssertionError(f"unexpected ring status {st}")
+        raise channel_error(st, f"ring {self._name}", peer="consumer" if self.end.is_producer else "producer",
+                            pid=self.end.peer_pid, this_end=self._closed)
 
     # -- producer ----------------------------------------------------------
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1:
@@ -858,7 +852,7 @@ cdef class ShmRing:
 
     cdef int _check_consumer(self) except -1:
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self.end.is_producer:
             raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
         return 0

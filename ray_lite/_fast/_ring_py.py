@@ -195,12 +195,16 @@ from . import _codec_py as _codec
 from . import shm
 from ._wait_py import futex_wait, futex_wake, open_pidfd, process_alive, sched_getcpu
 from .errors import (
+    RL_CLOSED,
+    RL_PEER_DIED,
+    RL_TIMEOUT,
     BufferTooSmallError,
     ChannelClosedError,
     DecodeError,
     MessageTooLargeError,
     PeerDiedError,
     RingEmpty,
+    channel_error,
 )
 from .wait_policy import (
     RING_SPIN_NS,
@@ -586,7 +590,7 @@ class ShmRing:
         if self._peer_dead:
             return False
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         pid = self._learn_peer()
         if pid == 0 or pid == self._my_pid:
             return True
@@ -598,7 +602,11 @@ class ShmRing:
     # -- checks ----------------------------------------------------------
     def _check_open(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
+
+    def _raise_status(self, status):
+        raise channel_error(status, f"ring {self._name}", peer="consumer" if self._is_producer else "producer",
+                            pid=self._peer_pid, this_end=self._closed)
 
     def _enter(self, producer):
         """Start an operation: this end must be open and of the right side, and idle.
@@ -608,7 +616,7 @@ class ShmRing:
         effect when the running operation leaves.
         """
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if producer != self._is_producer:
             raise ValueError(f"ring {self._name}: {'put' if producer else 'get'}() is for the "
                              f"{'producer' if producer else 'consumer'} end; this is the {self._side}")
@@ -625,15 +633,15 @@ class ShmRing:
 
     def _check_producer(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._h32[H_CONSUMER_CLOSED // 4]:
-            raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+            self._raise_status(RL_CLOSED)
         if self._peer_dead:
-            raise PeerDiedError(f"ring {self._name}: the consumer process {self._peer_pid} died")
+            self._raise_status(RL_PEER_DIED)
 
     def _check_consumer(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._is_producer:
             raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
 
@@ -642,7 +650,7 @@ class ShmRing:
         """Wait until ``ready()``; TimeoutError at ``deadline``; sets ``_peer_dead``."""
         t = time.monotonic_ns()
         if deadline is not None and t >= deadline:
-            raise TimeoutError(f"ring {self._name}: timed out")
+            self._raise_status(RL_TIMEOUT)
         h32 = self._h32
         word = flag_off // 4
         addr = self._base_addr + flag_off
@@ -661,7 +669,7 @@ class ShmRing:
             while True:
                 now = time.monotonic_ns()
                 if deadline is not None and now >= deadline:
-                    raise TimeoutError(f"ring {self._name}: timed out")
+                    self._raise_status(RL_TIMEOUT)
                 if now >= next_peer_check:
                     next_peer_check = now + SLICE_NS
                     if not self.peer_alive():
@@ -963,14 +971,14 @@ class ShmRing:
         # "closed" is read before write_pos (in the caller's _next_record)
         # had its last look: re-read write_pos after it to drain everything.
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._h32[H_PRODUCER_CLOSED // 4]:
             if self._next_record() < 0:
-                raise ChannelClosedError(f"ring {self._name}: the producer closed the channel")
+                self._raise_status(RL_CLOSED)
             return False
         if self._peer_dead:
             if self._next_record() < 0:
-                raise PeerDiedError(f"ring {self._name}: the producer process {self._peer_pid} died")
+                self._raise_status(RL_PEER_DIED)
             return False
         if not blocking:
             raise RingEmpty()
