@@ -985,3 +985,61 @@ def test_random_message_sequences_cross_processes_in_order(ring_impl, producer_p
         with pytest.raises(ChannelClosedError):
             ring.get(timeout=60)
     assert got == [payload for _, payload in sent]
+
+
+# ------------------------------------------------------------- links ---
+# ``_private.transport.Link`` (a ring each way) raises LinkClosed, and only
+# LinkClosed, for a link closed by either end or by its peer's death.
+
+def test_a_link_closed_at_this_end_raises_link_closed():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    a = Link.create()
+    b = Link.attach(a.names)
+    try:
+        a.send(("hello", 1))
+        a.close()
+        with pytest.raises(LinkClosed):
+            a.send(("more",))
+        with pytest.raises(LinkClosed):
+            a.recv_wait(0)
+        assert a.recv_all() == [] and a.spin_poll(0) and a.arm() and a.has_data()
+        a.disarm()
+        assert b.recv_all() == [("hello", 1)]           # sent before the close: delivered
+        with pytest.raises(LinkClosed):
+            b.recv_wait(5)
+        with pytest.raises(LinkClosed):
+            b.send(("to a closed peer",))
+        assert b.spin_poll(5) is True and b.arm() is False and b.recv_all() == []
+        b.disarm()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_link_whose_creator_closed_cannot_be_attached():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    a = Link.create()
+    names = a.names
+    a.close()
+    with pytest.raises(LinkClosed):
+        Link.attach(names)
+
+
+def test_a_link_whose_peer_died_raises_link_closed():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    link = Link.create()
+    twin = "compiled" if ring_facade.COMPILED else "python"
+    try:
+        with Peer(twin) as peer:
+            peer.call("attach", link.names[0], "consumer")
+            peer.call("attach", link.names[1], "producer")
+            peer.call("send", link.names[1], [("value", ("last", "words"))])
+            peer.kill()
+            assert link.recv_wait(30) == ("last", "words")    # drained first
+            with pytest.raises(LinkClosed):
+                link.recv_wait(30)
+    finally:
+        link.close()

@@ -846,8 +846,14 @@ cdef class ShmRing:
         if not timeout > 0:     # also NaN
             return False
         deadline = rl_now_ns() + <int64_t>(min(timeout, 1.0) * 1e9)
+        # Pinned: a close() from another thread meanwhile ends the spin (the
+        # closed flag makes the ring ready) but must not unmap under it.
+        self._pins += 1
         with nogil:
             ready = _spin_poll(e, deadline)
+        self._pins -= 1
+        if self._closed and self._pins == 0:
+            self._release()
         return ready
 
     cdef int _check_consumer(self) except -1:

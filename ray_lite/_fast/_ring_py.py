@@ -1059,7 +1059,7 @@ class ShmRing:
         try:
             while len(os.read(self._fifo_fd, 256)) == 256:
                 pass
-        except BlockingIOError:
+        except OSError:     # empty (EAGAIN), or closed from another thread meanwhile
             pass
 
     # -- closing ---------------------------------------------------------
