@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_twin_module
+from ray_lite._fast import _codec_py
 from ray_lite._fast.errors import BufferTooSmallError, DecodeError, SerializationError
 
 
@@ -38,9 +38,9 @@ EXT_TUPLE, EXT_BIGINT, EXT_PICKLE, EXT_OOB, EXT_BUFFER = 1, 2, 3, 4, 5
 
 
 @pytest.fixture
-def twins():
-    """(compiled, python): for tests that compare the two."""
-    return load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def twins(twin_pair):
+    """The (compiled, python) codec modules, for tests that compare the two."""
+    return tuple(t.module("codec") for t in twin_pair)
 
 
 # ---------------------------------------------------------------- helpers
@@ -843,8 +843,8 @@ def test_random_values_round_trip(codec_impl, value):
 
 @examples(150)
 @given(value=values)
-def test_twins_produce_identical_frames_that_each_other_decodes(value):
-    compiled, python = load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def test_twins_produce_identical_frames_that_each_other_decodes(twins, value):
+    compiled, python = twins
     frame = frame_of(compiled, value)
     assert frame_of(python, value) == frame
     assert compiled.dumps(value) == python.dumps(value) == frame
@@ -864,10 +864,10 @@ def test_random_garbage_is_a_value_or_a_decode_error(codec_impl, data):
 
 
 @examples(300)
-@given(data=st.binary(max_size=64) | values.map(lambda v: load_twin_module("codec", "python").dumps(v)),
+@given(data=st.binary(max_size=64) | values.map(_codec_py.dumps),
        cut=st.integers(0, 64), flip=st.integers(0, 255))
-def test_twins_agree_on_corrupt_input(data, cut, flip):
-    compiled, python = load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def test_twins_agree_on_corrupt_input(twins, data, cut, flip):
+    compiled, python = twins
     if data:
         data = bytearray(data)
         data[cut % len(data)] ^= flip  # a valid frame with one byte changed

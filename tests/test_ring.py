@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_lite._fast import NO_EXTENSIONS, _wait_py, shm
+from ray_lite._fast import _wait_py, shm
 from ray_lite._fast.errors import (
     ChannelClosedError,
     DecodeError,
@@ -31,11 +31,9 @@ from ray_lite._fast.errors import (
 from ray_lite._fast import ring as ring_facade
 from ray_lite._fast.ring import get_async, spin_any, wait_any
 
-from conftest import load_twin_module
 from ring_peer import Peer
 
 SMALL = 4096
-TWINS = ["compiled", "python"]
 
 
 def new_segments(before):
@@ -57,12 +55,6 @@ def drain(consumer):
     while consumer.poll():
         out.append(consumer.get_nowait())
     return out
-
-
-def twin_or_skip(twin):
-    if twin == "compiled" and NO_EXTENSIONS:
-        pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
-    return twin
 
 
 def wait_until(predicate, timeout=30.0):
@@ -468,9 +460,8 @@ def test_rings_cannot_be_pickled(pair):
         pickle.dumps(pair[0])
 
 
-def test_twins_share_one_layout_in_one_process():
-    compiled = load_twin_module("ring", twin_or_skip("compiled"))
-    python = load_twin_module("ring", "python")
+def test_twins_share_one_layout_in_one_process(twin_pair):
+    compiled, python = (t.module("ring") for t in twin_pair)
     rng = random.Random(3)
     for make, join in ((compiled, python), (python, compiled)):
         with make.ShmRing.create(SMALL, side="producer") as producer, \
@@ -745,9 +736,9 @@ def test_an_end_dropped_without_close_wakes_its_peer_and_unlinks(ring_impl):
             consumer.get(timeout=30)
 
 
-def test_c_level_api_round_trips_without_python_in_the_loop():
+def test_c_level_api_round_trips_without_python_in_the_loop(twin_pair):
     # ray_lite/bench/_ringbench_c drives rl_ring_write/peek/reserve/publish/release nogil.
-    compiled = load_twin_module("ring", twin_or_skip("compiled"))
+    compiled = twin_pair[0].module("ring")
     ringbench = pytest.importorskip("ray_lite.bench._ringbench_c")
     with compiled.ShmRing.create(SMALL, side="producer") as there, \
             compiled.ShmRing.create(SMALL, side="consumer") as back:
@@ -823,9 +814,8 @@ def test_process_liveness_with_and_without_pidfd():
 
 
 # ---------------------------------------------------- other processes ---
-@pytest.mark.parametrize("child", TWINS)
-def test_messages_cross_processes_both_ways(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_messages_cross_processes_both_ways(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         inbound = ring_impl.ShmRing.create(SMALL, side="consumer")
         outbound = ring_impl.ShmRing.create(SMALL, side="producer")
         try:
@@ -846,9 +836,8 @@ def test_messages_cross_processes_both_ways(ring_impl, child):
             outbound.close()
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         with ring_impl.ShmRing.create(SMALL, side="consumer") as ring:
             peer.call("attach", ring.name, "producer")
             peer.call("send", ring.name, [("bytes", b"last words")])
@@ -863,9 +852,8 @@ def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, child):
                 ring.get_nowait()
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         with ring_impl.ShmRing.create(SMALL, side="producer") as ring:
             peer.call("attach", ring.name, "consumer")
             with pytest.raises(TimeoutError):
@@ -880,9 +868,8 @@ def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, child):
                 ring.put("again")
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_a_child_blocked_in_get_or_put_sees_its_peer_close(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_a_child_blocked_in_get_or_put_sees_its_peer_close(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         consumer_side = ring_impl.ShmRing.create(SMALL, side="producer")
         peer.call("attach", consumer_side.name, "consumer")
         peer.send("block", consumer_side.name, "get")
@@ -963,9 +950,9 @@ messages = st.lists(
 )
 
 
-@pytest.fixture(params=TWINS)
-def producer_peer(request):
-    with Peer(twin_or_skip(request.param)) as peer:
+@pytest.fixture
+def producer_peer(peer_twin):
+    with Peer(peer_twin) as peer:
         yield peer
 
 
@@ -1031,9 +1018,8 @@ def test_a_link_whose_peer_died_raises_link_closed():
     from ray_lite._private.transport import Link, LinkClosed
 
     link = Link.create()
-    twin = "compiled" if ring_facade.COMPILED else "python"
     try:
-        with Peer(twin) as peer:
+        with Peer("python") as peer:
             peer.call("attach", link.names[0], "consumer")
             peer.call("attach", link.names[1], "producer")
             peer.call("send", link.names[1], [("value", ("last", "words"))])
@@ -1043,3 +1029,47 @@ def test_a_link_whose_peer_died_raises_link_closed():
                 link.recv_wait(30)
     finally:
         link.close()
+
+
+# ------------------------------------------------------- wait policy ---
+
+def test_a_twin_built_with_another_wait_policy_is_refused():
+    from ray_lite._fast import wait_policy
+
+    wait_policy.check_twin("some_twin", {"RING_SPIN_NS": wait_policy.RING_SPIN_NS,
+                                         "SLICE_NS": wait_policy.SLICE_NS})     # the same numbers
+    with pytest.raises(ImportError, match=r"^some_twin was built with another wait policy .*"
+                                          r"RING_SPIN_NS=1 \(expected 20000\); rebuild ray_lite$"):
+        wait_policy.check_twin("some_twin", {"RING_SPIN_NS": 1, "SLICE_NS": wait_policy.SLICE_NS})
+    with pytest.raises(ImportError, match=r"NO_SUCH_NS=5 \(expected None\)"):
+        wait_policy.check_twin("some_twin", {"NO_SUCH_NS": 5})
+
+
+def test_both_twins_wait_with_the_policy_s_numbers(twin_pair):
+    from ray_lite._fast import _broadcast_py, _ring_py, wait_policy
+
+    compiled = twin_pair[0].module("ring")      # imported: its C copies passed check_twin
+    twin_pair[0].module("broadcast")
+    assert compiled._set_wait_policy() == dict(
+        spin_gil_ns=wait_policy.RING_SPIN_GIL_NS, spin_ns=wait_policy.RING_SPIN_NS,
+        yields=wait_policy.RING_YIELDS, slice_ns=wait_policy.SLICE_NS)
+    assert (_ring_py.RING_SPIN_NS, _ring_py.RING_YIELDS, _ring_py.SLICE_NS, _ring_py.SLICE_WEAK_NS) == (
+        wait_policy.RING_SPIN_NS, wait_policy.RING_YIELDS, wait_policy.SLICE_NS, wait_policy.SLICE_WEAK_NS)
+    assert _broadcast_py.YIELD_S == wait_policy.ns_to_s(wait_policy.BROADCAST_YIELD_NS)
+    assert ring_facade.WAIT_ANY_SPIN_S == wait_policy.ns_to_s(wait_policy.MULTI_SPIN_NS)
+
+
+def test_set_wait_policy_tunes_rings_set_up_afterwards(twin_pair):
+    compiled = twin_pair[0].module("ring")
+    before = compiled._set_wait_policy()
+    try:
+        assert compiled._set_wait_policy(spin_ns=0, yields=0)["spin_ns"] == 0
+        with compiled.ShmRing.create(SMALL, side="producer") as producer, \
+                compiled.ShmRing.attach(producer.name, side="consumer") as consumer:
+            with pytest.raises(TimeoutError):
+                consumer.get(timeout=0.01)
+            producer.put("still works")
+            assert consumer.get(timeout=5) == "still works"
+    finally:
+        compiled._set_wait_policy(**before)
+    assert compiled._set_wait_policy() == before
