@@ -82,24 +82,18 @@ def twin(request):
     return Twin(request.param)
 
 
-@pytest.fixture
-def codec_impl(twin):
-    return twin.module("codec")
+def _twin_module_fixture(hot_path):
+    """The fixture ``<hot_path>_impl``: that hot path's module of ``twin``."""
+    def impl(twin):
+        return twin.module(hot_path)
+    impl.__doc__ = f"``ray_lite._fast._{hot_path}_c`` or ``_py``, as ``twin`` says."
+    return pytest.fixture(name=f"{hot_path}_impl")(impl)
 
 
-@pytest.fixture
-def ring_impl(twin):
-    return twin.module("ring")
-
-
-@pytest.fixture
-def stream_table_impl(twin):
-    return twin.module("stream_table")
-
-
-@pytest.fixture
-def broadcast_impl(twin):
-    return twin.module("broadcast")
+codec_impl = _twin_module_fixture("codec")
+ring_impl = _twin_module_fixture("ring")
+stream_table_impl = _twin_module_fixture("stream_table")
+broadcast_impl = _twin_module_fixture("broadcast")
 
 
 @pytest.fixture(params=TWINS)

@@ -421,7 +421,7 @@ cdef class MessageQueue:
 
     cdef int _enter(self) except -1:
         if self._closed:
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+            raise self._error(RL_CLOSED, this_end=True)
         self._busy += 1
         return 0
 
@@ -429,6 +429,10 @@ cdef class MessageQueue:
         self._busy -= 1
         if self._closed and self._busy == 0:
             self._release()
+
+    def _error(self, status, **details):
+        """The exception for ``status`` (see ``errors.channel_error``)."""
+        return channel_error(status, f"MessageQueue {self._name}", **details)
 
     def _release(self):
         if self._released:
@@ -469,7 +473,7 @@ cdef class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+                raise self._error(RL_CLOSED, this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -507,7 +511,7 @@ cdef class MessageQueue:
         for r in range(self._n_readers):
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 if rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_CLOSED)):
-                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer=f"reader {r}")
+                    raise self._error(RL_CLOSED, peer=f"reader {r}")
                 return False
         return True
 
@@ -519,7 +523,7 @@ cdef class MessageQueue:
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 pid = rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_PID))
                 if pid and not self._peer_alive(pid):
-                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer=f"reader {r}", pid=pid)
+                    raise self._error(RL_PEER_DIED, peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader (see the pure twin)."""
@@ -543,7 +547,7 @@ cdef class MessageQueue:
         if deadline >= 0:
             now = rl_now_ns()
             if now >= deadline:
-                raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=waiting_for)
+                raise self._error(RL_TIMEOUT, waiting_for=waiting_for)
             if deadline - now < slice_ns:
                 slice_ns = deadline - now
         with nogil:
@@ -567,7 +571,7 @@ cdef class MessageQueue:
                 if self._chunk_free(c, k):
                     return 0
                 if self._closed:
-                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+                    raise self._error(RL_CLOSED, this_end=True)
                 seen = rl_load_acquire_u32(_u32(futex))
                 rl_store_release_u32(_u32(waiting), WAIT_FUTEX)
                 rl_fence_seq_cst()
@@ -665,11 +669,11 @@ cdef class MessageQueue:
         if rl_load_acquire_u64(_u64(seq)) == k + 1:
             return 1
         if self._closed:
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+            raise self._error(RL_CLOSED, this_end=True)
         if rl_load_acquire_u32(_u32(self._base + OFF_WRITER_CLOSED)):
             if rl_load_acquire_u64(_u64(seq)) == k + 1:
                 return 1
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer="writer")
+            raise self._error(RL_CLOSED, peer="writer")
         return 0
 
     def dequeue(self, timeout=None):
@@ -692,7 +696,7 @@ cdef class MessageQueue:
         cdef _MessageWait mw
         cdef uint32_t seen
         if deadline >= 0 and rl_now_ns() >= deadline:
-            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR["dequeue"])
+            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR["dequeue"])
         mw.seq = _u64(seq)
         mw.want = k + 1
         mw.writer_closed = _u32(closed)
@@ -713,7 +717,7 @@ cdef class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return 0
-                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+                    raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
                 self._sleep(futex, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._base != NULL:
@@ -791,7 +795,7 @@ cdef class MessageQueue:
 
     def _try_enqueue(self, obj):
         if self._closed:
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+            raise self._error(RL_CLOSED, this_end=True)
         cdef uint64_t k = self._next
         cdef uint32_t c = self._cursor
         if not self._chunk_free(c, k):
@@ -803,7 +807,7 @@ cdef class MessageQueue:
 
     def _check_writer_alive(self):
         if not self._peer_alive(self._writer_pid):
-            raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+            raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
 
     def _check_space_peers(self):
         self._check_readers_alive(self._cursor, self._next)
@@ -918,7 +922,7 @@ async def _async_wait(MessageQueue q, attempt, check_peer, deadline, what):
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise channel_error(RL_TIMEOUT, f"MessageQueue {q._name}", waiting_for=_WAITING_FOR[what])
+                        raise q._error(RL_TIMEOUT, waiting_for=_WAITING_FOR[what])
                     slice_s = min(slice_s, left)
                 fut = loop.create_future()
                 loop.add_reader(fd, _set_done, fut)

@@ -74,15 +74,8 @@ import time
 from . import _codec_py as _codec
 from . import shm
 from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
-from .errors import (
-    RL_CLOSED,
-    RL_PEER_DIED,
-    RL_TIMEOUT,
-    BufferTooSmallError,
-    ChannelClosedError,
-    DecodeError,
-    channel_error,
-)
+from .errors import (RL_CLOSED, RL_PEER_DIED, RL_TIMEOUT, BufferTooSmallError, ChannelClosedError,
+                     DecodeError, channel_error)
 from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
@@ -359,13 +352,17 @@ class MessageQueue:
 
     def _enter(self):
         if self._closed:
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+            raise self._error(RL_CLOSED, this_end=True)
         self._busy += 1
 
     def _leave(self):
         self._busy -= 1
         if self._closed and self._busy == 0:
             self._release()
+
+    def _error(self, status, **details):
+        """The exception for ``status`` (see ``errors.channel_error``)."""
+        return channel_error(status, f"MessageQueue {self._name}", **details)
 
     def _release(self):
         if self._released:
@@ -414,7 +411,7 @@ class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+                raise self._error(RL_CLOSED, this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -444,7 +441,7 @@ class MessageQueue:
         for r in range(self._n_readers):
             if u64[base + r] < want:
                 if self._u32[self._reader_slot(r) + R_CLOSED // 4]:
-                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer=f"reader {r}")
+                    raise self._error(RL_CLOSED, peer=f"reader {r}")
                 return False
         return True
 
@@ -455,7 +452,7 @@ class MessageQueue:
             if self._u64[base + r] < want:
                 pid = self._u32[self._reader_slot(r) + R_PID // 4]
                 if pid and not self._peer_alive(pid):
-                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer=f"reader {r}", pid=pid)
+                    raise self._error(RL_PEER_DIED, peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader.  Waits while the chunk it needs
@@ -495,7 +492,7 @@ class MessageQueue:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=waiting_for)
+                raise self._error(RL_TIMEOUT, waiting_for=waiting_for)
             slice_s = min(slice_s, left)
         futex_wait(futex_addr, seen, int(slice_s * 1e9))
 
@@ -512,7 +509,7 @@ class MessageQueue:
                 if self._chunk_free(c, k):
                     return
                 if self._closed:
-                    raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+                    raise self._error(RL_CLOSED, this_end=True)
                 self._check_readers_alive(c, k)
                 self._sleep_slice(futex_addr, seen, deadline,
                                   _WAITING_FOR["enqueue"])
@@ -604,13 +601,13 @@ class MessageQueue:
         if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
             return True
         if self._closed:
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+            raise self._error(RL_CLOSED, this_end=True)
         if self._u32[OFF_WRITER_CLOSED // 4]:
             # Closed flag then seq: a message published before the close is
             # still delivered.
             if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
                 return True
-            raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", peer="writer")
+            raise self._error(RL_CLOSED, peer="writer")
         return False
 
     def dequeue(self, timeout=None):
@@ -631,7 +628,7 @@ class MessageQueue:
 
     def _wait_message(self, c, k, deadline):
         if deadline is not None and deadline <= time.monotonic():
-            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR["dequeue"])
+            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR["dequeue"])
         if self._busy_wait(lambda: self._poll(c, k), deadline):
             return
         u32 = self._u32
@@ -647,7 +644,7 @@ class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return
-                    raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+                    raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
                 self._sleep_slice(futex_addr, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._u32 is not None:
@@ -705,7 +702,7 @@ class MessageQueue:
 
         def check_peer():
             if not self._peer_alive(self._writer_pid):
-                raise channel_error(RL_PEER_DIED, f"MessageQueue {self._name}", peer="writer", pid=self._writer_pid)
+                raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
 
         waiting = self._reader_slot(self._rank) + R_WAITING // 4
         return await self._async_wait(attempt, waiting, _deadline(timeout), check_peer, "dequeue")
@@ -717,7 +714,7 @@ class MessageQueue:
 
         def attempt():
             if self._closed:
-                raise channel_error(RL_CLOSED, f"MessageQueue {self._name}", this_end=True)
+                raise self._error(RL_CLOSED, this_end=True)
             k = self._next
             c = k % self._n_chunks
             if not self._chunk_free(c, k):
@@ -755,7 +752,7 @@ class MessageQueue:
                     if deadline is not None:
                         left = deadline - time.monotonic()
                         if left <= 0:
-                            raise channel_error(RL_TIMEOUT, f"MessageQueue {self._name}", waiting_for=_WAITING_FOR[what])
+                            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR[what])
                         slice_s = min(slice_s, left)
                     fut = loop.create_future()
                     loop.add_reader(fd, _set_done, fut)
@@ -821,12 +818,7 @@ class MessageQueue:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        try:
-            if not getattr(self, "_released", True):
-                self.close()
-        except Exception:
-            pass
+    __del__ = shm.close_if_dropped
 
 
 class _Nothing:

@@ -255,6 +255,23 @@ cdef inline int64_t _next_record(RingEnd* e) noexcept nogil:
 
 
 # ------------------------------------------------------ raw-record API ---
+cdef inline int _wait_turn(RingEnd* e, int64_t deadline_ns, bint* spin, int64_t* started) noexcept nogil:
+    """One wait of rl_ring_reserve / rl_ring_peek for their condition.
+
+    RL_OK: look again.  Otherwise the status to return, RL_AGAIN included
+    once AGAIN_NS passed since the first wait (``*started``, -1 until then):
+    the caller then checks for signals.  Only the first wait spins.
+    """
+    cdef int st
+    if started[0] < 0:
+        started[0] = rl_now_ns()
+    st = rl_ring_wait_ready(e, deadline_ns, spin[0])
+    spin[0] = False
+    if st == RL_AGAIN and rl_now_ns() - started[0] < WP_AGAIN_NS:
+        return RL_OK
+    return st
+
+
 cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** payload) noexcept nogil:
     cdef uint64_t rec, off, to_end, need
     cdef int st
@@ -288,12 +305,7 @@ cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** pay
                 payload[0] = e.data + 8
             return RL_OK
         e.need = need
-        if started < 0:
-            started = rl_now_ns()
-        st = rl_ring_wait_ready(e, deadline_ns, spin)
-        spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < WP_AGAIN_NS:
-            continue
+        st = _wait_turn(e, deadline_ns, &spin, &started)
         if st != RL_OK:
             return st
 
@@ -352,12 +364,7 @@ cdef int rl_ring_peek(RingEnd* e, int64_t deadline_ns, const char** payload, uin
             payload[0] = e.data + off + 8
             e.cur_rec = 8 + _align8(n[0])
             return RL_OK
-        if started < 0:
-            started = rl_now_ns()
-        st = rl_ring_wait_ready(e, deadline_ns, spin)
-        spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < WP_AGAIN_NS:
-            continue
+        st = _wait_turn(e, deadline_ns, &spin, &started)
         if st != RL_OK:
             return st
 

@@ -1142,9 +1142,4 @@ class ShmRing:
             view.release()
         self._mm.close()
 
-    def __del__(self):
-        try:
-            if not getattr(self, "_released", True):
-                self.close()
-        except Exception:
-            pass
+    __del__ = shm.close_if_dropped
