@@ -568,6 +568,10 @@ def test_destination_resized_while_pickling_is_refused(codec_impl):
         codec_impl.encode_into(["before", Resizer(), "after"], buf, 0)
     assert isinstance(info.value.__cause__, BufferError)
     assert len(buf) == 4096
+    with pytest.raises(SerializationError) as info:
+        codec_impl.encode_growing(["before", Resizer(), "after"], buf)
+    assert isinstance(info.value.__cause__, BufferError)
+    assert len(buf) == 4096
 
 
 def test_container_mutated_while_pickling_raises_cleanly(codec_impl):

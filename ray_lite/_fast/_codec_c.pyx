@@ -1004,14 +1004,18 @@ def encode_growing(obj, bytearray buf not None, oob_threshold=OOB_THRESHOLD, *, 
     cdef Py_ssize_t threshold = _threshold_arg(oob_threshold)
     cdef Py_ssize_t needed
     cdef list buffers
+    cdef Py_buffer view
     while True:
         buffers = []
+        # Exported while encoding: a reduction cannot resize it under us.
+        PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
         try:
-            end = encode_to_ptr(obj, PyByteArray_AS_STRING(buf), PyByteArray_GET_SIZE(buf), buffers,
-                                threshold)
+            end = encode_to_ptr(obj, <char*>view.buf, view.len, buffers, threshold)
             return buf, end, buffers
         except BufferTooSmallError as exc:
             needed = exc.needed
+        finally:
+            PyBuffer_Release(&view)
         buf = _grown(buf, needed, limit, on_retry)
 
 
