@@ -17,23 +17,97 @@ os.environ.setdefault("PYTHONSAFEPATH", "1")
 
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
-TWINS = ["compiled", "python"]
+TWINS = ("compiled", "python")
 
 
-def load_twin_module(name, twin):
-    """The ``_<name>_c`` or ``_<name>_py`` module of a hot path.
+class Twin:
+    """One of the two implementations of the hot paths (``ray_lite._fast``):
+    ``Twin("compiled")`` (the ``_x_c`` extension modules) or
+    ``Twin("python")`` (the ``_x_py`` modules).
 
-    A missing compiled twin fails the test (it should have been built) unless
-    RAY_LITE_NO_EXTENSIONS asked for a pure-Python build, where it is skipped.
+    ``str(twin)`` is its name, which child processes take on their command line.
     """
-    if twin == "python":
-        return importlib.import_module(f"ray_lite._fast._{name}_py")
-    if NO_EXTENSIONS:
-        pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
-    try:
-        return importlib.import_module(f"ray_lite._fast._{name}_c")
-    except ImportError as exc:
-        pytest.fail(f"compiled twin of {name} should have been built but did not load: {exc}")
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        if name not in TWINS:
+            raise ValueError(f"no twin {name!r}: {TWINS}")
+        self.name = name
+
+    @property
+    def compiled(self):
+        return self.name == "compiled"
+
+    @property
+    def suffix(self):
+        """The module suffix: ``"c"`` or ``"py"``."""
+        return "c" if self.compiled else "py"
+
+    @property
+    def other(self):
+        return Twin("python" if self.compiled else "compiled")
+
+    def check(self):
+        """This twin, unless RAY_LITE_NO_EXTENSIONS asked for a pure-Python
+        build and it is the compiled one: the test is skipped then."""
+        if self.compiled and NO_EXTENSIONS:
+            pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
+        return self
+
+    def module(self, hot_path):
+        """``ray_lite._fast._<hot_path>_c`` or ``_py``.
+
+        A compiled twin that does not load fails the test (it should have
+        been built), unless ``check`` skips it.
+        """
+        self.check()
+        try:
+            return importlib.import_module(f"ray_lite._fast._{hot_path}_{self.suffix}")
+        except ImportError as exc:
+            if not self.compiled:
+                raise
+            pytest.fail(f"compiled twin of {hot_path} should have been built but did not load: {exc}")
+
+    def __str__(self):
+        return self.name
+
+    def __repr__(self):
+        return f"Twin({self.name!r})"
+
+
+@pytest.fixture(params=TWINS)
+def twin(request):
+    """Each twin in turn; the per-hot-path fixtures below build on it."""
+    return Twin(request.param)
+
+
+def _twin_module_fixture(hot_path):
+    """The fixture ``<hot_path>_impl``: that hot path's module of ``twin``."""
+    def impl(twin):
+        return twin.module(hot_path)
+    impl.__doc__ = f"``ray_lite._fast._{hot_path}_c`` or ``_py``, as ``twin`` says."
+    return pytest.fixture(name=f"{hot_path}_impl")(impl)
+
+
+codec_impl = _twin_module_fixture("codec")
+ring_impl = _twin_module_fixture("ring")
+stream_table_impl = _twin_module_fixture("stream_table")
+broadcast_impl = _twin_module_fixture("broadcast")
+
+
+@pytest.fixture(params=TWINS)
+def peer_twin(request):
+    """Each twin in turn for a child process, independently of ``twin``
+    (a compiled end talks to a pure-Python one); checked as ``Twin.check``."""
+    return Twin(request.param).check()
+
+
+@pytest.fixture
+def twin_pair():
+    """``(Twin("compiled"), Twin("python"))``, for tests that compare or
+    connect the two (skipped as ``Twin.check`` says)."""
+    return Twin("compiled").check(), Twin("python")
 
 
 @pytest.fixture
@@ -48,21 +122,6 @@ def rt():
         yield state.node
     finally:
         ray_lite.shutdown()
-
-
-@pytest.fixture(params=TWINS)
-def codec_impl(request):
-    return load_twin_module("codec", request.param)
-
-
-@pytest.fixture(params=TWINS)
-def ring_impl(request):
-    return load_twin_module("ring", request.param)
-
-
-@pytest.fixture(params=TWINS)
-def stream_table_impl(request):
-    return load_twin_module("stream_table", request.param)
 
 
 def child_pids():

@@ -57,14 +57,15 @@ def _read_exact(fd, n, deadline):
 
 
 class Peer:
-    """A child process running this file's command loop with the given twin."""
+    """A child process running this file's command loop with the given twin
+    (``"compiled"`` or ``"python"``, or a ``Twin`` of conftest)."""
 
     def __init__(self, twin, timeout=60.0):
         self.timeout = timeout
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_ray_lite_root(), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), twin],
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(twin)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.pid = self.proc.pid
 

@@ -1,4 +1,4 @@
-"""The shared-memory broadcast MessageQueue, both twins (``bq`` fixture)."""
+"""The shared-memory broadcast MessageQueue, both twins (``broadcast_impl`` fixture)."""
 import asyncio
 import json
 import os
@@ -13,20 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TWINS, load_twin_module
 from ray_lite._fast import shm
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
 
 WAIT = 30  # seconds: bound on every wait that should end much sooner
-
-
-@pytest.fixture(params=TWINS)
-def bq(request):
-    return load_twin_module("broadcast", request.param)
-
-
-def _other_twin(mod):
-    return "python" if mod.__name__.endswith("_c") else "compiled"
 
 
 def _closing(*queues):
@@ -36,8 +26,8 @@ def _closing(*queues):
 
 # --------------------------------------------------------------- basics
 
-def test_peer_watch_sees_a_zombie_and_a_reaped_process_as_dead(bq):
-    me = bq._PeerWatch(os.getpid())
+def test_peer_watch_sees_a_zombie_and_a_reaped_process_as_dead(broadcast_impl):
+    me = broadcast_impl._PeerWatch(os.getpid())
     try:
         assert me.alive() and me.pid == os.getpid()
     finally:
@@ -45,7 +35,7 @@ def test_peer_watch_sees_a_zombie_and_a_reaped_process_as_dead(bq):
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                             stdin=subprocess.PIPE)
     try:
-        watch = bq._PeerWatch(proc.pid)
+        watch = broadcast_impl._PeerWatch(proc.pid)
         assert watch.alive()
         exited = os.pidfd_open(proc.pid)
         try:
@@ -58,16 +48,16 @@ def test_peer_watch_sees_a_zombie_and_a_reaped_process_as_dead(bq):
         watch.close()
     finally:
         proc.wait(timeout=WAIT)
-    gone = bq._PeerWatch(proc.pid)  # reaped: no such process
+    gone = broadcast_impl._PeerWatch(proc.pid)  # reaped: no such process
     try:
         assert not gone.alive()
     finally:
         gone.close()
 
 
-def test_every_reader_gets_every_message_in_order(bq):
-    w = bq.MessageQueue(3, max_chunk_bytes=1024, max_chunks=4)
-    readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(3)]
+def test_every_reader_gets_every_message_in_order(broadcast_impl):
+    w = broadcast_impl.MessageQueue(3, max_chunk_bytes=1024, max_chunks=4)
+    readers = [broadcast_impl.MessageQueue.attach(w.export_handle(), r) for r in range(3)]
     try:
         values = [None, True, 7, -2**70, 1.5, "héllo", b"\0bytes", [1, [2]], {"k": (1, 2)}, (), bytearray(b"ba")]
         sent = 0
@@ -83,9 +73,9 @@ def test_every_reader_gets_every_message_in_order(bq):
         _closing(w, *readers)
 
 
-def test_properties_and_handle(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=300, max_chunks=3)
-    r = bq.MessageQueue.attach(w.export_handle(), 1)
+def test_properties_and_handle(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=300, max_chunks=3)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 1)
     try:
         assert w.is_writer and w.reader_rank is None
         assert not r.is_writer and r.reader_rank == 1
@@ -99,22 +89,22 @@ def test_properties_and_handle(bq):
     assert w.closed and r.closed
 
 
-def test_bad_arguments(bq):
+def test_bad_arguments(broadcast_impl):
     with pytest.raises(ValueError):
-        bq.MessageQueue(0)
+        broadcast_impl.MessageQueue(0)
     with pytest.raises(ValueError):
-        bq.MessageQueue(1, max_chunk_bytes=16)
+        broadcast_impl.MessageQueue(1, max_chunk_bytes=16)
     with pytest.raises(ValueError):
-        bq.MessageQueue(1, max_chunks=0)
-    w = bq.MessageQueue(2, max_chunk_bytes=512, max_chunks=2)
-    r0 = bq.MessageQueue.attach(w.export_handle(), 0)
+        broadcast_impl.MessageQueue(1, max_chunks=0)
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=512, max_chunks=2)
+    r0 = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     try:
         with pytest.raises(ValueError, match="reader_rank"):
-            bq.MessageQueue.attach(w.export_handle(), 2)
+            broadcast_impl.MessageQueue.attach(w.export_handle(), 2)
         with pytest.raises(ValueError, match="already attached"):
-            bq.MessageQueue.attach(w.export_handle(), 0)
+            broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
         with pytest.raises(ValueError):
-            bq.MessageQueue.attach(("something else", w.name), 1)
+            broadcast_impl.MessageQueue.attach(("something else", w.name), 1)
         with pytest.raises(ValueError):
             r0.enqueue(1)
         with pytest.raises(ValueError):
@@ -123,11 +113,11 @@ def test_bad_arguments(bq):
         _closing(w, r0)
 
 
-def test_last_reader_to_attach_removes_the_name(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=512, max_chunks=2)
-    r0 = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_last_reader_to_attach_removes_the_name(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=512, max_chunks=2)
+    r0 = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     assert w.name in shm.list_segments()
-    r1 = bq.MessageQueue.attach(w.export_handle(), 1)
+    r1 = broadcast_impl.MessageQueue.attach(w.export_handle(), 1)
     # Nothing left in /dev/shm for a crash to leak; the mapping still works.
     assert w.name not in shm.list_segments()
     w.enqueue("still works")
@@ -135,10 +125,10 @@ def test_last_reader_to_attach_removes_the_name(bq):
     _closing(w, r0, r1)
 
 
-def test_interleaved_twins_share_the_layout(bq):
-    other = load_twin_module("broadcast", _other_twin(bq))
-    w = bq.MessageQueue(2, max_chunk_bytes=4096, max_chunks=3)
-    r_same = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_interleaved_twins_share_the_layout(broadcast_impl, twin):
+    other = twin.other.module("broadcast")
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=4096, max_chunks=3)
+    r_same = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     r_other = other.MessageQueue.attach(w.export_handle(), 1)
     try:
         for i in range(10):
@@ -154,9 +144,9 @@ def test_interleaved_twins_share_the_layout(bq):
 
 # --------------------------------------------------------------- big messages
 
-def test_messages_above_the_chunk_size_arrive_intact_and_are_unlinked(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=1024, max_chunks=2)
-    readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
+def test_messages_above_the_chunk_size_arrive_intact_and_are_unlinked(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=1024, max_chunks=2)
+    readers = [broadcast_impl.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
     before = set(shm.list_segments())
     try:
         big = {"bytes": os.urandom(300_000), "text": "x" * 5000, "arr": np.random.rand(50, 70)}
@@ -179,11 +169,11 @@ def test_messages_above_the_chunk_size_arrive_intact_and_are_unlinked(bq):
         _closing(w, *readers)
 
 
-def test_large_buffers_inside_a_chunk_are_private_copies(bq):
+def test_large_buffers_inside_a_chunk_are_private_copies(broadcast_impl):
     # Out-of-band buffers that fit the chunk are copied out before the chunk
     # is handed back, so the writer reusing it cannot change what was read.
-    w = bq.MessageQueue(1, max_chunk_bytes=1 << 20, max_chunks=1)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=1 << 20, max_chunks=1)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     try:
         a = np.arange(100_000, dtype=np.int64)  # 800 KB: out of band, fits the chunk
         w.enqueue(a)
@@ -196,9 +186,9 @@ def test_large_buffers_inside_a_chunk_are_private_copies(bq):
         _closing(w, r)
 
 
-def test_writer_close_discards_unread_out_of_band_segments(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=512, max_chunks=4)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_writer_close_discards_unread_out_of_band_segments(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=512, max_chunks=4)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     before = set(shm.list_segments())
     w.enqueue(b"a" * 10_000)
     w.enqueue("small")
@@ -215,9 +205,9 @@ def test_writer_close_discards_unread_out_of_band_segments(bq):
 
 # --------------------------------------------------------------- timeouts, closing
 
-def test_timeouts(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_timeouts(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     try:
         with pytest.raises(TimeoutError):
             r.dequeue(timeout=0)
@@ -239,9 +229,9 @@ def test_timeouts(bq):
         _closing(w, r)
 
 
-def test_readers_drain_then_see_the_close(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=512, max_chunks=4)
-    readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
+def test_readers_drain_then_see_the_close(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=512, max_chunks=4)
+    readers = [broadcast_impl.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
     w.enqueue("a")
     w.enqueue("b")
     w.close()
@@ -273,9 +263,29 @@ def _run_blocked(fn, n=1):
     return threads, outcomes
 
 
-def test_close_by_writer_wakes_blocked_readers(bq):
-    w = bq.MessageQueue(3, max_chunk_bytes=512, max_chunks=2)
-    readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(3)]
+def test_errors_name_the_queue_and_the_cause_in_both_twins(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=4096, max_chunks=1)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
+    name = w.name
+    try:
+        with pytest.raises(TimeoutError, match=f"^MessageQueue {name}: timed out waiting for a message$"):
+            r.dequeue(timeout=0)
+        w.enqueue(1)
+        with pytest.raises(TimeoutError,
+                           match=f"^MessageQueue {name}: timed out waiting for readers to make room$"):
+            w.enqueue(2, timeout=0)
+        r.close()
+        with pytest.raises(ChannelClosedError, match=f"^MessageQueue {name} is closed$"):
+            r.dequeue(timeout=0)
+        with pytest.raises(ChannelClosedError, match=f"^MessageQueue {name}: the reader 0 closed the channel$"):
+            w.enqueue(2, timeout=0)
+    finally:
+        _closing(w, r)
+
+
+def test_close_by_writer_wakes_blocked_readers(broadcast_impl):
+    w = broadcast_impl.MessageQueue(3, max_chunk_bytes=512, max_chunks=2)
+    readers = [broadcast_impl.MessageQueue.attach(w.export_handle(), r) for r in range(3)]
     threads, outcomes = _run_blocked(lambda i: readers[i].dequeue(timeout=WAIT), 3)
     w.close()
     for t in threads:
@@ -286,10 +296,10 @@ def test_close_by_writer_wakes_blocked_readers(bq):
     _closing(*readers)
 
 
-def test_close_by_reader_wakes_a_blocked_writer(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=512, max_chunks=1)
-    r0 = bq.MessageQueue.attach(w.export_handle(), 0)
-    r1 = bq.MessageQueue.attach(w.export_handle(), 1)
+def test_close_by_reader_wakes_a_blocked_writer(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=512, max_chunks=1)
+    r0 = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
+    r1 = broadcast_impl.MessageQueue.attach(w.export_handle(), 1)
     w.enqueue("fills the only chunk")
     assert r0.dequeue(timeout=WAIT) == "fills the only chunk"
     threads, outcomes = _run_blocked(lambda i: w.enqueue("next", timeout=WAIT))
@@ -300,9 +310,9 @@ def test_close_by_reader_wakes_a_blocked_writer(bq):
     _closing(w, r0)
 
 
-def test_close_from_another_thread_ends_a_blocked_dequeue(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_close_from_another_thread_ends_a_blocked_dequeue(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     threads, outcomes = _run_blocked(lambda i: r.dequeue(timeout=WAIT))
     r.close()
     threads[0].join(WAIT)
@@ -313,9 +323,9 @@ def test_close_from_another_thread_ends_a_blocked_dequeue(bq):
     w.close()
 
 
-def test_ctrl_c_interrupts_a_blocked_dequeue(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_ctrl_c_interrupts_a_blocked_dequeue(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=512, max_chunks=2)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
     timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -416,9 +426,6 @@ _child_ns = {}
 exec(compile(CHILD_CODE, "<broadcast child code>", "exec"), _child_ns)
 
 
-def _twin_name(mod):
-    return "c" if mod.__name__.endswith("_c") else "py"
-
 
 def _spawn(call, stdin=subprocess.DEVNULL):
     code = f"import sys; sys.path[:] = {sys.path!r}\n{CHILD_CODE}\n{call}"
@@ -437,14 +444,13 @@ def _reap(*procs):
             p.stdin.close()
 
 
-def test_10000_random_messages_to_3_reader_processes(bq):
+def test_10000_random_messages_to_3_reader_processes(broadcast_impl, twin):
     # Random sizes (some above the chunk size: out of band), numpy arrays,
     # a small ring so the writer waits for readers and wraps thousands of times.
     n = 10_000
     seed = 1234
-    w = bq.MessageQueue(3, max_chunk_bytes=16 * 1024, max_chunks=8)
-    twin = _twin_name(bq)
-    procs = [_spawn(f"reader_main({twin!r}, {list(w.export_handle())!r}, {rank}, {seed}, {n})")
+    w = broadcast_impl.MessageQueue(3, max_chunk_bytes=16 * 1024, max_chunks=8)
+    procs = [_spawn(f"reader_main({twin.suffix!r}, {list(w.export_handle())!r}, {rank}, {seed}, {n})")
              for rank in range(3)]
     try:
         make = _child_ns["make_message"]
@@ -460,10 +466,9 @@ def test_10000_random_messages_to_3_reader_processes(bq):
     assert [p.returncode for p in procs] == [0, 0, 0]
 
 
-def test_writer_close_ends_readers_blocked_in_other_processes(bq):
-    w = bq.MessageQueue(3, max_chunk_bytes=512, max_chunks=2)
-    twin = _twin_name(bq)
-    procs = [_spawn(f"blocked_reader_main({twin!r}, {list(w.export_handle())!r}, {rank})")
+def test_writer_close_ends_readers_blocked_in_other_processes(broadcast_impl, twin):
+    w = broadcast_impl.MessageQueue(3, max_chunk_bytes=512, max_chunks=2)
+    procs = [_spawn(f"blocked_reader_main({twin.suffix!r}, {list(w.export_handle())!r}, {rank})")
              for rank in range(3)]
     try:
         for p in procs:
@@ -476,9 +481,9 @@ def test_writer_close_ends_readers_blocked_in_other_processes(bq):
     assert outs == ["ChannelClosedError"] * 3
 
 
-def test_dead_reader_is_detected_by_a_blocked_writer(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=512, max_chunks=1)
-    proc = _spawn(f"idle_reader_main({_twin_name(bq)!r}, {list(w.export_handle())!r}, 0)",
+def test_dead_reader_is_detected_by_a_blocked_writer(broadcast_impl, twin):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=512, max_chunks=1)
+    proc = _spawn(f"idle_reader_main({twin.suffix!r}, {list(w.export_handle())!r}, 0)",
                   stdin=subprocess.PIPE)
     try:
         assert proc.stdout.readline().strip() == "attached"
@@ -494,11 +499,11 @@ def test_dead_reader_is_detected_by_a_blocked_writer(bq):
         w.close()
 
 
-def test_dead_writer_is_detected_by_a_blocked_reader(bq):
-    proc = _spawn(f"writer_main({_twin_name(bq)!r}, 1)", stdin=subprocess.PIPE)
+def test_dead_writer_is_detected_by_a_blocked_reader(broadcast_impl, twin):
+    proc = _spawn(f"writer_main({twin.suffix!r}, 1)", stdin=subprocess.PIPE)
     try:
         handle = tuple(json.loads(proc.stdout.readline()))
-        r = bq.MessageQueue.attach(handle, 0)
+        r = broadcast_impl.MessageQueue.attach(handle, 0)
         threads, outcomes = _run_blocked(lambda i: r.dequeue(timeout=WAIT))
         proc.kill()
         proc.wait(WAIT)
@@ -511,10 +516,10 @@ def test_dead_writer_is_detected_by_a_blocked_reader(bq):
 
 # --------------------------------------------------------------- asyncio
 
-def test_asyncio_reader_and_writer(bq):
-    w = bq.MessageQueue(2, max_chunk_bytes=1024, max_chunks=2)
-    r0 = bq.MessageQueue.attach(w.export_handle(), 0)
-    r1 = bq.MessageQueue.attach(w.export_handle(), 1)
+def test_asyncio_reader_and_writer(broadcast_impl):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=1024, max_chunks=2)
+    r0 = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
+    r1 = broadcast_impl.MessageQueue.attach(w.export_handle(), 1)
 
     async def consume(r, n):
         return [await r.dequeue_async(timeout=WAIT) for _ in range(n)]
@@ -545,9 +550,9 @@ def test_asyncio_reader_and_writer(bq):
         _closing(w, r0, r1)
 
 
-def test_asyncio_reader_woken_by_a_writer_thread(bq):
-    w = bq.MessageQueue(1, max_chunk_bytes=1024, max_chunks=4)
-    r = bq.MessageQueue.attach(w.export_handle(), 0)
+def test_asyncio_reader_woken_by_a_writer_thread(broadcast_impl):
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=1024, max_chunks=4)
+    r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -567,9 +572,9 @@ def test_asyncio_reader_woken_by_a_writer_thread(bq):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(["put", "get0", "get1"]),
                               st.integers(0, 3000)), max_size=60))
-def test_random_interleavings_match_a_model(bq, ops):
-    w = bq.MessageQueue(2, max_chunk_bytes=1024, max_chunks=3)
-    readers = [bq.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
+def test_random_interleavings_match_a_model(broadcast_impl, ops):
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=1024, max_chunks=3)
+    readers = [broadcast_impl.MessageQueue.attach(w.export_handle(), r) for r in range(2)]
     sent = []
     taken = [0, 0]
     try:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_twin_module
+from ray_lite._fast import _codec_py
 from ray_lite._fast.errors import BufferTooSmallError, DecodeError, SerializationError
 
 
@@ -38,9 +38,9 @@ EXT_TUPLE, EXT_BIGINT, EXT_PICKLE, EXT_OOB, EXT_BUFFER = 1, 2, 3, 4, 5
 
 
 @pytest.fixture
-def twins():
-    """(compiled, python): for tests that compare the two."""
-    return load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def twins(twin_pair):
+    """The (compiled, python) codec modules, for tests that compare the two."""
+    return tuple(t.module("codec") for t in twin_pair)
 
 
 # ---------------------------------------------------------------- helpers
@@ -511,6 +511,33 @@ def test_too_small_with_out_of_band_buffers(codec_impl):
     assert info.value.needed == end
 
 
+def test_encode_growing_grows_until_the_frame_fits(codec_impl):
+    value = ["x" * 5000, b"y" * codec_impl.OOB_THRESHOLD, 7]
+    small = bytearray(16)
+    retries = []
+    buf, end, buffers = codec_impl.encode_growing(value, small, on_retry=lambda: retries.append(1))
+    assert type(buf) is bytearray and buf is not small and len(buf) >= end > 5000
+    assert type(buffers) is list and len(buffers) == 1
+    assert retries == [1]                                   # needed was exact: one retry
+    assert codec_impl.decode(memoryview(buf)[:end], buffers) == value
+    same, end2, none = codec_impl.encode_growing(7, small)  # fits: the bytearray given
+    assert same is small and none == [] and codec_impl.decode(small[:end2]) == 7
+    big, end3, inband = codec_impl.encode_growing(value, bytearray(16), None)
+    assert inband == [] and codec_impl.decode(big[:end3]) == value
+
+
+def test_encode_growing_refuses_a_frame_over_its_limit(codec_impl):
+    frame = codec_impl.dumps("z" * 3000)
+    with pytest.raises(BufferTooSmallError) as info:
+        codec_impl.encode_growing("z" * 3000, bytearray(64), limit=len(frame) - 1)
+    assert info.value.needed == len(frame)
+    # A frame within the limit is encoded even when doubling would pass it.
+    buf, end, _ = codec_impl.encode_growing("z" * 3000, bytearray(2000), limit=len(frame))
+    assert bytes(buf[:end]) == frame
+    with pytest.raises(TypeError):
+        codec_impl.encode_growing(1, memoryview(bytearray(64)))
+
+
 def test_encode_into_argument_errors(codec_impl):
     with pytest.raises(TypeError):
         codec_impl.encode_into(1, b"read-only bytes")
@@ -539,6 +566,10 @@ def test_destination_resized_while_pickling_is_refused(codec_impl):
 
     with pytest.raises(SerializationError) as info:
         codec_impl.encode_into(["before", Resizer(), "after"], buf, 0)
+    assert isinstance(info.value.__cause__, BufferError)
+    assert len(buf) == 4096
+    with pytest.raises(SerializationError) as info:
+        codec_impl.encode_growing(["before", Resizer(), "after"], buf)
     assert isinstance(info.value.__cause__, BufferError)
     assert len(buf) == 4096
 
@@ -816,8 +847,8 @@ def test_random_values_round_trip(codec_impl, value):
 
 @examples(150)
 @given(value=values)
-def test_twins_produce_identical_frames_that_each_other_decodes(value):
-    compiled, python = load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def test_twins_produce_identical_frames_that_each_other_decodes(twins, value):
+    compiled, python = twins
     frame = frame_of(compiled, value)
     assert frame_of(python, value) == frame
     assert compiled.dumps(value) == python.dumps(value) == frame
@@ -837,10 +868,10 @@ def test_random_garbage_is_a_value_or_a_decode_error(codec_impl, data):
 
 
 @examples(300)
-@given(data=st.binary(max_size=64) | values.map(lambda v: load_twin_module("codec", "python").dumps(v)),
+@given(data=st.binary(max_size=64) | values.map(_codec_py.dumps),
        cut=st.integers(0, 64), flip=st.integers(0, 255))
-def test_twins_agree_on_corrupt_input(data, cut, flip):
-    compiled, python = load_twin_module("codec", "compiled"), load_twin_module("codec", "python")
+def test_twins_agree_on_corrupt_input(twins, data, cut, flip):
+    compiled, python = twins
     if data:
         data = bytearray(data)
         data[cut % len(data)] ^= flip  # a valid frame with one byte changed

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_lite._fast import NO_EXTENSIONS, _wait_py, shm
+from ray_lite._fast import _wait_py, shm
 from ray_lite._fast.errors import (
     ChannelClosedError,
     DecodeError,
@@ -31,11 +31,9 @@ from ray_lite._fast.errors import (
 from ray_lite._fast import ring as ring_facade
 from ray_lite._fast.ring import get_async, spin_any, wait_any
 
-from conftest import load_twin_module
 from ring_peer import Peer
 
 SMALL = 4096
-TWINS = ["compiled", "python"]
 
 
 def new_segments(before):
@@ -57,12 +55,6 @@ def drain(consumer):
     while consumer.poll():
         out.append(consumer.get_nowait())
     return out
-
-
-def twin_or_skip(twin):
-    if twin == "compiled" and NO_EXTENSIONS:
-        pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
-    return twin
 
 
 def wait_until(predicate, timeout=30.0):
@@ -192,6 +184,19 @@ def test_messages_over_max_message_size_are_refused_before_anything_is_sent(ring
         producer.put_bytes(b"x" * 500)
         assert consumer.get(timeout=5) == b"x" * 500
         assert producer.max_message_size == consumer.max_message_size == 500
+
+
+def test_a_large_frame_just_under_max_message_size_is_sent(ring_impl):
+    # Encoded aside in a scratch buffer that grows: growing past the maximum
+    # must not refuse a frame that is within it.
+    value = "v" * 5000
+    with ring_impl.ShmRing.create(SMALL, side="producer", max_message_size=6000) as producer, \
+            ring_impl.ShmRing.attach(producer.name, side="consumer") as consumer:
+        producer.put(value, timeout=5)
+        assert consumer.get(timeout=5) == value
+        with pytest.raises(MessageTooLargeError):
+            producer.put("w" * 6001)
+        assert not consumer.poll()
 
 
 def test_unserialisable_value_raises_and_leaves_the_ring_untouched(pair):
@@ -455,9 +460,8 @@ def test_rings_cannot_be_pickled(pair):
         pickle.dumps(pair[0])
 
 
-def test_twins_share_one_layout_in_one_process():
-    compiled = load_twin_module("ring", twin_or_skip("compiled"))
-    python = load_twin_module("ring", "python")
+def test_twins_share_one_layout_in_one_process(twin_pair):
+    compiled, python = (t.module("ring") for t in twin_pair)
     rng = random.Random(3)
     for make, join in ((compiled, python), (python, compiled)):
         with make.ShmRing.create(SMALL, side="producer") as producer, \
@@ -540,6 +544,54 @@ def test_close_is_idempotent_and_closed_ends_refuse_work(pair):
     producer.close()
     with pytest.raises(ChannelClosedError):
         producer.put_bytes(b"x")
+
+
+def test_a_closed_ring_raises_channel_closed_error_in_both_twins(ring_impl):
+    # Every entry point, for this end closed and for the peer closed, with
+    # one message per case whichever twin raises it.
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    name = producer.name
+    producer.close()
+    for call in (consumer.get_nowait, lambda: consumer.get(timeout=0), lambda: consumer.get(timeout=5)):
+        with pytest.raises(ChannelClosedError, match=f"^ring {name}: the producer closed the channel$"):
+            call()
+    assert consumer.poll() and consumer.spin_poll(1.0) and consumer.peer_alive()
+    consumer.close()
+    for call in (consumer.get_nowait, lambda: consumer.get(timeout=0), consumer.fileno, consumer.arm_fd,
+                 consumer.peer_fd, consumer.peer_alive, lambda: producer.put(1), lambda: producer.put_bytes(b"x"),
+                 lambda: producer.put(b"x" * 100_000), producer.fileno):
+        with pytest.raises(ChannelClosedError, match=f"^ring {name} is closed$") as info:
+            call()
+        assert type(info.value) is ChannelClosedError
+    assert consumer.poll() and consumer.spin_poll(0) and producer.spin_poll(0)
+    consumer.clear_fd()
+
+    producer = ring_impl.ShmRing.create(SMALL, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    consumer.close()
+    for call in (lambda: producer.put(1), lambda: producer.put_bytes(b"x"), lambda: producer.put(b"x" * 100_000)):
+        with pytest.raises(ChannelClosedError, match=f"^ring {producer.name}: the consumer closed the channel$"):
+            call()
+    producer.close()
+
+
+def test_channel_error_names_the_channel_and_the_cause():
+    from ray_lite._fast.errors import RL_CLOSED, RL_CORRUPT, RL_PEER_DIED, RL_TIMEOUT, channel_error
+
+    cases = [
+        (dict(status=RL_TIMEOUT), TimeoutError, "ring r: timed out"),
+        (dict(status=RL_TIMEOUT, waiting_for="room"), TimeoutError, "ring r: timed out waiting for room"),
+        (dict(status=RL_CLOSED, this_end=True), ChannelClosedError, "ring r is closed"),
+        (dict(status=RL_CLOSED, peer="writer"), ChannelClosedError, "ring r: the writer closed the channel"),
+        (dict(status=RL_PEER_DIED, peer="reader 2", pid=7), PeerDiedError, "ring r: the reader 2 process 7 died"),
+        (dict(status=RL_CORRUPT), DecodeError, "ring r: corrupt record"),
+        (dict(status=42), AssertionError, "ring r: unexpected status 42"),
+    ]
+    for kwargs, cls, message in cases:
+        status = kwargs.pop("status")
+        err = channel_error(status, "ring r", **kwargs)
+        assert type(err) is cls and str(err) == message
 
 
 def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
@@ -684,9 +736,9 @@ def test_an_end_dropped_without_close_wakes_its_peer_and_unlinks(ring_impl):
             consumer.get(timeout=30)
 
 
-def test_c_level_api_round_trips_without_python_in_the_loop():
+def test_c_level_api_round_trips_without_python_in_the_loop(twin_pair):
     # ray_lite/bench/_ringbench_c drives rl_ring_write/peek/reserve/publish/release nogil.
-    compiled = load_twin_module("ring", twin_or_skip("compiled"))
+    compiled = twin_pair[0].module("ring")
     ringbench = pytest.importorskip("ray_lite.bench._ringbench_c")
     with compiled.ShmRing.create(SMALL, side="producer") as there, \
             compiled.ShmRing.create(SMALL, side="consumer") as back:
@@ -762,9 +814,8 @@ def test_process_liveness_with_and_without_pidfd():
 
 
 # ---------------------------------------------------- other processes ---
-@pytest.mark.parametrize("child", TWINS)
-def test_messages_cross_processes_both_ways(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_messages_cross_processes_both_ways(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         inbound = ring_impl.ShmRing.create(SMALL, side="consumer")
         outbound = ring_impl.ShmRing.create(SMALL, side="producer")
         try:
@@ -785,9 +836,8 @@ def test_messages_cross_processes_both_ways(ring_impl, child):
             outbound.close()
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         with ring_impl.ShmRing.create(SMALL, side="consumer") as ring:
             peer.call("attach", ring.name, "producer")
             peer.call("send", ring.name, [("bytes", b"last words")])
@@ -802,9 +852,8 @@ def test_peer_killed_while_blocked_in_get_raises_peer_died(ring_impl, child):
                 ring.get_nowait()
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         with ring_impl.ShmRing.create(SMALL, side="producer") as ring:
             peer.call("attach", ring.name, "consumer")
             with pytest.raises(TimeoutError):
@@ -819,9 +868,8 @@ def test_peer_killed_while_blocked_in_put_raises_peer_died(ring_impl, child):
                 ring.put("again")
 
 
-@pytest.mark.parametrize("child", TWINS)
-def test_a_child_blocked_in_get_or_put_sees_its_peer_close(ring_impl, child):
-    with Peer(twin_or_skip(child)) as peer:
+def test_a_child_blocked_in_get_or_put_sees_its_peer_close(ring_impl, peer_twin):
+    with Peer(peer_twin) as peer:
         consumer_side = ring_impl.ShmRing.create(SMALL, side="producer")
         peer.call("attach", consumer_side.name, "consumer")
         peer.send("block", consumer_side.name, "get")
@@ -902,9 +950,9 @@ messages = st.lists(
 )
 
 
-@pytest.fixture(params=TWINS)
-def producer_peer(request):
-    with Peer(twin_or_skip(request.param)) as peer:
+@pytest.fixture
+def producer_peer(peer_twin):
+    with Peer(peer_twin) as peer:
         yield peer
 
 
@@ -924,3 +972,104 @@ def test_random_message_sequences_cross_processes_in_order(ring_impl, producer_p
         with pytest.raises(ChannelClosedError):
             ring.get(timeout=60)
     assert got == [payload for _, payload in sent]
+
+
+# ------------------------------------------------------------- links ---
+# ``_private.transport.Link`` (a ring each way) raises LinkClosed, and only
+# LinkClosed, for a link closed by either end or by its peer's death.
+
+def test_a_link_closed_at_this_end_raises_link_closed():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    a = Link.create()
+    b = Link.attach(a.names)
+    try:
+        a.send(("hello", 1))
+        a.close()
+        with pytest.raises(LinkClosed):
+            a.send(("more",))
+        with pytest.raises(LinkClosed):
+            a.recv_wait(0)
+        assert a.recv_all() == [] and a.spin_poll(0) and a.arm() and a.has_data()
+        a.disarm()
+        assert b.recv_all() == [("hello", 1)]           # sent before the close: delivered
+        with pytest.raises(LinkClosed):
+            b.recv_wait(5)
+        with pytest.raises(LinkClosed):
+            b.send(("to a closed peer",))
+        assert b.spin_poll(5) is True and b.arm() is False and b.recv_all() == []
+        b.disarm()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_link_whose_creator_closed_cannot_be_attached():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    a = Link.create()
+    names = a.names
+    a.close()
+    with pytest.raises(LinkClosed):
+        Link.attach(names)
+
+
+def test_a_link_whose_peer_died_raises_link_closed():
+    from ray_lite._private.transport import Link, LinkClosed
+
+    link = Link.create()
+    try:
+        with Peer("python") as peer:
+            peer.call("attach", link.names[0], "consumer")
+            peer.call("attach", link.names[1], "producer")
+            peer.call("send", link.names[1], [("value", ("last", "words"))])
+            peer.kill()
+            assert link.recv_wait(30) == ("last", "words")    # drained first
+            with pytest.raises(LinkClosed):
+                link.recv_wait(30)
+    finally:
+        link.close()
+
+
+# ------------------------------------------------------- wait policy ---
+
+def test_a_twin_built_with_another_wait_policy_is_refused():
+    from ray_lite._fast import wait_policy
+
+    wait_policy.check_twin("some_twin", {"RING_SPIN_NS": wait_policy.RING_SPIN_NS,
+                                         "SLICE_NS": wait_policy.SLICE_NS})     # the same numbers
+    with pytest.raises(ImportError, match=r"^some_twin was built with another wait policy .*"
+                                          r"RING_SPIN_NS=1 \(expected 20000\); rebuild ray_lite$"):
+        wait_policy.check_twin("some_twin", {"RING_SPIN_NS": 1, "SLICE_NS": wait_policy.SLICE_NS})
+    with pytest.raises(ImportError, match=r"NO_SUCH_NS=5 \(expected None\)"):
+        wait_policy.check_twin("some_twin", {"NO_SUCH_NS": 5})
+
+
+def test_both_twins_wait_with_the_policy_s_numbers(twin_pair):
+    from ray_lite._fast import _broadcast_py, _ring_py, wait_policy
+
+    compiled = twin_pair[0].module("ring")      # imported: its C copies passed check_twin
+    twin_pair[0].module("broadcast")
+    assert compiled._set_wait_policy() == dict(
+        spin_gil_ns=wait_policy.RING_SPIN_GIL_NS, spin_ns=wait_policy.RING_SPIN_NS,
+        yields=wait_policy.RING_YIELDS, slice_ns=wait_policy.SLICE_NS)
+    assert (_ring_py.RING_SPIN_NS, _ring_py.RING_YIELDS, _ring_py.SLICE_NS, _ring_py.SLICE_WEAK_NS) == (
+        wait_policy.RING_SPIN_NS, wait_policy.RING_YIELDS, wait_policy.SLICE_NS, wait_policy.SLICE_WEAK_NS)
+    assert _broadcast_py.YIELD_S == wait_policy.ns_to_s(wait_policy.BROADCAST_YIELD_NS)
+    assert ring_facade.WAIT_ANY_SPIN_S == wait_policy.ns_to_s(wait_policy.MULTI_SPIN_NS)
+
+
+def test_set_wait_policy_tunes_rings_set_up_afterwards(twin_pair):
+    compiled = twin_pair[0].module("ring")
+    before = compiled._set_wait_policy()
+    try:
+        assert compiled._set_wait_policy(spin_ns=0, yields=0)["spin_ns"] == 0
+        with compiled.ShmRing.create(SMALL, side="producer") as producer, \
+                compiled.ShmRing.attach(producer.name, side="consumer") as consumer:
+            with pytest.raises(TimeoutError):
+                consumer.get(timeout=0.01)
+            producer.put("still works")
+            assert consumer.get(timeout=5) == "still works"
+    finally:
+        compiled._set_wait_policy(**before)
+    assert compiled._set_wait_policy() == before

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_lite._fast import NO_EXTENSIONS, _stream_table_py
+from ray_lite._fast import _stream_table_py
 
 
 def take_all(table, limit=10**6):
@@ -361,14 +361,6 @@ def test_any_report_order_is_taken_in_index_order(stream_table_impl, n, spread, 
     assert t.capacity <= 1024
 
 
-def _twin(name):
-    if name == "python":
-        return _stream_table_py
-    if NO_EXTENSIONS:
-        pytest.skip("RAY_LITE_NO_EXTENSIONS=1: compiled twins are not built")
-    return importlib.import_module("ray_lite._fast._stream_table_c")
-
-
 index_strategy = st.one_of(
     st.integers(-2, 40),                                  # near: in the window, duplicates
     st.integers(1000, 5000),                              # past the window: grow or spill
@@ -402,11 +394,10 @@ def outcome(table, op, error):
     return ("value", value)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op_strategy, max_size=80))
-def test_twins_agree_on_any_operation_sequence(ops):
-    py_table = _twin("python").StreamTable()
-    c_table = _twin("compiled").StreamTable()
+def test_twins_agree_on_any_operation_sequence(twin_pair, ops):
+    c_table, py_table = (t.module("stream_table").StreamTable() for t in twin_pair)
     for op in ops:
         error = LookupError("stored")
         got_py = outcome(py_table, op, error)

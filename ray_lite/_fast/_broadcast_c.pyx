@@ -16,6 +16,10 @@ from libc.string cimport memcpy
 
 from ray_lite._fast._codec_c cimport decode_from_ptr, encode_to_ptr
 from ray_lite._fast._wait cimport (
+    WP_BROADCAST_SPIN_NS,
+    WP_BROADCAST_YIELD_NS,
+    WP_SLICE_NS,
+    WP_SLICE_WEAK_NS,
     rl_fence_seq_cst,
     rl_fetch_add_u32,
     rl_futex_wait,
@@ -31,6 +35,7 @@ from ray_lite._fast._wait cimport (
     rl_store_release_u32,
     rl_store_release_u64,
     rl_wait_policy,
+    rl_wait_policy_values,
     sched_yield,
 )
 
@@ -41,8 +46,15 @@ import time
 
 from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
-from ray_lite._fast import shm
-from ray_lite._fast.errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+from ray_lite._fast import shm, wait_policy
+from ray_lite._fast.errors import (
+    RL_CLOSED,
+    RL_PEER_DIED,
+    RL_TIMEOUT,
+    BufferTooSmallError,
+    DecodeError,
+    channel_error,
+)
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
@@ -57,6 +69,7 @@ from ray_lite._fast._broadcast_py import (
     MAX_READERS,
     MIN_CHUNK_BYTES,
     VERSION,
+    _WAITING_FOR,
     _buffer_views,
     _deadline as _deadline_s,
     _map_readonly,
@@ -112,23 +125,20 @@ for _const, _value in (
     if getattr(_spec, _const) != _value:
         raise ImportError(f"_broadcast_c and _broadcast_py disagree on {_const}")
 
-# Waiting strategy (see the pure twin).  Spinning is cheap in C, so it is
-# short and precise; yielding lets the other processes of a 2-core machine
-# run while we still answer within microseconds; both are bounded in time so
-# an idle waiter costs at most ~YIELD_NS of CPU per idle period.
-cdef enum:
-    SPIN_NS = 5000
-    YIELD_NS = 200000
-    SLEEP_SLICE_NS = 100000000
-    SLEEP_SLICE_WEAK_NS = 2000000   # when an end cannot fence (see the pure twin)
+# Waiting strategy (see the pure twin), with the numbers of wait_policy (C
+# copies in _wait.pxd, checked here).  Spinning is cheap in C, so it is short
+# and precise; yielding lets the other processes of a 2-core machine run
+# while we still answer within microseconds; both are bounded in time so an
+# idle waiter costs at most ~BROADCAST_YIELD_NS of CPU per idle period.
+wait_policy.check_twin("ray_lite._fast._broadcast_c", rl_wait_policy_values())
 
 # rl_spin's phases (the futex sleep that follows is this queue's own: a
 # counter word bumped by the waker, with per-end "waiting" flags).
 cdef rl_wait_policy _BUSY_PHASES
-_BUSY_PHASES.spin_ns = SPIN_NS
+_BUSY_PHASES.spin_ns = WP_BROADCAST_SPIN_NS
 _BUSY_PHASES.yields = 1 << 30       # bounded by time (yield_ns), not by count
-_BUSY_PHASES.yield_ns = YIELD_NS
-_BUSY_PHASES.slice_ns = SLEEP_SLICE_NS
+_BUSY_PHASES.yield_ns = WP_BROADCAST_YIELD_NS
+_BUSY_PHASES.slice_ns = WP_SLICE_NS
 
 
 cdef struct _SpaceWait:
@@ -163,7 +173,8 @@ cdef bint _message_ready(void* ctx) noexcept nogil:
 
 
 cdef inline int64_t _sleep_slice(const char* base) noexcept nogil:
-    return SLEEP_SLICE_WEAK_NS if rl_load_acquire_u32(_u32(base + OFF_WEAK_ORDERING)) else SLEEP_SLICE_NS
+    # An end that cannot fence may lose a wake-up: shorter slices then.
+    return WP_SLICE_WEAK_NS if rl_load_acquire_u32(_u32(base + OFF_WEAK_ORDERING)) else WP_SLICE_NS
 
 
 # Words of the shared mapping, addressed by byte offset (the layout is in bytes).
@@ -410,7 +421,7 @@ cdef class MessageQueue:
 
     cdef int _enter(self) except -1:
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise self._error(RL_CLOSED, this_end=True)
         self._busy += 1
         return 0
 
@@ -418,6 +429,10 @@ cdef class MessageQueue:
         self._busy -= 1
         if self._closed and self._busy == 0:
             self._release()
+
+    def _error(self, status, **details):
+        """The exception for ``status`` (see ``errors.channel_error``)."""
+        return channel_error(status, f"MessageQueue {self._name}", **details)
 
     def _release(self):
         if self._released:
@@ -458,7 +473,7 @@ cdef class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise self._error(RL_CLOSED, this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -496,7 +511,7 @@ cdef class MessageQueue:
         for r in range(self._n_readers):
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 if rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_CLOSED)):
-                    raise ChannelClosedError(f"reader {r} closed the MessageQueue")
+                    raise self._error(RL_CLOSED, peer=f"reader {r}")
                 return False
         return True
 
@@ -508,7 +523,7 @@ cdef class MessageQueue:
             if rl_load_acquire_u64(_u64(marks + 8 * r)) < want:
                 pid = rl_load_acquire_u32(_u32(self._base + OFF_READERS + LINE * r + R_PID))
                 if pid and not self._peer_alive(pid):
-                    raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
+                    raise self._error(RL_PEER_DIED, peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader (see the pure twin)."""
@@ -526,13 +541,13 @@ cdef class MessageQueue:
         finally:
             self._leave()
 
-    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str timeout_message) except -1:
+    cdef int _sleep(self, char* futex, uint32_t seen, int64_t deadline, str waiting_for) except -1:
         """One futex sleep of at most a slice, ending at ``deadline``; then signals are checked."""
         cdef int64_t now, slice_ns = _sleep_slice(self._base)
         if deadline >= 0:
             now = rl_now_ns()
             if now >= deadline:
-                raise TimeoutError(timeout_message)
+                raise self._error(RL_TIMEOUT, waiting_for=waiting_for)
             if deadline - now < slice_ns:
                 slice_ns = deadline - now
         with nogil:
@@ -556,7 +571,7 @@ cdef class MessageQueue:
                 if self._chunk_free(c, k):
                     return 0
                 if self._closed:
-                    raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
+                    raise self._error(RL_CLOSED, this_end=True)
                 seen = rl_load_acquire_u32(_u32(futex))
                 rl_store_release_u32(_u32(waiting), WAIT_FUTEX)
                 rl_fence_seq_cst()
@@ -564,7 +579,7 @@ cdef class MessageQueue:
                     return 0
                 self._check_readers_alive(c, k)
                 self._sleep(futex, seen, deadline,
-                            "MessageQueue.enqueue timed out waiting for readers to make room")
+                            _WAITING_FOR["enqueue"])
         finally:
             if self._base != NULL:
                 rl_store_release_u32(_u32(waiting), 0)
@@ -609,19 +624,11 @@ cdef class MessageQueue:
         return 0
 
     def _write_oob_segment(self, obj, needed):
-        cdef Py_ssize_t size = max(needed, 2 * self._chunk_bytes, 4096)
         cdef Py_ssize_t end
-        cdef Py_ssize_t threshold = -1 if self._oob_threshold is None else self._oob_threshold
         cdef list bufs
         cdef bytearray frame
-        while True:
-            frame = bytearray(size)
-            bufs = []
-            try:
-                end = encode_to_ptr(obj, <char*>frame, size, bufs, threshold)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, 2 * size)
+        frame, end, bufs = _codec.encode_growing(
+            obj, bytearray(max(needed, 2 * self._chunk_bytes, 4096)), self._oob_threshold)
         total = _layout_total(end, bufs)
         seg_name, mm = shm.create_segment(total)
         cdef Py_buffer view
@@ -662,11 +669,11 @@ cdef class MessageQueue:
         if rl_load_acquire_u64(_u64(seq)) == k + 1:
             return 1
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise self._error(RL_CLOSED, this_end=True)
         if rl_load_acquire_u32(_u32(self._base + OFF_WRITER_CLOSED)):
             if rl_load_acquire_u64(_u64(seq)) == k + 1:
                 return 1
-            raise ChannelClosedError("the writer closed the MessageQueue")
+            raise self._error(RL_CLOSED, peer="writer")
         return 0
 
     def dequeue(self, timeout=None):
@@ -689,7 +696,7 @@ cdef class MessageQueue:
         cdef _MessageWait mw
         cdef uint32_t seen
         if deadline >= 0 and rl_now_ns() >= deadline:
-            raise TimeoutError("MessageQueue.dequeue timed out")
+            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR["dequeue"])
         mw.seq = _u64(seq)
         mw.want = k + 1
         mw.writer_closed = _u32(closed)
@@ -710,8 +717,8 @@ cdef class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return 0
-                    raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                self._sleep(futex, seen, deadline, "MessageQueue.dequeue timed out")
+                    raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
+                self._sleep(futex, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._base != NULL:
                 rl_store_release_u32(_u32(waiting), 0)
@@ -788,7 +795,7 @@ cdef class MessageQueue:
 
     def _try_enqueue(self, obj):
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise self._error(RL_CLOSED, this_end=True)
         cdef uint64_t k = self._next
         cdef uint32_t c = self._cursor
         if not self._chunk_free(c, k):
@@ -800,7 +807,7 @@ cdef class MessageQueue:
 
     def _check_writer_alive(self):
         if not self._peer_alive(self._writer_pid):
-            raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+            raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
 
     def _check_space_peers(self):
         self._check_readers_alive(self._cursor, self._next)
@@ -915,7 +922,7 @@ async def _async_wait(MessageQueue q, attempt, check_peer, deadline, what):
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError(f"MessageQueue.{what} timed out")
+                        raise q._error(RL_TIMEOUT, waiting_for=_WAITING_FOR[what])
                     slice_s = min(slice_s, left)
                 fut = loop.create_future()
                 loop.add_reader(fd, _set_done, fut)

@@ -74,7 +74,9 @@ import time
 from . import _codec_py as _codec
 from . import shm
 from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
-from .errors import BufferTooSmallError, ChannelClosedError, DecodeError, PeerDiedError
+from .errors import (RL_CLOSED, RL_PEER_DIED, RL_TIMEOUT, BufferTooSmallError, ChannelClosedError,
+                     DecodeError, channel_error)
+from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
@@ -122,14 +124,17 @@ KIND_OOB_SEGMENT = 2
 WAIT_FUTEX = 1
 WAIT_FD = 2
 
-#: Waiting strategy.  The spin and yield phases are bounded in time so an
-#: idle waiter costs at most ~YIELD_S of CPU per idle period; the sleep is
-#: sliced so a dead peer is noticed and a timeout is honoured.
-SPIN_CHECKS = 64
-YIELD_S = 200e-6
-SLEEP_SLICE_S = 0.1
+#: Waiting strategy (the numbers are wait_policy's).  The spin and yield
+#: phases are bounded in time so an idle waiter costs at most ~YIELD_S of
+#: CPU per idle period; the sleep is sliced so a dead peer is noticed and a
+#: timeout is honoured, in short slices when some end cannot fence (see
+#: OFF_WEAK_ORDERING).
+YIELD_S = ns_to_s(BROADCAST_YIELD_NS)
+SLEEP_SLICE_S = ns_to_s(SLICE_NS)
+SLEEP_SLICE_WEAK_S = ns_to_s(SLICE_WEAK_NS)
 
-_OOB_SEGMENT_PREFIX = None  # shm.DEFAULT_PREFIX at call time
+#: What a timed-out wait waited for, in its TimeoutError.
+_WAITING_FOR = {"dequeue": "a message", "enqueue": "readers to make room"}
 
 
 def _align(n, a):
@@ -150,10 +155,6 @@ def geometry(n_readers, max_chunk_bytes, max_chunks):
     data_offset = C_MARKS + _align(8 * n_readers, LINE)
     stride = _align(data_offset + max_chunk_bytes, LINE)
     return chunks_offset, stride, data_offset, chunks_offset + stride * max_chunks
-
-
-#: Sleep slice when some end cannot fence (see OFF_WEAK_ORDERING).
-SLEEP_SLICE_WEAK_S = 0.002
 
 
 class _PeerWatch:
@@ -351,13 +352,17 @@ class MessageQueue:
 
     def _enter(self):
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise self._error(RL_CLOSED, this_end=True)
         self._busy += 1
 
     def _leave(self):
         self._busy -= 1
         if self._closed and self._busy == 0:
             self._release()
+
+    def _error(self, status, **details):
+        """The exception for ``status`` (see ``errors.channel_error``)."""
+        return channel_error(status, f"MessageQueue {self._name}", **details)
 
     def _release(self):
         if self._released:
@@ -406,7 +411,7 @@ class MessageQueue:
         Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
         if self._wake_sock is None:
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise self._error(RL_CLOSED, this_end=True)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
                 s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
@@ -436,7 +441,7 @@ class MessageQueue:
         for r in range(self._n_readers):
             if u64[base + r] < want:
                 if self._u32[self._reader_slot(r) + R_CLOSED // 4]:
-                    raise ChannelClosedError(f"reader {r} closed the MessageQueue")
+                    raise self._error(RL_CLOSED, peer=f"reader {r}")
                 return False
         return True
 
@@ -447,7 +452,7 @@ class MessageQueue:
             if self._u64[base + r] < want:
                 pid = self._u32[self._reader_slot(r) + R_PID // 4]
                 if pid and not self._peer_alive(pid):
-                    raise PeerDiedError(f"reader {r} (pid {pid}) of the MessageQueue died")
+                    raise self._error(RL_PEER_DIED, peer=f"reader {r}", pid=pid)
 
     def enqueue(self, obj, timeout=None):
         """Broadcast ``obj`` to every reader.  Waits while the chunk it needs
@@ -469,7 +474,7 @@ class MessageQueue:
 
     def _busy_wait(self, ready, deadline):
         """The spin and yield phases of a wait: True as soon as ``ready()``."""
-        for _ in range(SPIN_CHECKS):
+        for _ in range(BROADCAST_SPIN_CHECKS):
             if ready():
                 return True
         end_yield = time.monotonic() + YIELD_S
@@ -481,13 +486,13 @@ class MessageQueue:
                 return True
         return False
 
-    def _sleep_slice(self, futex_addr, seen, deadline, timeout_message):
+    def _sleep_slice(self, futex_addr, seen, deadline, waiting_for):
         """One futex sleep of at most a slice, ending at ``deadline``."""
         slice_s = self._slice()
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(timeout_message)
+                raise self._error(RL_TIMEOUT, waiting_for=waiting_for)
             slice_s = min(slice_s, left)
         futex_wait(futex_addr, seen, int(slice_s * 1e9))
 
@@ -504,10 +509,10 @@ class MessageQueue:
                 if self._chunk_free(c, k):
                     return
                 if self._closed:
-                    raise ChannelClosedError("the MessageQueue was closed while enqueue waited")
+                    raise self._error(RL_CLOSED, this_end=True)
                 self._check_readers_alive(c, k)
                 self._sleep_slice(futex_addr, seen, deadline,
-                                  "MessageQueue.enqueue timed out waiting for readers to make room")
+                                  _WAITING_FOR["enqueue"])
         finally:
             if self._u32 is not None:
                 u32[OFF_WRITER_WAITING // 4] = 0
@@ -550,14 +555,8 @@ class MessageQueue:
         self._wake_readers()
 
     def _write_oob_segment(self, obj, needed):
-        size = max(needed, 2 * self._chunk_bytes, 4096)
-        while True:
-            frame = bytearray(size)
-            try:
-                end, bufs = _codec.encode_into(obj, frame, 0, self._oob_threshold)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, 2 * size)
+        frame, end, bufs = _codec.encode_growing(
+            obj, bytearray(max(needed, 2 * self._chunk_bytes, 4096)), self._oob_threshold)
         lengths = [b.nbytes for b in bufs]
         total = _layout_total(end, lengths)
         seg_name, mm = shm.create_segment(total)
@@ -602,13 +601,13 @@ class MessageQueue:
         if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
             return True
         if self._closed:
-            raise ChannelClosedError("this end of the MessageQueue is closed")
+            raise self._error(RL_CLOSED, this_end=True)
         if self._u32[OFF_WRITER_CLOSED // 4]:
             # Closed flag then seq: a message published before the close is
             # still delivered.
             if self._u64[(self._chunk_off(c) + C_SEQ) // 8] == k + 1:
                 return True
-            raise ChannelClosedError("the writer closed the MessageQueue")
+            raise self._error(RL_CLOSED, peer="writer")
         return False
 
     def dequeue(self, timeout=None):
@@ -629,7 +628,7 @@ class MessageQueue:
 
     def _wait_message(self, c, k, deadline):
         if deadline is not None and deadline <= time.monotonic():
-            raise TimeoutError("MessageQueue.dequeue timed out")
+            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR["dequeue"])
         if self._busy_wait(lambda: self._poll(c, k), deadline):
             return
         u32 = self._u32
@@ -645,8 +644,8 @@ class MessageQueue:
                 if not self._peer_alive(self._writer_pid):
                     if self._poll(c, k):
                         return
-                    raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
-                self._sleep_slice(futex_addr, seen, deadline, "MessageQueue.dequeue timed out")
+                    raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
+                self._sleep_slice(futex_addr, seen, deadline, _WAITING_FOR["dequeue"])
         finally:
             if self._u32 is not None:
                 u32[waiting] = 0
@@ -703,7 +702,7 @@ class MessageQueue:
 
         def check_peer():
             if not self._peer_alive(self._writer_pid):
-                raise PeerDiedError(f"the writer of the MessageQueue (pid {self._writer_pid}) died")
+                raise self._error(RL_PEER_DIED, peer="writer", pid=self._writer_pid)
 
         waiting = self._reader_slot(self._rank) + R_WAITING // 4
         return await self._async_wait(attempt, waiting, _deadline(timeout), check_peer, "dequeue")
@@ -715,7 +714,7 @@ class MessageQueue:
 
         def attempt():
             if self._closed:
-                raise ChannelClosedError("this end of the MessageQueue is closed")
+                raise self._error(RL_CLOSED, this_end=True)
             k = self._next
             c = k % self._n_chunks
             if not self._chunk_free(c, k):
@@ -753,7 +752,7 @@ class MessageQueue:
                     if deadline is not None:
                         left = deadline - time.monotonic()
                         if left <= 0:
-                            raise TimeoutError(f"MessageQueue.{what} timed out")
+                            raise self._error(RL_TIMEOUT, waiting_for=_WAITING_FOR[what])
                         slice_s = min(slice_s, left)
                     fut = loop.create_future()
                     loop.add_reader(fd, _set_done, fut)
@@ -819,12 +818,7 @@ class MessageQueue:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        try:
-            if not getattr(self, "_released", True):
-                self.close()
-        except Exception:
-            pass
+    __del__ = shm.close_if_dropped
 
 
 class _Nothing:

@@ -35,7 +35,7 @@ from .errors import BufferTooSmallError, DecodeError, SerializationError
 __all__ = [
     "EXT_TUPLE", "EXT_BIGINT", "EXT_PICKLE", "EXT_OOB", "EXT_BUFFER",
     "OOB_THRESHOLD", "MAX_DEPTH",
-    "encode_into", "dumps", "decode", "loads",
+    "encode_into", "encode_growing", "dumps", "decode", "loads",
     "BufferTooSmallError", "DecodeError", "SerializationError",
 ]
 
@@ -988,6 +988,44 @@ def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
     finally:
         _finish_writer(&w)
         PyBuffer_Release(&view)
+
+
+def encode_growing(obj, bytearray buf not None, oob_threshold=OOB_THRESHOLD, *, limit=None,
+                   on_retry=None):
+    """Encode ``obj`` into the bytearray ``buf``, or into a bigger one when it
+    does not fit; return ``(buf, end, buffers)``: the bytearray that holds the
+    frame at ``[0:end]`` and a list of its out-of-band buffers.
+
+    A retry takes ``max(needed, 2 * len(buf))`` bytes.  ``limit``: a frame
+    of more bytes raises ``BufferTooSmallError`` (``needed`` is its length).
+    ``on_retry()`` runs before each retry (state the encoding built, such as
+    a list of lent references, starts again).
+    """
+    cdef Py_ssize_t threshold = _threshold_arg(oob_threshold)
+    cdef Py_ssize_t needed
+    cdef list buffers
+    cdef Py_buffer view
+    while True:
+        buffers = []
+        # Exported while encoding: a reduction cannot resize it under us.
+        PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+        try:
+            end = encode_to_ptr(obj, <char*>view.buf, view.len, buffers, threshold)
+            return buf, end, buffers
+        except BufferTooSmallError as exc:
+            needed = exc.needed
+        finally:
+            PyBuffer_Release(&view)
+        buf = _grown(buf, needed, limit, on_retry)
+
+
+def _grown(buf, needed, limit, on_retry):
+    if limit is not None and needed > limit:
+        raise BufferTooSmallError(f"frame needs {needed} bytes, over the limit of {limit}",
+                                  needed=needed)
+    if on_retry is not None:
+        on_retry()
+    return bytearray(max(needed, 2 * len(buf)))
 
 
 cdef int _raise_buffer_error(str message) except -1:

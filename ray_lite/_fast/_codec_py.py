@@ -91,7 +91,7 @@ from .errors import BufferTooSmallError, DecodeError, SerializationError
 __all__ = [
     "EXT_TUPLE", "EXT_BIGINT", "EXT_PICKLE", "EXT_OOB", "EXT_BUFFER",
     "OOB_THRESHOLD", "MAX_DEPTH",
-    "encode_into", "dumps", "decode", "loads",
+    "encode_into", "encode_growing", "dumps", "decode", "loads",
     "BufferTooSmallError", "DecodeError", "SerializationError",
 ]
 
@@ -504,6 +504,36 @@ def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
                     f"frame needs {n} bytes, {capacity - offset} available", needed=n)
             dest[offset:offset + n] = frame
     return offset + n, tuple(buffers)
+
+
+def encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None):
+    """Encode ``obj`` into the bytearray ``buf``, or into a bigger one when it
+    does not fit; return ``(buf, end, buffers)``: the bytearray that holds the
+    frame at ``[0:end]`` and a list of its out-of-band buffers.
+
+    A retry takes ``max(needed, 2 * len(buf))`` bytes.  ``limit``: a frame
+    of more bytes raises ``BufferTooSmallError`` (``needed`` is its length).
+    ``on_retry()`` runs before each retry (state the encoding built, such as
+    a list of lent references, starts again).
+    """
+    if type(buf) is not bytearray:
+        raise TypeError(f"encode_growing needs a bytearray, not {type(buf).__name__!r}")
+    while True:
+        try:
+            end, buffers = encode_into(obj, buf, 0, oob_threshold)
+            return buf, end, list(buffers)
+        except BufferTooSmallError as exc:
+            needed = exc.needed
+        buf = _grown(buf, needed, limit, on_retry)
+
+
+def _grown(buf, needed, limit, on_retry):
+    if limit is not None and needed > limit:
+        raise BufferTooSmallError(f"frame needs {needed} bytes, over the limit of {limit}",
+                                  needed=needed)
+    if on_retry is not None:
+        on_retry()
+    return bytearray(max(needed, 2 * len(buf)))
 
 
 def dumps(obj):

@@ -13,6 +13,14 @@ from ray_lite._fast._wait cimport (
     RL_INTERRUPTED,
     RL_OK,
     RL_TIMEOUT,
+    WP_AGAIN_NS,
+    WP_RING_SPIN_GIL_NS,
+    WP_RING_SPIN_NS,
+    WP_RING_YIELDS,
+    WP_SLICE_NS,
+    WP_SLICE_WEAK_NS,
+    WP_SPIN_POLL_PREEMPTED_NS,
+    WP_SPIN_POLL_YIELD_NS,
     rl_cpu_relax,
     rl_exchange_u32,
     rl_fence_seq_cst,
@@ -32,6 +40,7 @@ from ray_lite._fast._wait cimport (
     rl_store_release_u64,
     rl_wait,
     rl_wait_policy,
+    rl_wait_policy_values,
     rl_wake,
     sched_getcpu,
     sched_yield,
@@ -110,7 +119,6 @@ cdef class ShmRing:
     cdef bint _in_op            # an operation is running (one at a time per end)
     cdef int _pins              # running operation and close(): the mapping stays while > 0
     cdef list _oob              # reused out-of-band buffer list for encode_to_ptr
-    cdef Py_ssize_t _put_oob_need
     cdef object __weakref__
 
     cdef int _enter(self, bint producer) except -1
@@ -118,7 +126,8 @@ cdef class ShmRing:
     cdef int _raise_status(self, int st) except -1
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1
     cdef int _put_slow(self, object obj, Py_ssize_t need, object timeout) except -1
-    cdef int _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1
+    cdef Py_ssize_t _publish_frame(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1
+    cdef Py_ssize_t _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1
     cdef int _put_big(self, object obj, object timeout) except -1
     cdef int _put_side(self, uint32_t kind, list pieces, object timeout) except -1
     cdef int _write_side_ref(self, char* payload, uint64_t inline_len, bytes name, uint64_t size,

@@ -30,8 +30,8 @@ from ._codec_c cimport decode_from_ptr, encode_to_ptr
 import os
 
 from . import _ring_py as _spec
-from . import shm
-from ._codec_c import OOB_THRESHOLD
+from . import errors, shm, wait_policy
+from ._codec_c import OOB_THRESHOLD, encode_growing
 from ._codec_c import decode as _codec_decode
 from .errors import (
     BufferTooSmallError,
@@ -40,6 +40,7 @@ from .errors import (
     MessageTooLargeError,
     PeerDiedError,
     RingEmpty,
+    channel_error,
 )
 
 __all__ = [
@@ -93,17 +94,22 @@ for _const, _value in (("HEADER_SIZE", HEADER_SIZE), ("H_MAX_MESSAGE", H_MAX_MES
     if getattr(_spec, _const) != _value:
         raise ImportError(f"_ring_c and _ring_py disagree on {_const}")
 
-# Waiting.  A round trip between two active processes takes ~1 µs, so a
-# short spin holding the GIL catches most replies without paying for a GIL
-# release; the spin continues without the GIL, then sched_yield (lets a peer
-# sharing our core run), then futex sleep in slices.
-cdef int64_t SPIN_GIL_NS = 3000
-cdef int64_t SPIN_NS = 20000
-cdef int YIELDS = 4
-cdef int64_t SLICE_NS = 100000000       # peer-death and Ctrl-C checks at least this often
+for _const, _value in (("RL_OK", RL_OK), ("RL_TIMEOUT", RL_TIMEOUT), ("RL_CLOSED", RL_CLOSED),
+                       ("RL_PEER_DIED", RL_PEER_DIED), ("RL_CORRUPT", RL_CORRUPT)):
+    if getattr(errors, _const) != _value:
+        raise ImportError(f"_ring_c and errors disagree on the status code {_const}")
 
-cdef int64_t SLICE_NS_WEAK = 2000000    # a pure-Python end may lose a wake-up (see _ring_py)
-cdef int64_t AGAIN_NS = 100000000       # raw API returns RL_AGAIN this often to let callers check signals
+# Waiting: the numbers of wait_policy (C copies in _wait.pxd, checked here).
+# A round trip between two active processes takes ~1 µs, so a short spin
+# holding the GIL catches most replies without paying for a GIL release; the
+# spin continues without the GIL, then sched_yield (lets a peer sharing our
+# core run), then futex sleep in slices.  These four can be tuned for the
+# rings set up afterwards (_set_wait_policy).
+wait_policy.check_twin("ray_lite._fast._ring_c", rl_wait_policy_values())
+cdef int64_t SPIN_GIL_NS = WP_RING_SPIN_GIL_NS
+cdef int64_t SPIN_NS = WP_RING_SPIN_NS
+cdef int YIELDS = WP_RING_YIELDS
+cdef int64_t SLICE_NS = WP_SLICE_NS      # peer-death and Ctrl-C checks at least this often
 
 def _set_wait_policy(spin_gil_ns=None, spin_ns=None, yields=None, slice_ns=None):
     """Tune the waiting strategy of rings set up afterwards (experiments, benchmarks)."""
@@ -193,8 +199,9 @@ cdef int rl_ring_wait_ready(RingEnd* e, int64_t deadline_ns, bint spin) noexcept
         # only delays it (a 20 µs spin made such round trips 15x slower).
         # sched_yield hands it the CPU at once.
         policy.spin_ns = 0
-    if rl_load_relaxed_u32(_u32(e, H_FLAGS)) & FLAG_WEAK_ORDERING and policy.slice_ns > SLICE_NS_WEAK:
-        policy.slice_ns = SLICE_NS_WEAK
+    if rl_load_relaxed_u32(_u32(e, H_FLAGS)) & FLAG_WEAK_ORDERING and policy.slice_ns > WP_SLICE_WEAK_NS:
+        # A pure-Python end may lose a wake-up (see _ring_py, "Ordering").
+        policy.slice_ns = WP_SLICE_WEAK_NS
     if e.is_producer:
         st = rl_wait(_u32(e, H_PRODUCER_SLEEPING), _space_ready, e, deadline_ns, &policy, spin)
     else:
@@ -248,6 +255,23 @@ cdef inline int64_t _next_record(RingEnd* e) noexcept nogil:
 
 
 # ------------------------------------------------------ raw-record API ---
+cdef inline int _wait_turn(RingEnd* e, int64_t deadline_ns, bint* spin, int64_t* started) noexcept nogil:
+    """One wait of rl_ring_reserve / rl_ring_peek for their condition.
+
+    RL_OK: look again.  Otherwise the status to return, RL_AGAIN included
+    once AGAIN_NS passed since the first wait (``*started``, -1 until then):
+    the caller then checks for signals.  Only the first wait spins.
+    """
+    cdef int st
+    if started[0] < 0:
+        started[0] = rl_now_ns()
+    st = rl_ring_wait_ready(e, deadline_ns, spin[0])
+    spin[0] = False
+    if st == RL_AGAIN and rl_now_ns() - started[0] < WP_AGAIN_NS:
+        return RL_OK
+    return st
+
+
 cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** payload) noexcept nogil:
     cdef uint64_t rec, off, to_end, need
     cdef int st
@@ -281,12 +305,7 @@ cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** pay
                 payload[0] = e.data + 8
             return RL_OK
         e.need = need
-        if started < 0:
-            started = rl_now_ns()
-        st = rl_ring_wait_ready(e, deadline_ns, spin)
-        spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
-            continue
+        st = _wait_turn(e, deadline_ns, &spin, &started)
         if st != RL_OK:
             return st
 
@@ -345,12 +364,7 @@ cdef int rl_ring_peek(RingEnd* e, int64_t deadline_ns, const char** payload, uin
             payload[0] = e.data + off + 8
             e.cur_rec = 8 + _align8(n[0])
             return RL_OK
-        if started < 0:
-            started = rl_now_ns()
-        st = rl_ring_wait_ready(e, deadline_ns, spin)
-        spin = False
-        if st == RL_AGAIN and rl_now_ns() - started < AGAIN_NS:
-            continue
+        st = _wait_turn(e, deadline_ns, &spin, &started)
         if st != RL_OK:
             return st
 
@@ -367,17 +381,14 @@ cdef bint rl_ring_poll(RingEnd* e) noexcept nogil:
     return e.pos != e.cache or _data_ready(e)
 
 
-# How often spin_poll hands the CPU to whatever else is runnable on it (the
-# peer it waits for may have been woken onto this very CPU); it gives up
-# when it lost the CPU this long at once: the CPU is wanted elsewhere.
-cdef int64_t SPIN_POLL_YIELD_NS = 5000
-cdef int64_t SPIN_POLL_PREEMPTED_NS = 100000
-
-
 cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
+    # It hands the CPU to whatever else is runnable on it every
+    # SPIN_POLL_YIELD_NS (the peer it waits for may have been woken onto
+    # this very CPU), and gives up when it lost the CPU for
+    # SPIN_POLL_PREEMPTED_NS at once: the CPU is wanted elsewhere.
     cdef int64_t now = rl_now_ns()
     cdef int64_t before
-    cdef int64_t next_yield = now + SPIN_POLL_YIELD_NS
+    cdef int64_t next_yield = now + WP_SPIN_POLL_YIELD_NS
     cdef int i
     while True:
         for i in range(16):
@@ -386,11 +397,11 @@ cdef bint _spin_poll(RingEnd* e, int64_t deadline_ns) noexcept nogil:
             rl_cpu_relax()
         before = now
         now = rl_now_ns()
-        if now >= deadline_ns or now - before > SPIN_POLL_PREEMPTED_NS:
+        if now >= deadline_ns or now - before > WP_SPIN_POLL_PREEMPTED_NS:
             return _data_ready(e)
         if now >= next_yield:
             sched_yield()
-            next_yield = now + SPIN_POLL_YIELD_NS
+            next_yield = now + WP_SPIN_POLL_YIELD_NS
 
 
 cdef bint _ready(RingEnd* e) noexcept nogil:
@@ -411,6 +422,13 @@ cdef inline void _spin_with_gil(RingEnd* e) noexcept:
             rl_cpu_relax()
         if rl_now_ns() >= until:
             return
+
+
+cdef inline int _check_size(RingEnd* e, Py_ssize_t n) except -1:
+    """MessageTooLargeError, before anything is sent, for a message over the maximum."""
+    if <uint64_t>n > e.max_message:
+        raise MessageTooLargeError(f"message of {n} bytes exceeds max_message_size={e.max_message}")
+    return 0
 
 
 cdef int64_t _deadline_ns(object timeout) except? -2:
@@ -507,7 +525,7 @@ cdef class ShmRing:
     # -- peer ----------------------------------------------------------------
     def peer_fd(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         _learn_peer(&self.end)
         return self.end.peer_pidfd
 
@@ -515,7 +533,7 @@ cdef class ShmRing:
         if self.end.peer_dead:
             return False
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         return _peer_alive(&self.end)
 
     # -- operation guard -------------------------------------------------------
@@ -524,7 +542,7 @@ cdef class ShmRing:
         # ran Python code: decode, pickle): close() from another thread
         # defers the unmapping to _leave.
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if producer != self.end.is_producer:
             raise ValueError(f"ring {self._name}: {'put' if producer else 'get'}() is for the "
                              f"{'producer' if producer else 'consumer'} end; this is the {self._side}")
@@ -532,9 +550,9 @@ cdef class ShmRing:
             raise RuntimeError(f"ring {self._name}: one end used by two threads at once")
         if producer:
             if rl_load_relaxed_u32(_u32(&self.end, H_CONSUMER_CLOSED)):
-                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+                self._raise_status(RL_CLOSED)
             if self.end.peer_dead:
-                raise PeerDiedError(f"ring {self._name}: the consumer process {self.end.peer_pid} died")
+                self._raise_status(RL_PEER_DIED)
         self._in_op = True
         self._pins += 1
         return 0
@@ -546,20 +564,8 @@ cdef class ShmRing:
             self._release()
 
     cdef int _raise_status(self, int st) except -1:
-        if st == RL_TIMEOUT:
-            raise TimeoutError(f"ring {self._name}: timed out")
-        if st == RL_CLOSED:
-            if self._closed:
-                raise ChannelClosedError(f"ring {self._name} is closed")
-            if self.end.is_producer:
-                raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
-            raise ChannelClosedError(f"ring {self._name}: the producer closed the channel")
-        if st == RL_PEER_DIED:
-            raise PeerDiedError(f"ring {self._name}: the {'consumer' if self.end.is_producer else 'producer'} "
-                                f"process {self.end.peer_pid} died")
-        if st == RL_CORRUPT:
-            raise DecodeError(f"ring {self._name}: corrupt record")
-        raise AssertionError(f"unexpected ring status {st}")
+        raise channel_error(st, f"ring {self._name}", peer="consumer" if self.end.is_producer else "producer",
+                            pid=self.end.peer_pid, this_end=self._closed)
 
     # -- producer ----------------------------------------------------------
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1:
@@ -600,9 +606,7 @@ cdef class ShmRing:
                 has_buf = True
                 src = <const char*>buf.buf
                 n = buf.len
-            if <uint64_t>n > e.max_message:
-                raise MessageTooLargeError(
-                    f"message of {n} bytes exceeds max_message_size={e.max_message}")
+            _check_size(e, n)
             if <uint64_t>n <= e.inline_limit:
                 self._reserve(n, timeout, &slot)
                 memcpy(slot, src, n)
@@ -632,18 +636,11 @@ cdef class ShmRing:
                 n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1)
+            if not need:
+                need = self._publish_frame(slot, n, room, timeout)
             if need:
                 # Outside the except block: errors while waiting must not chain to it.
                 self._put_slow(obj, need, timeout)
-                return
-            if PyList_GET_SIZE(self._oob) == 0:
-                if <uint64_t>n > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
-                rl_ring_publish(e, KIND_VALUE, n)
-                return
-            if self._put_oob(slot, n, room, timeout):
-                self._put_slow(obj, self._put_oob_need, timeout)
         finally:
             self._leave()
 
@@ -664,30 +661,32 @@ cdef class ShmRing:
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1, need + 1)
                 continue
-            if PyList_GET_SIZE(self._oob) == 0:
-                if <uint64_t>n > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={e.max_message}")
-                rl_ring_publish(e, KIND_VALUE, n)
+            need = self._publish_frame(slot, n, room, timeout)
+            if not need:
                 return 0
-            if not self._put_oob(slot, n, room, timeout):
-                return 0
-            need = self._put_oob_need
 
-    cdef int _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1:
+    cdef Py_ssize_t _publish_frame(self, char* slot, Py_ssize_t n, Py_ssize_t room,
+                                   object timeout) except -1:
+        """Publish the frame of ``n`` bytes just encoded at ``slot`` (its
+        out-of-band buffers in ``_oob``); 0 when sent, else the payload room
+        the record needs (more than ``room``): wait for it and encode again."""
+        if PyList_GET_SIZE(self._oob) == 0:
+            _check_size(&self.end, n)
+            rl_ring_publish(&self.end, KIND_VALUE, n)
+            return 0
+        return self._put_oob(slot, n, room, timeout)
+
+    cdef Py_ssize_t _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room,
+                             object timeout) except -1:
         """The frame at ``slot`` has out-of-band buffers: ship them in a side segment.
 
-        Returns 1 (with ``_put_oob_need`` set) when the record needs more room
-        than ``room``: the caller waits for it and encodes again.
+        Returns 0 when sent, else the payload room the record needs (more than ``room``).
         """
         cdef RingEnd* e = &self.end
         cdef list buffers = self._oob
         cdef Py_ssize_t payload
         self._oob = []
-        total = n + sum([b.nbytes for b in buffers])
-        if total > e.max_message:
-            raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+        _check_size(e, n + sum([b.nbytes for b in buffers]))
         side_name = shm.new_name(self._prefix)
         payload = <Py_ssize_t>_align8(n) + 16 + <Py_ssize_t>_align8(len(side_name)) + 8
         if <uint64_t>payload > e.inline_limit:
@@ -695,8 +694,7 @@ cdef class ShmRing:
             self._put_side(KIND_SIDE_FRAME, [PyBytes_FromStringAndSize(slot, n)] + buffers, timeout)
             return 0
         if payload > room:
-            self._put_oob_need = payload
-            return 1
+            return payload
         size = _spec._write_side_segment(side_name, buffers)
         self._write_side_ref(slot, n, side_name.encode("ascii"), size, KIND_SIDE_VALUE)
         return 0
@@ -704,26 +702,14 @@ cdef class ShmRing:
     cdef int _put_big(self, object obj, object timeout) except -1:
         """A frame over the inline limit: encode it aside, then ship it in a side segment."""
         cdef RingEnd* e = &self.end
-        cdef Py_ssize_t size = max(<Py_ssize_t>e.inline_limit * 2, 4096)
-        cdef Py_ssize_t n
-        cdef list buffers
-        cdef bytearray scratch
-        while True:
-            scratch = bytearray(size)
-            buffers = []
-            try:
-                n = encode_to_ptr(obj, <char*>scratch, size, buffers, _OOB_THRESHOLD)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, size * 2)
-                if <uint64_t>size > e.max_message:
-                    raise MessageTooLargeError(
-                        f"message of at least {size} bytes exceeds "
-                        f"max_message_size={e.max_message}") from None
-        total = n + sum([b.nbytes for b in buffers])
-        if total > e.max_message:
+        try:
+            scratch, n, buffers = encode_growing(
+                obj, bytearray(max(<Py_ssize_t>e.inline_limit * 2, 4096)), OOB_THRESHOLD,
+                limit=e.max_message)
+        except BufferTooSmallError as exc:
             raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={e.max_message}")
+                f"message of {exc.needed} bytes exceeds max_message_size={e.max_message}") from None
+        _check_size(e, n + sum([b.nbytes for b in buffers]))
         return self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:n]] + buffers, timeout)
 
     cdef int _put_side(self, uint32_t kind, list pieces, object timeout) except -1:
@@ -867,13 +853,19 @@ cdef class ShmRing:
         if not timeout > 0:     # also NaN
             return False
         deadline = rl_now_ns() + <int64_t>(min(timeout, 1.0) * 1e9)
+        # Pinned: a close() from another thread meanwhile ends the spin (the
+        # closed flag makes the ring ready) but must not unmap under it.
+        self._pins += 1
         with nogil:
             ready = _spin_poll(e, deadline)
+        self._pins -= 1
+        if self._closed and self._pins == 0:
+            self._release()
         return ready
 
     cdef int _check_consumer(self) except -1:
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self.end.is_producer:
             raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
         return 0

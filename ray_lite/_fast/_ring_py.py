@@ -139,8 +139,8 @@ Each end keeps its own position locally and caches the peer's, reloading it
 only when the cache says "empty"/"full", so an active pair touches the other
 end's line once per batch.
 
-Waiting (either end): spin a few microseconds (``SPIN_NS``), ``sched_yield``
-a few times (``YIELDS``), then sleep on the futex word of its side.  The spin
+Waiting (either end): spin a few microseconds (``RING_SPIN_NS``), ``sched_yield``
+a few times (``RING_YIELDS``), then sleep on the futex word of its side.  The spin
 is skipped when the peer's last action on this ring (publish, release) was on
 the CPU this end runs on now: the peer is then not running (we are), and
 every microsecond spent spinning is one it cannot use (with both ends on one
@@ -177,8 +177,8 @@ x86-64 and aarch64) and on x86 TSO for release/acquire.  The store-then-load
 of the sleeping handshake can still be reordered by a store buffer, so a
 wake-up can be lost, but only when the other end publishes while the
 sleeper's flag store may still be in flight: this twin's first sleep after
-setting its flag lasts at most ``SLICE_NS_WEAK`` (2 ms), later ones (the flag
-stayed set, so it is visible) up to ``PEER_CHECK_NS``.  It sets header flag
+setting its flag lasts at most ``SLICE_WEAK_NS`` (2 ms), later ones (the flag
+stayed set, so it is visible) up to ``SLICE_NS``.  It sets header flag
 bit 0 so that a compiled peer sleeps in 2 ms slices too (its own stores are
 fenced, but a pure-Python waker's load may pass its store).  A lost wake-up
 costs latency, never a hang.
@@ -195,12 +195,24 @@ from . import _codec_py as _codec
 from . import shm
 from ._wait_py import futex_wait, futex_wake, open_pidfd, process_alive, sched_getcpu
 from .errors import (
+    RL_CLOSED,
+    RL_PEER_DIED,
+    RL_TIMEOUT,
     BufferTooSmallError,
     ChannelClosedError,
     DecodeError,
     MessageTooLargeError,
     PeerDiedError,
     RingEmpty,
+    channel_error,
+)
+from .wait_policy import (
+    RING_SPIN_NS,
+    RING_YIELDS,
+    SLICE_NS,
+    SLICE_WEAK_NS,
+    SPIN_POLL_PREEMPTED_NS,
+    SPIN_POLL_YIELD_NS,
 )
 
 __all__ = [
@@ -249,13 +261,6 @@ DEFAULT_MAX_MESSAGE_SIZE = 1 << 31
 SIDE_ALIGN = 64             # entries of a side segment: cache-line (and SIMD) aligned
 FIFO_SUFFIX = ".fifo"
 
-# ------------------------------------------------------------- waiting ---
-SPIN_NS = 20_000            # Python spins slowly; a few µs buys little
-YIELDS = 4
-SPIN_POLL_YIELD_NS = 5_000     # spin_poll hands the CPU on this often (the peer may be runnable here)
-SPIN_POLL_PREEMPTED_NS = 100_000   # and gives up after losing the CPU this long at once
-SLICE_NS_WEAK = 2_000_000   # see "Ordering"
-PEER_CHECK_NS = 100_000_000
 
 _U64 = (1 << 64) - 1
 
@@ -585,7 +590,7 @@ class ShmRing:
         if self._peer_dead:
             return False
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         pid = self._learn_peer()
         if pid == 0 or pid == self._my_pid:
             return True
@@ -597,7 +602,11 @@ class ShmRing:
     # -- checks ----------------------------------------------------------
     def _check_open(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
+
+    def _raise_status(self, status):
+        raise channel_error(status, f"ring {self._name}", peer="consumer" if self._is_producer else "producer",
+                            pid=self._peer_pid, this_end=self._closed)
 
     def _enter(self, producer):
         """Start an operation: this end must be open and of the right side, and idle.
@@ -607,7 +616,7 @@ class ShmRing:
         effect when the running operation leaves.
         """
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if producer != self._is_producer:
             raise ValueError(f"ring {self._name}: {'put' if producer else 'get'}() is for the "
                              f"{'producer' if producer else 'consumer'} end; this is the {self._side}")
@@ -624,15 +633,15 @@ class ShmRing:
 
     def _check_producer(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._h32[H_CONSUMER_CLOSED // 4]:
-            raise ChannelClosedError(f"ring {self._name}: the consumer closed the channel")
+            self._raise_status(RL_CLOSED)
         if self._peer_dead:
-            raise PeerDiedError(f"ring {self._name}: the consumer process {self._peer_pid} died")
+            self._raise_status(RL_PEER_DIED)
 
     def _check_consumer(self):
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._is_producer:
             raise ValueError(f"ring {self._name}: this is the producer end; the call is for the consumer")
 
@@ -641,18 +650,18 @@ class ShmRing:
         """Wait until ``ready()``; TimeoutError at ``deadline``; sets ``_peer_dead``."""
         t = time.monotonic_ns()
         if deadline is not None and t >= deadline:
-            raise TimeoutError(f"ring {self._name}: timed out")
+            self._raise_status(RL_TIMEOUT)
         h32 = self._h32
         word = flag_off // 4
         addr = self._base_addr + flag_off
         next_peer_check = 0
-        spin_end = t + (0 if self._peer_on_my_cpu() else SPIN_NS)
+        spin_end = t + (0 if self._peer_on_my_cpu() else RING_SPIN_NS)
         if deadline is not None and spin_end > deadline:
             spin_end = deadline
         while time.monotonic_ns() < spin_end:
             if ready():
                 return
-        for _ in range(YIELDS):
+        for _ in range(RING_YIELDS):
             os.sched_yield()
             if ready():
                 return
@@ -660,9 +669,9 @@ class ShmRing:
             while True:
                 now = time.monotonic_ns()
                 if deadline is not None and now >= deadline:
-                    raise TimeoutError(f"ring {self._name}: timed out")
+                    self._raise_status(RL_TIMEOUT)
                 if now >= next_peer_check:
-                    next_peer_check = now + PEER_CHECK_NS
+                    next_peer_check = now + SLICE_NS
                     if not self.peer_alive():
                         return
                 # A wake-up can only be missed while our flag store may still
@@ -673,7 +682,7 @@ class ShmRing:
                 h32[word] = 1
                 if ready():
                     return
-                slice_ns = SLICE_NS_WEAK if fresh else PEER_CHECK_NS
+                slice_ns = SLICE_WEAK_NS if fresh else SLICE_NS
                 if deadline is not None and deadline - now < slice_ns:
                     slice_ns = max(deadline - now, 1)
                 futex_wait(addr, 1, slice_ns)
@@ -791,8 +800,7 @@ class ShmRing:
             mv = mv.cast("B")
         n = mv.nbytes
         if n > self._max_message:
-            raise MessageTooLargeError(
-                f"message of {n} bytes exceeds max_message_size={self._max_message}")
+            raise self._too_large(n)
         deadline = _deadline(timeout)
         if n <= self._inline_limit:
             off = self._reserve(n, deadline)
@@ -830,14 +838,12 @@ class ShmRing:
             n = end - off
             if not buffers:
                 if n > self._max_message:
-                    raise MessageTooLargeError(
-                        f"message of {n} bytes exceeds max_message_size={self._max_message}")
+                    raise self._too_large(n)
                 self._publish(KIND_VALUE, n)
                 return
             total = n + sum(b.nbytes for b in buffers)
             if total > self._max_message:
-                raise MessageTooLargeError(
-                    f"message of {total} bytes exceeds max_message_size={self._max_message}")
+                raise self._too_large(total)
             side_name = shm.new_name(self._prefix)
             payload = _align8(n) + _side_ref_size(len(side_name)) + 8
             if payload > limit:
@@ -853,23 +859,20 @@ class ShmRing:
 
     def _put_big(self, obj, deadline):
         """A frame over the inline limit: encode it aside, then ship it in a side segment."""
-        size = max(self._inline_limit * 2, 4096)
-        while True:
-            scratch = bytearray(size)
-            try:
-                end, buffers = _codec.encode_into(obj, scratch, 0, _codec.OOB_THRESHOLD)
-                break
-            except BufferTooSmallError as exc:
-                size = max(exc.needed, size * 2)
-                if size > self._max_message:
-                    raise MessageTooLargeError(
-                        f"message of at least {size} bytes exceeds "
-                        f"max_message_size={self._max_message}") from None
+        try:
+            scratch, end, buffers = _codec.encode_growing(
+                obj, bytearray(max(self._inline_limit * 2, 4096)), _codec.OOB_THRESHOLD,
+                limit=self._max_message)
+        except BufferTooSmallError as exc:
+            raise self._too_large(exc.needed) from None
         total = end + sum(b.nbytes for b in buffers)
         if total > self._max_message:
-            raise MessageTooLargeError(
-                f"message of {total} bytes exceeds max_message_size={self._max_message}")
+            raise self._too_large(total)
         self._put_side(KIND_SIDE_FRAME, [memoryview(scratch)[:end], *buffers], deadline)
+
+    def _too_large(self, n):
+        """The error for a message of ``n`` bytes over the maximum (raised before anything is sent)."""
+        return MessageTooLargeError(f"message of {n} bytes exceeds max_message_size={self._max_message}")
 
     def _put_side(self, kind, pieces, deadline):
         name = shm.new_name(self._prefix)
@@ -968,14 +971,14 @@ class ShmRing:
         # "closed" is read before write_pos (in the caller's _next_record)
         # had its last look: re-read write_pos after it to drain everything.
         if self._closed:
-            raise ChannelClosedError(f"ring {self._name} is closed")
+            self._raise_status(RL_CLOSED)
         if self._h32[H_PRODUCER_CLOSED // 4]:
             if self._next_record() < 0:
-                raise ChannelClosedError(f"ring {self._name}: the producer closed the channel")
+                self._raise_status(RL_CLOSED)
             return False
         if self._peer_dead:
             if self._next_record() < 0:
-                raise PeerDiedError(f"ring {self._name}: the producer process {self._peer_pid} died")
+                self._raise_status(RL_PEER_DIED)
             return False
         if not blocking:
             raise RingEmpty()
@@ -1056,7 +1059,7 @@ class ShmRing:
         try:
             while len(os.read(self._fifo_fd, 256)) == 256:
                 pass
-        except BlockingIOError:
+        except OSError:     # empty (EAGAIN), or closed from another thread meanwhile
             pass
 
     # -- closing ---------------------------------------------------------
@@ -1139,9 +1142,4 @@ class ShmRing:
             view.release()
         self._mm.close()
 
-    def __del__(self):
-        try:
-            if not getattr(self, "_released", True):
-                self.close()
-        except Exception:
-            pass
+    __del__ = shm.close_if_dropped

@@ -3,7 +3,8 @@
 # ring, the broadcast queue, the ring benchmark): C11-model atomics on words
 # of a shared mapping, the monotonic clock, futex sleep and wake, process
 # liveness (pidfd, else kill(0) plus a zombie check), and the bounded
-# spin -> yield -> futex waiting strategy.
+# spin -> yield -> futex waiting strategy, with C copies of the numbers of
+# wait_policy.py.
 #
 # Class-free and without non-inline cdef functions on purpose: cimporting
 # this file compiles everything into the cimporting module and adds no
@@ -170,6 +171,35 @@ cdef enum:
     RL_TIMEOUT = 1      # the deadline passed
     RL_AGAIN = 4        # a sleep slice (or the spin and yield phases) ended: check, call again
     RL_INTERRUPTED = 6  # a signal arrived (EINTR): check signals at once, call again
+
+
+# -- the wait policy's numbers ------------------------------------------------
+# C copies of ray_lite/_fast/wait_policy.py (compile-time constants, so the
+# hot paths pay nothing for reading them).  Every compiled module that waits
+# passes ``rl_wait_policy_values()`` to ``wait_policy.check_twin`` at import:
+# a module built from another policy then refuses to load.
+cdef enum:
+    WP_RING_SPIN_GIL_NS = 3000
+    WP_RING_SPIN_NS = 20000
+    WP_RING_YIELDS = 4
+    WP_SLICE_NS = 100000000
+    WP_SLICE_WEAK_NS = 2000000
+    WP_AGAIN_NS = 100000000
+    WP_SPIN_POLL_YIELD_NS = 5000
+    WP_SPIN_POLL_PREEMPTED_NS = 100000
+    WP_BROADCAST_SPIN_NS = 5000
+    WP_BROADCAST_YIELD_NS = 200000
+
+
+cdef inline dict rl_wait_policy_values():
+    """The constants above under their names in ``wait_policy``."""
+    return {
+        "RING_SPIN_GIL_NS": WP_RING_SPIN_GIL_NS, "RING_SPIN_NS": WP_RING_SPIN_NS,
+        "RING_YIELDS": WP_RING_YIELDS, "SLICE_NS": WP_SLICE_NS, "SLICE_WEAK_NS": WP_SLICE_WEAK_NS,
+        "AGAIN_NS": WP_AGAIN_NS, "SPIN_POLL_YIELD_NS": WP_SPIN_POLL_YIELD_NS,
+        "SPIN_POLL_PREEMPTED_NS": WP_SPIN_POLL_PREEMPTED_NS,
+        "BROADCAST_SPIN_NS": WP_BROADCAST_SPIN_NS, "BROADCAST_YIELD_NS": WP_BROADCAST_YIELD_NS,
+    }
 
 
 # -- the waiting strategy ----------------------------------------------------

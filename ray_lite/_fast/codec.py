@@ -20,6 +20,12 @@ Public names (identical in both twins):
     when there are none, so the common frame allocates no container for
     them.  ``oob_threshold=None`` keeps everything in the frame.  Raises ``BufferTooSmallError`` when the
     frame does not fit, ``SerializationError`` for values nothing can serialise.
+``encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None) -> (buf, end, buffers)``
+    ``encode_into`` at offset 0 of the bytearray ``buf``, retried in a
+    bigger bytearray (``max(needed, 2 * len(buf))`` bytes) until the frame
+    fits; returns the bytearray used, the frame's end and its out-of-band
+    buffers as a list.  A frame over ``limit`` bytes raises
+    ``BufferTooSmallError``; ``on_retry()`` runs before each retry.
 ``dumps(obj) -> bytes``
     The frame as bytes, everything in-band.
 ``decode(data, buffers=()) -> obj``
@@ -43,12 +49,13 @@ OOB_THRESHOLD = _impl.OOB_THRESHOLD
 MAX_DEPTH = _impl.MAX_DEPTH
 
 encode_into = _impl.encode_into
+encode_growing = _impl.encode_growing
 dumps = _impl.dumps
 decode = _impl.decode
 loads = _impl.loads
 
 __all__ = [
     "COMPILED", "EXT_TUPLE", "EXT_BIGINT", "EXT_PICKLE", "EXT_OOB", "OOB_THRESHOLD",
-    "MAX_DEPTH", "encode_into", "dumps", "decode", "loads",
+    "MAX_DEPTH", "encode_into", "encode_growing", "dumps", "decode", "loads",
     "BufferTooSmallError", "DecodeError", "SerializationError",
 ]

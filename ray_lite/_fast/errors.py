@@ -1,4 +1,5 @@
-"""Exceptions raised by the hot paths; both twins raise these same classes."""
+"""Exceptions raised by the hot paths; both twins raise these same classes,
+and ``channel_error``, which turns a channel's status code into one of them."""
 import queue
 
 
@@ -40,3 +41,40 @@ class PeerDiedError(ChannelClosedError):
 
 class RingEmpty(queue.Empty):
     """A non-blocking read found no message."""
+
+
+# -- status codes --------------------------------------------------------------
+# What the compiled channels' C-level waits return (``RL_*`` in _wait.pxd and
+# _ring_c.pxd, which the compiled ring checks against these at import).
+RL_OK = 0
+RL_TIMEOUT = 1
+RL_CLOSED = 2
+RL_PEER_DIED = 3
+RL_CORRUPT = 100
+
+_STATUS_ERRORS = {RL_TIMEOUT: TimeoutError, RL_CLOSED: ChannelClosedError,
+                  RL_PEER_DIED: PeerDiedError, RL_CORRUPT: DecodeError}
+
+
+def channel_error(status, channel, *, peer="peer", pid=0, this_end=False, waiting_for=None):
+    """The exception a channel raises for ``status``, both twins alike.
+
+    ``channel`` names it (``"ring <name>"``, ``"MessageQueue <name>"``).
+    ``RL_TIMEOUT``: ``TimeoutError`` (``waiting_for`` says for what);
+    ``RL_CLOSED``: ``ChannelClosedError``, closed by ``peer``, or by this end
+    (``this_end``); ``RL_PEER_DIED``: ``PeerDiedError``, ``peer`` (process
+    ``pid``) died; ``RL_CORRUPT``: ``DecodeError``.
+    """
+    if status == RL_TIMEOUT:
+        detail = "timed out" if waiting_for is None else f"timed out waiting for {waiting_for}"
+    elif status == RL_CLOSED:
+        if this_end:
+            return ChannelClosedError(f"{channel} is closed")
+        detail = f"the {peer} closed the channel"
+    elif status == RL_PEER_DIED:
+        detail = f"the {peer} process {pid} died"
+    elif status == RL_CORRUPT:
+        detail = "corrupt record"
+    else:
+        return AssertionError(f"{channel}: unexpected status {status}")
+    return _STATUS_ERRORS[status](f"{channel}: {detail}")

@@ -49,12 +49,14 @@ import time
 
 from ._select import load_twin
 from .errors import ChannelClosedError, MessageTooLargeError, PeerDiedError, RingEmpty
-from .wait_policy import MULTI_SPIN_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
+from .wait_policy import (MULTI_SPIN_NS, SLICE_NS, SLICE_WEAK_NS, SPIN_POLL_PREEMPTED_NS,
+                          SPIN_POLL_YIELD_NS, ns_to_s)
 
 _impl, COMPILED = load_twin("ring")
 
 ShmRing = _impl.ShmRing
 
+# The numbers of ``wait_policy``, in seconds.
 #: How long ``wait_any`` polls its rings before it arms their descriptors and sleeps.
 WAIT_ANY_SPIN_S = ns_to_s(MULTI_SPIN_NS)
 #: Sleeps end at least this often to look for dead peers not yet known by pidfd.
@@ -65,8 +67,8 @@ _WEAK_SLICE_S = None if COMPILED else ns_to_s(SLICE_WEAK_NS)
 #: ``spin_any`` hands the CPU to whatever else is runnable on it this often,
 #: and gives up when a round took this long: something else ran meanwhile,
 #: for longer than the brief turns of the peers it waits for.
-SPIN_ANY_YIELD_S = 5e-6
-SPIN_ANY_PREEMPTED_S = 100e-6
+SPIN_ANY_YIELD_S = ns_to_s(SPIN_POLL_YIELD_NS)
+SPIN_ANY_PREEMPTED_S = ns_to_s(SPIN_POLL_PREEMPTED_NS)
 
 __all__ = ["COMPILED", "ShmRing", "RingEmpty", "ChannelClosedError", "MessageTooLargeError",
            "PeerDiedError", "wait_any", "wait_rings_or_fds", "spin_any", "get_async"]

@@ -153,3 +153,14 @@ def cleanup_stale_segments(prefix=None):
             if _unlink_quietly(os.path.join(SHM_DIR, name)):
                 removed.append(name)
     return removed
+
+
+def close_if_dropped(end):
+    """``__del__`` of a pure-Python channel end: an end dropped without
+    ``close()`` is closed, so that its peer wakes and its segments go.
+    Never raises (the interpreter may be shutting down)."""
+    try:
+        if not getattr(end, "_released", True):
+            end.close()
+    except Exception:
+        pass

@@ -41,6 +41,9 @@ SPIN_POLL_PREEMPTED_NS = 100_000
 # -- many rings (wait_any, a node's drive loop, an executor's replies) -------
 #: How long a waiter polls several rings before arming their descriptors.
 MULTI_SPIN_NS = 20_000
+#: ... and how long a node polls its links before it sleeps in ``poll(2)``
+#: with them and its processes' sentinels (``transport.wait_readable``).
+LINK_SPIN_NS = 30_000
 
 # -- the broadcast queue (one writer, N readers) ------------------------------
 #: A reader spins this long (the compiled twin; the pure twin checks

@@ -8,13 +8,18 @@ The runtime only uses this interface:
 
 ``Link.create(prefix) -> link``, ``link.names``, ``Link.attach(names) -> link``
 ``link.send(msg)``       thread-safe (one lock per direction: the rings are SPSC)
-``link.recv_all()``      every message available now, never blocks
+``link.recv_all()``      every message available now, never blocks (after a
+                         close: what the peer sent before it, then nothing)
 ``link.fileno()``        readable when messages may be available (for poll/asyncio)
 ``link.close()``         closes and, on the creator, unlinks
 ``wait_readable(links, fds, timeout)`` sleeps until a link may have data or
                          one of ``fds`` (process sentinels) is readable.
 
 Messages are encoded by ``ray_lite._fast.codec`` straight into the rings.
+A link that is closed, at either end or by its peer's death, raises
+``LinkClosed`` (and nothing else) from ``attach``, ``send`` and ``recv_wait``;
+``recv_all``, ``has_data``, ``spin_poll``, ``arm`` and ``disarm`` never raise
+for it (reading tells).
 """
 import select
 import threading
@@ -22,15 +27,15 @@ import time
 
 from ray_lite._fast import ring as _ring_mod
 from ray_lite._fast.errors import ChannelClosedError as _ChannelClosed
-from ray_lite._fast.errors import PeerDiedError as _PeerDied
 from ray_lite._fast.errors import RingEmpty as _RingEmpty
 from ray_lite._fast.ring import ShmRing as _ShmRing
+from ray_lite._fast.wait_policy import LINK_SPIN_NS, SLICE_WEAK_NS, ns_to_s
 
 from .interrupts import sleep_point
 
 
 class LinkClosed(ConnectionError):
-    """The peer closed its end of the link."""
+    """The link is closed: by its peer, by its peer's death, or by this end."""
 
 
 class Link:
@@ -59,13 +64,18 @@ class Link:
 
     @classmethod
     def attach(cls, names):
+        """The other end of the link ``Link.create`` made; ``LinkClosed``
+        when its creator closed it already (or died and it was cleaned up)."""
         a2b, b2a = names
-        rx = _ShmRing.attach(a2b, side="consumer")
         try:
-            tx = _ShmRing.attach(b2a, side="producer")
-        except BaseException:
-            rx.close()
-            raise
+            rx = _ShmRing.attach(a2b, side="consumer")
+            try:
+                tx = _ShmRing.attach(b2a, side="producer")
+            except BaseException:
+                rx.close()
+                raise
+        except (FileNotFoundError, _ChannelClosed) as exc:
+            raise LinkClosed(str(exc)) from None
         return cls(names, tx, rx)
 
     def send(self, msg):
@@ -111,7 +121,7 @@ class Link:
             return self._rx.get(timeout)
         except TimeoutError:
             return None
-        except (_ChannelClosed, _PeerDied, _RingEmpty) as exc:
+        except _ChannelClosed as exc:       # PeerDiedError too
             raise LinkClosed(str(exc)) from None
 
     def has_data(self):
@@ -122,10 +132,7 @@ class Link:
         when there is one (or the link is closed: reading will tell)."""
         if self._closed:
             return True
-        try:
-            return self._rx.spin_poll(timeout)
-        except (ValueError, OSError):     # closed under us
-            return True
+        return self._rx.spin_poll(timeout)     # a ring closed under us: True
 
     def fileno(self):
         return self._fd
@@ -134,7 +141,10 @@ class Link:
         """Ask for ``fileno()`` to fire at the next message; False if one is there."""
         if self._closed:
             return True
-        return self._rx.arm_fd()
+        try:
+            return self._rx.arm_fd()
+        except _ChannelClosed:      # closed under us (close() from another thread)
+            return True
 
     def disarm(self):
         if not self._closed:
@@ -153,17 +163,15 @@ RING_COMPILED = _ring_mod.COMPILED
 RING_CAPACITY = 1 << 20
 # The pure-Python ring has no memory fences: a wake-up can be lost (see
 # _ring_py "Ordering"), so sleepers re-check at this interval.
-WEAK_SLICE = None if RING_COMPILED else 0.002
-SPIN_S = 30e-6
+WEAK_SLICE = None if RING_COMPILED else ns_to_s(SLICE_WEAK_NS)
+SPIN_S = ns_to_s(LINK_SPIN_NS)
 
 
 def spin_readable(links, timeout):
     """Busy-wait at most ``timeout`` s, never sleeping, until a link may have
     data (``ring.spin_any``); True if one may."""
-    try:
-        return bool(_ring_mod.spin_any([link._rx for link in links], timeout))
-    except (ValueError, OSError):   # a ring closed under us: reading will tell
-        return True
+    # A ring closed under us counts as ready: reading will tell.
+    return bool(_ring_mod.spin_any([link._rx for link in links], timeout))
 
 
 @sleep_point
