@@ -21,6 +21,7 @@ import operator
 import time
 
 from ray_lite._fast import ring as _ring
+from ray_lite._fast.wait_policy import LINK_SPIN_NS, ns_to_s
 
 from .interrupts import sleep_point
 from .transport import LinkClosed
@@ -32,6 +33,7 @@ _call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 
 # read again after this): covers a typical call's round trip.
 HINT_BUDGET_S = 0.002
 _wait_rings_or_fds = sleep_point(_ring.wait_rings_or_fds)   # a Ctrl-C ends its sleep
+_LINK_SPIN_S = ns_to_s(LINK_SPIN_NS)
 
 
 class DrivingMixin:
@@ -196,7 +198,7 @@ class DrivingMixin:
         # service thread (if listening) relies on: it must re-arm them.
         self._fds_touched = True
         fired = _wait_rings_or_fds([link._rx for link in self.links.values()], sentinel_fds,
-                                   timeout)
+                                   timeout, _LINK_SPIN_S)
         self._drain()
         for fd in fired:
             peer = self.sentinels.get(fd)

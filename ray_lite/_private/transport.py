@@ -12,8 +12,8 @@ The runtime only uses this interface:
                          close: what the peer sent before it, then nothing)
 ``link.fileno()``        readable when messages may be available (for poll/asyncio)
 ``link.close()``         closes and, on the creator, unlinks
-``wait_readable(links, fds, timeout)`` sleeps until a link may have data or
-                         one of ``fds`` (process sentinels) is readable.
+``spin_readable(links, timeout)`` spins (never sleeps) until a link may have data;
+                         a process sleeps on its links with ``ring.wait_rings_or_fds``.
 
 Messages are encoded by ``ray_lite._fast.codec`` straight into the rings.
 A link that is closed, at either end or by its peer's death, raises
@@ -21,15 +21,13 @@ A link that is closed, at either end or by its peer's death, raises
 ``recv_all``, ``has_data``, ``spin_poll``, ``arm`` and ``disarm`` never raise
 for it (reading tells).
 """
-import select
 import threading
-import time
 
 from ray_lite._fast import ring as _ring_mod
 from ray_lite._fast.errors import ChannelClosedError as _ChannelClosed
 from ray_lite._fast.errors import RingEmpty as _RingEmpty
 from ray_lite._fast.ring import ShmRing as _ShmRing
-from ray_lite._fast.wait_policy import LINK_SPIN_NS, SLICE_WEAK_NS, ns_to_s
+from ray_lite._fast.wait_policy import SLICE_WEAK_NS, ns_to_s
 
 from .interrupts import sleep_point
 
@@ -164,7 +162,6 @@ RING_CAPACITY = 1 << 20
 # The pure-Python ring has no memory fences: a wake-up can be lost (see
 # _ring_py "Ordering"), so sleepers re-check at this interval.
 WEAK_SLICE = None if RING_COMPILED else ns_to_s(SLICE_WEAK_NS)
-SPIN_S = ns_to_s(LINK_SPIN_NS)
 
 
 def spin_readable(links, timeout):
@@ -172,42 +169,3 @@ def spin_readable(links, timeout):
     data (``ring.spin_any``); True if one may."""
     # A ring closed under us counts as ready: reading will tell.
     return bool(_ring_mod.spin_any([link._rx for link in links], timeout))
-
-
-@sleep_point
-def wait_readable(links, fds, timeout):
-    """Sleep until a link may have data, a sentinel fd is readable, or ``timeout``.
-
-    A bounded spin on the links first (an active peer answers within
-    microseconds), then a sleep in ``poll`` on the links' descriptors (armed so
-    that the producer writes to them) and ``fds``.  Returns the readable
-    descriptors (empty on timeout); ``timeout=None`` waits for ever.
-    """
-    end = time.perf_counter() + (SPIN_S if timeout is None else min(SPIN_S, timeout))
-    while True:
-        for link in links:
-            if link._rx.poll():
-                return [link.fileno()]
-        if time.perf_counter() >= end:
-            break
-    armed = []
-    for link in links:
-        if not link.arm():
-            for a in armed:
-                a.disarm()
-            return [link.fileno()]
-        armed.append(link)
-    if WEAK_SLICE is not None and (timeout is None or timeout > WEAK_SLICE):
-        timeout = WEAK_SLICE
-    p = select.poll()
-    for link in links:
-        p.register(link.fileno(), select.POLLIN)
-    for fd in fds:
-        p.register(fd, select.POLLIN)
-    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-    try:
-        ready = [fd for fd, _ in p.poll(ms)]
-    finally:
-        for link in links:
-            link.disarm()
-    return ready
