@@ -278,7 +278,7 @@ def _ring_c_level(ctx):
         return [missing("B4", B4_NAME, "C", label, "us", UNAVAILABLE,
                         f"{name} has no c_round_trips()")]
     n = ctx.pick(200000, 50000, 2000)
-    trials = ctx.pick(5, 3, 2)
+    trials = ctx.pick(5, 3, 1)     # each trial starts a child interpreter
     row = Figure("B4", B4_NAME, "C", label, "us")
 
     def run_c():
@@ -301,7 +301,7 @@ def _spin_floor(ctx):
         return [missing("B4", B4_NAME, "C", label, "us", status,
                         f"{name} is not built" if status == NOT_BUILT else str(exc))]
     n = ctx.pick(1_000_000, 200_000, 10_000)
-    trials = ctx.pick(5, 3, 2)
+    trials = ctx.pick(5, 3, 1)
     row = Figure("B4", B4_NAME, "C", label, "us")
 
     def run_floor():
@@ -328,7 +328,7 @@ _WAKE_REPLY = struct.Struct("<qqq")
 
 
 def bench_b5(ctx):
-    idle_s = ctx.pick(5.0, 1.0, 0.2)
+    idle_s = ctx.pick(5.0, 1.0, 0.1)
     # After the long idle, shorter ones give more wake-up samples (each long
     # enough that the waiter has gone to sleep: spinning lasts microseconds).
     short_idle_s = ctx.pick(0.2, 0.1, 0.05)
