@@ -2,6 +2,7 @@
 import importlib
 import os
 import signal
+import sys
 
 import pytest
 
@@ -14,6 +15,11 @@ os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"rl_t{os.getpid()}_")
 # import the installed ray_lite, not the uncompiled source tree in the current
 # directory (Python >= 3.11 honours this).
 os.environ.setdefault("PYTHONSAFEPATH", "1")
+# Older Pythons put the current directory first on a child's sys.path
+# regardless: from the checkout's root, the session moves to the tests folder,
+# which holds no ray_lite to shadow the installed one.
+if sys.version_info < (3, 11) and os.path.isdir("ray_lite"):
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))
 
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
