@@ -15,11 +15,6 @@ os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"rl_t{os.getpid()}_")
 # import the installed ray_lite, not the uncompiled source tree in the current
 # directory (Python >= 3.11 honours this).
 os.environ.setdefault("PYTHONSAFEPATH", "1")
-# Older Pythons put the current directory first on a child's sys.path
-# regardless: from the checkout's root, the session moves to the tests folder,
-# which holds no ray_lite to shadow the installed one.
-if sys.version_info < (3, 11) and os.path.isdir("ray_lite"):
-    os.chdir(os.path.dirname(os.path.abspath(__file__)))
 
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
@@ -117,3 +112,12 @@ def leaves_nothing_behind():
         problems.append(f"shared-memory segments left behind: {sorted(leaked_segments)}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+def pytest_sessionstart(session):
+    # Python < 3.11 ignores PYTHONSAFEPATH and puts the current directory first
+    # on a child's sys.path: from the checkout's root, the session moves to the
+    # tests folder, which holds no ray_lite to shadow the installed one (once
+    # pytest has resolved its arguments against where it was started).
+    if sys.version_info < (3, 11) and os.path.isdir("ray_lite"):
+        os.chdir(os.path.dirname(os.path.abspath(__file__)))
