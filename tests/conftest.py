@@ -2,6 +2,7 @@
 import importlib
 import os
 import signal
+import sys
 
 import pytest
 
@@ -170,3 +171,12 @@ def leaves_nothing_behind():
         problems.append(f"shared-memory segments left behind: {sorted(leaked_segments)}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+def pytest_sessionstart(session):
+    # Python < 3.11 ignores PYTHONSAFEPATH and puts the current directory first
+    # on a child's sys.path: from the checkout's root, the session moves to the
+    # tests folder, which holds no ray_lite to shadow the installed one (once
+    # pytest has resolved its arguments against where it was started).
+    if sys.version_info < (3, 11) and os.path.isdir("ray_lite"):
+        os.chdir(os.path.dirname(os.path.abspath(__file__)))

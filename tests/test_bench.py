@@ -233,3 +233,24 @@ def test_figures_are_related_to_the_anchor_of_the_same_run():
     assert latency.detail["x_anchor"] == 30 and latency.detail["x_ceiling"] == 0.8
     assert latency.note == "30x Ray Serve; 0.80x bare uvicorn"
     assert latency.goal_met is True and "10x Ray Serve" in latency.goal
+
+
+def test_a_ceiling_goal_is_judged_on_the_factor_over_the_ceiling():
+    from ray_lite.bench._harness import Figure, relate_to_anchors
+
+    def fig(bench, impl, label, unit, value, goal=None, met=None):
+        return Figure(bench=bench, name="w", impl=impl, label=label, unit=unit, value=value,
+                      goal=goal, goal_met=met)
+
+    rate = fig("B7", "compiled", "ray_lite", "req/s", 12_000.0, "0 failed", True)
+    fast = fig("B8", "compiled", "ray_lite", "req/s", 30_000.0)           # no goal of its own
+    latency = fig("B9", "compiled", "ray_lite", "us", 150.0)
+    figures = [rate, fig("B7", "anchor", "Ray Serve", "req/s", 200.0),
+               fig("B7", "ceiling", "bare uvicorn", "req/s", 12_000.0),
+               fast, fig("B8", "ceiling", "bare uvicorn", "req/s", 25_000.0),
+               latency, fig("B9", "ceiling", "bare uvicorn", "us", 160.0)]
+    relate_to_anchors(figures, None, {"B7": 1.2, "B8": 1.0, "B9": 1.0})
+    assert rate.goal == "0 failed and >= 1.2x bare uvicorn" and rate.goal_met is False
+    assert fast.goal == ">= 1.0x bare uvicorn" and fast.goal_met is True
+    assert latency.goal_met is True                     # less time than the ceiling
+    assert "60x Ray Serve" in rate.note                 # the anchor is still related

@@ -1,5 +1,6 @@
 """ray_lite._config: every RAY_LITE_* variable is read once and validated."""
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -49,8 +50,6 @@ def test_a_bad_value_fails_the_import_naming_the_variable():
 
 
 def test_no_other_runtime_module_reads_the_environment_for_settings():
-    import pathlib
-
     import ray_lite
     root = pathlib.Path(ray_lite.__file__).parent
     offenders = []
@@ -68,3 +67,18 @@ def test_readme_table_lists_every_variable():
     table = _config.markdown_table()
     for var in _config.VARIABLES:
         assert f"`{var.name}`" in table
+
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_shows_exactly_the_table_of_variables():
+    # _config.py is the source of truth: the README's table is its
+    # markdown_table(), row for row, so that the two cannot drift apart.
+    if not README.is_file():
+        pytest.skip("run from an installed package without its checkout")
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = lines.index("## Environment variables")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    assert "\n".join(lines[first:end]) == _config.markdown_table()

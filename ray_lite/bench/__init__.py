@@ -12,6 +12,7 @@ defines::
         # the same workloads run on Ray by `python` (an interpreter with Ray),
         # as "anchor" rows with the same bench id and name as ours
     RAY_RATIO_GOALS = {"B1": 50}    # optional: goals that ask for a factor over Ray
+    CEILING_GOALS = {"B7": 1.2}     # optional: the same over a "ceiling" row
 
 and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
 later suite plugs in with one line and is imported only when asked for.
@@ -84,7 +85,8 @@ def run_suites(names, ctx):
                     notes.append(f"--compare-ray: the {name} suite has no Ray workload")
                 else:
                     figures.extend(compare(ctx, ctx.compare_ray))
-                    relate_to_anchors(figures, getattr(suite, "RAY_RATIO_GOALS", None))
+                    relate_to_anchors(figures, getattr(suite, "RAY_RATIO_GOALS", None),
+                                      getattr(suite, "CEILING_GOALS", None))
         except Exception as exc:   # noqa: BLE001 - one broken suite must not hide the others
             figures = [Figure(bench="-", name=f"suite {name}", impl="-", label="-", unit="",
                               status=ERROR, reason=f"{type(exc).__name__}: {exc}")]

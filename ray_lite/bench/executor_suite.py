@@ -42,11 +42,11 @@ DESCRIPTION = ("executor: collective_rpc round trip (B6), broadcast queue idle r
 TIMEOUT_S = 60.0  # any single wait on a child: a benchmark must fail, not hang
 
 B6_NAME = "collective_rpc round trip, no-op, small args, {n} worker{s}"
-B6_GOAL = "<= 15 µs p50"
+B6_GOAL = "<= 8 µs p50"
 B5_CPU_NAME = "MessageQueue reader idle in dequeue: CPU"
 B5_CPU_GOAL = "<= 1 %"
 B5_WAKE_NAME = "MessageQueue wake-up out of idle (enqueue -> dequeue returns)"
-B5_WAKE_GOAL = "<= 100 µs"
+B5_WAKE_GOAL = "<= 50 µs"
 TPUT_NAME = "one-way broadcast, small messages, {n} reader{s}"
 
 _mono = time.clock_gettime_ns
@@ -135,7 +135,7 @@ def _b6_figure(label, impl, n, lat_us, cpu_s, wall_s, foreign, goal=True):
     s = "s" if n > 1 else ""
     fig = Figure("B6", B6_NAME.format(n=n, s=s), impl, label, "us", value, stat="p50",
                  spread=spread, trials=1, samples=len(lat_us),
-                 goal=B6_GOAL if goal else None, goal_met=(value <= 15.0) if goal else None)
+                 goal=B6_GOAL if goal else None, goal_met=(value <= 8.0) if goal else None)
     fig.note = f"{cpu_s / wall_s:.2f} cores busy, foreign load {foreign:.2f} cores"
     fig.detail = {"cores_busy": cpu_s / wall_s, "cpu_us_per_round": cpu_s / len(lat_us) * 1e6,
                   "foreign_load_cores": foreign}
