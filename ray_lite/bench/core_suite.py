@@ -1,8 +1,11 @@
-"""Core runtime benchmarks: B1, B3, B10, B11, B13 (``ray-lite bench core``).
+"""Core runtime benchmarks: B1, B3, B10, B11, B13, and ``ray_lite.util``'s
+B17, B18 and ActorPool.map (``ray-lite bench core``).
 
 Each workload runs in a fresh interpreter (a clean runtime per figure) from
-``_core_workloads.py``, which is written against Ray's API; with
-``--compare-ray PYTHON`` the same file runs on Ray with that interpreter.
+``_core_workloads.py`` or ``_util_workloads.py``, which are written against
+Ray's API; with ``--compare-ray PYTHON`` the same files run on Ray with that
+interpreter.  B17's standard-library pool, measured in the same trials as
+ours, is the row's ceiling.
 """
 import json
 import os
@@ -12,18 +15,26 @@ import sys
 
 from ._harness import ERROR, Figure, missing, summarize_trials
 
-DESCRIPTION = "core runtime: streaming throughput, ready-check, init, round trips, worker memory"
-# BENCHMARKS.md: B1 must also be at least 50 times Ray's figure in the same run.
-WORKLOADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_core_workloads.py")
+DESCRIPTION = ("core runtime: streaming throughput, ready-check, init, round trips, worker "
+               "memory; util: Pool.map, Queue, ActorPool")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = os.path.join(_HERE, "_core_workloads.py")
+UTIL_WORKLOADS = os.path.join(_HERE, "_util_workloads.py")
+_SCRIPT = {"b17": UTIL_WORKLOADS, "b18": UTIL_WORKLOADS, "actor_pool": UTIL_WORKLOADS}
+# B17: util.multiprocessing.Pool's map at least as fast as the standard
+# library's pool, measured in the same trials.
+CEILING_GOALS = {"B17": 1.0}
+POOL_MAP = "Pool(2).map over 1,000 tiny tasks"
 
 
 def _run(python, raymod, name, scale, timeout=900):
+    script = _SCRIPT.get(name, WORKLOADS)
     env = dict(os.environ, RAYMOD=raymod)
     if raymod == "ray_lite":
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p])
-    out = subprocess.run([python, WORKLOADS, name, scale], capture_output=True, text=True,
-                         timeout=timeout, env=env, cwd=os.path.dirname(WORKLOADS))
+    out = subprocess.run([python, script, name, scale], capture_output=True, text=True,
+                         timeout=timeout, env=env, cwd=_HERE)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -75,12 +86,26 @@ def _figures(res, impl, label, with_goals):
         goal, met = g("<= 15 MB", lambda v: v <= 15)
         figs.append(_fig("B13", "RSS of an idle worker / actor process", impl, label, "MB",
                          [statistics.mean(vals)] if len(vals) < 2 else vals, goal, met))
+    if "b17" in res:
+        r = res["b17"]
+        figs.append(_fig("B17", POOL_MAP, impl, label, "ms", r["pool_ms"]))
+        if with_goals:      # the standard library's pool, timed in the same trials
+            figs.append(_fig("B17", POOL_MAP, "ceiling", "stdlib multiprocessing.Pool(2)", "ms",
+                             r["stdlib_pool_ms"]))
+    if "b18" in res:
+        r = res["b18"]
+        goal, met = g("<= 20 us", lambda v: v <= 20)
+        figs.append(_fig("B18", "Queue put + get between two processes, per item", impl, label,
+                         "us", r["put_get_between_processes_us"], goal, met))
+    if "actor_pool" in res:
+        figs.append(_fig("util", "ActorPool.map over 2 actors", impl, label, "items/s",
+                         res["actor_pool"]["items_per_s"]))
     return figs
 
 
 def _measure(ctx, python, raymod, impl, label, with_goals):
     figs = []
-    for name in ("b10", "b11", "b3", "b1", "b13"):
+    for name in ("b10", "b11", "b3", "b1", "b13", "b17", "b18", "actor_pool"):
         ctx.log(f"core: {name} on {label}")
         try:
             res = {name: _run(python, raymod, name, ctx.scale)}
