@@ -111,3 +111,32 @@ def leaves_nothing_behind():
         problems.append(f"shared-memory segments left behind: {sorted(leaked_segments)}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+# ------------------------------------------------------------------ Serve
+@pytest.fixture
+def serve_runtime():
+    """A one-CPU runtime for a Serve test; Serve (if the test started it) and
+    the runtime are shut down after."""
+    import ray_lite
+    from ray_lite import serve
+
+    ray_lite.init(num_cpus=1)
+    try:
+        yield
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray_lite.shutdown()
+
+
+@pytest.fixture
+def serve_port(serve_runtime):
+    """Serve started on an ephemeral loopback port (one proxy, 10 s request
+    timeout); yields the port."""
+    from ray_lite import serve
+    from ray_lite.serve.api import _http_port
+
+    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 10})
+    yield _http_port()

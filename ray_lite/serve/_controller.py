@@ -18,11 +18,10 @@ import itertools
 import sys
 import traceback
 
-from ray_lite._private import api as _api
 from ray_lite.exceptions import RayActorError
 
-
-_LISTEN_TIMEOUT_S = 30.0
+from . import _core, _defaults
+from ._defaults import LISTEN_TIMEOUT_S
 
 
 class _Dep:
@@ -51,10 +50,9 @@ class _App:
 
 class ServeController:
     def __init__(self, http_options):
-        from ray_lite._private.api import get_actor
         from . import context
-        self._self_handle = get_actor(context.CONTROLLER_NAME,
-                                             namespace=context.SERVE_NAMESPACE)
+        self._self_handle = _core.get_actor(context.CONTROLLER_NAME,
+                                            namespace=context.SERVE_NAMESPACE)
         context.set_controller(self._self_handle)
         self.http_options = dict(http_options or {})
         self.apps = {}
@@ -98,10 +96,11 @@ class ServeController:
                  "max_queued_requests": cfg["max_queued_requests"]})
 
     async def listen_deployment(self, app_name, dep_name, known_version):
-        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        await self._changed(known_version, LISTEN_TIMEOUT_S)
         return self._dep_snapshot(app_name, dep_name)
 
-    async def wait_replicas(self, app_name, dep_name, known_version, timeout_s=30.0):
+    async def wait_replicas(self, app_name, dep_name, known_version,
+                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S):
         """A snapshot with at least one replica (or the deployment gone), or after timeout."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
@@ -138,7 +137,7 @@ class ServeController:
             self.proxy_versions[proxy_index] = max(self.proxy_versions.get(proxy_index, -1),
                                                    known_version)
             self._wake_proxy_waiters()
-        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        await self._changed(known_version, LISTEN_TIMEOUT_S)
         return (self.version, self._routes())
 
     def _wake_proxy_waiters(self):
@@ -147,7 +146,7 @@ class ServeController:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _proxies_caught_up(self, timeout=15.0):
+    async def _proxies_caught_up(self, timeout=_defaults.PROXIES_CAUGHT_UP_TIMEOUT_S):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         target = self.version
@@ -181,10 +180,10 @@ class ServeController:
         opts.update(http_options or {})
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
-        actor_cls = _api.remote(ProxyActor)
+        actor_cls = _core.remote(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.
-        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", 8000)))
+        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", _defaults.HTTP_PORT)))
         started = [first]
         try:
             port = await first.start.remote()
@@ -201,13 +200,13 @@ class ServeController:
         return port
 
     async def http_address(self):
-        return (self.http_options.get("host", "127.0.0.1"), self.http_port)
+        return (self.http_options.get("host", _defaults.HTTP_HOST), self.http_port)
 
     # ------------------------------------------------------------- replicas
     def _replica_class(self):
         if self._replica_cls is None:
             from ._replica import ServeReplica
-            self._replica_cls = _api.remote(ServeReplica)
+            self._replica_cls = _core.remote(ServeReplica)
         return self._replica_cls
 
     async def _bring_up(self, dep, n):
@@ -221,7 +220,7 @@ class ServeController:
         errors = []
         dep.starting += n
         try:
-            handles = _api.create_actors(self._replica_class(), [
+            handles = _core.create_actors(self._replica_class(), [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
                   spec["kwargs"], dict(dep.config)), {}) for rid in rids])
 
@@ -270,7 +269,7 @@ class ServeController:
         await self._replace(dep, rid, h, "died")
 
     async def _health_loop(self, dep, rid, h, period):
-        timeout = dep.config.get("health_check_timeout_s") or 30.0
+        timeout = dep.config.get("health_check_timeout_s") or _defaults.HEALTH_CHECK_TIMEOUT_S
         while rid in dep.replicas:
             await asyncio.sleep(period)
             if rid not in dep.replicas:
@@ -312,7 +311,7 @@ class ServeController:
 
     def _kill(self, h):
         try:
-            _api.kill(h)
+            _core.kill(h)
         except Exception:   # noqa: BLE001 - already gone
             pass
 

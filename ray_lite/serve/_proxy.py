@@ -16,19 +16,16 @@ import asyncio
 import collections
 import socket
 import sys
-from random import random as _random
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
-from ray_lite._private import api as _api
 
-from . import _compat, context
-from ._replica import _REASONS
-
-DEFAULT_MAX_BODY = 100 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024
-MAX_PIPELINED = 64
+from . import _core, _defaults, context
+from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
+from ._http import CONNECTION_CLOSE, status_line, text_answer
+from ._routing import first_idle_else_power_of_two as _choose
+from ._routing import slots_for
 
 # While a proxy has a single client and a single request in flight, its loop
 # has nothing else to do: it spins (bounded) for the replica's answer rather
@@ -38,26 +35,6 @@ MAX_PIPELINED = 64
 # answers came within the budget, so a slow deployment costs no CPU.
 # RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
-
-_STATUS_LINES = {}
-
-
-def _status_line(status):
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode())
-    return line
-
-
-class _Rep:
-    __slots__ = ("handle", "actor_id", "inflight", "http")
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.actor_id = handle._info.actor_id
-        self.inflight = 0
-        self.http = handle.handle_http
 
 
 class _Route:
@@ -78,31 +55,6 @@ class _Route:
     def matches(self, path):
         p = self.prefix
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
-
-    def choose(self):
-        reps = self.replicas
-        n = len(reps)
-        if n == 0:
-            return None
-        limit = self.max_ongoing
-        r = reps[0]
-        if r.inflight == 0:
-            # At low load, requests go to the first replica (the same one
-            # in every proxy: the controller's order) whenever it is idle,
-            # so that one process serves them and stays warm (its caches,
-            # an awake CPU): tens of microseconds a request on a VM.  Under
-            # load it is rarely idle, and the power of two choices decides.
-            return r
-        if n == 1:
-            return r if r.inflight < limit else None
-        a = reps[int(_random() * n)]
-        b = reps[int(_random() * n)]
-        if b.inflight < a.inflight:
-            a = b
-        if a.inflight < limit:
-            return a
-        best = min(reps, key=lambda r: r.inflight)
-        return best if best.inflight < limit else None
 
 
 class _Req:
@@ -185,7 +137,7 @@ class HttpConnection(asyncio.Protocol):
             target = req.gen if req.gen is not None else req.ref
             if target is not None:
                 try:
-                    _api.cancel(target)
+                    _core.cancel(target)
                 except Exception:   # noqa: BLE001 - already done
                     pass
                 self.proxy.release(req)
@@ -284,10 +236,8 @@ class HttpConnection(asyncio.Protocol):
             self._write_error_and_close(status)
 
     def _write_error_and_close(self, status):
-        body = _REASONS.get(status, "Error").encode()
-        self.transport.write(_status_line(status) + b"content-type: text/plain; charset=utf-8"
-                             b"\r\ncontent-length: " + str(len(body)).encode() +
-                             b"\r\nconnection: close\r\n\r\n" + body)
+        headers, body = text_answer(status)
+        self.transport.write(status_line(status) + headers + CONNECTION_CLOSE + b"\r\n" + body)
         self.closed = True
         self.transport.close()
 
@@ -295,9 +245,9 @@ class HttpConnection(asyncio.Protocol):
         if self.closed:
             return
         keep = req.keep_alive and not close
-        head = _status_line(status) + headers
+        head = status_line(status) + headers
         if not keep:
-            head += b"connection: close\r\n"
+            head += CONNECTION_CLOSE
         if req.method == "HEAD":
             body = b""
         self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
@@ -309,9 +259,8 @@ class HttpConnection(asyncio.Protocol):
             self.next()
 
     def respond_text(self, req, status, text=None, close=False):
-        body = (text or _REASONS.get(status, "")).encode()
-        self.respond(req, status, b"content-type: text/plain; charset=utf-8\r\ncontent-length: "
-                     + str(len(body)).encode() + b"\r\n", body, close)
+        headers, body = text_answer(status, text)
+        self.respond(req, status, headers, body, close)
 
 
 class ProxyActor:
@@ -319,9 +268,9 @@ class ProxyActor:
         context.set_controller(controller)
         self.controller = controller
         self.index = index
-        self.host = options.get("host") or "127.0.0.1"
-        self.port = int(options.get("port", 8000))
-        self.max_body = int(options.get("max_body_size") or DEFAULT_MAX_BODY)
+        self.host = options.get("host") or _defaults.HTTP_HOST
+        self.port = int(options.get("port", _defaults.HTTP_PORT))
+        self.max_body = int(options.get("max_body_size") or _defaults.MAX_BODY_SIZE)
         t = options.get("request_timeout_s")
         self.request_timeout = float(t) if t else None
         self.routes = []
@@ -369,20 +318,13 @@ class ProxyActor:
             await self._apply(version, routes)
 
     async def _apply(self, version, routes):
-        known = {}
-        for r in self.routes:
-            for rep in r.replicas:
-                known[rep.actor_id] = rep
+        known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
         for prefix, (app, dep, handles, max_ongoing, max_queued) in routes.items():
-            reps = []
-            for h in handles:
-                rep = known.get(h._info.actor_id)
-                if rep is None:
-                    rep = known[h._info.actor_id] = _Rep(h)
-                    fresh.append(rep)
-                reps.append(rep)
+            reps, new = slots_for(handles, known)
+            known += new
+            fresh += new
             old = next((r for r in self.routes if r.prefix == prefix), None)
             route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
             if old is not None:
@@ -415,7 +357,7 @@ class ProxyActor:
                 conn.closed = True
                 conn.transport.close()
         loop = asyncio.get_running_loop()
-        end = loop.time() + 5.0
+        end = loop.time() + _defaults.PROXY_DRAIN_TIMEOUT_S
         while any(c.current is not None for c in self.conns) and loop.time() < end:
             await asyncio.sleep(0.02)
         return True
@@ -451,7 +393,7 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = route.choose()
+        rep = _choose(route.replicas, route.max_ongoing)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
@@ -481,7 +423,7 @@ class ProxyActor:
         req.ref = ref
         if self.request_timeout is not None:
             req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
-        _compat.on_ready(ref, lambda _e: self._on_reply(conn, req))
+        _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
             req.sent = _monotonic()
             if route.reply_time < SPIN_BUDGET_S and len(self.conns) == 1:
@@ -491,7 +433,7 @@ class ProxyActor:
 
     def _wait_for_reply(self, req):
         if self.inflight == 1 and len(self.conns) == 1 and not req.finished:
-            _compat.wait_briefly(req.ref, SPIN_BUDGET_S)
+            _core.wait_briefly(req.ref, SPIN_BUDGET_S)
 
     def release(self, req):
         rep = req.rep
@@ -513,7 +455,7 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = route.choose()
+            rep = _choose(route.replicas, route.max_ongoing)
             if rep is None:
                 return
             waiting.popleft()
@@ -526,7 +468,7 @@ class ProxyActor:
         req.finished = True
         target = req.gen if req.gen is not None else req.ref
         try:
-            _api.cancel(target)
+            _core.cancel(target)
         except Exception:   # noqa: BLE001
             pass
         self.release(req)
@@ -542,7 +484,7 @@ class ProxyActor:
         if req.sent:
             route = req.route
             route.reply_time += (_monotonic() - req.sent - route.reply_time) * 0.25
-        r = _compat.peek(req.ref)
+        r = _core.peek(req.ref)
         if r[0]:
             status, headers, body, token = r[1]
             if token:
@@ -563,18 +505,18 @@ class ProxyActor:
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
-        head = _status_line(status) + headers
+        head = status_line(status) + headers
         if chunked:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:
-            head += b"connection: close\r\n"
+            head += CONNECTION_CLOSE
         write = conn.transport.write
         ok = False
         try:
             write(head + b"\r\n")
             gen = req.gen = req.rep.handle.http_stream.remote(token)
             async for ref in gen:
-                r = _compat.peek(ref)
+                r = _core.peek(ref)
                 chunk = r[1] if r is not None and r[0] else await ref
                 if conn.closed:
                     break

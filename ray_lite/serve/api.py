@@ -4,10 +4,7 @@ import warnings
 
 import cloudpickle
 
-from ray_lite._private import api as _api
-from ray_lite._private import state as _state
-
-from . import _compat, context
+from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 
@@ -23,7 +20,7 @@ _WORKER_MODULES = ("ray_lite.serve", "ray_lite.serve._controller", "ray_lite.ser
 
 
 def _controller_or_none():
-    if _state.node is None:
+    if _core.current_node() is None:
         return None
     try:
         return context.get_controller()
@@ -32,17 +29,17 @@ def _controller_or_none():
 
 
 def _ensure_controller(http_options=None):
-    if not _api.is_initialized():
-        _api.init()
+    if not _core.is_initialized():
+        _core.init()
     ctl = _controller_or_none()
     if ctl is not None:
         return ctl
-    if not _compat.is_driver():
+    if not _core.is_driver():
         from .exceptions import RayServeException
         raise RayServeException("Serve is not running; start it from the driver")
-    _api.preload(_WORKER_MODULES)
+    _core.preload(_WORKER_MODULES)
     from ._controller import ServeController
-    cls = _api.remote(ServeController).options(name=context.CONTROLLER_NAME,
+    cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
                                                get_if_exists=True)
     ctl = cls.remote(http_options or {})
@@ -67,7 +64,7 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
         ctl = _ensure_controller(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
-        _api.get(ctl.start_proxies.remote(opts))
+        _core.get(ctl.start_proxies.remote(opts))
 
 
 def _option(config, name):
@@ -161,9 +158,9 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
         deployed = ctl.deploy_app.remote(name, route_prefix, ingress, specs)
         # The deployment's error, if any, is what the caller needs to see: a
         # proxy's error only when the deployment succeeded.
-        _api.get(deployed)
+        _core.get(deployed)
         if proxies is not None:
-            _api.get(proxies)
+            _core.get(proxies)
     handle = DeploymentHandle(ingress, name)
     if blocking:
         _block_forever()
@@ -185,7 +182,7 @@ def status():
     ctl = _controller_or_none()
     if ctl is None:
         return ServeStatus({}, None, 0)
-    st = _api.get(ctl.status.remote())
+    st = _core.get(ctl.status.remote())
     return ServeStatus(st["applications"], st["http_port"], st["proxies"])
 
 
@@ -194,7 +191,7 @@ def delete(name, _blocking=True):
     ctl = _controller_or_none()
     if ctl is None:
         return
-    _api.get(ctl.delete_apps.remote([name]))
+    _core.get(ctl.delete_apps.remote([name]))
 
 
 def shutdown():
@@ -204,16 +201,16 @@ def shutdown():
         if ctl is None:
             return
         try:
-            _api.get(ctl.shutdown.remote(), timeout=120)
+            _core.get(ctl.shutdown.remote(), timeout=_defaults.SHUTDOWN_TIMEOUT_S)
         except Exception:   # noqa: BLE001 - a dead controller: kill it anyway
             pass
         try:
-            _api.kill(ctl)
+            _core.kill(ctl)
             # Until the runtime has seen it die, its name still resolves to it.
             from ray_lite.exceptions import RayActorError
             for _ in range(100):
                 try:
-                    _api.get(ctl.num_apps.remote(), timeout=0.1)
+                    _core.get(ctl.num_apps.remote(), timeout=0.1)
                 except RayActorError:
                     break
                 except Exception:   # noqa: BLE001 - timeout: not yet
@@ -225,7 +222,7 @@ def shutdown():
 
 def get_app_handle(name):
     ctl = context.get_controller()
-    ingress = _api.get(ctl.ingress_of.remote(name))
+    ingress = _core.get(ctl.ingress_of.remote(name))
     if ingress is None:
         from .exceptions import RayServeException
         raise RayServeException(f"Application '{name}' does not exist.")
@@ -248,7 +245,7 @@ def get_replica_context():
 def _http_port():
     """The port the proxies listen on (useful with ``http_options={"port": 0}``)."""
     ctl = context.get_controller()
-    return _api.get(ctl.http_address.remote())[1]
+    return _core.get(ctl.http_address.remote())[1]
 
 
 class _Obj:

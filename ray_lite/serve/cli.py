@@ -11,6 +11,8 @@ import signal
 import sys
 import threading
 
+from ._defaults import HTTP_HOST, HTTP_PORT
+
 
 def _parser():
     p = argparse.ArgumentParser(prog="ray-lite serve", description="Run Serve applications.")
@@ -21,8 +23,9 @@ def _parser():
     r.add_argument("args", nargs="*", metavar="key=value", help="arguments of a builder")
     r.add_argument("--app-dir", "-d", default=".", help="directory to import the module from "
                                                         "(default: the current directory)")
-    r.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    r.add_argument("--port", "-p", type=int, default=8000, help="port (default 8000)")
+    r.add_argument("--host", default=HTTP_HOST, help=f"address to bind (default {HTTP_HOST})")
+    r.add_argument("--port", "-p", type=int, default=HTTP_PORT,
+                   help=f"port (default {HTTP_PORT})")
     r.add_argument("--route-prefix", default="/", help="route prefix (default /)")
     r.add_argument("--name", default="default", help="application name (default: default)")
     r.add_argument("--proxies", type=int, default=0,
