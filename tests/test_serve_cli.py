@@ -67,15 +67,21 @@ def _wait_port(proc, timeout=60):
     pytest.fail(f"the CLI did not report its address; output:\n{out.decode(errors='replace')}")
 
 
-def _stop(proc, sig):
-    proc.send_signal(sig)
+def _exit_of(proc, why, timeout=60):
+    """``(return code, output)`` of ``proc`` once it exits; the test fails
+    (``why`` says what it was waiting for) if it does not within ``timeout``."""
     try:
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate(timeout=10)
-        pytest.fail("the CLI did not exit after a signal")
+        pytest.fail(f"the CLI did not exit {why}")
     return proc.returncode, out
+
+
+def _stop(proc, sig):
+    proc.send_signal(sig)
+    return _exit_of(proc, "after a signal")
 
 
 @pytest.mark.parametrize("target,args,expected,sig", [
@@ -116,14 +122,9 @@ def test_cli_port_in_use_fails_and_cleans_up(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         proc = _start(tmp_path, "cli_app_mod:app", port=busy.getsockname()[1])
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
-            pytest.fail("the CLI did not exit when its port was taken")
+        code, out = _exit_of(proc, "when its port was taken", timeout=120)
     finally:
         busy.close()
-    assert proc.returncode != 0
+    assert code != 0
     assert b"Address already in use" in out, out.decode(errors="replace")
     assert b"shut down" in out
