@@ -23,7 +23,7 @@ from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
-from ._http import CONNECTION_CLOSE, status_line, text_answer
+from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import slots_for
 
@@ -82,21 +82,29 @@ class _Reject(Exception):
 
 
 _HttpRequestParser = None
+_HttpParserUpgrade = None
 
 
 def _load_parser():
     # Imported by the proxy process only (not by whoever imports this module).
-    global _HttpRequestParser
-    from httptools import HttpRequestParser
+    global _HttpRequestParser, _HttpParserUpgrade
+    from httptools import HttpParserUpgrade, HttpRequestParser
     _HttpRequestParser = HttpRequestParser
+    _HttpParserUpgrade = HttpParserUpgrade
     return HttpRequestParser
+
+
+# ``fail_status`` of a connection that ends, without an error, after the
+# answers it owes: the client asked to switch protocols (WebSocket, h2c) or
+# to tunnel (CONNECT), which this proxy does not do.
+_END_QUIETLY = -1
 
 
 class HttpConnection(asyncio.Protocol):
     # One per TCP connection (with ab, per request): slots make it cheaper.
     __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
                  "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
-                 "body_size", "expect_continue")
+                 "body_size", "expect_continue", "idle_sweeps")
 
     def __init__(self, proxy):
         self.proxy = proxy
@@ -109,6 +117,7 @@ class HttpConnection(asyncio.Protocol):
         self.fail_status = 0
         self.paused = False
         self.in_next = False
+        self.idle_sweeps = 0     # sweeps that found it idle since it last received
         self._reset()
 
     def _reset(self):
@@ -126,6 +135,8 @@ class HttpConnection(asyncio.Protocol):
         if peer:
             self.client = f"{peer[0]}:{peer[1]}"
         self.proxy.conns.add(self)
+        if self.proxy.idle_sweep is None:
+            self.proxy.sweep_idle_later()
 
     def connection_lost(self, exc):
         self.closed = True
@@ -151,9 +162,13 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data):
         if self.closed or self.fail_status:
             return
+        self.idle_sweeps = 0
         try:
             self.parser.feed_data(data)
         except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
+            if isinstance(exc, _HttpParserUpgrade):
+                self.end_after_answers()
+                return
             status = 400
             cause = exc.__cause__ or exc.__context__
             if isinstance(exc, _Reject) or isinstance(cause, _Reject):
@@ -224,10 +239,25 @@ class HttpConnection(asyncio.Protocol):
             self.in_next = False
         if self.current is None and not self.queue:
             if self.fail_status and not self.closed:
-                self._write_error_and_close(self.fail_status)
+                if self.fail_status == _END_QUIETLY:
+                    self.closed = True
+                    self.transport.close()
+                else:
+                    self._write_error_and_close(self.fail_status)
             elif self.paused and not self.closed:
                 self.paused = False
                 self.transport.resume_reading()
+
+    def end_after_answers(self):
+        """Read no more: the last request (the one that asked to upgrade)
+        gets its answer, with ``connection: close``, then the connection ends."""
+        self.fail_status = _END_QUIETLY
+        last = self.queue[-1] if self.queue else self.current
+        if last is not None:
+            last.keep_alive = False
+        elif not self.closed:
+            self.closed = True
+            self.transport.close()
 
     def fail(self, status):
         """Malformed or refused input: answer the requests before it, then this, and close."""
@@ -246,7 +276,10 @@ class HttpConnection(asyncio.Protocol):
             return
         keep = req.keep_alive and not close
         head = status_line(status) + headers
-        if not keep:
+        if keep:
+            if req.version != "1.1":
+                head += CONNECTION_KEEP_ALIVE    # HTTP/1.0 closes unless told
+        else:
             head += CONNECTION_CLOSE
         if req.method == "HEAD":
             body = b""
@@ -263,6 +296,29 @@ class HttpConnection(asyncio.Protocol):
         self.respond(req, status, headers, body, close)
 
 
+def _free_port(family, host, port):
+    """``port`` (a free one for 0) if no socket holds it, else EADDRINUSE:
+    a bind without SO_REUSEPORT shares the port with no one."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        return probe.getsockname()[1]
+
+
+def _shared_socket(family, host, port):
+    """A socket bound to ``(host, port)`` that the other proxies share (SO_REUSEPORT)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 class ProxyActor:
     def __init__(self, controller, index, options):
         context.set_controller(controller)
@@ -273,6 +329,9 @@ class ProxyActor:
         self.max_body = int(options.get("max_body_size") or _defaults.MAX_BODY_SIZE)
         t = options.get("request_timeout_s")
         self.request_timeout = float(t) if t else None
+        self.keep_alive_timeout = float(options.get("keep_alive_timeout_s")
+                                        or _defaults.KEEP_ALIVE_TIMEOUT_S)
+        self.idle_sweep = None      # the timer of the next sweep, while connections are open
         self.routes = []
         self.inflight = 0
         self.version = -1
@@ -281,17 +340,13 @@ class ProxyActor:
         self.stopping = False
         self.loop = None
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        sock.setblocking(False)
-        self.sock = sock
-        self.port = sock.getsockname()[1]
+        if index == 0:
+            # The first proxy of this Serve: the port must be free.  The
+            # proxies share it through SO_REUSEPORT, which would as well let
+            # this Serve share a port another program (another `serve run`)
+            # serves, the kernel splitting the connections between them.
+            self.port = _free_port(family, self.host, self.port)
+        self.sock = _shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
 
     async def start(self):
@@ -347,6 +402,25 @@ class ProxyActor:
                         self.dispatch(conn, req)
         for r in new_routes:
             self._pump(r)
+
+    def sweep_idle_later(self):
+        # A quarter of the timeout apart: a connection is closed between one
+        # and one and a quarter timeouts after it fell idle.  No timer runs
+        # while no connection is open.
+        self.idle_sweep = self.loop.call_later(self.keep_alive_timeout / 4, self._sweep_idle)
+
+    def _sweep_idle(self):
+        """Close the keep-alive connections idle for ``keep_alive_timeout_s``
+        (no request in flight and nothing received meanwhile)."""
+        self.idle_sweep = None
+        for conn in list(self.conns):
+            if conn.current is None and not conn.queue and not conn.closed:
+                conn.idle_sweeps += 1
+                if conn.idle_sweeps > 4:
+                    conn.closed = True
+                    conn.transport.close()
+        if self.conns:
+            self.sweep_idle_later()
 
     async def stop(self):
         self.stopping = True

@@ -50,7 +50,7 @@ def _ensure_controller(http_options=None):
 def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
           tracing_config=None, controller_options=None, **kwargs):
     """Start Serve and its HTTP proxies (``http_options``: host, port, proxies,
-    request_timeout_s, max_body_size), with Ray's signature.
+    request_timeout_s, keep_alive_timeout_s, max_body_size), with Ray's signature.
 
     What ray_lite cannot honour is refused, naming the option: a gRPC
     ingress (``grpc_options`` with servicer functions), ``tracing_config``,
@@ -93,7 +93,8 @@ def _http_options(http_options):
         return {}
     if isinstance(http_options, dict):
         return dict(http_options)
-    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s")
+    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s",
+                                                  "keep_alive_timeout_s")
             if getattr(http_options, k, None) is not None}
 
 
