@@ -46,10 +46,13 @@ def actor_id(handle):
     return handle._info.actor_id
 
 
-def actor_is_dead(actor_id):
-    """Whether this process has seen the actor ``actor_id`` die."""
+_NONE_DEAD = frozenset()
+
+
+def dead_actor_ids():
+    """The ids of the actors this process has seen die (a container for ``in``)."""
     n = _state.node
-    return n is not None and actor_id in getattr(n, "dead_peers", ())
+    return _NONE_DEAD if n is None else n.dead_peers
 
 
 # -------------------------------------------------------------------- refs

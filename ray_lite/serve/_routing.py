@@ -25,9 +25,6 @@ class ReplicaSlot:
         self.stream = handle.handle_request_streaming
         self.http = handle.handle_http
 
-    def is_dead(self):
-        return _core.actor_is_dead(self.actor_id)
-
 
 def slots_for(handles, current):
     """The slots of the replica set ``handles``: a replica already in ``current``

@@ -111,7 +111,8 @@ class Router:
         with self.lock:
             reps = self.replicas
             if reps:
-                dead = [r for r in reps if r.is_dead()]
+                dead_ids = _core.dead_actor_ids()
+                dead = [r for r in reps if r.actor_id in dead_ids]
                 if dead:
                     reps = self.replicas = [r for r in reps if r not in dead]
             return reps
