@@ -30,11 +30,6 @@ def current_node():
     return _state.node
 
 
-def node():
-    """This process's runtime, started if need be."""
-    return _state.get_node()
-
-
 def is_driver():
     n = _state.node
     return n is not None and n.id == 0
