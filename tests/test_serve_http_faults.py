@@ -3,6 +3,7 @@ keep-alive, upgrade requests it does not serve, and idle keep-alive
 connections (issue 14)."""
 import socket
 
+
 from starlette.requests import Request
 
 from ray_lite import serve
@@ -74,3 +75,109 @@ def test_idle_keep_alive_connections_are_closed_after_the_timeout(serve_runtime)
         # 30 s socket timeout).
         assert used.recv(65536) == b""
         assert unused.recv(65536) == b""
+
+
+# ------------------------------------------------- resources under slow clients
+CHUNK = b"x" * 65536
+STREAM_CHUNKS = 1024            # 64 MB
+
+
+@serve.deployment(max_ongoing_requests=10)
+class Flood:
+    """A stream of ``?n=`` 64 kB chunks (64 MB by default) made as fast as
+    they are taken; ``progress`` says how far the last stream's generator
+    got and whether it was closed."""
+
+    def __init__(self):
+        self.sent = 0
+        self.closed = False
+
+    async def __call__(self, request: Request):
+        from starlette.responses import StreamingResponse
+        n = int(request.query_params.get("n", STREAM_CHUNKS))
+        self.sent, self.closed = 0, False
+
+        async def chunks():
+            try:
+                for _ in range(n):
+                    self.sent += 1
+                    yield CHUNK
+            finally:
+                self.closed = True
+        return StreamingResponse(chunks())
+
+    def progress(self):
+        return self.sent, self.closed
+
+
+def _proxy_rss_kb():
+    """The resident memory of the (one) proxy, found through Serve's controller."""
+    from ray_lite.serve import context
+    from ray_lite.serve._core import get
+    pid, = get(context.get_controller().process_ids.remote())["proxies"]
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_client_that_does_not_read_holds_the_stream_back(serve_port):
+    h = serve.run(Flood.bind())
+    assert raw(serve_port, b"GET /?n=4 HTTP/1.0\r\n\r\n").endswith(CHUNK * 4)   # warm-up
+    assert h.progress.remote().result(timeout_s=30) == (4, True)
+    start_kb = _proxy_rss_kb()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", serve_port))
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    # Then it reads nothing.  The generator's steps never await, so each
+    # answer of progress() finds it held (or done): once two answers agree,
+    # it has stopped where the proxy held it.
+    seen = []
+    while len(seen) < 2 or seen[-1] != seen[-2]:
+        assert len(seen) < 1000
+        seen.append(h.progress.remote().result(timeout_s=30))
+    sent, closed = seen[-1]
+    assert not closed and sent < STREAM_CHUNKS // 4, sent
+    assert _proxy_rss_kb() - start_kb < 40 * 1024
+    s.close()       # the client leaves: the stream ends in the replica
+    for _ in range(1000):
+        sent, closed = h.progress.remote().result(timeout_s=30)
+        if closed:
+            break
+    assert closed and sent < STREAM_CHUNKS // 4
+
+
+def _chunked_upload_until_refused(port, mb):
+    """Send a chunked body of up to ``mb`` MB; the answer the server sent."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n" % (1 << 20) + b"y" * (1 << 20) + b"\r\n"
+        try:
+            for _ in range(mb):
+                s.sendall(piece)
+        except OSError:
+            pass            # refused and closed mid-upload
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_refused_oversized_uploads_leave_no_memory_behind(serve_port):
+    serve.run(hello.bind())
+    raw(serve_port, b"GET / HTTP/1.0\r\n\r\n")
+    start_kb = _proxy_rss_kb()
+    for _ in range(3):
+        out = _chunked_upload_until_refused(serve_port, 200)   # the limit: 100 MB
+        assert out.startswith(b"HTTP/1.1 413 "), out[:80]
+        assert _proxy_rss_kb() - start_kb < 40 * 1024

@@ -31,6 +31,7 @@ class _Dep:
         self.spec = spec                    # cls_blob, args, kwargs, config
         self.config = spec["config"]
         self.replicas = {}                  # replica id -> ActorHandle (RUNNING)
+        self.pids = {}                      # replica id -> its process id
         self.starting = 0
         self.stopping = set()
         self.status = "UPDATING"
@@ -58,7 +59,9 @@ class ServeController:
         self.apps = {}
         self.version = 0
         self.waiters = []
-        self.proxies = []                   # ActorHandles
+        self.proxies = []                   # ActorHandles, by index
+        self.proxy_pids = []                # their process ids
+        self.proxy_watchers = set()         # tasks: one per proxy, ends when it dies
         self.proxy_versions = {}            # proxy index -> version applied
         self.proxy_waiters = []
         self.http_port = None
@@ -195,9 +198,51 @@ class ServeController:
                 self._kill(h)
             raise
         self.proxies = started
+        self.proxy_pids = list(await asyncio.gather(*[h.pid.remote() for h in started]))
         self.http_port = port
+        for i, h in enumerate(started):
+            self._watch_proxy(i, h)
         await self._proxies_caught_up()
         return port
+
+    def _watch_proxy(self, index, h):
+        t = asyncio.ensure_future(self._replace_proxy_when_dead(index, h))
+        self.proxy_watchers.add(t)
+        t.add_done_callback(self.proxy_watchers.discard)
+
+    async def _replace_proxy_when_dead(self, index, h):
+        try:
+            await h.wait_forever.remote()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:   # noqa: BLE001 - it died (the core saw its process end)
+            pass
+        from ._proxy import ProxyActor
+        delay = 0.1
+        while not self.shutting_down and index < len(self.proxies) and \
+                self.proxies[index] is h:
+            print(f"Serve: HTTP proxy {index} died; starting a replacement on port "
+                  f"{self.http_port}", file=sys.stderr, flush=True)
+            new = _core.remote(ProxyActor).remote(
+                self._self_handle, index,
+                dict(self.http_options, port=self.http_port, replacing=True))
+            try:
+                await new.start.remote()
+                pid = await new.pid.remote()
+            except Exception as exc:   # noqa: BLE001 - the port was taken meanwhile, say
+                print(f"Serve: the replacement of HTTP proxy {index} failed: {exc!r}",
+                      file=sys.stderr, flush=True)
+                self._kill(new)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self.shutting_down or self.proxies[index] is not h:
+                self._kill(new)
+                return
+            self.proxies[index] = new
+            self.proxy_pids[index] = pid
+            self._watch_proxy(index, new)
+            return
 
     async def http_address(self):
         return (self.http_options.get("host", _defaults.HTTP_HOST), self.http_port)
@@ -226,7 +271,7 @@ class ServeController:
 
             async def join(rid, h):
                 try:
-                    await h.ready.remote()
+                    pid = await h.ready.remote()
                 except Exception as exc:   # noqa: BLE001 - its constructor failed, or it died
                     errors.append(exc)
                     self._kill(h)
@@ -234,6 +279,7 @@ class ServeController:
                 if self.apps.get(dep.app) is not None and \
                         self.apps[dep.app].deps.get(dep.name) is dep:
                     dep.replicas[rid] = h
+                    dep.pids[rid] = pid
                     self._watch(dep, rid, h)
                     self._bump()
                 else:
@@ -287,6 +333,7 @@ class ServeController:
                 return
 
     async def _replace(self, dep, rid, h, why):
+        dep.pids.pop(rid, None)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
             return
         self._bump()
@@ -320,6 +367,7 @@ class ServeController:
         items = list(dep.replicas.items())
         dep.stopping.update(rid for rid, _ in items)
         dep.replicas.clear()
+        dep.pids.clear()
         for t in list(dep.tasks):
             t.cancel()
         timeout = dep.config.get("graceful_shutdown_timeout_s") or 0
@@ -378,6 +426,7 @@ class ServeController:
                 extra = list(dep.replicas.items())[want:]
                 for rid, _ in extra:
                     del dep.replicas[rid]
+                    dep.pids.pop(rid, None)
                 tmp = _Dep(name, dep.name, dep.spec)
                 tmp.replicas = dict(extra)
                 asyncio.ensure_future(self._stop_replicas(tmp))
@@ -413,15 +462,39 @@ class ServeController:
         await self._proxies_caught_up()
 
     async def shutdown(self):
+        """Stop everything within the longest ``graceful_shutdown_timeout_s``
+        (and a second): the proxies take no new connections, requests in
+        flight may end meanwhile, then replicas and proxies are killed."""
         self.shutting_down = True
-        await self.delete_apps(list(self.apps))
-        proxies, self.proxies = self.proxies, []
+        for t in list(self.proxy_watchers):
+            t.cancel()
+        apps = list(self.apps.values())
+        for app in apps:
+            app.status = "DELETING"
+        self._bump()        # the proxies stop routing to them
+        deps = [d for app in apps for d in app.deps.values()]
+        timeout = max([d.config.get("graceful_shutdown_timeout_s") or 0 for d in deps],
+                      default=0)
+        proxies, self.proxies, self.proxy_pids = self.proxies, [], []
         self._proxies_started = None
-        await asyncio.gather(*[_quiet(p.stop.remote()) for p in proxies])
+        await asyncio.gather(*[_quiet(asyncio.wait_for(p.stop.remote(timeout), timeout + 1.0))
+                               for p in proxies],
+                             *[self._stop_replicas(d) for d in deps])
         for p in proxies:
             self._kill(p)
+        for app in apps:
+            if self.apps.get(app.name) is app:
+                del self.apps[app.name]
         self._bump()
         return True
+
+    async def process_ids(self):
+        """The process ids of Serve: ``{"controller": pid, "proxies": [pid, ...],
+        "replicas": {"app/deployment": [pid, ...]}}``."""
+        import os
+        return {"controller": os.getpid(), "proxies": list(self.proxy_pids),
+                "replicas": {f"{app.name}/{d.name}": list(d.pids.values())
+                             for app in self.apps.values() for d in app.deps.values()}}
 
     async def status(self):
         out = {}

@@ -32,6 +32,9 @@ MAX_HEADER_BYTES = 64 * 1024        # request line or header block beyond: 414 /
 MAX_PIPELINED = 64                  # requests read ahead on one connection
 KEEP_ALIVE_TIMEOUT_S = 90.0         # http_options["keep_alive_timeout_s"], Ray's default
 PROXY_DRAIN_TIMEOUT_S = 5.0         # a stopping proxy lets requests in flight end this long
+# A streamed answer's chunks a replica may send ahead of what the proxy
+# wrote to its client (whose socket the proxy stops writing to while full).
+STREAM_ITEMS_AHEAD = 8
 # A streamed answer no proxy asked for (its client left) is dropped after this.
 UNCLAIMED_STREAM_S = 60.0
 
@@ -40,4 +43,7 @@ LISTEN_TIMEOUT_S = 30.0             # a long poll answers "no change" after this
 WAIT_REPLICAS_TIMEOUT_S = 30.0      # the controller's wait for a first replica
 HANDLE_REFRESH_TIMEOUT_S = 60.0     # a handle's wait for the controller's answer to it
 PROXIES_CAUGHT_UP_TIMEOUT_S = 15.0  # a change is done when every proxy has it, or after this
-SHUTDOWN_TIMEOUT_S = 120.0          # serve.shutdown's wait for the controller
+# serve.shutdown's wait for the controller: the longest graceful shutdown
+# timeout of the deployments and this margin; then it kills.
+SHUTDOWN_MARGIN_S = 3.0
+SHUTDOWN_ASK_S = 5.0                # its wait for the process ids, before

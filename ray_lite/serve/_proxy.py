@@ -14,6 +14,7 @@ queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 """
 import asyncio
 import collections
+import os
 import socket
 import sys
 from time import monotonic as _monotonic
@@ -22,7 +23,7 @@ from urllib.parse import unquote
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, context
-from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
+from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import slots_for
@@ -104,7 +105,7 @@ class HttpConnection(asyncio.Protocol):
     # One per TCP connection (with ab, per request): slots make it cheaper.
     __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
                  "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
-                 "body_size", "expect_continue", "idle_sweeps")
+                 "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter")
 
     def __init__(self, proxy):
         self.proxy = proxy
@@ -118,13 +119,15 @@ class HttpConnection(asyncio.Protocol):
         self.paused = False
         self.in_next = False
         self.idle_sweeps = 0     # sweeps that found it idle since it last received
+        self.write_paused = False   # the transport's buffer is over its high-water mark
+        self.write_waiter = None    # a streamed answer's wait for the client to read
         self._reset()
 
     def _reset(self):
         self.url = b""
         self.headers = []
         self.header_bytes = 0
-        self.body = []
+        self.body = None
         self.body_size = 0
         self.expect_continue = False
 
@@ -158,9 +161,35 @@ class HttpConnection(asyncio.Protocol):
                 except ValueError:
                     pass
         self.queue.clear()
+        self.body = None
+        self._wake_writer()
+
+    def pause_writing(self):
+        self.write_paused = True
+
+    def resume_writing(self):
+        self.write_paused = False
+        self._wake_writer()
+
+    def _wake_writer(self):
+        waiter, self.write_waiter = self.write_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drained(self):
+        """Until the client has read enough of what was written (or left): a
+        streamed answer takes no more from the replica meanwhile, so a slow
+        reader holds the replica's generator back instead of filling memory."""
+        while self.write_paused and not self.closed:
+            self.write_waiter = self.proxy.loop.create_future()
+            await self.write_waiter
 
     def data_received(self, data):
         if self.closed or self.fail_status:
+            if not self.closed:
+                # Refused input (a body over the limit, say): what follows it
+                # is neither parsed nor kept, and is not read any more.
+                self.transport.pause_reading()
             return
         self.idle_sweeps = 0
         try:
@@ -203,13 +232,22 @@ class HttpConnection(asyncio.Protocol):
     def on_body(self, body):
         self.body_size += len(body)
         if self.body_size > self.proxy.max_body:
+            self.body = None    # let the refused part go at once
             raise _Reject(413)
-        self.body.append(body)
+        b = self.body
+        if b is None:
+            self.body = body    # most bodies arrive in one piece
+        else:
+            if type(b) is bytes:
+                # One growing buffer, not a list of pieces: a large body is
+                # one allocation, given back to the system whole when freed.
+                b = self.body = bytearray(b)
+            b += body
 
     def on_message_complete(self):
         p = self.parser
         body = self.body
-        body = b"" if not body else body[0] if len(body) == 1 else b"".join(body)
+        body = b"" if body is None else body if type(body) is bytes else bytes(body)
         req = _Req(p.get_method().decode("ascii", "replace"), self.url,
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
@@ -340,7 +378,7 @@ class ProxyActor:
         self.stopping = False
         self.loop = None
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        if index == 0:
+        if index == 0 and not options.get("replacing"):
             # The first proxy of this Serve: the port must be free.  The
             # proxies share it through SO_REUSEPORT, which would as well let
             # this Serve share a port another program (another `serve run`)
@@ -370,7 +408,14 @@ class ProxyActor:
                     return
                 await asyncio.sleep(0.5)
                 continue
-            await self._apply(version, routes)
+            try:
+                await self._apply(version, routes)
+            except Exception as exc:   # noqa: BLE001 - this loop must live on (say why)
+                # Its death would leave this proxy deaf to every later change
+                # and each change 15 s late ("proxies did not apply").
+                self.version = version
+                print(f"proxy: applying routes version {version} failed: {exc!r}",
+                      file=sys.stderr, flush=True)
 
     async def _apply(self, version, routes):
         known = [rep for r in self.routes for rep in r.replicas]
@@ -380,10 +425,13 @@ class ProxyActor:
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
-            old = next((r for r in self.routes if r.prefix == prefix), None)
-            route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
-            if old is not None:
-                route.waiting = old.waiting
+            route = next((r for r in self.routes if r.prefix == prefix), None)
+            if route is None:
+                route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
+            else:
+                # The same object: requests in flight and waiting refer to it.
+                route.app, route.deployment, route.replicas = app, dep, reps
+                route.max_ongoing, route.max_queued = max_ongoing, max_queued
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -396,10 +444,12 @@ class ProxyActor:
         self.version = version
         for r in old_routes:
             if r not in new_routes and r.waiting:
+                # A route gone with requests waiting: each goes where its path
+                # leads now (another route, or a 404).
                 waiting, r.waiting = r.waiting, collections.deque()
                 for conn, req in waiting:
                     if not conn.closed:
-                        self.dispatch(conn, req)
+                        self.route_request(conn, req, *req.url)
         for r in new_routes:
             self._pump(r)
 
@@ -422,16 +472,29 @@ class ProxyActor:
         if self.conns:
             self.sweep_idle_later()
 
-    async def stop(self):
+    async def pid(self):
+        return os.getpid()
+
+    async def wait_forever(self):
+        # The controller keeps one such call outstanding: its failure is how
+        # it learns, at once, that this proxy died.
+        await asyncio.get_running_loop().create_future()
+
+    async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
+        """Take no new connections; let requests in flight end (``timeout_s`` at most)."""
         self.stopping = True
         if self.server is not None:
             self.server.close()
         for conn in list(self.conns):
-            if conn.current is None and not conn.closed:
+            if conn.closed:
+                continue
+            if conn.current is None:
                 conn.closed = True
                 conn.transport.close()
+            else:
+                conn.end_after_answers()    # no more requests on it
         loop = asyncio.get_running_loop()
-        end = loop.time() + _defaults.PROXY_DRAIN_TIMEOUT_S
+        end = loop.time() + timeout_s
         while any(c.current is not None for c in self.conns) and loop.time() < end:
             await asyncio.sleep(0.02)
         return True
@@ -457,6 +520,9 @@ class ProxyActor:
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
+        self.route_request(conn, req, path, query)
+
+    def route_request(self, conn, req, path, query):
         routes = self.routes
         if len(routes) == 1 and routes[0].prefix == "/":
             route = routes[0]
@@ -588,7 +654,8 @@ class ProxyActor:
         ok = False
         try:
             write(head + b"\r\n")
-            gen = req.gen = req.rep.handle.http_stream.remote(token)
+            gen = req.gen = req.rep.handle.http_stream.options(
+                _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
             async for ref in gen:
                 r = _core.peek(ref)
                 chunk = r[1] if r is not None and r[0] else await ref
@@ -600,6 +667,8 @@ class ProxyActor:
                     write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
                 else:
                     write(chunk)
+                if conn.write_paused:
+                    await conn.drained()
             else:
                 ok = True
         except asyncio.CancelledError:

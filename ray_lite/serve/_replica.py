@@ -385,12 +385,24 @@ class ServeReplica:
 
 
 async def _chunks(it):
+    # Closed with it: a stream cancelled (its client left) closes the user's
+    # generator at once, not whenever it is collected.
     if inspect.isasyncgen(it) or hasattr(it, "__anext__"):
-        async for item in it:
-            yield _to_bytes(item)
+        try:
+            async for item in it:
+                yield _to_bytes(item)
+        finally:
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                await close()
     else:
-        for item in it:
-            yield _to_bytes(item)
+        try:
+            for item in it:
+                yield _to_bytes(item)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
 
 def _to_bytes(item):

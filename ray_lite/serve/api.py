@@ -1,4 +1,5 @@
 """``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+import sys
 import threading
 import warnings
 
@@ -9,6 +10,10 @@ from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 
 _lock = threading.RLock()
+
+# The longest graceful_shutdown_timeout_s of what this process deployed: how
+# long shutdown() lets requests in flight end before it forces the stop.
+_longest_graceful_s = 0.0
 
 # What the controller, proxies and replicas import: loaded once in the zygote
 # (which forks them) instead of once in each of possibly dozens of replicas.
@@ -150,9 +155,12 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
             raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
         if len(route_prefix) > 1 and route_prefix.endswith("/"):
             route_prefix = route_prefix.rstrip("/")
+    global _longest_graceful_s
     with _lock:
         ctl = _ensure_controller()
         ingress, specs = _build(target, name)
+        _longest_graceful_s = max([_longest_graceful_s] + [
+            s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])
         # The proxies (if not up yet) start while the replicas do; each waits
         # until every proxy has the routes, so HTTP sees the app once both end.
         proxies = ctl.start_proxies.remote({}) if route_prefix is not None else None
@@ -202,9 +210,16 @@ def shutdown():
         if ctl is None:
             return
         try:
-            _core.get(ctl.shutdown.remote(), timeout=_defaults.SHUTDOWN_TIMEOUT_S)
-        except Exception:   # noqa: BLE001 - a dead controller: kill it anyway
-            pass
+            pids = _core.get(ctl.process_ids.remote(), timeout=_defaults.SHUTDOWN_ASK_S)
+        except Exception:   # noqa: BLE001 - a dead or stuck controller
+            pids = None
+        try:
+            # The controller drains for at most the graceful timeout itself;
+            # this bound holds even when it cannot.
+            _core.get(ctl.shutdown.remote(),
+                      timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
+        except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
+            _kill_processes(pids)
         try:
             _core.kill(ctl)
             # Until the runtime has seen it die, its name still resolves to it.
@@ -219,6 +234,21 @@ def shutdown():
         except Exception:   # noqa: BLE001
             pass
         context.clear_controller()
+
+
+def _kill_processes(pids):
+    """SIGKILL Serve's proxies and replicas (``process_ids()``'s answer)."""
+    import os
+    import signal
+    if not pids:
+        return
+    print("Serve: did not stop within the graceful shutdown timeout; killing its processes",
+          file=sys.stderr, flush=True)
+    for pid in pids["proxies"] + [p for ps in pids["replicas"].values() for p in ps]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def get_app_handle(name):
