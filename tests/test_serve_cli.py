@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -36,6 +37,16 @@ APP = textwrap.dedent("""
 
     def model(args):
         return TestDeployment.bind(args.get("word", "hi"))
+
+    @serve.deployment(graceful_shutdown_timeout_s=1, ray_actor_options={"num_cpus": 0})
+    def busy(request):
+        import time
+        end = time.monotonic() + 2
+        while time.monotonic() < end:     # CPU-bound: its replica's loop is stuck
+            pass
+        return "done"
+
+    busy_app = busy.bind()
 """)
 
 
@@ -184,3 +195,37 @@ def test_a_second_ctrl_c_while_draining_stops_at_once_without_a_traceback(tmp_pa
     assert code == 0, out.decode(errors="replace")
     assert b"Traceback" not in out, out.decode(errors="replace")
     assert b"stopping without draining" in out and b"shut down" in out
+
+
+def test_sigterm_under_load_stops_within_the_graceful_timeout(tmp_path):
+    proc = _start(tmp_path, "cli_app_mod:busy_app")
+    stop = threading.Event()
+    answered = threading.Semaphore(0)
+
+    def client(port):
+        while not stop.is_set():
+            try:
+                http(port, "GET", "/", timeout=60)
+            except OSError:
+                return          # the server went away
+            answered.release()
+    threads = []
+    try:
+        port, _ = _wait_port(proc)
+        threads = [threading.Thread(target=client, args=(port,), daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        assert answered.acquire(timeout=60)     # under load: requests run and wait
+        proc.send_signal(signal.SIGTERM)
+        # graceful_shutdown_timeout_s=1: the requests still queued then are
+        # dropped, and the processes killed, well within this bound.
+        code, out = _exit_of(proc, "within the graceful shutdown timeout", timeout=1 + 14)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+        for t in threads:
+            t.join(60)
+    assert code == 0, out.decode(errors="replace")
+    assert b"shut down" in out

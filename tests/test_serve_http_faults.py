@@ -1,6 +1,9 @@
 """The HTTP server under what clients do wrong or leave undone: HTTP/1.0
 keep-alive, upgrade requests it does not serve, and idle keep-alive
 connections (issue 14)."""
+import asyncio
+import os
+import signal
 import socket
 
 
@@ -181,3 +184,72 @@ def test_refused_oversized_uploads_leave_no_memory_behind(serve_port):
         out = _chunked_upload_until_refused(serve_port, 200)   # the limit: 100 MB
         assert out.startswith(b"HTTP/1.1 413 "), out[:80]
         assert _proxy_rss_kb() - start_kb < 40 * 1024
+
+
+def _serve_pids():
+    from ray_lite.serve import context
+    from ray_lite.serve._core import get
+    return get(context.get_controller().process_ids.remote())
+
+
+def test_a_killed_proxy_is_replaced_on_the_same_port(serve_port):
+    serve.run(hello.bind())
+    old, = _serve_pids()["proxies"]
+    os.kill(old, signal.SIGKILL)
+    # The controller learns of the death from the runtime (no polling) and
+    # publishes the replacement's pid once it listens.
+    for _ in range(10000):
+        new = _serve_pids()["proxies"]
+        if new and new != [old]:
+            break
+    assert new and new != [old]
+    assert raw(serve_port, b"GET / HTTP/1.0\r\n\r\n").endswith(b"hello")
+
+
+@serve.deployment(max_ongoing_requests=1)
+async def gate(request: Request):
+    """Passes once the test's door (a socket at ``?door=`` port) sends a byte."""
+    reader, writer = await asyncio.open_connection("127.0.0.1",
+                                                   int(request.query_params["door"]))
+    await reader.read(1)
+    writer.close()
+    return "through"
+
+
+def _answer_of(s):
+    buf = b""
+    while not buf.endswith(b"through"):
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    return buf
+
+
+def test_route_changes_while_requests_wait_in_the_proxy(serve_port):
+    serve.run(gate.bind(), name="gate", route_prefix="/gate")
+    door = socket.create_server(("127.0.0.1", 0))
+    door.settimeout(30)
+    ask = b"GET /gate?door=%d HTTP/1.1\r\nHost: x\r\n\r\n" % door.getsockname()[1]
+    first = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    queued = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    try:
+        first.sendall(ask)
+        inside, _ = door.accept()       # the first request is in the replica
+        queued.sendall(ask)
+        # The proxy read that request (it waits in its queue: the replica
+        # takes one at a time) before this later one, which it answers.
+        assert raw(serve_port, b"GET /nothing HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 404")
+        # Changes while it waits: each reaches the proxy (the first used to
+        # kill the proxy's route loop, leaving it deaf to the second).
+        serve.run(hello.bind(), name="other", route_prefix="/other")
+        serve.run(hello.options(name="third").bind(), name="third", route_prefix="/third")
+        assert raw(serve_port, b"GET /third HTTP/1.0\r\n\r\n").endswith(b"hello")
+        for s in (first, queued):
+            inside.sendall(b"!")
+            assert _answer_of(s).startswith(b"HTTP/1.1 200")
+            inside.close()
+            if s is first:
+                inside, _ = door.accept()
+    finally:
+        for s in (first, queued, door):
+            s.close()
