@@ -410,7 +410,7 @@ class ProxyActor:
                 continue
             try:
                 await self._apply(version, routes)
-            except Exception as exc:   # noqa: BLE001 - this loop must live on (say why)
+            except Exception as exc:   # noqa: BLE001 - the loop must outlive a bug
                 # Its death would leave this proxy deaf to every later change
                 # and each change 15 s late ("proxies did not apply").
                 self.version = version

@@ -204,7 +204,10 @@ def delete(name, _blocking=True):
 
 
 def shutdown():
-    """Delete every application and stop the proxies and the controller."""
+    """Delete every application and stop the proxies and the controller.
+
+    Requests in flight get the longest ``graceful_shutdown_timeout_s`` of the
+    deployments to end; then the replicas and proxies are killed."""
     with _lock:
         ctl = _controller_or_none()
         if ctl is None:
