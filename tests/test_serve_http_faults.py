@@ -1,11 +1,12 @@
-"""The HTTP server under what clients do wrong or leave undone: HTTP/1.0
-keep-alive, upgrade requests it does not serve, and idle keep-alive
-connections (issue 14)."""
+"""The HTTP server under what clients do wrong or leave undone (issue 14):
+HTTP/1.0 keep-alive, upgrade requests it does not serve, idle keep-alive
+connections, a client that does not read its stream, oversized uploads; and
+under faults: a killed proxy, routes that change while requests wait."""
 import asyncio
 import os
 import signal
 import socket
-
+import time
 
 from starlette.requests import Request
 
@@ -144,10 +145,9 @@ def test_a_client_that_does_not_read_holds_the_stream_back(serve_port):
     assert not closed and sent < STREAM_CHUNKS // 4, sent
     assert _proxy_rss_kb() - start_kb < 40 * 1024
     s.close()       # the client leaves: the stream ends in the replica
-    for _ in range(1000):
+    deadline = time.monotonic() + 60
+    while not closed and time.monotonic() < deadline:
         sent, closed = h.progress.remote().result(timeout_s=30)
-        if closed:
-            break
     assert closed and sent < STREAM_CHUNKS // 4
 
 
@@ -198,11 +198,11 @@ def test_a_killed_proxy_is_replaced_on_the_same_port(serve_port):
     os.kill(old, signal.SIGKILL)
     # The controller learns of the death from the runtime (no polling) and
     # publishes the replacement's pid once it listens.
-    for _ in range(10000):
+    deadline = time.monotonic() + 60
+    new = [old]
+    while new == [old] and time.monotonic() < deadline:
         new = _serve_pids()["proxies"]
-        if new and new != [old]:
-            break
-    assert new and new != [old]
+    assert new and new != [old], "no replacement within 60 s"
     assert raw(serve_port, b"GET / HTTP/1.0\r\n\r\n").endswith(b"hello")
 
 
