@@ -180,3 +180,32 @@ def pytest_sessionstart(session):
     # pytest has resolved its arguments against where it was started).
     if sys.version_info < (3, 11) and os.path.isdir("ray_lite"):
         os.chdir(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------ Serve
+@pytest.fixture
+def serve_runtime():
+    """A one-CPU runtime for a Serve test; Serve (if the test started it) and
+    the runtime are shut down after."""
+    import ray_lite
+    from ray_lite import serve
+
+    ray_lite.init(num_cpus=1)
+    try:
+        yield
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray_lite.shutdown()
+
+
+@pytest.fixture
+def serve_port(serve_runtime):
+    """Serve started on an ephemeral loopback port (one proxy, 10 s request
+    timeout); yields the port."""
+    from ray_lite import serve
+    from ray_lite.serve.api import _http_port
+
+    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 10})
+    yield _http_port()

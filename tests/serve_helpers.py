@@ -2,11 +2,6 @@
 import http.client as _httpc
 import socket
 
-import pytest
-
-import ray_lite as ray
-from ray_lite import serve
-
 
 def http(port, method, path, body=None, headers=None, timeout=30):
     """(status, headers dict, body bytes) of one request on a fresh connection."""
@@ -33,17 +28,3 @@ def raw(port, data, timeout=30):
     finally:
         s.close()
 
-
-@pytest.fixture
-def serve_port():
-    """A runtime with Serve started on an ephemeral port (one proxy); shut down after."""
-    ray.init(num_cpus=1)
-    try:
-        serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 10})
-        from ray_lite.serve.api import _http_port
-        yield _http_port()
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()

@@ -1,5 +1,6 @@
 """``ray-lite serve run`` in both forms (module:app and module:builder), shut down by
-SIGTERM and by Ctrl-C (SIGINT)."""
+SIGTERM, SIGHUP and Ctrl-C (SIGINT, even when inherited ignored), a second Ctrl-C
+while it drains, and a port that is taken or already in service."""
 import os
 import re
 import selectors
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -15,6 +17,8 @@ import pytest
 from serve_helpers import http
 
 APP = textwrap.dedent("""
+    import asyncio
+
     from starlette.requests import Request
     from ray_lite import serve
 
@@ -24,16 +28,29 @@ APP = textwrap.dedent("""
             self.word = word
 
         async def __call__(self, request: Request):
+            if "sleep" in request.query_params:
+                print("cli-app: sleeping", flush=True)
+                await asyncio.sleep(float(request.query_params["sleep"]))
             return self.word
 
     app = TestDeployment.bind()
 
     def model(args):
         return TestDeployment.bind(args.get("word", "hi"))
+
+    @serve.deployment(graceful_shutdown_timeout_s=1, ray_actor_options={"num_cpus": 0})
+    def busy(request):
+        import time
+        end = time.monotonic() + 2
+        while time.monotonic() < end:     # CPU-bound: its replica's loop is stuck
+            pass
+        return "done"
+
+    busy_app = busy.bind()
 """)
 
 
-def _start(tmp_path, *args, port=0):
+def _start(tmp_path, *args, port=0, ignore_sigint=False):
     (tmp_path / "cli_app_mod.py").write_text(APP)
     cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
            "serve", "run", *args, "--app-dir", str(tmp_path), "--port", str(port), "--proxies", "1",
@@ -43,11 +60,19 @@ def _start(tmp_path, *args, port=0):
     root = os.path.dirname(os.path.dirname(os.path.abspath(ray_lite.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    # ignore_sigint: as a shell script's background job starts it.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            cwd=str(tmp_path), env=env)
+                            cwd=str(tmp_path), env=env,
+                            preexec_fn=_ignore_sigint if ignore_sigint else None)
 
 
-def _wait_port(proc, timeout=60):
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_line(proc, pattern, timeout=60):
+    """The match of ``pattern`` in the first line of ``proc``'s output that has
+    it, and the output until then; the test fails if none comes in ``timeout``."""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     out = b""
@@ -59,31 +84,45 @@ def _wait_port(proc, timeout=60):
         if not line:
             break
         out += line
-        m = re.search(rb"running at http://127\.0\.0\.1:(\d+)", line)
+        m = re.search(pattern, line)
         if m:
-            return int(m.group(1)), out
+            return m, out
     proc.kill()
     proc.wait(10)
-    pytest.fail(f"the CLI did not report its address; output:\n{out.decode(errors='replace')}")
+    pytest.fail(f"the CLI never printed {pattern!r}; output:\n{out.decode(errors='replace')}")
+
+
+def _wait_port(proc, timeout=60):
+    m, out = _wait_line(proc, rb"running at http://127\.0\.0\.1:(\d+)", timeout)
+    return int(m.group(1)), out
+
+
+def _exit_of(proc, why, timeout=60):
+    """``(return code, output)`` of ``proc`` once it exits; the test fails
+    (``why`` says what it was waiting for) if it does not within ``timeout``."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail(f"the CLI did not exit {why}")
+    return proc.returncode, out
 
 
 def _stop(proc, sig):
     proc.send_signal(sig)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate(timeout=10)
-        pytest.fail("the CLI did not exit after a signal")
-    return proc.returncode, out
+    return _exit_of(proc, "after a signal")
 
 
-@pytest.mark.parametrize("target,args,expected,sig", [
-    ("cli_app_mod:app", [], b"hi", signal.SIGTERM),
-    ("cli_app_mod:model", ["word=hello"], b"hello", signal.SIGINT),
+@pytest.mark.parametrize("target,args,expected,sig,ignore_sigint", [
+    ("cli_app_mod:app", [], b"hi", signal.SIGTERM, False),
+    ("cli_app_mod:model", ["word=hello"], b"hello", signal.SIGINT, False),
+    # Started by a script in the background (SIGINT ignored): stops all the same.
+    ("cli_app_mod:app", [], b"hi", signal.SIGINT, True),
+    ("cli_app_mod:app", [], b"hi", signal.SIGHUP, True),
 ])
-def test_cli_serves_until_signalled(tmp_path, target, args, expected, sig):
-    proc = _start(tmp_path, target, *args)
+def test_cli_serves_until_signalled(tmp_path, target, args, expected, sig, ignore_sigint):
+    proc = _start(tmp_path, target, *args, ignore_sigint=ignore_sigint)
     try:
         port, _ = _wait_port(proc)
         assert http(port, "GET", "/")[2] == expected
@@ -116,14 +155,77 @@ def test_cli_port_in_use_fails_and_cleans_up(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         proc = _start(tmp_path, "cli_app_mod:app", port=busy.getsockname()[1])
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
-            pytest.fail("the CLI did not exit when its port was taken")
+        code, out = _exit_of(proc, "when its port was taken", timeout=120)
     finally:
         busy.close()
-    assert proc.returncode != 0
+    assert code != 0
     assert b"Address already in use" in out, out.decode(errors="replace")
+    assert b"shut down" in out
+
+
+def test_a_second_serve_run_on_a_port_in_service_fails(tmp_path):
+    first = _start(tmp_path, "cli_app_mod:app")
+    try:
+        port, _ = _wait_port(first)
+        second = _start(tmp_path, "cli_app_mod:model", "word=other", port=port)
+        code, out = _exit_of(second, "when its port was in service", timeout=120)
+        assert code != 0
+        assert b"Address already in use" in out, out.decode(errors="replace")
+        # The first keeps the port to itself.
+        assert all(http(port, "GET", "/")[2] == b"hi" for _ in range(10))
+    finally:
+        code, out = _stop(first, signal.SIGTERM)
+    assert code == 0, out.decode(errors="replace")
+
+
+def test_a_second_ctrl_c_while_draining_stops_at_once_without_a_traceback(tmp_path):
+    proc = _start(tmp_path, "cli_app_mod:app")
+    try:
+        port, _ = _wait_port(proc)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /?sleep=600 HTTP/1.1\r\nHost: x\r\n\r\n")
+            _wait_line(proc, rb"cli-app: sleeping")
+            proc.send_signal(signal.SIGINT)      # drains: waits for the request
+            _wait_line(proc, rb"shutting down")
+        code, out = _stop(proc, signal.SIGINT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert code == 0, out.decode(errors="replace")
+    assert b"Traceback" not in out, out.decode(errors="replace")
+    assert b"stopping without draining" in out and b"shut down" in out
+
+
+def test_sigterm_under_load_stops_within_the_graceful_timeout(tmp_path):
+    proc = _start(tmp_path, "cli_app_mod:busy_app")
+    stop = threading.Event()
+    answered = threading.Semaphore(0)
+
+    def client(port):
+        while not stop.is_set():
+            try:
+                http(port, "GET", "/", timeout=60)
+            except OSError:
+                return          # the server went away
+            answered.release()
+    threads = []
+    try:
+        port, _ = _wait_port(proc)
+        threads = [threading.Thread(target=client, args=(port,), daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        assert answered.acquire(timeout=60)     # under load: requests run and wait
+        proc.send_signal(signal.SIGTERM)
+        # graceful_shutdown_timeout_s=1: the requests still queued then are
+        # dropped, and the processes killed, well within this bound.
+        code, out = _exit_of(proc, "within the graceful shutdown timeout", timeout=1 + 14)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+        for t in threads:
+            t.join(60)
+    assert code == 0, out.decode(errors="replace")
     assert b"shut down" in out

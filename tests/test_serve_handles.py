@@ -11,8 +11,6 @@ import ray_lite as ray
 from ray_lite import serve
 from ray_lite.serve import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
-from serve_helpers import serve_port  # noqa: F401 (fixture)
-
 T = 60
 
 

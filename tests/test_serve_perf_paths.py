@@ -13,7 +13,7 @@ import ray_lite as ray
 from ray_lite import serve
 from ray_lite._private.worker import AsyncSlots
 
-from serve_helpers import http, serve_port  # noqa: F401 (fixture)
+from serve_helpers import http
 
 T = 60
 
@@ -311,22 +311,33 @@ class _StubReplica:
 
 
 def test_proxy_prefers_the_first_replica_while_idle_then_spreads_by_load():
-    from ray_lite.serve._proxy import _Route
+    from ray_lite.serve._routing import first_idle_else_power_of_two as choose
     reps = [_StubReplica(0) for _ in range(4)]
-    route = _Route("/", "app", "dep", reps, max_ongoing=2, max_queued=-1)
-    assert all(route.choose() is reps[0] for _ in range(20))     # low load: one warm replica
+    assert all(choose(reps, 2) is reps[0] for _ in range(20))     # low load: one warm replica
     reps[0].inflight = 1
-    picks = [route.choose() for _ in range(400)]
+    picks = [choose(reps, 2) for _ in range(400)]
     # Busy: the power of two choices, which takes it only when both samples
     # are it (1 in 16 here); the others share the rest.
     assert picks.count(reps[0]) < 100
     assert all(picks.count(r) > 50 for r in reps[1:])
     for r in reps:
         r.inflight = 2                                            # all at max_ongoing
-    assert route.choose() is None
+    assert choose(reps, 2) is None
     reps[3].inflight = 1
-    assert route.choose() is reps[3]                              # the one under the limit
-    assert _Route("/", "app", "dep", [], 2, -1).choose() is None
+    assert choose(reps, 2) is reps[3]                             # the one under the limit
+    assert choose([], 2) is None
+
+
+def test_handles_spread_by_power_of_two_without_a_preferred_replica():
+    from ray_lite.serve._routing import power_of_two
+    reps = [_StubReplica(0) for _ in range(4)]
+    picks = [power_of_two(reps, 2) for _ in range(400)]
+    assert all(picks.count(r) > 50 for r in reps)                 # idle: all of them
+    reps[0].inflight = reps[1].inflight = reps[2].inflight = 2
+    assert all(power_of_two(reps, 2) is reps[3] for _ in range(20))
+    reps[3].inflight = 2
+    assert power_of_two(reps, 2) is None
+    assert power_of_two([], 2) is None
 
 
 def test_replicas_run_below_the_proxies_priority(serve_port):

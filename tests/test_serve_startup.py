@@ -40,16 +40,7 @@ class Parent:
         return [ray.get(h.pid.remote()) for h in hs]
 
 
-@pytest.fixture
-def runtime():
-    ray.init(num_cpus=1)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def test_preloaded_modules_are_in_workers_started_later(runtime):
+def test_preloaded_modules_are_in_workers_started_later(serve_runtime):
     core_api.preload(["json.tool", "ray_lite_no_such_module_x"])
     p = Probe.remote()
     # The missing module is skipped; the zygote goes on forking workers.
@@ -57,7 +48,7 @@ def test_preloaded_modules_are_in_workers_started_later(runtime):
                    timeout=60) == [True, False]
 
 
-def test_serve_preloads_its_modules_for_replicas(runtime):
+def test_serve_preloads_its_modules_for_replicas(serve_runtime):
     serve.start(http_options={"port": 0, "proxies": 1})
     try:
         p = Probe.remote()
@@ -69,33 +60,33 @@ def test_serve_preloads_its_modules_for_replicas(runtime):
         serve.shutdown()
 
 
-def test_create_actors_makes_distinct_working_actors(runtime):
+def test_create_actors_makes_distinct_working_actors(serve_runtime):
     hs = core_api.create_actors(Probe, [((), {}), ((False,), {}), ((), {"fail": False})])
     pids = [ray.get(h.pid.remote(), timeout=60) for h in hs]
     assert len(set(pids)) == 3 and os.getpid() not in pids
 
 
-def test_create_actors_constructor_failure_is_per_actor(runtime):
+def test_create_actors_constructor_failure_is_per_actor(serve_runtime):
     ok, bad = core_api.create_actors(Probe, [((), {}), ((True,), {})])
     with pytest.raises(ActorDiedError, match="constructor refused"):
         ray.get(bad.pid.remote(), timeout=60)
     assert isinstance(ray.get(ok.pid.remote(), timeout=60), int)
 
 
-def test_create_actors_from_inside_an_actor(runtime):
+def test_create_actors_from_inside_an_actor(serve_runtime):
     parent = Parent.remote()
     pids = ray.get(parent.spawn_children.remote(3), timeout=60)
     assert len(set(pids)) == 3
 
 
-def test_create_actors_refuses_named_classes(runtime):
+def test_create_actors_refuses_named_classes(serve_runtime):
     with pytest.raises(ValueError):
         core_api.create_actors(ray.remote(name="x")(Probe._cls), [((), {})])
     with pytest.raises(TypeError):
         core_api.create_actors(Probe._cls, [((), {})])
 
 
-def test_same_name_twice_in_one_batch(runtime):
+def test_same_name_twice_in_one_batch(serve_runtime):
     node = state.node
     req = Probe._creation_request(node, {"name": "twin", "namespace": "ns",
                                          "get_if_exists": True}, (), {})
@@ -131,7 +122,7 @@ class OneSlow:
         return f"slot{self.slot}"
 
 
-def test_a_replica_serves_before_the_others_are_ready(runtime, tmp_path):
+def test_a_replica_serves_before_the_others_are_ready(serve_runtime, tmp_path):
     serve.start(http_options={"port": 0, "proxies": 1})
     try:
         from ray_lite.serve.api import _http_port
@@ -180,7 +171,7 @@ def queued(request):
     return "ok"
 
 
-def test_every_proxy_enforces_the_whole_max_queued_requests(runtime):
+def test_every_proxy_enforces_the_whole_max_queued_requests(serve_runtime):
     serve.start(http_options={"port": 0, "proxies": 2})
     try:
         from ray_lite.serve import context
@@ -206,7 +197,7 @@ class LooksItselfUp:
         return self.me == ray.get_actor(name)
 
 
-def test_an_actor_finds_its_own_name_in_its_constructor(runtime):
+def test_an_actor_finds_its_own_name_in_its_constructor(serve_runtime):
     # What the Serve controller does.  A worker starts in about a millisecond,
     # so its lookup can reach the driver right when the driver starts reading
     # its link: the name must be registered by then.  Here the driver waits,
@@ -278,7 +269,7 @@ def test_start_refuses_what_it_cannot_honour_naming_it():
         serve.start(http_port=8000)
 
 
-def test_start_takes_ray_signature_and_harmless_options(runtime):
+def test_start_takes_ray_signature_and_harmless_options(serve_runtime):
     with pytest.warns(UserWarning, match="logging_config"):
         serve.start(None, {"port": 0, "proxies": 1},
                     grpc_options={"port": 9000, "grpc_servicer_functions": []},

@@ -41,10 +41,12 @@ SUITES = {
     "core": "ray_lite.bench.core_suite",
     "executor": "ray_lite.bench.executor_suite",
     "serve": "ray_lite.bench.serve_suite",
+    "soak": "ray_lite.bench.soak_suite",
 }
 
 #: What `ray-lite bench` runs with no names: the headline figures.  `serve`
-#: is left out: it needs ab and wrk (Debian's apache2-utils and wrk).
+#: is left out: it needs ab and wrk (Debian's apache2-utils and wrk); `soak`
+#: too (wrk, and a minute).
 DEFAULT_SUITES = ("micro", "core", "executor")
 
 #: Set (to anything but "" or "0") to run every suite at its smallest size:

@@ -18,11 +18,10 @@ import itertools
 import sys
 import traceback
 
-from ray_lite._private import api as _api
 from ray_lite.exceptions import RayActorError
 
-
-_LISTEN_TIMEOUT_S = 30.0
+from . import _core, _defaults
+from ._defaults import LISTEN_TIMEOUT_S
 
 
 class _Dep:
@@ -32,6 +31,7 @@ class _Dep:
         self.spec = spec                    # cls_blob, args, kwargs, config
         self.config = spec["config"]
         self.replicas = {}                  # replica id -> ActorHandle (RUNNING)
+        self.pids = {}                      # replica id -> its process id
         self.starting = 0
         self.stopping = set()
         self.status = "UPDATING"
@@ -51,16 +51,17 @@ class _App:
 
 class ServeController:
     def __init__(self, http_options):
-        from ray_lite._private.api import get_actor
         from . import context
-        self._self_handle = get_actor(context.CONTROLLER_NAME,
-                                             namespace=context.SERVE_NAMESPACE)
+        self._self_handle = _core.get_actor(context.CONTROLLER_NAME,
+                                            namespace=context.SERVE_NAMESPACE)
         context.set_controller(self._self_handle)
         self.http_options = dict(http_options or {})
         self.apps = {}
         self.version = 0
         self.waiters = []
-        self.proxies = []                   # ActorHandles
+        self.proxies = []                   # ActorHandles, by index
+        self.proxy_pids = []                # their process ids
+        self.proxy_watchers = set()         # tasks: one per proxy, ends when it dies
         self.proxy_versions = {}            # proxy index -> version applied
         self.proxy_waiters = []
         self.http_port = None
@@ -98,10 +99,11 @@ class ServeController:
                  "max_queued_requests": cfg["max_queued_requests"]})
 
     async def listen_deployment(self, app_name, dep_name, known_version):
-        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        await self._changed(known_version, LISTEN_TIMEOUT_S)
         return self._dep_snapshot(app_name, dep_name)
 
-    async def wait_replicas(self, app_name, dep_name, known_version, timeout_s=30.0):
+    async def wait_replicas(self, app_name, dep_name, known_version,
+                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S):
         """A snapshot with at least one replica (or the deployment gone), or after timeout."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
@@ -138,7 +140,7 @@ class ServeController:
             self.proxy_versions[proxy_index] = max(self.proxy_versions.get(proxy_index, -1),
                                                    known_version)
             self._wake_proxy_waiters()
-        await self._changed(known_version, _LISTEN_TIMEOUT_S)
+        await self._changed(known_version, LISTEN_TIMEOUT_S)
         return (self.version, self._routes())
 
     def _wake_proxy_waiters(self):
@@ -147,7 +149,7 @@ class ServeController:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _proxies_caught_up(self, timeout=15.0):
+    async def _proxies_caught_up(self, timeout=_defaults.PROXIES_CAUGHT_UP_TIMEOUT_S):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         target = self.version
@@ -181,10 +183,10 @@ class ServeController:
         opts.update(http_options or {})
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
-        actor_cls = _api.remote(ProxyActor)
+        actor_cls = _core.remote(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.
-        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", 8000)))
+        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", _defaults.HTTP_PORT)))
         started = [first]
         try:
             port = await first.start.remote()
@@ -196,18 +198,60 @@ class ServeController:
                 self._kill(h)
             raise
         self.proxies = started
+        self.proxy_pids = list(await asyncio.gather(*[h.pid.remote() for h in started]))
         self.http_port = port
+        for i, h in enumerate(started):
+            self._watch_proxy(i, h)
         await self._proxies_caught_up()
         return port
 
+    def _watch_proxy(self, index, h):
+        t = asyncio.ensure_future(self._replace_proxy_when_dead(index, h))
+        self.proxy_watchers.add(t)
+        t.add_done_callback(self.proxy_watchers.discard)
+
+    async def _replace_proxy_when_dead(self, index, h):
+        try:
+            await h.wait_forever.remote()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:   # noqa: BLE001 - it died (the core saw its process end)
+            pass
+        from ._proxy import ProxyActor
+        delay = 0.1
+        while not self.shutting_down and index < len(self.proxies) and \
+                self.proxies[index] is h:
+            print(f"Serve: HTTP proxy {index} died; starting a replacement on port "
+                  f"{self.http_port}", file=sys.stderr, flush=True)
+            new = _core.remote(ProxyActor).remote(
+                self._self_handle, index,
+                dict(self.http_options, port=self.http_port, replacing=True))
+            try:
+                await new.start.remote()
+                pid = await new.pid.remote()
+            except Exception as exc:   # noqa: BLE001 - the port was taken meanwhile, say
+                print(f"Serve: the replacement of HTTP proxy {index} failed: {exc!r}",
+                      file=sys.stderr, flush=True)
+                self._kill(new)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self.shutting_down or self.proxies[index] is not h:
+                self._kill(new)
+                return
+            self.proxies[index] = new
+            self.proxy_pids[index] = pid
+            self._watch_proxy(index, new)
+            return
+
     async def http_address(self):
-        return (self.http_options.get("host", "127.0.0.1"), self.http_port)
+        return (self.http_options.get("host", _defaults.HTTP_HOST), self.http_port)
 
     # ------------------------------------------------------------- replicas
     def _replica_class(self):
         if self._replica_cls is None:
             from ._replica import ServeReplica
-            self._replica_cls = _api.remote(ServeReplica)
+            self._replica_cls = _core.remote(ServeReplica)
         return self._replica_cls
 
     async def _bring_up(self, dep, n):
@@ -221,13 +265,13 @@ class ServeController:
         errors = []
         dep.starting += n
         try:
-            handles = _api.create_actors(self._replica_class(), [
+            handles = _core.create_actors(self._replica_class(), [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
                   spec["kwargs"], dict(dep.config)), {}) for rid in rids])
 
             async def join(rid, h):
                 try:
-                    await h.ready.remote()
+                    pid = await h.ready.remote()
                 except Exception as exc:   # noqa: BLE001 - its constructor failed, or it died
                     errors.append(exc)
                     self._kill(h)
@@ -235,6 +279,7 @@ class ServeController:
                 if self.apps.get(dep.app) is not None and \
                         self.apps[dep.app].deps.get(dep.name) is dep:
                     dep.replicas[rid] = h
+                    dep.pids[rid] = pid
                     self._watch(dep, rid, h)
                     self._bump()
                 else:
@@ -270,7 +315,7 @@ class ServeController:
         await self._replace(dep, rid, h, "died")
 
     async def _health_loop(self, dep, rid, h, period):
-        timeout = dep.config.get("health_check_timeout_s") or 30.0
+        timeout = dep.config.get("health_check_timeout_s") or _defaults.HEALTH_CHECK_TIMEOUT_S
         while rid in dep.replicas:
             await asyncio.sleep(period)
             if rid not in dep.replicas:
@@ -288,6 +333,7 @@ class ServeController:
                 return
 
     async def _replace(self, dep, rid, h, why):
+        dep.pids.pop(rid, None)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
             return
         self._bump()
@@ -312,7 +358,7 @@ class ServeController:
 
     def _kill(self, h):
         try:
-            _api.kill(h)
+            _core.kill(h)
         except Exception:   # noqa: BLE001 - already gone
             pass
 
@@ -321,6 +367,7 @@ class ServeController:
         items = list(dep.replicas.items())
         dep.stopping.update(rid for rid, _ in items)
         dep.replicas.clear()
+        dep.pids.clear()
         for t in list(dep.tasks):
             t.cancel()
         timeout = dep.config.get("graceful_shutdown_timeout_s") or 0
@@ -379,6 +426,7 @@ class ServeController:
                 extra = list(dep.replicas.items())[want:]
                 for rid, _ in extra:
                     del dep.replicas[rid]
+                    dep.pids.pop(rid, None)
                 tmp = _Dep(name, dep.name, dep.spec)
                 tmp.replicas = dict(extra)
                 asyncio.ensure_future(self._stop_replicas(tmp))
@@ -414,15 +462,39 @@ class ServeController:
         await self._proxies_caught_up()
 
     async def shutdown(self):
+        """Stop everything within the longest ``graceful_shutdown_timeout_s``
+        (and a second): the proxies take no new connections, requests in
+        flight may end meanwhile, then replicas and proxies are killed."""
         self.shutting_down = True
-        await self.delete_apps(list(self.apps))
-        proxies, self.proxies = self.proxies, []
+        for t in list(self.proxy_watchers):
+            t.cancel()
+        apps = list(self.apps.values())
+        for app in apps:
+            app.status = "DELETING"
+        self._bump()        # the proxies stop routing to them
+        deps = [d for app in apps for d in app.deps.values()]
+        timeout = max([d.config.get("graceful_shutdown_timeout_s") or 0 for d in deps],
+                      default=0)
+        proxies, self.proxies, self.proxy_pids = self.proxies, [], []
         self._proxies_started = None
-        await asyncio.gather(*[_quiet(p.stop.remote()) for p in proxies])
+        await asyncio.gather(*[_quiet(asyncio.wait_for(p.stop.remote(timeout), timeout + 1.0))
+                               for p in proxies],
+                             *[self._stop_replicas(d) for d in deps])
         for p in proxies:
             self._kill(p)
+        for app in apps:
+            if self.apps.get(app.name) is app:
+                del self.apps[app.name]
         self._bump()
         return True
+
+    async def process_ids(self):
+        """The process ids of Serve: ``{"controller": pid, "proxies": [pid, ...],
+        "replicas": {"app/deployment": [pid, ...]}}``."""
+        import os
+        return {"controller": os.getpid(), "proxies": list(self.proxy_pids),
+                "replicas": {f"{app.name}/{d.name}": list(d.pids.values())
+                             for app in self.apps.values() for d in app.deps.values()}}
 
     async def status(self):
         out = {}

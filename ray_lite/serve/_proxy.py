@@ -14,21 +14,19 @@ queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 """
 import asyncio
 import collections
+import os
 import socket
 import sys
-from random import random as _random
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
-from ray_lite._private import api as _api
 
-from . import _compat, context
-from ._replica import _REASONS
-
-DEFAULT_MAX_BODY = 100 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024
-MAX_PIPELINED = 64
+from . import _core, _defaults, context
+from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
+from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
+from ._routing import first_idle_else_power_of_two as _choose
+from ._routing import slots_for
 
 # While a proxy has a single client and a single request in flight, its loop
 # has nothing else to do: it spins (bounded) for the replica's answer rather
@@ -38,26 +36,6 @@ MAX_PIPELINED = 64
 # answers came within the budget, so a slow deployment costs no CPU.
 # RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
-
-_STATUS_LINES = {}
-
-
-def _status_line(status):
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode())
-    return line
-
-
-class _Rep:
-    __slots__ = ("handle", "actor_id", "inflight", "http")
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.actor_id = handle._info.actor_id
-        self.inflight = 0
-        self.http = handle.handle_http
 
 
 class _Route:
@@ -78,31 +56,6 @@ class _Route:
     def matches(self, path):
         p = self.prefix
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
-
-    def choose(self):
-        reps = self.replicas
-        n = len(reps)
-        if n == 0:
-            return None
-        limit = self.max_ongoing
-        r = reps[0]
-        if r.inflight == 0:
-            # At low load, requests go to the first replica (the same one
-            # in every proxy: the controller's order) whenever it is idle,
-            # so that one process serves them and stays warm (its caches,
-            # an awake CPU): tens of microseconds a request on a VM.  Under
-            # load it is rarely idle, and the power of two choices decides.
-            return r
-        if n == 1:
-            return r if r.inflight < limit else None
-        a = reps[int(_random() * n)]
-        b = reps[int(_random() * n)]
-        if b.inflight < a.inflight:
-            a = b
-        if a.inflight < limit:
-            return a
-        best = min(reps, key=lambda r: r.inflight)
-        return best if best.inflight < limit else None
 
 
 class _Req:
@@ -130,21 +83,29 @@ class _Reject(Exception):
 
 
 _HttpRequestParser = None
+_HttpParserUpgrade = None
 
 
 def _load_parser():
     # Imported by the proxy process only (not by whoever imports this module).
-    global _HttpRequestParser
-    from httptools import HttpRequestParser
+    global _HttpRequestParser, _HttpParserUpgrade
+    from httptools import HttpParserUpgrade, HttpRequestParser
     _HttpRequestParser = HttpRequestParser
+    _HttpParserUpgrade = HttpParserUpgrade
     return HttpRequestParser
+
+
+# ``fail_status`` of a connection that ends, without an error, after the
+# answers it owes: the client asked to switch protocols (WebSocket, h2c) or
+# to tunnel (CONNECT), which this proxy does not do.
+_END_QUIETLY = -1
 
 
 class HttpConnection(asyncio.Protocol):
     # One per TCP connection (with ab, per request): slots make it cheaper.
     __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
                  "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
-                 "body_size", "expect_continue")
+                 "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter")
 
     def __init__(self, proxy):
         self.proxy = proxy
@@ -157,13 +118,16 @@ class HttpConnection(asyncio.Protocol):
         self.fail_status = 0
         self.paused = False
         self.in_next = False
+        self.idle_sweeps = 0     # sweeps that found it idle since it last received
+        self.write_paused = False   # the transport's buffer is over its high-water mark
+        self.write_waiter = None    # a streamed answer's wait for the client to read
         self._reset()
 
     def _reset(self):
         self.url = b""
         self.headers = []
         self.header_bytes = 0
-        self.body = []
+        self.body = None
         self.body_size = 0
         self.expect_continue = False
 
@@ -174,6 +138,8 @@ class HttpConnection(asyncio.Protocol):
         if peer:
             self.client = f"{peer[0]}:{peer[1]}"
         self.proxy.conns.add(self)
+        if self.proxy.idle_sweep is None:
+            self.proxy.sweep_idle_later()
 
     def connection_lost(self, exc):
         self.closed = True
@@ -185,7 +151,7 @@ class HttpConnection(asyncio.Protocol):
             target = req.gen if req.gen is not None else req.ref
             if target is not None:
                 try:
-                    _api.cancel(target)
+                    _core.cancel(target)
                 except Exception:   # noqa: BLE001 - already done
                     pass
                 self.proxy.release(req)
@@ -195,13 +161,43 @@ class HttpConnection(asyncio.Protocol):
                 except ValueError:
                     pass
         self.queue.clear()
+        self.body = None
+        self._wake_writer()
+
+    def pause_writing(self):
+        self.write_paused = True
+
+    def resume_writing(self):
+        self.write_paused = False
+        self._wake_writer()
+
+    def _wake_writer(self):
+        waiter, self.write_waiter = self.write_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drained(self):
+        """Until the client has read enough of what was written (or left): a
+        streamed answer takes no more from the replica meanwhile, so a slow
+        reader holds the replica's generator back instead of filling memory."""
+        while self.write_paused and not self.closed:
+            self.write_waiter = self.proxy.loop.create_future()
+            await self.write_waiter
 
     def data_received(self, data):
         if self.closed or self.fail_status:
+            if not self.closed:
+                # Refused input (a body over the limit, say): what follows it
+                # is neither parsed nor kept, and is not read any more.
+                self.transport.pause_reading()
             return
+        self.idle_sweeps = 0
         try:
             self.parser.feed_data(data)
         except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
+            if isinstance(exc, _HttpParserUpgrade):
+                self.end_after_answers()
+                return
             status = 400
             cause = exc.__cause__ or exc.__context__
             if isinstance(exc, _Reject) or isinstance(cause, _Reject):
@@ -236,13 +232,22 @@ class HttpConnection(asyncio.Protocol):
     def on_body(self, body):
         self.body_size += len(body)
         if self.body_size > self.proxy.max_body:
+            self.body = None    # let the refused part go at once
             raise _Reject(413)
-        self.body.append(body)
+        b = self.body
+        if b is None:
+            self.body = body    # most bodies arrive in one piece
+        else:
+            if type(b) is bytes:
+                # One growing buffer, not a list of pieces: a large body is
+                # one allocation, given back to the system whole when freed.
+                b = self.body = bytearray(b)
+            b += body
 
     def on_message_complete(self):
         p = self.parser
         body = self.body
-        body = b"" if not body else body[0] if len(body) == 1 else b"".join(body)
+        body = b"" if body is None else body if type(body) is bytes else bytes(body)
         req = _Req(p.get_method().decode("ascii", "replace"), self.url,
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
@@ -272,10 +277,25 @@ class HttpConnection(asyncio.Protocol):
             self.in_next = False
         if self.current is None and not self.queue:
             if self.fail_status and not self.closed:
-                self._write_error_and_close(self.fail_status)
+                if self.fail_status == _END_QUIETLY:
+                    self.closed = True
+                    self.transport.close()
+                else:
+                    self._write_error_and_close(self.fail_status)
             elif self.paused and not self.closed:
                 self.paused = False
                 self.transport.resume_reading()
+
+    def end_after_answers(self):
+        """Read no more: the last request (the one that asked to upgrade)
+        gets its answer, with ``connection: close``, then the connection ends."""
+        self.fail_status = _END_QUIETLY
+        last = self.queue[-1] if self.queue else self.current
+        if last is not None:
+            last.keep_alive = False
+        elif not self.closed:
+            self.closed = True
+            self.transport.close()
 
     def fail(self, status):
         """Malformed or refused input: answer the requests before it, then this, and close."""
@@ -284,10 +304,8 @@ class HttpConnection(asyncio.Protocol):
             self._write_error_and_close(status)
 
     def _write_error_and_close(self, status):
-        body = _REASONS.get(status, "Error").encode()
-        self.transport.write(_status_line(status) + b"content-type: text/plain; charset=utf-8"
-                             b"\r\ncontent-length: " + str(len(body)).encode() +
-                             b"\r\nconnection: close\r\n\r\n" + body)
+        headers, body = text_answer(status)
+        self.transport.write(status_line(status) + headers + CONNECTION_CLOSE + b"\r\n" + body)
         self.closed = True
         self.transport.close()
 
@@ -295,9 +313,12 @@ class HttpConnection(asyncio.Protocol):
         if self.closed:
             return
         keep = req.keep_alive and not close
-        head = _status_line(status) + headers
-        if not keep:
-            head += b"connection: close\r\n"
+        head = status_line(status) + headers
+        if keep:
+            if req.version != "1.1":
+                head += CONNECTION_KEEP_ALIVE    # HTTP/1.0 closes unless told
+        else:
+            head += CONNECTION_CLOSE
         if req.method == "HEAD":
             body = b""
         self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
@@ -309,9 +330,31 @@ class HttpConnection(asyncio.Protocol):
             self.next()
 
     def respond_text(self, req, status, text=None, close=False):
-        body = (text or _REASONS.get(status, "")).encode()
-        self.respond(req, status, b"content-type: text/plain; charset=utf-8\r\ncontent-length: "
-                     + str(len(body)).encode() + b"\r\n", body, close)
+        headers, body = text_answer(status, text)
+        self.respond(req, status, headers, body, close)
+
+
+def _free_port(family, host, port):
+    """``port`` (a free one for 0) if no socket holds it, else EADDRINUSE:
+    a bind without SO_REUSEPORT shares the port with no one."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        return probe.getsockname()[1]
+
+
+def _shared_socket(family, host, port):
+    """A socket bound to ``(host, port)`` that the other proxies share (SO_REUSEPORT)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 class ProxyActor:
@@ -319,11 +362,14 @@ class ProxyActor:
         context.set_controller(controller)
         self.controller = controller
         self.index = index
-        self.host = options.get("host") or "127.0.0.1"
-        self.port = int(options.get("port", 8000))
-        self.max_body = int(options.get("max_body_size") or DEFAULT_MAX_BODY)
+        self.host = options.get("host") or _defaults.HTTP_HOST
+        self.port = int(options.get("port", _defaults.HTTP_PORT))
+        self.max_body = int(options.get("max_body_size") or _defaults.MAX_BODY_SIZE)
         t = options.get("request_timeout_s")
         self.request_timeout = float(t) if t else None
+        self.keep_alive_timeout = float(options.get("keep_alive_timeout_s")
+                                        or _defaults.KEEP_ALIVE_TIMEOUT_S)
+        self.idle_sweep = None      # the timer of the next sweep, while connections are open
         self.routes = []
         self.inflight = 0
         self.version = -1
@@ -332,17 +378,13 @@ class ProxyActor:
         self.stopping = False
         self.loop = None
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        sock.setblocking(False)
-        self.sock = sock
-        self.port = sock.getsockname()[1]
+        if index == 0 and not options.get("replacing"):
+            # The first proxy of this Serve: the port must be free.  The
+            # proxies share it through SO_REUSEPORT, which would as well let
+            # this Serve share a port another program (another `serve run`)
+            # serves, the kernel splitting the connections between them.
+            self.port = _free_port(family, self.host, self.port)
+        self.sock = _shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
 
     async def start(self):
@@ -366,27 +408,30 @@ class ProxyActor:
                     return
                 await asyncio.sleep(0.5)
                 continue
-            await self._apply(version, routes)
+            try:
+                await self._apply(version, routes)
+            except Exception as exc:   # noqa: BLE001 - the loop must outlive a bug
+                # Its death would leave this proxy deaf to every later change
+                # and each change 15 s late ("proxies did not apply").
+                self.version = version
+                print(f"proxy: applying routes version {version} failed: {exc!r}",
+                      file=sys.stderr, flush=True)
 
     async def _apply(self, version, routes):
-        known = {}
-        for r in self.routes:
-            for rep in r.replicas:
-                known[rep.actor_id] = rep
+        known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
         for prefix, (app, dep, handles, max_ongoing, max_queued) in routes.items():
-            reps = []
-            for h in handles:
-                rep = known.get(h._info.actor_id)
-                if rep is None:
-                    rep = known[h._info.actor_id] = _Rep(h)
-                    fresh.append(rep)
-                reps.append(rep)
-            old = next((r for r in self.routes if r.prefix == prefix), None)
-            route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
-            if old is not None:
-                route.waiting = old.waiting
+            reps, new = slots_for(handles, known)
+            known += new
+            fresh += new
+            route = next((r for r in self.routes if r.prefix == prefix), None)
+            if route is None:
+                route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
+            else:
+                # The same object: requests in flight and waiting refer to it.
+                route.app, route.deployment, route.replicas = app, dep, reps
+                route.max_ongoing, route.max_queued = max_ongoing, max_queued
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -399,23 +444,57 @@ class ProxyActor:
         self.version = version
         for r in old_routes:
             if r not in new_routes and r.waiting:
+                # A route gone with requests waiting: each goes where its path
+                # leads now (another route, or a 404).
                 waiting, r.waiting = r.waiting, collections.deque()
                 for conn, req in waiting:
                     if not conn.closed:
-                        self.dispatch(conn, req)
+                        self.route_request(conn, req, *req.url)
         for r in new_routes:
             self._pump(r)
 
-    async def stop(self):
+    def sweep_idle_later(self):
+        # A quarter of the timeout apart: a connection is closed between one
+        # and one and a quarter timeouts after it fell idle.  No timer runs
+        # while no connection is open.
+        self.idle_sweep = self.loop.call_later(self.keep_alive_timeout / 4, self._sweep_idle)
+
+    def _sweep_idle(self):
+        """Close the keep-alive connections idle for ``keep_alive_timeout_s``
+        (no request in flight and nothing received meanwhile)."""
+        self.idle_sweep = None
+        for conn in list(self.conns):
+            if conn.current is None and not conn.queue and not conn.closed:
+                conn.idle_sweeps += 1
+                if conn.idle_sweeps > 4:
+                    conn.closed = True
+                    conn.transport.close()
+        if self.conns:
+            self.sweep_idle_later()
+
+    async def pid(self):
+        return os.getpid()
+
+    async def wait_forever(self):
+        # The controller keeps one such call outstanding: its failure is how
+        # it learns, at once, that this proxy died.
+        await asyncio.get_running_loop().create_future()
+
+    async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
+        """Take no new connections; let requests in flight end (``timeout_s`` at most)."""
         self.stopping = True
         if self.server is not None:
             self.server.close()
         for conn in list(self.conns):
-            if conn.current is None and not conn.closed:
+            if conn.closed:
+                continue
+            if conn.current is None:
                 conn.closed = True
                 conn.transport.close()
+            else:
+                conn.end_after_answers()    # no more requests on it
         loop = asyncio.get_running_loop()
-        end = loop.time() + 5.0
+        end = loop.time() + timeout_s
         while any(c.current is not None for c in self.conns) and loop.time() < end:
             await asyncio.sleep(0.02)
         return True
@@ -441,6 +520,9 @@ class ProxyActor:
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
+        self.route_request(conn, req, path, query)
+
+    def route_request(self, conn, req, path, query):
         routes = self.routes
         if len(routes) == 1 and routes[0].prefix == "/":
             route = routes[0]
@@ -451,7 +533,7 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = route.choose()
+        rep = _choose(route.replicas, route.max_ongoing)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
@@ -481,7 +563,7 @@ class ProxyActor:
         req.ref = ref
         if self.request_timeout is not None:
             req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
-        _compat.on_ready(ref, lambda _e: self._on_reply(conn, req))
+        _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
             req.sent = _monotonic()
             if route.reply_time < SPIN_BUDGET_S and len(self.conns) == 1:
@@ -491,7 +573,7 @@ class ProxyActor:
 
     def _wait_for_reply(self, req):
         if self.inflight == 1 and len(self.conns) == 1 and not req.finished:
-            _compat.wait_briefly(req.ref, SPIN_BUDGET_S)
+            _core.wait_briefly(req.ref, SPIN_BUDGET_S)
 
     def release(self, req):
         rep = req.rep
@@ -513,7 +595,7 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = route.choose()
+            rep = _choose(route.replicas, route.max_ongoing)
             if rep is None:
                 return
             waiting.popleft()
@@ -526,7 +608,7 @@ class ProxyActor:
         req.finished = True
         target = req.gen if req.gen is not None else req.ref
         try:
-            _api.cancel(target)
+            _core.cancel(target)
         except Exception:   # noqa: BLE001
             pass
         self.release(req)
@@ -542,7 +624,7 @@ class ProxyActor:
         if req.sent:
             route = req.route
             route.reply_time += (_monotonic() - req.sent - route.reply_time) * 0.25
-        r = _compat.peek(req.ref)
+        r = _core.peek(req.ref)
         if r[0]:
             status, headers, body, token = r[1]
             if token:
@@ -563,18 +645,19 @@ class ProxyActor:
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
-        head = _status_line(status) + headers
+        head = status_line(status) + headers
         if chunked:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:
-            head += b"connection: close\r\n"
+            head += CONNECTION_CLOSE
         write = conn.transport.write
         ok = False
         try:
             write(head + b"\r\n")
-            gen = req.gen = req.rep.handle.http_stream.remote(token)
+            gen = req.gen = req.rep.handle.http_stream.options(
+                _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
             async for ref in gen:
-                r = _compat.peek(ref)
+                r = _core.peek(ref)
                 chunk = r[1] if r is not None and r[0] else await ref
                 if conn.closed:
                     break
@@ -584,6 +667,8 @@ class ProxyActor:
                     write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
                 else:
                     write(chunk)
+                if conn.write_paused:
+                    await conn.drained()
             else:
                 ok = True
         except asyncio.CancelledError:

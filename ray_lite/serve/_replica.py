@@ -18,18 +18,15 @@ from time import monotonic as _monotonic
 import cloudpickle
 
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
-from ray_lite._private.refs import ObjectRef
 
-from . import _compat, context
+from . import _core, _defaults, context
+from ._core import ObjectRef
+from ._http import JSON as _JSON
+from ._http import OCTET as _OCTET
+from ._http import TEXT as _TEXT
+from ._http import sized as _sized
 
 logger = logging.getLogger("ray_lite.serve")
-
-_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
-            301: "Moved Permanently", 302: "Found", 304: "Not Modified", 307: "Temporary Redirect",
-            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 413: "Content Too Large",
-            422: "Unprocessable Entity", 429: "Too Many Requests",
-            500: "Internal Server Error", 503: "Service Unavailable"}
 
 # Replicas run below the proxies' priority (nice): a proxy that wakes a
 # replica is then not preempted by it at once, so it parses and sends what
@@ -50,18 +47,11 @@ _NICE = SERVE_REPLICA_NICE
 # RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
-_TEXT = b"content-type: text/plain; charset=utf-8\r\n"
 _COROUTINE = types.CoroutineType
-_JSON = b"content-type: application/json\r\n"
-_OCTET = b"content-type: application/octet-stream\r\n"
 
 
 def _headers_block(raw_headers):
     return b"".join(k + b": " + v + b"\r\n" for k, v in raw_headers)
-
-
-def _sized(ctype, body):
-    return ctype + b"content-length: " + str(len(body)).encode() + b"\r\n"
 
 
 def _parse_headers(blob):
@@ -127,8 +117,8 @@ class ServeReplica:
         self._streams = {}
         self._stream_seq = 0
         self._port_host = None
-        max_ongoing = config.get("max_ongoing_requests", 5)
-        self._slots = _compat.Slots(max_ongoing)
+        self._slots = _core.Slots(config.get("max_ongoing_requests",
+                                              _defaults.MAX_ONGOING_REQUESTS))
         self._server_str = None
         self._server = None
         self._http_fn = None
@@ -328,7 +318,7 @@ class ServeReplica:
 
     def _spin_for_next(self):
         if self._inflight == 0:
-            _compat.spin_for_messages(_SPIN_S)
+            _core.spin_for_messages(_SPIN_S)
 
     async def _to_http(self, r, scope, receive):
         """The reply for a result other than str or bytes (handled inline)."""
@@ -360,7 +350,7 @@ class ServeReplica:
         token = self._stream_seq
         self._streams[token] = agen
         # A proxy that never asks for it (its client left) must not leak it.
-        asyncio.get_running_loop().call_later(60.0, self._expire_stream, token)
+        asyncio.get_running_loop().call_later(_defaults.UNCLAIMED_STREAM_S, self._expire_stream, token)
         return token
 
     def _expire_stream(self, token):
@@ -395,12 +385,24 @@ class ServeReplica:
 
 
 async def _chunks(it):
+    # Closed with it: a stream cancelled (its client left) closes the user's
+    # generator at once, not whenever it is collected.
     if inspect.isasyncgen(it) or hasattr(it, "__anext__"):
-        async for item in it:
-            yield _to_bytes(item)
+        try:
+            async for item in it:
+                yield _to_bytes(item)
+        finally:
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                await close()
     else:
-        for item in it:
-            yield _to_bytes(item)
+        try:
+            for item in it:
+                yield _to_bytes(item)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
 
 def _to_bytes(item):

@@ -1,17 +1,19 @@
 """``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+import sys
 import threading
 import warnings
 
 import cloudpickle
 
-from ray_lite._private import api as _api
-from ray_lite._private import state as _state
-
-from . import _compat, context
+from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 
 _lock = threading.RLock()
+
+# The longest graceful_shutdown_timeout_s of what this process deployed: how
+# long shutdown() lets requests in flight end before it forces the stop.
+_longest_graceful_s = 0.0
 
 # What the controller, proxies and replicas import: loaded once in the zygote
 # (which forks them) instead of once in each of possibly dozens of replicas.
@@ -23,7 +25,7 @@ _WORKER_MODULES = ("ray_lite.serve", "ray_lite.serve._controller", "ray_lite.ser
 
 
 def _controller_or_none():
-    if _state.node is None:
+    if _core.current_node() is None:
         return None
     try:
         return context.get_controller()
@@ -32,17 +34,17 @@ def _controller_or_none():
 
 
 def _ensure_controller(http_options=None):
-    if not _api.is_initialized():
-        _api.init()
+    if not _core.is_initialized():
+        _core.init()
     ctl = _controller_or_none()
     if ctl is not None:
         return ctl
-    if not _compat.is_driver():
+    if not _core.is_driver():
         from .exceptions import RayServeException
         raise RayServeException("Serve is not running; start it from the driver")
-    _api.preload(_WORKER_MODULES)
+    _core.preload(_WORKER_MODULES)
     from ._controller import ServeController
-    cls = _api.remote(ServeController).options(name=context.CONTROLLER_NAME,
+    cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
                                                get_if_exists=True)
     ctl = cls.remote(http_options or {})
@@ -53,7 +55,7 @@ def _ensure_controller(http_options=None):
 def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
           tracing_config=None, controller_options=None, **kwargs):
     """Start Serve and its HTTP proxies (``http_options``: host, port, proxies,
-    request_timeout_s, max_body_size), with Ray's signature.
+    request_timeout_s, keep_alive_timeout_s, max_body_size), with Ray's signature.
 
     What ray_lite cannot honour is refused, naming the option: a gRPC
     ingress (``grpc_options`` with servicer functions), ``tracing_config``,
@@ -67,7 +69,7 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
         ctl = _ensure_controller(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
-        _api.get(ctl.start_proxies.remote(opts))
+        _core.get(ctl.start_proxies.remote(opts))
 
 
 def _option(config, name):
@@ -96,7 +98,8 @@ def _http_options(http_options):
         return {}
     if isinstance(http_options, dict):
         return dict(http_options)
-    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s")
+    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s",
+                                                  "keep_alive_timeout_s")
             if getattr(http_options, k, None) is not None}
 
 
@@ -152,18 +155,21 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
             raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
         if len(route_prefix) > 1 and route_prefix.endswith("/"):
             route_prefix = route_prefix.rstrip("/")
+    global _longest_graceful_s
     with _lock:
         ctl = _ensure_controller()
         ingress, specs = _build(target, name)
+        _longest_graceful_s = max([_longest_graceful_s] + [
+            s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])
         # The proxies (if not up yet) start while the replicas do; each waits
         # until every proxy has the routes, so HTTP sees the app once both end.
         proxies = ctl.start_proxies.remote({}) if route_prefix is not None else None
         deployed = ctl.deploy_app.remote(name, route_prefix, ingress, specs)
         # The deployment's error, if any, is what the caller needs to see: a
         # proxy's error only when the deployment succeeded.
-        _api.get(deployed)
+        _core.get(deployed)
         if proxies is not None:
-            _api.get(proxies)
+            _core.get(proxies)
     handle = DeploymentHandle(ingress, name)
     if blocking:
         _block_forever()
@@ -185,7 +191,7 @@ def status():
     ctl = _controller_or_none()
     if ctl is None:
         return ServeStatus({}, None, 0)
-    st = _api.get(ctl.status.remote())
+    st = _core.get(ctl.status.remote())
     return ServeStatus(st["applications"], st["http_port"], st["proxies"])
 
 
@@ -194,26 +200,36 @@ def delete(name, _blocking=True):
     ctl = _controller_or_none()
     if ctl is None:
         return
-    _api.get(ctl.delete_apps.remote([name]))
+    _core.get(ctl.delete_apps.remote([name]))
 
 
 def shutdown():
-    """Delete every application and stop the proxies and the controller."""
+    """Delete every application and stop the proxies and the controller.
+
+    Requests in flight get the longest ``graceful_shutdown_timeout_s`` of the
+    deployments to end; then the replicas and proxies are killed."""
     with _lock:
         ctl = _controller_or_none()
         if ctl is None:
             return
         try:
-            _api.get(ctl.shutdown.remote(), timeout=120)
-        except Exception:   # noqa: BLE001 - a dead controller: kill it anyway
-            pass
+            pids = _core.get(ctl.process_ids.remote(), timeout=_defaults.SHUTDOWN_ASK_S)
+        except Exception:   # noqa: BLE001 - a dead or stuck controller
+            pids = None
         try:
-            _api.kill(ctl)
+            # The controller drains for at most the graceful timeout itself;
+            # this bound holds even when it cannot.
+            _core.get(ctl.shutdown.remote(),
+                      timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
+        except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
+            _kill_processes(pids)
+        try:
+            _core.kill(ctl)
             # Until the runtime has seen it die, its name still resolves to it.
             from ray_lite.exceptions import RayActorError
             for _ in range(100):
                 try:
-                    _api.get(ctl.num_apps.remote(), timeout=0.1)
+                    _core.get(ctl.num_apps.remote(), timeout=0.1)
                 except RayActorError:
                     break
                 except Exception:   # noqa: BLE001 - timeout: not yet
@@ -223,9 +239,24 @@ def shutdown():
         context.clear_controller()
 
 
+def _kill_processes(pids):
+    """SIGKILL Serve's proxies and replicas (``process_ids()``'s answer)."""
+    import os
+    import signal
+    if not pids:
+        return
+    print("Serve: did not stop within the graceful shutdown timeout; killing its processes",
+          file=sys.stderr, flush=True)
+    for pid in pids["proxies"] + [p for ps in pids["replicas"].values() for p in ps]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def get_app_handle(name):
     ctl = context.get_controller()
-    ingress = _api.get(ctl.ingress_of.remote(name))
+    ingress = _core.get(ctl.ingress_of.remote(name))
     if ingress is None:
         from .exceptions import RayServeException
         raise RayServeException(f"Application '{name}' does not exist.")
@@ -248,7 +279,7 @@ def get_replica_context():
 def _http_port():
     """The port the proxies listen on (useful with ``http_options={"port": 0}``)."""
     ctl = context.get_controller()
-    return _api.get(ctl.http_address.remote())[1]
+    return _core.get(ctl.http_address.remote())[1]
 
 
 class _Obj:

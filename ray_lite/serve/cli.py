@@ -2,7 +2,8 @@
 
 The target is an ``Application`` (``Deployment.bind()``), a ``Deployment``,
 or a builder function called with the ``key=value`` arguments as a dict (as
-``serve run`` does in Ray).  Ctrl-C or SIGTERM shuts Serve down cleanly.
+``serve run`` does in Ray).  Ctrl-C, SIGTERM or SIGHUP shuts Serve down
+cleanly (draining requests in flight); a second one stops it at once.
 """
 import argparse
 import importlib
@@ -10,6 +11,8 @@ import os
 import signal
 import sys
 import threading
+
+from ._defaults import HTTP_HOST, HTTP_PORT
 
 
 def _parser():
@@ -21,8 +24,9 @@ def _parser():
     r.add_argument("args", nargs="*", metavar="key=value", help="arguments of a builder")
     r.add_argument("--app-dir", "-d", default=".", help="directory to import the module from "
                                                         "(default: the current directory)")
-    r.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    r.add_argument("--port", "-p", type=int, default=8000, help="port (default 8000)")
+    r.add_argument("--host", default=HTTP_HOST, help=f"address to bind (default {HTTP_HOST})")
+    r.add_argument("--port", "-p", type=int, default=HTTP_PORT,
+                   help=f"port (default {HTTP_PORT})")
     r.add_argument("--route-prefix", default="/", help="route prefix (default /)")
     r.add_argument("--name", default="default", help="application name (default: default)")
     r.add_argument("--proxies", type=int, default=0,
@@ -69,6 +73,15 @@ def _parse_kv(items):
     return out
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _as_sigint(signum, frame):
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+
+
 def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     import ray_lite as ray
@@ -80,9 +93,13 @@ def main(argv=None):
               file=sys.stderr)
         return 1
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    # Whatever was inherited (a script that starts us in the background
+    # leaves SIGINT ignored): Ctrl-C, SIGTERM and SIGHUP stop Serve.  SIGINT
+    # gets Python's handler, which init() then makes safe for the runtime;
+    # the others go through whatever handles SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in _STOP_SIGNALS[1:]:
+        signal.signal(signum, _as_sigint)
     stop = threading.Event()
     try:
         ray.init(num_cpus=args.num_cpus)
@@ -106,10 +123,17 @@ def main(argv=None):
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            serve.shutdown()
+            try:
+                print("ray-lite serve: shutting down", flush=True)
+                serve.shutdown()
+            except KeyboardInterrupt:
+                # Asked again while draining: stop at once.
+                print("ray-lite serve: interrupted again, stopping without draining",
+                      flush=True)
         finally:
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
             ray.shutdown()
         print("ray-lite serve: shut down", flush=True)
     return 0

@@ -1,7 +1,7 @@
 """Per-process Serve state: the controller's handle, and which replica we are."""
 import threading
 
-from ray_lite._private import state as _state
+from . import _core
 
 CONTROLLER_NAME = "SERVE_CONTROLLER"
 SERVE_NAMESPACE = "serve"
@@ -31,9 +31,10 @@ routers = {}          # (app, deployment) -> Router, for this process's runtime
 
 def _reset_if_new_runtime():
     global _controller, _controller_node
-    if _controller_node is not _state.node:
+    node = _core.current_node()
+    if _controller_node is not node:
         _controller = None
-        _controller_node = _state.node
+        _controller_node = node
         routers.clear()
 
 
@@ -51,11 +52,10 @@ def get_controller(create=False):
         _reset_if_new_runtime()
         if _controller is not None:
             return _controller
-        if _state.node is None and not create:
+        if _core.current_node() is None and not create:
             raise RayServeException("Serve is not running (call serve.run or serve.start)")
-        from ray_lite._private.api import get_actor
         try:
-            h = get_actor(CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+            h = _core.get_actor(CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         except ValueError:
             raise RayServeException("Serve is not running (call serve.run or serve.start)") \
                 from None

@@ -7,20 +7,8 @@ in the constructor as ``DeploymentHandle``s).
 """
 import inspect
 
-_DEFAULTS = {
-    "num_replicas": 1,
-    "max_ongoing_requests": 5,          # Ray >= 2.32's default
-    # Per caller, as in Ray: each HTTP proxy and each DeploymentHandle may
-    # hold this many requests waiting for a replica (not one shared count).
-    "max_queued_requests": -1,          # -1: no limit
-    "user_config": None,
-    "health_check_period_s": 10.0,
-    "health_check_timeout_s": 30.0,
-    "graceful_shutdown_timeout_s": 20.0,
-    "graceful_shutdown_wait_loop_s": 2.0,
-    "ray_actor_options": None,
-    "autoscaling_config": None,
-}
+from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
+from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 # Accepted as in Ray, without effect on one machine (listed in the README).
 _HARMLESS = {"version", "route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "logging_config", "request_router_config",
@@ -47,10 +35,10 @@ def _check_config(cfg):
         warnings.warn("ray_lite Serve does not autoscale: num_replicas='auto' / "
                       "autoscaling_config run a fixed number of replicas "
                       "(initial_replicas, else min_replicas, else 1)", stacklevel=3)
-    m = cfg.get("max_ongoing_requests", 5)
+    m = cfg.get("max_ongoing_requests", MAX_ONGOING_REQUESTS)
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"max_ongoing_requests must be a positive int, got {m!r}")
-    q = cfg.get("max_queued_requests", -1)
+    q = cfg.get("max_queued_requests", MAX_QUEUED_REQUESTS)
     if not isinstance(q, int) or (q < 0 and q != -1):
         raise ValueError(f"max_queued_requests must be -1 or a non-negative int, got {q!r}")
     for key in ("health_check_period_s", "health_check_timeout_s",
@@ -106,11 +94,11 @@ class Deployment:
 
     @property
     def max_ongoing_requests(self):
-        return self._config.get("max_ongoing_requests", _DEFAULTS["max_ongoing_requests"])
+        return self._config.get("max_ongoing_requests", MAX_ONGOING_REQUESTS)
 
     @property
     def max_queued_requests(self):
-        return self._config.get("max_queued_requests", _DEFAULTS["max_queued_requests"])
+        return self._config.get("max_queued_requests", MAX_QUEUED_REQUESTS)
 
     @property
     def ray_actor_options(self):

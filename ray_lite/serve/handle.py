@@ -14,28 +14,13 @@ it has completed (a readiness check, no message), so the driver, a replica or
 a proxy all see changes without a background thread.
 """
 import collections
-import random
 import threading
 
-from ray_lite._private import api as _api
-from ray_lite._private.refs import ObjectRef, _Entry, error_entry
 from ray_lite.exceptions import TaskCancelledError
 
-from . import _compat, context
-from .exceptions import BackPressureError, RequestCancelledError
-
-
-class _Replica:
-    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http")
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.actor_id = handle._info.actor_id
-        self.inflight = 0
-        self.call = handle.handle_request
-        self.stream = handle.handle_request_streaming
-        self.http = handle.handle_http
-
+from . import _core, _defaults, context
+from ._routing import least_loaded, power_of_two, slots_for
+from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
 _SENDING = object()
 
@@ -79,12 +64,7 @@ class Router:
         with self.lock:
             if version < self.version:
                 return
-            old = {r.actor_id: r for r in self.replicas}
-            reps = []
-            for h in handles:
-                r = old.get(h._info.actor_id)
-                reps.append(r if r is not None else _Replica(h))
-            self.replicas = reps
+            self.replicas = slots_for(handles, self.replicas)[0]
             self.version = version
             self.config = config
             self.exists = exists
@@ -96,7 +76,7 @@ class Router:
         with self.lock:
             ref = self.listen_ref
             if ref is not None:
-                r = _compat.peek(ref)
+                r = _core.peek(ref)
                 if r is None:
                     return
                 self.listen_ref = None
@@ -120,9 +100,9 @@ class Router:
                 self.listen_ref = ref
                 self._listening = False
 
-    def refresh_blocking(self, timeout=60.0):
+    def refresh_blocking(self, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
         ctl = context.get_controller()
-        snap = _api.get(ctl.wait_replicas.remote(
+        snap = _core.get(ctl.wait_replicas.remote(
             self.app_name, self.deployment_name, self.version), timeout=timeout)
         self.apply(snap)
 
@@ -131,7 +111,8 @@ class Router:
         with self.lock:
             reps = self.replicas
             if reps:
-                dead = [r for r in reps if _compat.actor_is_dead(r.handle)]
+                dead_ids = _core.dead_actor_ids()
+                dead = [r for r in reps if r.actor_id in dead_ids]
                 if dead:
                     reps = self.replicas = [r for r in reps if r not in dead]
             return reps
@@ -139,20 +120,9 @@ class Router:
     def _reserve(self, reps):
         """Under ``lock``: a replica under max_ongoing_requests by power of two
         choices, counted in flight; None when every one is at the limit."""
-        n = len(reps)
-        if n == 0:
-            return None
-        limit = self.config.get("max_ongoing_requests") or 1 << 30
-        a = reps[random.randrange(n)]
-        if n > 1:
-            b = reps[random.randrange(n)]
-            if b.inflight < a.inflight:
-                a = b
-        if a.inflight >= limit:
-            a = min(reps, key=_inflight)
-            if a.inflight >= limit:
-                return None
-        a.inflight += 1
+        a = power_of_two(reps, self.config.get("max_ongoing_requests") or 1 << 30)
+        if a is not None:
+            a.inflight += 1
         return a
 
     def reserve(self, hold):
@@ -165,7 +135,6 @@ class Router:
             self.refresh_blocking()
             reps = self._live_replicas()
             if not reps:
-                from .exceptions import DeploymentUnavailableError
                 raise DeploymentUnavailableError(
                     f"deployment {self.deployment_name!r} of application {self.app_name!r} "
                     f"has no running replica")
@@ -176,7 +145,7 @@ class Router:
             rep = self._reserve(reps)
             if rep is None:
                 # A stream is never held: the least loaded replica queues it.
-                rep = min(reps, key=_inflight)
+                rep = least_loaded(reps)
                 rep.inflight += 1
             return rep
 
@@ -190,14 +159,12 @@ class Router:
     def enqueue(self, method, args, kwargs):
         """Hold a call; its ref, or a ref to a BackPressureError when
         max_queued_requests calls already wait."""
-        node = _compat.node()
         with self.lock:
-            limit = self.config.get("max_queued_requests", -1)
+            limit = self.config.get("max_queued_requests", _defaults.MAX_QUEUED_REQUESTS)
             if limit != -1 and len(self.queue) >= limit:
-                err = BackPressureError(num_queued_requests=len(self.queue),
-                                        max_queued_requests=limit)
-                return None, ObjectRef(node.new_oid(), node.id, error_entry(err))
-            q = _Queued(method, args, kwargs, ObjectRef(node.new_oid(), node.id, _Entry()))
+                return None, _core.error_ref(BackPressureError(
+                    num_queued_requests=len(self.queue), max_queued_requests=limit))
+            q = _Queued(method, args, kwargs, _core.pending_ref())
             self.queue.append(q)
         # A slot may have freed meanwhile (its release saw no queue yet).
         self.pump()
@@ -218,10 +185,10 @@ class Router:
                 except ValueError:
                     pass
         if sent is None:
-            q.ref._e.set_error(RequestCancelledError(
+            _core.set_error(q.ref, RequestCancelledError(
                 "the request was cancelled while it waited for a replica"))
         elif sent is not _SENDING:
-            _api.cancel(sent)
+            _core.cancel(sent)
         # else: _send_held cancels it once the call is out.
 
     def pump(self):
@@ -244,7 +211,7 @@ class Router:
                     # replaced replica) must send the held calls too, not only
                     # a finished call.  Registered outside the lock, and a
                     # callback that fires at once only asks for another round.
-                    _compat.on_ready(watch, lambda _x: self.pump())
+                    _core.on_ready(watch, lambda _x: self.pump())
                 with self.lock:
                     if not self._pump_again:
                         self._pumping = False
@@ -277,7 +244,7 @@ class Router:
                     q.sent = _SENDING       # from here on, cancel() goes to the replica
             if rep is None:
                 for q in held:
-                    q.ref._e.set_error(failure)
+                    _core.set_error(q.ref, failure)
                 return None
             self._send_held(q, rep)
 
@@ -285,7 +252,6 @@ class Router:
         """Under ``lock``, nothing free: why the held calls can never be sent
         (the deployment deleted; the controller gone with no call in flight
         whose end could free a replica), or None."""
-        from .exceptions import DeploymentUnavailableError
         if not self.exists:
             return DeploymentUnavailableError(
                 f"deployment {self.deployment_name!r} of application {self.app_name!r} "
@@ -300,11 +266,11 @@ class Router:
         try:
             ref = rep.call.remote(q.method, q.args, q.kwargs)
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
-            q.ref._e.set_error(exc)
+            _core.set_error(q.ref, exc)
             self.release(rep)
             return
         except BaseException:      # Ctrl-C while a full ring made the send wait
-            q.ref._e.set_error(RequestCancelledError("interrupted while it was being sent"))
+            _core.set_error(q.ref, RequestCancelledError("interrupted while it was being sent"))
             self.release(rep)
             raise
         q.args = q.kwargs = None
@@ -312,22 +278,18 @@ class Router:
             q.sent = ref
             cancelled = q.cancelled
         if cancelled:
-            _api.cancel(ref)
+            _core.cancel(ref)
 
         def done(_x):
-            r = _compat.peek(ref)
+            r = _core.peek(ref)
             if r[0]:
-                q.ref._e.set_value(r[1])
+                _core.set_value(q.ref, r[1])
             elif q.cancelled and isinstance(r[1], TaskCancelledError):
-                q.ref._e.set_error(RequestCancelledError("the request was cancelled"))
+                _core.set_error(q.ref, RequestCancelledError("the request was cancelled"))
             else:
-                q.ref._e.set_error(r[1])
+                _core.set_error(q.ref, r[1])
             self.release(rep)
-        _compat.on_ready(ref, done)
-
-
-def _inflight(rep):
-    return rep.inflight
+        _core.on_ready(ref, done)
 
 
 def get_router(app_name, deployment_name):
@@ -375,7 +337,7 @@ class DeploymentHandle:
 
     def remote(self, *args, **kwargs):
         router = self._router
-        if router is None or context._controller_node is not _compat._state.node:
+        if router is None or context._controller_node is not _core.current_node():
             router = self._router = get_router(self.app_name, self.deployment_name)
         if args:
             args = [_unwrap(a) for a in args]
@@ -394,9 +356,9 @@ class DeploymentHandle:
             router.release(rep)
             raise
         if self._stream:
-            _compat.on_ready(gen.completed(), lambda _x: router.release(rep))
+            _core.on_ready(gen.completed(), lambda _x: router.release(rep))
             return DeploymentResponseGenerator(gen)
-        _compat.on_ready(ref, lambda _x: router.release(rep))
+        _core.on_ready(ref, lambda _x: router.release(rep))
         return DeploymentResponse(ref)
 
     def __reduce__(self):
@@ -428,12 +390,12 @@ class DeploymentResponse:
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
         try:
-            return _api.get(self._ref, timeout=timeout_s)
+            return _core.get(self._ref, timeout=timeout_s)
         except TaskCancelledError as exc:
             raise _request_cancelled(exc) from None
 
     def __await__(self):
-        r = _compat.peek(self._ref)
+        r = _core.peek(self._ref)
         if r is not None:
             if r[0]:
                 return r[1]
@@ -447,7 +409,7 @@ class DeploymentResponse:
         if self._queued is not None:
             self._router.cancel(self._queued)
         else:
-            _api.cancel(self._ref)
+            _core.cancel(self._ref)
 
     async def _to_object_ref(self):
         return self._ref
@@ -472,14 +434,14 @@ class DeploymentResponseGenerator:
 
     def __next__(self):
         ref = next(self._gen)
-        return _api.get(ref)
+        return _core.get(ref)
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         ref = await self._gen.__anext__()
-        r = _compat.peek(ref)
+        r = _core.peek(ref)
         if r is None:
             return await ref
         if r[0]:
@@ -487,7 +449,7 @@ class DeploymentResponseGenerator:
         raise r[1]
 
     def cancel(self):
-        _api.cancel(self._gen)
+        _core.cancel(self._gen)
 
     def _to_object_ref_gen(self):
         return self._gen

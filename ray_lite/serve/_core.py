@@ -1,0 +1,114 @@
+"""Serve's one door into the core runtime: every use of ``ray_lite._private`` by
+Serve goes through here.
+
+The core's calls (``get``, ``remote``, ``kill``, ...), cheap access to a ref's
+readiness (``on_ready``/``peek``, with a fallback on the public
+``ObjectRef.future()`` should the core's internals change), refs that Serve
+fills itself (a call a handle holds), and a few questions about the process
+this code runs in and the actors it talks to.
+"""
+
+from ray_lite._private import state as _state
+from ray_lite._private.api import (  # noqa: F401 (Serve's calls into the core)
+    cancel,
+    create_actors,
+    get,
+    get_actor,
+    init,
+    is_initialized,
+    kill,
+    preload,
+    remote,
+)
+from ray_lite._private.refs import ObjectRef, _Entry, error_entry
+from ray_lite._private.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
+
+
+# --------------------------------------------------------------- processes
+def current_node():
+    """This process's runtime (None before ``init``); a new one after a re-init."""
+    return _state.node
+
+
+def is_driver():
+    n = _state.node
+    return n is not None and n.id == 0
+
+
+# ------------------------------------------------------------------ actors
+def actor_id(handle):
+    """The id that names ``handle``'s actor in this runtime."""
+    return handle._info.actor_id
+
+
+_NONE_DEAD = frozenset()
+
+
+def dead_actor_ids():
+    """The ids of the actors this process has seen die (a container for ``in``)."""
+    n = _state.node
+    return _NONE_DEAD if n is None else n.dead_peers
+
+
+# -------------------------------------------------------------------- refs
+def on_ready(ref, callback):
+    """Call ``callback(x)`` once ``ref`` is ready, on the thread that drives the links
+    (``x``: the core's entry, or a future; read the outcome with ``peek(ref)``)."""
+    e = getattr(ref, "_e", None)
+    if e is not None and hasattr(e, "add_callback"):
+        e.add_callback(callback)
+        return
+    ref.future().add_done_callback(callback)
+
+
+def peek(ref):
+    """``(True, value)``, ``(False, error)`` for a ready ref, else ``None``."""
+    e = getattr(ref, "_e", None)
+    if e is None:
+        fut = ref.future()
+        if not fut.done():
+            return None
+        exc = fut.exception()
+        return (False, exc) if exc is not None else (True, fut.result())
+    if not e.ready:
+        return None
+    if e.error is not None:
+        return (False, e.error)
+    return (True, e.value)
+
+
+def pending_ref():
+    """A ref this process owns, filled later with ``set_value``/``set_error``."""
+    n = _state.get_node()
+    return ObjectRef(n.new_oid(), n.id, _Entry())
+
+
+def error_ref(error):
+    """A ref this process owns, ready with ``error``."""
+    n = _state.get_node()
+    return ObjectRef(n.new_oid(), n.id, error_entry(error))
+
+
+def set_value(ref, value):
+    """Fill a ``pending_ref`` with a value (its waiters and callbacks run)."""
+    ref._e.set_value(value)
+
+
+def set_error(ref, error):
+    """Fill a ``pending_ref`` with an error (its waiters and callbacks run)."""
+    ref._e.set_error(error)
+
+
+# ------------------------------------------------------ the loop's thread
+def wait_briefly(ref, budget):
+    """Busy-wait at most ``budget`` s on this event loop's thread for ``ref``
+    (the loop runs nothing else meanwhile); True if it became ready."""
+    if getattr(ref, "_e", None) is None:
+        return False
+    return _state.get_node().wait_briefly(ref, budget)
+
+
+def spin_for_messages(budget):
+    """Busy-wait at most ``budget`` s on this event loop's thread for a call
+    on any link (the loop runs nothing else meanwhile); True if one came."""
+    return _state.get_node().spin_for_messages(budget)

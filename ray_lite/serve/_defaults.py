@@ -1,0 +1,49 @@
+"""Serve's defaults and fixed bounds, each defined once (Ray Serve's values
+where Ray has one)."""
+
+# ------------------------------------------------------------- deployments
+MAX_ONGOING_REQUESTS = 5            # Ray >= 2.32's default
+# Per caller, as in Ray: each HTTP proxy and each DeploymentHandle may hold
+# this many requests waiting for a replica (not one shared count).
+MAX_QUEUED_REQUESTS = -1            # -1: no limit
+HEALTH_CHECK_PERIOD_S = 10.0
+HEALTH_CHECK_TIMEOUT_S = 30.0
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0
+GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 2.0
+
+DEPLOYMENT_OPTIONS = {
+    "num_replicas": 1,
+    "max_ongoing_requests": MAX_ONGOING_REQUESTS,
+    "max_queued_requests": MAX_QUEUED_REQUESTS,
+    "user_config": None,
+    "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+    "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+    "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    "graceful_shutdown_wait_loop_s": GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
+    "ray_actor_options": None,
+    "autoscaling_config": None,
+}
+
+# -------------------------------------------------------------------- HTTP
+HTTP_HOST = "127.0.0.1"
+HTTP_PORT = 8000
+MAX_BODY_SIZE = 100 * 1024 * 1024   # http_options["max_body_size"]
+MAX_HEADER_BYTES = 64 * 1024        # request line or header block beyond: 414 / 431
+MAX_PIPELINED = 64                  # requests read ahead on one connection
+KEEP_ALIVE_TIMEOUT_S = 90.0         # http_options["keep_alive_timeout_s"], Ray's default
+PROXY_DRAIN_TIMEOUT_S = 5.0         # a stopping proxy lets requests in flight end this long
+# A streamed answer's chunks a replica may send ahead of what the proxy
+# wrote to its client (whose socket the proxy stops writing to while full).
+STREAM_ITEMS_AHEAD = 8
+# A streamed answer no proxy asked for (its client left) is dropped after this.
+UNCLAIMED_STREAM_S = 60.0
+
+# -------------------------------------------------------------- controller
+LISTEN_TIMEOUT_S = 30.0             # a long poll answers "no change" after this
+WAIT_REPLICAS_TIMEOUT_S = 30.0      # the controller's wait for a first replica
+HANDLE_REFRESH_TIMEOUT_S = 60.0     # a handle's wait for the controller's answer to it
+PROXIES_CAUGHT_UP_TIMEOUT_S = 15.0  # a change is done when every proxy has it, or after this
+# serve.shutdown's wait for the controller: the longest graceful shutdown
+# timeout of the deployments and this margin; then it kills.
+SHUTDOWN_MARGIN_S = 3.0
+SHUTDOWN_ASK_S = 5.0                # its wait for the process ids, before

@@ -1,0 +1,81 @@
+"""How a caller (a ``DeploymentHandle``'s router, or an HTTP proxy's route)
+picks a replica: one slot per replica with this caller's in-flight count,
+the power of two choices among those under ``max_ongoing_requests``, and,
+for the proxies, the first replica while it is idle.
+
+The caller counts its own calls (``slot.inflight``): Ray's limits are per
+caller, and no process needs to ask another how busy a replica is.
+"""
+from random import random as _random
+
+from . import _core
+
+
+class ReplicaSlot:
+    """A replica as one caller sees it: its handle, the bound methods the
+    caller sends on, and how many of the caller's calls it runs now."""
+
+    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http")
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.actor_id = _core.actor_id(handle)
+        self.inflight = 0
+        self.call = handle.handle_request
+        self.stream = handle.handle_request_streaming
+        self.http = handle.handle_http
+
+
+def slots_for(handles, current):
+    """The slots of the replica set ``handles``: a replica already in ``current``
+    keeps its slot (and in-flight count); ``(slots, the new ones)``."""
+    known = {s.actor_id: s for s in current}
+    slots = []
+    fresh = []
+    for h in handles:
+        s = known.get(_core.actor_id(h))
+        if s is None:
+            s = ReplicaSlot(h)
+            fresh.append(s)
+        slots.append(s)
+    return slots, fresh
+
+
+def inflight(slot):
+    return slot.inflight
+
+
+def least_loaded(slots):
+    return min(slots, key=inflight)
+
+
+def power_of_two(slots, limit):
+    """Of two slots drawn at random the less loaded, if under ``limit``; else the
+    least loaded one under it; None when every one is at the limit (or none)."""
+    n = len(slots)
+    if n == 0:
+        return None
+    a = slots[int(_random() * n)]
+    if n > 1:
+        b = slots[int(_random() * n)]
+        if b.inflight < a.inflight:
+            a = b
+    if a.inflight < limit:
+        return a
+    a = min(slots, key=inflight)
+    return a if a.inflight < limit else None
+
+
+def first_idle_else_power_of_two(slots, limit):
+    """The first replica whenever it is idle, else ``power_of_two``.
+
+    At low load every request goes to the same replica (the first in the
+    controller's order, the same in every proxy), so that one process serves
+    them and stays warm (its caches, an awake CPU): tens of microseconds a
+    request on a VM.  Under load it is rarely idle, and the power of two
+    choices decides."""
+    if slots:
+        s = slots[0]
+        if s.inflight == 0:
+            return s
+    return power_of_two(slots, limit)

@@ -1,0 +1,255 @@
+"""The HTTP server under what clients do wrong or leave undone (issue 14):
+HTTP/1.0 keep-alive, upgrade requests it does not serve, idle keep-alive
+connections, a client that does not read its stream, oversized uploads; and
+under faults: a killed proxy, routes that change while requests wait."""
+import asyncio
+import os
+import signal
+import socket
+import time
+
+from starlette.requests import Request
+
+from ray_lite import serve
+
+from serve_helpers import raw
+
+
+@serve.deployment
+def hello(request: Request):
+    return "hello"
+
+
+def _one_answer(s):
+    """One response read from ``s``: (head, body); a body of content-length bytes."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"the server closed the connection; got {buf!r}"
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed the connection mid-body"
+        body += chunk
+    assert len(body) == length, "more bytes than one answer"
+    return head.lower(), body
+
+
+def test_http10_keep_alive_is_said_in_the_answer_and_kept(serve_port):
+    serve.run(hello.bind())
+    with socket.create_connection(("127.0.0.1", serve_port), timeout=30) as s:
+        for _ in range(2):
+            s.sendall(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            head, body = _one_answer(s)
+            assert body == b"hello"
+            # Without it an HTTP/1.0 client takes the answer to end with the
+            # connection, and waits (ab -k stalls).
+            assert b"\r\nconnection: keep-alive" in head
+    # Plain HTTP/1.0: the connection ends with the answer, and says so.
+    out = raw(serve_port, b"GET / HTTP/1.0\r\n\r\n")
+    assert out.endswith(b"hello") and b"connection: close" in out.lower()
+
+
+def test_upgrade_and_connect_get_one_answer_then_the_connection_ends(serve_port):
+    serve.run(hello.bind())
+    for request in (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                    b"Upgrade: websocket\r\n\r\n",
+                    b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                    b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+                    b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"):
+        out = raw(serve_port, request)
+        assert out.count(b"HTTP/1.1 ") == 1, out
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"hello"), out
+        assert b"connection: close" in out.lower()
+
+
+def test_idle_keep_alive_connections_are_closed_after_the_timeout(serve_runtime):
+    from ray_lite.serve.api import _http_port
+    serve.start(http_options={"port": 0, "proxies": 1, "keep_alive_timeout_s": 0.3})
+    port = _http_port()
+    serve.run(hello.bind())
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as used, \
+            socket.create_connection(("127.0.0.1", port), timeout=30) as unused:
+        used.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _one_answer(used)[1] == b"hello"
+        # Both idle now: the server ends them (a read sees the end, not the
+        # 30 s socket timeout).
+        assert used.recv(65536) == b""
+        assert unused.recv(65536) == b""
+
+
+# ------------------------------------------------- resources under slow clients
+CHUNK = b"x" * 65536
+STREAM_CHUNKS = 1024            # 64 MB
+
+
+@serve.deployment(max_ongoing_requests=10)
+class Flood:
+    """A stream of ``?n=`` 64 kB chunks (64 MB by default) made as fast as
+    they are taken; ``progress`` says how far the last stream's generator
+    got and whether it was closed."""
+
+    def __init__(self):
+        self.sent = 0
+        self.closed = False
+
+    async def __call__(self, request: Request):
+        from starlette.responses import StreamingResponse
+        n = int(request.query_params.get("n", STREAM_CHUNKS))
+        self.sent, self.closed = 0, False
+
+        async def chunks():
+            try:
+                for _ in range(n):
+                    self.sent += 1
+                    yield CHUNK
+            finally:
+                self.closed = True
+        return StreamingResponse(chunks())
+
+    def progress(self):
+        return self.sent, self.closed
+
+
+def _proxy_rss_kb():
+    """The resident memory of the (one) proxy, found through Serve's controller."""
+    from ray_lite.serve import context
+    from ray_lite.serve._core import get
+    pid, = get(context.get_controller().process_ids.remote())["proxies"]
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_client_that_does_not_read_holds_the_stream_back(serve_port):
+    h = serve.run(Flood.bind())
+    assert raw(serve_port, b"GET /?n=4 HTTP/1.0\r\n\r\n").endswith(CHUNK * 4)   # warm-up
+    assert h.progress.remote().result(timeout_s=30) == (4, True)
+    start_kb = _proxy_rss_kb()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", serve_port))
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    # Then it reads nothing.  The generator's steps never await, so each
+    # answer of progress() finds it held (or done): once two answers agree,
+    # it has stopped where the proxy held it.
+    seen = []
+    while len(seen) < 2 or seen[-1] != seen[-2]:
+        assert len(seen) < 1000
+        seen.append(h.progress.remote().result(timeout_s=30))
+    sent, closed = seen[-1]
+    assert not closed and sent < STREAM_CHUNKS // 4, sent
+    assert _proxy_rss_kb() - start_kb < 40 * 1024
+    s.close()       # the client leaves: the stream ends in the replica
+    deadline = time.monotonic() + 60
+    while not closed and time.monotonic() < deadline:
+        sent, closed = h.progress.remote().result(timeout_s=30)
+    assert closed and sent < STREAM_CHUNKS // 4
+
+
+def _chunked_upload_until_refused(port, mb):
+    """Send a chunked body of up to ``mb`` MB; the answer the server sent."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n" % (1 << 20) + b"y" * (1 << 20) + b"\r\n"
+        try:
+            for _ in range(mb):
+                s.sendall(piece)
+        except OSError:
+            pass            # refused and closed mid-upload
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_refused_oversized_uploads_leave_no_memory_behind(serve_port):
+    serve.run(hello.bind())
+    raw(serve_port, b"GET / HTTP/1.0\r\n\r\n")
+    start_kb = _proxy_rss_kb()
+    for _ in range(3):
+        out = _chunked_upload_until_refused(serve_port, 200)   # the limit: 100 MB
+        assert out.startswith(b"HTTP/1.1 413 "), out[:80]
+        assert _proxy_rss_kb() - start_kb < 40 * 1024
+
+
+def _serve_pids():
+    from ray_lite.serve import context
+    from ray_lite.serve._core import get
+    return get(context.get_controller().process_ids.remote())
+
+
+def test_a_killed_proxy_is_replaced_on_the_same_port(serve_port):
+    serve.run(hello.bind())
+    old, = _serve_pids()["proxies"]
+    os.kill(old, signal.SIGKILL)
+    # The controller learns of the death from the runtime (no polling) and
+    # publishes the replacement's pid once it listens.
+    deadline = time.monotonic() + 60
+    new = [old]
+    while new == [old] and time.monotonic() < deadline:
+        new = _serve_pids()["proxies"]
+    assert new and new != [old], "no replacement within 60 s"
+    assert raw(serve_port, b"GET / HTTP/1.0\r\n\r\n").endswith(b"hello")
+
+
+@serve.deployment(max_ongoing_requests=1)
+async def gate(request: Request):
+    """Passes once the test's door (a socket at ``?door=`` port) sends a byte."""
+    reader, writer = await asyncio.open_connection("127.0.0.1",
+                                                   int(request.query_params["door"]))
+    await reader.read(1)
+    writer.close()
+    return "through"
+
+
+def _answer_of(s):
+    buf = b""
+    while not buf.endswith(b"through"):
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    return buf
+
+
+def test_route_changes_while_requests_wait_in_the_proxy(serve_port):
+    serve.run(gate.bind(), name="gate", route_prefix="/gate")
+    door = socket.create_server(("127.0.0.1", 0))
+    door.settimeout(30)
+    ask = b"GET /gate?door=%d HTTP/1.1\r\nHost: x\r\n\r\n" % door.getsockname()[1]
+    first = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    queued = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    try:
+        first.sendall(ask)
+        inside, _ = door.accept()       # the first request is in the replica
+        queued.sendall(ask)
+        # The proxy read that request (it waits in its queue: the replica
+        # takes one at a time) before this later one, which it answers.
+        assert raw(serve_port, b"GET /nothing HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 404")
+        # Changes while it waits: each reaches the proxy (the first used to
+        # kill the proxy's route loop, leaving it deaf to the second).
+        serve.run(hello.bind(), name="other", route_prefix="/other")
+        serve.run(hello.options(name="third").bind(), name="third", route_prefix="/third")
+        assert raw(serve_port, b"GET /third HTTP/1.0\r\n\r\n").endswith(b"hello")
+        for s in (first, queued):
+            inside.sendall(b"!")
+            assert _answer_of(s).startswith(b"HTTP/1.1 200")
+            inside.close()
+            if s is first:
+                inside, _ = door.accept()
+    finally:
+        for s in (first, queued, door):
+            s.close()
