@@ -20,6 +20,7 @@ from .api import (
     start,
     status,
 )
+from ._asgi import ingress
 from .batching import batch
 from .deployment import Application, Deployment, deployment
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
@@ -27,5 +28,6 @@ from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGene
 __all__ = [
     "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
+    "ingress",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
 ]

@@ -227,7 +227,7 @@ def get_app_handle(name):
     if ingress is None:
         from .exceptions import RayServeException
         raise RayServeException(f"Application '{name}' does not exist.")
-    return DeploymentHandle(ingress, name)
+    return _shared_handle(ingress, name)
 
 
 def get_deployment_handle(deployment_name, app_name=None):
@@ -236,7 +236,18 @@ def get_deployment_handle(deployment_name, app_name=None):
             app_name = context.get_replica_context().app_name
         except Exception:   # noqa: BLE001
             app_name = "default"
-    return DeploymentHandle(deployment_name, app_name)
+    return _shared_handle(deployment_name, app_name)
+
+
+def _shared_handle(deployment_name, app_name):
+    """The same handle for each call with the same names, as in Ray."""
+    key = (app_name, deployment_name)
+    with context._lock:
+        context._reset_if_new_runtime()
+        h = context.handles.get(key)
+        if h is None:
+            h = context.handles[key] = DeploymentHandle(deployment_name, app_name)
+        return h
 
 
 def get_replica_context():

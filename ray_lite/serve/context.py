@@ -27,6 +27,7 @@ _controller = None
 _controller_node = None
 _replica_context = None
 routers = {}          # (app, deployment) -> Router, for this process's runtime
+handles = {}          # (app, deployment) -> the DeploymentHandle the getters return
 
 
 def _reset_if_new_runtime():
@@ -36,6 +37,7 @@ def _reset_if_new_runtime():
         _controller = None
         _controller_node = node
         routers.clear()
+        handles.clear()
 
 
 def set_controller(handle):
@@ -68,6 +70,7 @@ def clear_controller():
     with _lock:
         _controller = None
         routers.clear()
+        handles.clear()
 
 
 def set_replica_context(ctx):
