@@ -211,10 +211,10 @@ class AsgiIngress:
                 self._run(reply, scope, _Receive(body), f"{method} {path}"))
             await reply.head
             if reply.stream is None:
-                return (reply.status, _headers_block(reply.headers, False),
-                        b"".join(reply.body), 0)
+                body = b"".join(reply.body)
+                return (reply.status, _headers_block(reply.headers, len(body)), body, 0)
             reply.stream.task = task
-            return (reply.status, _headers_block(reply.headers, True), None,
+            return (reply.status, _headers_block(reply.headers, None), None,
                     rep._new_stream(reply.stream))
         finally:
             slots.release()
@@ -251,11 +251,22 @@ def _settle(fut, value):
             fut.set_result(value)
 
 
-def _headers_block(headers, streamed):
-    # A streamed body goes out chunked: its content-length (if the app set
-    # one) would contradict that.
-    return b"".join(bytes(k) + b": " + bytes(v) + b"\r\n" for k, v in headers
-                    if not (streamed and bytes(k).lower() == b"content-length"))
+def _headers_block(headers, length):
+    """The header lines of an answer whose body has ``length`` bytes (None:
+    streamed, it goes out chunked, so a content-length the app set would
+    contradict that); a whole body the app sent without its length gets it."""
+    lines = []
+    sized = False
+    for k, v in headers:
+        k = bytes(k)
+        if k.lower() == b"content-length":
+            if length is None:
+                continue
+            sized = True
+        lines.append(k + b": " + bytes(v) + b"\r\n")
+    if length is not None and not sized:
+        lines.append(b"content-length: %d\r\n" % length)
+    return b"".join(lines)
 
 
 _END = object()
