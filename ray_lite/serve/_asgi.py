@@ -209,7 +209,11 @@ class AsgiIngress:
             reply = _Reply()
             task = asyncio.get_running_loop().create_task(
                 self._run(reply, scope, _Receive(body), f"{method} {path}"))
-            await reply.head
+            try:
+                await reply.head
+            except asyncio.CancelledError:
+                task.cancel()        # the proxy gave up (its request timeout)
+                raise
             if reply.stream is None:
                 body = b"".join(reply.body)
                 return (reply.status, _headers_block(reply.headers, len(body)), body, 0)

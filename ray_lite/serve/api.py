@@ -241,13 +241,8 @@ def get_deployment_handle(deployment_name, app_name=None):
 
 def _shared_handle(deployment_name, app_name):
     """The same handle for each call with the same names, as in Ray."""
-    key = (app_name, deployment_name)
-    with context._lock:
-        context._reset_if_new_runtime()
-        h = context.handles.get(key)
-        if h is None:
-            h = context.handles[key] = DeploymentHandle(deployment_name, app_name)
-        return h
+    return context.per_runtime(context.handles, (app_name, deployment_name),
+                               lambda: DeploymentHandle(deployment_name, app_name))
 
 
 def get_replica_context():

@@ -40,6 +40,17 @@ def _reset_if_new_runtime():
         handles.clear()
 
 
+def per_runtime(table, key, make):
+    """``table[key]`` (``routers`` or ``handles``), made by ``make()`` the first
+    time it is asked for in this process's runtime."""
+    with _lock:
+        _reset_if_new_runtime()
+        value = table.get(key)
+        if value is None:
+            value = table[key] = make()
+        return value
+
+
 def set_controller(handle):
     global _controller
     with _lock:

@@ -293,13 +293,8 @@ class Router:
 
 
 def get_router(app_name, deployment_name):
-    key = (app_name, deployment_name)
-    with context._lock:
-        context._reset_if_new_runtime()
-        r = context.routers.get(key)
-        if r is None:
-            r = context.routers[key] = Router(app_name, deployment_name)
-        return r
+    return context.per_runtime(context.routers, (app_name, deployment_name),
+                               lambda: Router(app_name, deployment_name))
 
 
 def _unwrap(value):
