@@ -161,6 +161,45 @@ def test_fastapi_streaming_response_is_streamed(serve_port):
     assert body == "".join(f"{i}\n" for i in range(50)).encode()
 
 
+def test_a_client_that_leaves_a_stream_ends_the_apps_task(serve_port):
+    import asyncio
+    import socket
+
+    from ray_lite import serve
+
+    closed = {}
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            while True:      # endless: only the client's leaving ends it
+                await send({"type": "http.response.body", "body": b"x" * 1024,
+                            "more_body": True})
+        finally:
+            closed["event"].set()
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Endless:
+        def __init__(self):
+            closed["event"] = asyncio.Event()
+
+        async def stream_ended(self):
+            await asyncio.wait_for(closed["event"].wait(), 30)
+            return True
+
+    handle = serve.run(Endless.bind())
+    with socket.create_connection(("127.0.0.1", serve_port), timeout=30) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        got = b""
+        while len(got) < 64 * 1024:
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200")
+    assert handle.stream_ended.remote().result(timeout_s=60) is True
+
+
 @needs_fastapi
 def test_fastapi_route_that_raises_gives_500_and_the_replica_keeps_serving(serve_port):
     from fastapi import FastAPI
