@@ -24,10 +24,11 @@ from ._asgi import ingress
 from .batching import batch
 from .deployment import Application, Deployment, deployment
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from .multiplex import get_multiplexed_model_id, multiplexed
 
 __all__ = [
     "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
-    "ingress",
+    "ingress", "multiplexed", "get_multiplexed_model_id",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
 ]

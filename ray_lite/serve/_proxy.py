@@ -25,7 +25,8 @@ from . import _core, _defaults, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
-from ._routing import slots_for
+from ._routing import for_model, slots_for
+from .multiplex import MODEL_ID_HEADER, header_value
 
 # While a proxy has a single client and a single request in flight, its loop
 # has nothing else to do: it spins (bounded) for the replica's answer rather
@@ -39,9 +40,10 @@ SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "reply_time")
+                 "max_queued", "waiting", "reply_time", "multiplexed")
 
-    def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued):
+    def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
+                 multiplexed=False):
         self.prefix = prefix
         self.root_path = "" if prefix == "/" else prefix
         self.app = app
@@ -51,10 +53,18 @@ class _Route:
         self.max_queued = max_queued
         self.waiting = collections.deque()
         self.reply_time = 0.0   # moving average of answers with nothing else in flight
+        self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
 
     def matches(self, path):
         p = self.prefix
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
+
+
+def _choose_for_model(route, req):
+    model_id = header_value(req.headers, MODEL_ID_HEADER)
+    if model_id:
+        return for_model(route.replicas, route.max_ongoing, model_id)
+    return _choose(route.replicas, route.max_ongoing)
 
 
 class _Req:
@@ -376,12 +386,12 @@ class ProxyActor:
         known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
-        for prefix, (app, dep, handles, max_ongoing, max_queued) in routes.items():
+        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed) in routes.items():
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
             old = next((r for r in self.routes if r.prefix == prefix), None)
-            route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
+            route = _Route(prefix, app, dep, reps, max_ongoing, max_queued, multiplexed)
             if old is not None:
                 route.waiting = old.waiting
             new_routes.append(route)
@@ -467,7 +477,8 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = _choose(route.replicas, route.max_ongoing)
+        rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+            _choose_for_model(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
@@ -529,7 +540,8 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = _choose(route.replicas, route.max_ongoing)
+            rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+                _choose_for_model(route, req)
             if rep is None:
                 return
             waiting.popleft()

@@ -150,6 +150,9 @@ class ServeReplica:
                 # handle_http by name; this replica's is the app's).
                 self._asgi = AsgiIngress(self, app)
                 self.handle_http = self._asgi.handle_http
+            from . import multiplex
+            if multiplex.is_multiplexed(target):
+                self.handle_http = multiplex.http_with_model_id(self.handle_http)
         ctx.servable_object = self._obj
         uc = config.get("user_config")
         if async_init is not None or self._asgi is not None or uc is not None:
@@ -286,6 +289,21 @@ class ServeReplica:
                                     f"but returned {type(r).__name__}, not a generator")
         finally:
             self._leave()
+
+    async def handle_request_with_model(self, model_id, method, args, kwargs):
+        """``handle_request`` for a call with ``multiplexed_model_id``."""
+        from .multiplex import _model_id
+        token = _model_id.set(model_id)
+        try:
+            return await self.handle_request(method, args, kwargs)
+        finally:
+            _model_id.reset(token)
+
+    async def handle_request_streaming_with_model(self, model_id, method, args, kwargs):
+        from .multiplex import _model_id
+        _model_id.set(model_id)     # this call's own task: nothing to reset
+        async for item in self.handle_request_streaming(method, args, kwargs):
+            yield item
 
     # -------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,

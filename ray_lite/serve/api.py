@@ -1,4 +1,5 @@
 """``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+import inspect
 import threading
 import warnings
 
@@ -7,6 +8,7 @@ import cloudpickle
 from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
+from .multiplex import is_multiplexed
 
 _lock = threading.RLock()
 
@@ -119,8 +121,11 @@ def _build(app, app_name):
         args = [convert(x) for x in a._args]
         kwargs = {k: convert(v) for k, v in a._kwargs.items()}
         args_blob = cloudpickle.dumps((args, kwargs))
+        config = dep.full_config()
+        if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
+            config["multiplexed"] = True      # its callers route by model id
         specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
-                       "kwargs": kwargs, "args_blob": args_blob, "config": dep.full_config()}
+                       "kwargs": kwargs, "args_blob": args_blob, "config": config}
         return handle
 
     def convert(x):
