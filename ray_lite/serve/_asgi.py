@@ -7,7 +7,8 @@ ASGI app runs the app on them and sends back the status, the headers and the
 body, whole when the app sends it in one message, else as a stream (one chunk
 per ``http.response.body`` message).  The app's lifespan runs in each
 replica: startup before the replica is ready (a failure fails the
-deployment with the app's error), shutdown when it drains.
+deployment with the app's error), shutdown when it drains (when it stops
+with a ``graceful_shutdown_timeout_s`` above 0, the default).
 
 FastAPI class-based views: a route declared in the class body takes ``self``;
 ``ingress`` turns that parameter into a dependency on the replica's instance
@@ -24,7 +25,6 @@ from . import context
 from ._replica import _parse_headers, _Receive, _split_addr
 
 _ASGI_ATTR = "__serve_asgi_app__"
-_LIFESPAN_SHUTDOWN_S = 10.0      # at most this long for the app's shutdown handlers
 _STREAM_AHEAD = 16               # body messages an app may send before the proxy takes them
 
 
@@ -70,7 +70,7 @@ def _reduce_state(state):
 # ------------------------------------------------------- FastAPI class views
 def _is_fastapi(app):
     fastapi = sys.modules.get("fastapi")
-    return fastapi is not None and isinstance(app, fastapi.FastAPI)
+    return fastapi is not None and isinstance(app, (fastapi.FastAPI, fastapi.APIRouter))
 
 
 def _servable_instance():
@@ -88,11 +88,11 @@ def _class_functions(cls):
 
 
 def _bind_class_routes(app, cls):
-    from fastapi import Depends
+    from fastapi import APIRouter, Depends
     from fastapi.routing import APIRoute
 
     methods = _class_functions(cls)
-    routes = app.router.routes
+    routes = app.routes if isinstance(app, APIRouter) else app.router.routes
     init_params = [p for p in inspect.signature(APIRoute.__init__).parameters
                    if p not in ("self", "path", "endpoint")]
     for i, route in enumerate(routes):
@@ -167,7 +167,7 @@ class AsgiIngress:
         self._lifespan_task = loop.create_task(run())
         await started
 
-    async def shutdown(self, timeout_s=_LIFESPAN_SHUTDOWN_S):
+    async def shutdown(self, timeout_s):
         """Run the app's lifespan shutdown (once; bounded by ``timeout_s``)."""
         end, self._lifespan_end = self._lifespan_end, None
         if end is None or end.done():

@@ -213,9 +213,12 @@ class ServeReplica:
     async def drain(self, timeout_s):
         """Wait (up to ``timeout_s``) until no request is in flight, then run
         the ASGI app's lifespan shutdown, if any; True if drained."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
         drained = await self._wait_idle(timeout_s)
         if self._asgi is not None:
-            await self._asgi.shutdown()
+            # Within the controller's patience (timeout_s and a second).
+            await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
         return drained
 
     async def _wait_idle(self, timeout_s):
