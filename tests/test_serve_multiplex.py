@@ -139,3 +139,25 @@ def test_multiplexed_refuses_what_ray_refuses():
         serve.multiplexed(max_num_models_per_replica="3")
     with pytest.raises(ValueError, match="must be positive"):
         serve.multiplexed(max_num_models_per_replica=0)
+
+
+def test_an_ingress_app_sees_the_requests_model_id(serve_port):
+    from ray_lite import serve
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        model = await serve.get_replica_context().servable_object.get_model(
+            serve.get_multiplexed_model_id())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": model.encode()})
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Models:
+        @serve.multiplexed(max_num_models_per_replica=2)
+        async def get_model(self, model_id):
+            return f"model {model_id}"
+
+    serve.run(Models.bind())
+    assert http(serve_port, "GET", "/", headers={MODEL_HEADER: "m7"})[::2] == (200, b"model m7")
