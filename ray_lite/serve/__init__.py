@@ -20,12 +20,15 @@ from .api import (
     start,
     status,
 )
+from ._asgi import ingress
 from .batching import batch
 from .deployment import Application, Deployment, deployment
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from .multiplex import get_multiplexed_model_id, multiplexed
 
 __all__ = [
     "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
+    "ingress", "multiplexed", "get_multiplexed_model_id",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
 ]

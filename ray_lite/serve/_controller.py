@@ -132,7 +132,8 @@ class ServeController:
             # its own queue: Ray Serve's limit is per caller (each proxy or
             # DeploymentHandle), not one shared count.
             routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
-                                        cfg["max_ongoing_requests"], cfg["max_queued_requests"])
+                                        cfg["max_ongoing_requests"], cfg["max_queued_requests"],
+                                        cfg.get("multiplexed", False))
         return routes
 
     async def listen_routes(self, proxy_index, known_version):

@@ -25,8 +25,10 @@ from ray_lite._config import SERVE_PROXY_SPIN_S
 from . import _core, _defaults, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
+from ._listen import free_port, shared_socket
 from ._routing import first_idle_else_power_of_two as _choose
-from ._routing import slots_for
+from ._routing import for_model, slots_for
+from .multiplex import MODEL_ID_HEADER, header_value
 
 # While a proxy has a single client and a single request in flight, its loop
 # has nothing else to do: it spins (bounded) for the replica's answer rather
@@ -40,9 +42,10 @@ SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "reply_time")
+                 "max_queued", "waiting", "reply_time", "multiplexed")
 
-    def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued):
+    def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
+                 multiplexed=False):
         self.prefix = prefix
         self.root_path = "" if prefix == "/" else prefix
         self.app = app
@@ -52,10 +55,18 @@ class _Route:
         self.max_queued = max_queued
         self.waiting = collections.deque()
         self.reply_time = 0.0   # moving average of answers with nothing else in flight
+        self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
 
     def matches(self, path):
         p = self.prefix
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
+
+
+def _choose_for_model(route, req):
+    model_id = header_value(req.headers, MODEL_ID_HEADER)
+    if model_id:
+        return for_model(route.replicas, route.max_ongoing, model_id)
+    return _choose(route.replicas, route.max_ongoing)
 
 
 class _Req:
@@ -334,29 +345,6 @@ class HttpConnection(asyncio.Protocol):
         self.respond(req, status, headers, body, close)
 
 
-def _free_port(family, host, port):
-    """``port`` (a free one for 0) if no socket holds it, else EADDRINUSE:
-    a bind without SO_REUSEPORT shares the port with no one."""
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
-        return probe.getsockname()[1]
-
-
-def _shared_socket(family, host, port):
-    """A socket bound to ``(host, port)`` that the other proxies share (SO_REUSEPORT)."""
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
 class ProxyActor:
     def __init__(self, controller, index, options):
         context.set_controller(controller)
@@ -383,8 +371,8 @@ class ProxyActor:
             # proxies share it through SO_REUSEPORT, which would as well let
             # this Serve share a port another program (another `serve run`)
             # serves, the kernel splitting the connections between them.
-            self.port = _free_port(family, self.host, self.port)
-        self.sock = _shared_socket(family, self.host, self.port)
+            self.port = free_port(family, self.host, self.port)
+        self.sock = shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
 
     async def start(self):
@@ -421,17 +409,18 @@ class ProxyActor:
         known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
-        for prefix, (app, dep, handles, max_ongoing, max_queued) in routes.items():
+        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed) in routes.items():
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
             route = next((r for r in self.routes if r.prefix == prefix), None)
             if route is None:
-                route = _Route(prefix, app, dep, reps, max_ongoing, max_queued)
+                route = _Route(prefix, app, dep, reps, max_ongoing, max_queued, multiplexed)
             else:
                 # The same object: requests in flight and waiting refer to it.
                 route.app, route.deployment, route.replicas = app, dep, reps
                 route.max_ongoing, route.max_queued = max_ongoing, max_queued
+                route.multiplexed = multiplexed
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -533,7 +522,8 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = _choose(route.replicas, route.max_ongoing)
+        rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+            _choose_for_model(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
@@ -595,7 +585,8 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = _choose(route.replicas, route.max_ongoing)
+            rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+                _choose_for_model(route, req)
             if rep is None:
                 return
             waiting.popleft()

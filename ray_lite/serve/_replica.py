@@ -128,17 +128,35 @@ class ServeReplica:
         target = cloudpickle.loads(cls_blob)
         self._is_function = not inspect.isclass(target)
         self._init_task = None
+        self._asgi = None
+        async_init = None
         if self._is_function:
             self._obj = None
             self._fn = target
         else:
             from .handle import DeploymentHandle  # noqa: F401 (arguments may hold handles)
-            self._obj = target(*init_args, **init_kwargs)
+            if inspect.iscoroutinefunction(target.__init__):
+                # async def __init__ (as Ray allows): the instance is made now
+                # and initialised before the replica reports ready.
+                self._obj = target.__new__(target)
+                async_init = self._obj.__init__(*init_args, **init_kwargs)
+            else:
+                self._obj = target(*init_args, **init_kwargs)
             self._fn = None
+            from ._asgi import AsgiIngress, asgi_app_of
+            app = asgi_app_of(self._obj)
+            if app is not None:
+                # @serve.ingress: HTTP goes to the app (the proxies call
+                # handle_http by name; this replica's is the app's).
+                self._asgi = AsgiIngress(self, app)
+                self.handle_http = self._asgi.handle_http
+            from . import multiplex
+            if multiplex.is_multiplexed(target):
+                self.handle_http = multiplex.http_with_model_id(self.handle_http)
         ctx.servable_object = self._obj
         uc = config.get("user_config")
-        if uc is not None:
-            self._init_task = asyncio.ensure_future(self._reconfigure(uc))
+        if async_init is not None or self._asgi is not None or uc is not None:
+            self._init_task = asyncio.ensure_future(self._start(async_init, uc))
 
     # ------------------------------------------------------------ control
     async def ready(self):
@@ -154,6 +172,14 @@ class ServeReplica:
                 except OSError:
                     pass
         return os.getpid()
+
+    async def _start(self, async_init, user_config):
+        if async_init is not None:
+            await async_init
+        if self._asgi is not None:
+            await self._asgi.startup()
+        if user_config is not None:
+            await self._reconfigure(user_config)
 
     async def _reconfigure(self, user_config):
         fn = getattr(self._obj, "reconfigure", None)
@@ -185,7 +211,17 @@ class ServeReplica:
         return self._inflight
 
     async def drain(self, timeout_s):
-        """Wait (up to ``timeout_s``) until no request is in flight; True if drained."""
+        """Wait (up to ``timeout_s``) until no request is in flight, then run
+        the ASGI app's lifespan shutdown, if any; True if drained."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        drained = await self._wait_idle(timeout_s)
+        if self._asgi is not None:
+            # Within the controller's patience (timeout_s and a second).
+            await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
+        return drained
+
+    async def _wait_idle(self, timeout_s):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         while self._inflight > 0:
@@ -205,15 +241,19 @@ class ServeReplica:
 
     def _callable(self, method):
         if self._is_function:
-            if method != "__call__":
-                raise AttributeError(f"function deployment {self._deployment} has only "
-                                     f"__call__, not {method!r}")
-            return self._fn
-        try:
-            return getattr(self._obj, method)
-        except AttributeError:
-            raise AttributeError(f"'{type(self._obj).__name__}' object has no attribute "
-                                 f"'{method}'") from None
+            if method == "__call__":
+                return self._fn
+            methods = ["__call__"]
+        else:
+            try:
+                return getattr(self._obj, method)
+            except AttributeError:
+                pass
+            methods = [m for m in dir(self._obj)
+                       if not m.startswith("__") and callable(getattr(self._obj, m, None))]
+        from .exceptions import RayServeException
+        raise RayServeException(f"Tried to call a method '{method}' that does not exist. "
+                                f"Available methods: {methods}.")
 
     # ----------------------------------------------------------- handles
     async def handle_request(self, method, args, kwargs):
@@ -221,9 +261,14 @@ class ServeReplica:
         try:
             async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
-                r = self._callable(method)(*args, **kwargs)
+                fn = self._callable(method)
+                r = fn(*args, **kwargs)
                 if inspect.isawaitable(r):
                     r = await r
+                elif inspect.isgenerator(r) or inspect.isasyncgen(r):
+                    raise TypeError(f"Method '{getattr(fn, '__name__', method)}' returned a "
+                                    f"generator. You must use `handle.options(stream=True)` "
+                                    f"to call generators on a deployment.")
                 return r
         finally:
             self._leave()
@@ -247,6 +292,21 @@ class ServeReplica:
                                     f"but returned {type(r).__name__}, not a generator")
         finally:
             self._leave()
+
+    async def handle_request_with_model(self, model_id, method, args, kwargs):
+        """``handle_request`` for a call with ``multiplexed_model_id``."""
+        from .multiplex import _model_id
+        token = _model_id.set(model_id)
+        try:
+            return await self.handle_request(method, args, kwargs)
+        finally:
+            _model_id.reset(token)
+
+    async def handle_request_streaming_with_model(self, model_id, method, args, kwargs):
+        from .multiplex import _model_id
+        _model_id.set(model_id)     # this call's own task: nothing to reset
+        async for item in self.handle_request_streaming(method, args, kwargs):
+            yield item
 
     # -------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,

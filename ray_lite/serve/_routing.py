@@ -7,6 +7,7 @@ The caller counts its own calls (``slot.inflight``): Ray's limits are per
 caller, and no process needs to ask another how busy a replica is.
 """
 from random import random as _random
+from zlib import crc32 as _crc32
 
 from . import _core
 
@@ -15,7 +16,7 @@ class ReplicaSlot:
     """A replica as one caller sees it: its handle, the bound methods the
     caller sends on, and how many of the caller's calls it runs now."""
 
-    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http")
+    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http", "model_ranks")
 
     def __init__(self, handle):
         self.handle = handle
@@ -24,6 +25,10 @@ class ReplicaSlot:
         self.call = handle.handle_request
         self.stream = handle.handle_request_streaming
         self.http = handle.handle_http
+        self.model_ranks = {}     # model id -> this replica's rank for it (for_model)
+
+
+_MAX_RANKS = 4096     # model ranks a slot remembers (they are cheap to compute again)
 
 
 def slots_for(handles, current):
@@ -79,3 +84,22 @@ def first_idle_else_power_of_two(slots, limit):
         if s.inflight == 0:
             return s
     return power_of_two(slots, limit)
+
+
+def for_model(slots, limit, model_id):
+    """For a request of a multiplexed model: the first slot under ``limit`` in
+    the model's order of the replicas (rendezvous hashing: the same order in
+    every process, so every caller sends a model's requests to the replica
+    that holds it); None when every one is at the limit (or none)."""
+    best = None
+    best_rank = -1
+    for s in slots:
+        if s.inflight < limit:
+            rank = s.model_ranks.get(model_id)
+            if rank is None:
+                rank = s.model_ranks[model_id] = _crc32(f"{model_id}\0{s.actor_id}".encode())
+                if len(s.model_ranks) > _MAX_RANKS:
+                    s.model_ranks.clear()
+            if rank > best_rank:
+                best, best_rank = s, rank
+    return best

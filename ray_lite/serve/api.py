@@ -1,4 +1,5 @@
 """``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+import inspect
 import sys
 import threading
 import warnings
@@ -8,6 +9,7 @@ import cloudpickle
 from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
+from .multiplex import is_multiplexed
 
 _lock = threading.RLock()
 
@@ -124,8 +126,11 @@ def _build(app, app_name):
         args = [convert(x) for x in a._args]
         kwargs = {k: convert(v) for k, v in a._kwargs.items()}
         args_blob = cloudpickle.dumps((args, kwargs))
+        config = dep.full_config()
+        if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
+            config["multiplexed"] = True      # its callers route by model id
         specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
-                       "kwargs": kwargs, "args_blob": args_blob, "config": dep.full_config()}
+                       "kwargs": kwargs, "args_blob": args_blob, "config": config}
         return handle
 
     def convert(x):
@@ -260,7 +265,7 @@ def get_app_handle(name):
     if ingress is None:
         from .exceptions import RayServeException
         raise RayServeException(f"Application '{name}' does not exist.")
-    return DeploymentHandle(ingress, name)
+    return _shared_handle(ingress, name)
 
 
 def get_deployment_handle(deployment_name, app_name=None):
@@ -269,7 +274,13 @@ def get_deployment_handle(deployment_name, app_name=None):
             app_name = context.get_replica_context().app_name
         except Exception:   # noqa: BLE001
             app_name = "default"
-    return DeploymentHandle(deployment_name, app_name)
+    return _shared_handle(deployment_name, app_name)
+
+
+def _shared_handle(deployment_name, app_name):
+    """The same handle for each call with the same names, as in Ray."""
+    return context.per_runtime(context.handles, (app_name, deployment_name),
+                               lambda: DeploymentHandle(deployment_name, app_name))
 
 
 def get_replica_context():

@@ -27,6 +27,7 @@ _controller = None
 _controller_node = None
 _replica_context = None
 routers = {}          # (app, deployment) -> Router, for this process's runtime
+handles = {}          # (app, deployment) -> the DeploymentHandle the getters return
 
 
 def _reset_if_new_runtime():
@@ -36,6 +37,18 @@ def _reset_if_new_runtime():
         _controller = None
         _controller_node = node
         routers.clear()
+        handles.clear()
+
+
+def per_runtime(table, key, make):
+    """``table[key]`` (``routers`` or ``handles``), made by ``make()`` the first
+    time it is asked for in this process's runtime."""
+    with _lock:
+        _reset_if_new_runtime()
+        value = table.get(key)
+        if value is None:
+            value = table[key] = make()
+        return value
 
 
 def set_controller(handle):
@@ -68,6 +81,7 @@ def clear_controller():
     with _lock:
         _controller = None
         routers.clear()
+        handles.clear()
 
 
 def set_replica_context(ctx):

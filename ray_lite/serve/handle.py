@@ -19,7 +19,7 @@ import threading
 from ray_lite.exceptions import TaskCancelledError
 
 from . import _core, _defaults, context
-from ._routing import least_loaded, power_of_two, slots_for
+from ._routing import for_model, least_loaded, power_of_two, slots_for
 from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
 _SENDING = object()
@@ -28,10 +28,11 @@ _SENDING = object()
 class _Queued:
     """A call the handle holds until a replica is under max_ongoing_requests."""
 
-    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled")
+    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled", "model_id")
 
-    def __init__(self, method, args, kwargs, ref):
+    def __init__(self, method, args, kwargs, ref, model_id):
         self.method, self.args, self.kwargs, self.ref = method, args, kwargs, ref
+        self.model_id = model_id
         self.sent = None          # the replica call's ref, once sent (keeps it alive)
         self.cancelled = False
 
@@ -117,15 +118,17 @@ class Router:
                     reps = self.replicas = [r for r in reps if r not in dead]
             return reps
 
-    def _reserve(self, reps):
+    def _reserve(self, reps, model_id=""):
         """Under ``lock``: a replica under max_ongoing_requests by power of two
-        choices, counted in flight; None when every one is at the limit."""
-        a = power_of_two(reps, self.config.get("max_ongoing_requests") or 1 << 30)
+        choices (for a multiplexed model's call: the model's replica, see
+        ``for_model``), counted in flight; None when every one is at the limit."""
+        limit = self.config.get("max_ongoing_requests") or 1 << 30
+        a = for_model(reps, limit, model_id) if model_id else power_of_two(reps, limit)
         if a is not None:
             a.inflight += 1
         return a
 
-    def reserve(self, hold):
+    def reserve(self, hold, model_id=""):
         """A replica for a new call, counted in flight; or, when ``hold`` and
         every replica is at max_ongoing_requests (or calls already wait), None:
         the caller queues the call."""
@@ -141,8 +144,8 @@ class Router:
         with self.lock:
             if hold:
                 # First come, first served: behind calls already held.
-                return None if self.queue else self._reserve(reps)
-            rep = self._reserve(reps)
+                return None if self.queue else self._reserve(reps, model_id)
+            rep = self._reserve(reps, model_id)
             if rep is None:
                 # A stream is never held: the least loaded replica queues it.
                 rep = least_loaded(reps)
@@ -156,7 +159,7 @@ class Router:
             self.pump()
 
     # -------------------------------------------------------------- queue
-    def enqueue(self, method, args, kwargs):
+    def enqueue(self, method, args, kwargs, model_id=""):
         """Hold a call; its ref, or a ref to a BackPressureError when
         max_queued_requests calls already wait."""
         with self.lock:
@@ -164,7 +167,7 @@ class Router:
             if limit != -1 and len(self.queue) >= limit:
                 return None, _core.error_ref(BackPressureError(
                     num_queued_requests=len(self.queue), max_queued_requests=limit))
-            q = _Queued(method, args, kwargs, _core.pending_ref())
+            q = _Queued(method, args, kwargs, _core.pending_ref(), model_id)
             self.queue.append(q)
         # A slot may have freed meanwhile (its release saw no queue yet).
         self.pump()
@@ -229,7 +232,7 @@ class Router:
             with self.lock:
                 if not self.queue:
                     return None
-                rep = self._reserve(reps)
+                rep = self._reserve(reps, self.queue[0].model_id)
                 if rep is None:
                     failure = self._held_calls_failure(reps)
                     if failure is None:
@@ -264,7 +267,7 @@ class Router:
 
     def _send_held(self, q, rep):
         try:
-            ref = rep.call.remote(q.method, q.args, q.kwargs)
+            ref = _send_call(rep, q.model_id, q.method, q.args, q.kwargs)
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
             _core.set_error(q.ref, exc)
             self.release(rep)
@@ -293,13 +296,14 @@ class Router:
 
 
 def get_router(app_name, deployment_name):
-    key = (app_name, deployment_name)
-    with context._lock:
-        context._reset_if_new_runtime()
-        r = context.routers.get(key)
-        if r is None:
-            r = context.routers[key] = Router(app_name, deployment_name)
-        return r
+    return context.per_runtime(context.routers, (app_name, deployment_name),
+                               lambda: Router(app_name, deployment_name))
+
+
+def _send_call(rep, model_id, method, args, kwargs):
+    if model_id:
+        return rep.handle.handle_request_with_model.remote(model_id, method, args, kwargs)
+    return rep.call.remote(method, args, kwargs)
 
 
 def _unwrap(value):
@@ -311,29 +315,37 @@ def _unwrap(value):
 class DeploymentHandle:
     """Calls a deployment: ``handle.remote(...)``, ``handle.method.remote(...)``."""
 
-    __slots__ = ("deployment_name", "app_name", "_method", "_stream", "_router")
+    __slots__ = ("deployment_name", "app_name", "_method", "_stream", "_router", "_model_id")
 
-    def __init__(self, deployment_name, app_name, method_name="__call__", stream=False):
+    def __init__(self, deployment_name, app_name, method_name="__call__", stream=False,
+                 multiplexed_model_id=""):
         self.deployment_name = deployment_name
         self.app_name = app_name
         self._method = method_name
         self._stream = stream
+        self._model_id = multiplexed_model_id
         self._router = None
 
     @property
     def handle_options(self):
-        return {"method_name": self._method, "stream": self._stream}
+        return {"method_name": self._method, "stream": self._stream,
+                "multiplexed_model_id": self._model_id}
 
-    def options(self, *, method_name=None, stream=None, multiplexed_model_id="",
+    def options(self, *, method_name=None, stream=None, multiplexed_model_id=None,
                 use_new_handle_api=True, **_ignored):
+        if multiplexed_model_id is not None and not isinstance(multiplexed_model_id, str):
+            raise TypeError("multiplexed_model_id must be a str")
         return DeploymentHandle(self.deployment_name, self.app_name,
                                 self._method if method_name is None else method_name,
-                                self._stream if stream is None else bool(stream))
+                                self._stream if stream is None else bool(stream),
+                                self._model_id if multiplexed_model_id is None
+                                else multiplexed_model_id)
 
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        return DeploymentHandle(self.deployment_name, self.app_name, name, self._stream)
+        return DeploymentHandle(self.deployment_name, self.app_name, name, self._stream,
+                                self._model_id)
 
     def remote(self, *args, **kwargs):
         router = self._router
@@ -343,15 +355,20 @@ class DeploymentHandle:
             args = [_unwrap(a) for a in args]
         if kwargs:
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-        rep = router.reserve(hold=not self._stream)
+        model_id = self._model_id
+        rep = router.reserve(not self._stream, model_id)
         if rep is None:
-            q, ref = router.enqueue(self._method, args, kwargs)
+            q, ref = router.enqueue(self._method, args, kwargs, model_id)
             return DeploymentResponse(ref, router, q)
         try:
             if self._stream:
-                gen = rep.stream.remote(self._method, args, kwargs)
+                if model_id:
+                    gen = rep.handle.handle_request_streaming_with_model.remote(
+                        model_id, self._method, args, kwargs)
+                else:
+                    gen = rep.stream.remote(self._method, args, kwargs)
             else:
-                ref = rep.call.remote(self._method, args, kwargs)
+                ref = _send_call(rep, model_id, self._method, args, kwargs)
         except BaseException:
             router.release(rep)
             raise
@@ -363,7 +380,7 @@ class DeploymentHandle:
 
     def __reduce__(self):
         return (DeploymentHandle, (self.deployment_name, self.app_name, self._method,
-                                   self._stream))
+                                   self._stream, self._model_id))
 
     def __repr__(self):
         return (f"DeploymentHandle(deployment={self.deployment_name!r}, "

@@ -1,0 +1,391 @@
+"""``@serve.ingress(app)``: a replica that serves HTTP through an ASGI app.
+
+The proxies stay protocol-only: they pass the ASGI scope's parts (method,
+path, root_path = the route prefix, query string, headers, client) and the
+body over the ring, as for any deployment; a replica whose class carries an
+ASGI app runs the app on them and sends back the status, the headers and the
+body, whole when the app sends it in one message, else as a stream (one chunk
+per ``http.response.body`` message).  The app's lifespan runs in each
+replica: startup before the replica is ready (a failure fails the
+deployment with the app's error), shutdown when it drains (when it stops
+with a ``graceful_shutdown_timeout_s`` above 0, the default).
+
+FastAPI class-based views: a route declared in the class body takes ``self``;
+``ingress`` turns that parameter into a dependency on the replica's instance
+of the class, so FastAPI neither reads it from the query nor documents it.
+"""
+import asyncio
+import collections
+import copyreg
+import inspect
+import sys
+import traceback
+
+from . import context
+from ._replica import _parse_headers, _Receive, _split_addr
+
+_ASGI_ATTR = "__serve_asgi_app__"
+_STREAM_AHEAD = 16               # body messages an app may send before the proxy takes them
+
+
+def ingress(app):
+    """``@serve.ingress(app)`` on a deployment's class: its replicas serve HTTP
+    through ``app`` (FastAPI, Starlette or any ASGI callable; or a function
+    of no arguments that builds the app, called in each replica)."""
+    if not callable(app):
+        raise TypeError(f"serve.ingress expects an ASGI app or a function building one, "
+                        f"got {type(app).__name__}")
+
+    def decorate(cls):
+        if not inspect.isclass(cls):
+            raise ValueError("@serve.ingress must be used with a class.")
+        if "__call__" in cls.__dict__:
+            raise ValueError("Class passed to @serve.ingress may not have __call__ method.")
+        if _is_fastapi(app):
+            _bind_class_routes(app, cls)
+        _make_state_picklable()
+        setattr(cls, _ASGI_ATTR, app)
+        return cls
+    return decorate
+
+
+def asgi_app_of(obj):
+    """The ASGI app of a deployment's instance, or None (a plain deployment)."""
+    return getattr(type(obj), _ASGI_ATTR, None) if obj is not None else None
+
+
+def _make_state_picklable():
+    """Starlette's ``app.state`` cannot be unpickled as it is (its __getattr__
+    recurses before its dict is set): the app reaches each replica pickled
+    with the class, so it is pickled as the dict it holds."""
+    datastructures = sys.modules.get("starlette.datastructures")
+    if datastructures is not None:
+        copyreg.pickle(datastructures.State, _reduce_state)
+
+
+def _reduce_state(state):
+    return type(state), (dict(state._state),)
+
+
+# ------------------------------------------------------- FastAPI class views
+def _is_fastapi(app):
+    fastapi = sys.modules.get("fastapi")
+    return fastapi is not None and isinstance(app, (fastapi.FastAPI, fastapi.APIRouter))
+
+
+def _servable_instance():
+    """A FastAPI dependency: this replica's instance of the deployment's class."""
+    return context.get_replica_context().servable_object
+
+
+def _class_functions(cls):
+    found = set()
+    for klass in cls.__mro__:
+        for v in vars(klass).values():
+            if inspect.isfunction(v):
+                found.add(v)
+    return found
+
+
+def _bind_class_routes(app, cls):
+    from fastapi import APIRouter, Depends
+    from fastapi.routing import APIRoute
+
+    methods = _class_functions(cls)
+    routes = app.routes if isinstance(app, APIRouter) else app.router.routes
+    init_params = [p for p in inspect.signature(APIRoute.__init__).parameters
+                   if p not in ("self", "path", "endpoint")]
+    for i, route in enumerate(routes):
+        if not isinstance(route, APIRoute) or route.endpoint not in methods:
+            continue
+        fn = route.endpoint
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        if not params or params[0].default is not inspect.Parameter.empty:
+            continue     # already bound (a second ingress of the same app) or no self
+        # FastAPI passes every parameter by keyword: keyword-only lets the
+        # ones without a default follow self's.
+        kw = inspect.Parameter.KEYWORD_ONLY
+        params = [params[0].replace(default=Depends(_servable_instance), kind=kw)] + [
+            p.replace(kind=kw) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else p
+            for p in params[1:]]
+        fn.__signature__ = sig.replace(parameters=params)
+        # The route's parameters were read from the old signature when it was
+        # declared: declare it again, with everything else as it was.
+        kwargs = {p: getattr(route, p) for p in init_params if hasattr(route, p)}
+        routes[i] = type(route)(route.path, fn, **kwargs)
+
+
+# ----------------------------------------------------------- the replica side
+class AsgiIngress:
+    """The HTTP side of one replica whose class has an ASGI app."""
+
+    def __init__(self, replica, app):
+        if not _is_asgi_callable(app):
+            app = app()          # a builder: the app is made in the replica
+        self._replica = replica
+        self._app = app
+        self._state = {}
+        self._lifespan_inbox = None
+        self._lifespan_task = None
+        self._lifespan_end = None
+
+    # ------------------------------------------------------------ lifespan
+    async def startup(self):
+        """Run the app's lifespan startup; raise with the app's error if it fails.
+        An app that returns without answering has no lifespan: nothing to do."""
+        loop = asyncio.get_running_loop()
+        inbox = self._lifespan_inbox = asyncio.Queue()
+        started = loop.create_future()
+        end = self._lifespan_end = loop.create_future()
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
+                 "state": self._state}
+
+        async def send(msg):
+            t = msg["type"]
+            if t == "lifespan.startup.complete":
+                _settle(started, None)
+            elif t == "lifespan.startup.failed":
+                _settle(started, RuntimeError(
+                    f"ASGI lifespan startup failed: {msg.get('message', '')}"))
+            elif t in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                _settle(end, msg.get("message") if t.endswith("failed") else None)
+
+        async def run():
+            try:
+                await self._app(scope, inbox.get, send)
+            except BaseException as exc:   # noqa: BLE001 - reported through the futures
+                if not started.done():
+                    _settle(started, RuntimeError(
+                        "ASGI lifespan startup failed:\n" + "".join(
+                            traceback.format_exception(type(exc), exc, exc.__traceback__))))
+            finally:
+                _settle(started, None)
+                _settle(end, None)
+
+        inbox.put_nowait({"type": "lifespan.startup"})
+        self._lifespan_task = loop.create_task(run())
+        await started
+
+    async def shutdown(self, timeout_s):
+        """Run the app's lifespan shutdown (once; bounded by ``timeout_s``)."""
+        end, self._lifespan_end = self._lifespan_end, None
+        if end is None or end.done():
+            return
+        self._lifespan_inbox.put_nowait({"type": "lifespan.shutdown"})
+        try:
+            failure = await asyncio.wait_for(asyncio.shield(end), timeout_s)
+        except asyncio.TimeoutError:
+            self._lifespan_task.cancel()
+            return
+        if failure:
+            print(f"Replica {self._replica._deployment}: ASGI lifespan shutdown failed: "
+                  f"{failure}", file=sys.stderr, flush=True)
+
+    # ---------------------------------------------------------------- HTTP
+    async def handle_http(self, method, path, query, headers, body, client, root_path,
+                          http_version, server):
+        """The replica's ``handle_http`` for an ASGI app: the same answer,
+        ``(status, header block, body, stream token)``."""
+        rep = self._replica
+        rep._inflight += 1
+        slots = rep._slots
+        try:
+            await slots.__aenter__()
+        except BaseException:
+            rep._leave()
+            raise
+        try:
+            scope = {
+                "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": http_version, "method": method,
+                "scheme": "http", "path": path,
+                "raw_path": path.encode("utf-8", "surrogateescape"),
+                "query_string": query, "root_path": root_path,
+                "headers": _parse_headers(headers),
+                "client": _split_addr(client), "server": _split_addr(server),
+                "state": self._state.copy(),
+            }
+            reply = _Reply()
+            task = asyncio.get_running_loop().create_task(
+                self._run(reply, scope, _Receive(body), f"{method} {path}"))
+            try:
+                await reply.head
+            except asyncio.CancelledError:
+                task.cancel()        # the proxy gave up (its request timeout)
+                raise
+            if reply.stream is None:
+                body = b"".join(reply.body)
+                return (reply.status, _headers_block(reply.headers, len(body)), body, 0)
+            reply.stream.task = task
+            return (reply.status, _headers_block(reply.headers, None), None,
+                    rep._new_stream(reply.stream))
+        finally:
+            slots.release()
+            rep._leave()
+
+    async def _run(self, reply, scope, receive, what):
+        try:
+            await self._app(scope, receive, reply.send)
+        except asyncio.CancelledError:
+            raise
+        except Exception:   # noqa: BLE001 - the client gets a 500, the replica goes on
+            rep = self._replica
+            print(f"Replica {rep._deployment}#{rep._id}: {what} failed:\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
+            reply.failed()
+        finally:
+            reply.finish()
+
+
+def _is_asgi_callable(app):
+    """An ASGI app takes (scope, receive, send); a builder takes nothing."""
+    try:
+        sig = inspect.signature(app)
+    except (TypeError, ValueError):
+        return True
+    return len(sig.parameters) != 0
+
+
+def _settle(fut, value):
+    if not fut.done():
+        if isinstance(value, BaseException):
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)
+
+
+def _headers_block(headers, length):
+    """The header lines of an answer whose body has ``length`` bytes (None:
+    streamed, it goes out chunked, so a content-length the app set would
+    contradict that); a whole body the app sent without its length gets it."""
+    lines = []
+    sized = False
+    for k, v in headers:
+        k = bytes(k)
+        if k.lower() == b"content-length":
+            if length is None:
+                continue
+            sized = True
+        lines.append(k + b": " + bytes(v) + b"\r\n")
+    if length is not None and not sized:
+        lines.append(b"content-length: %d\r\n" % length)
+    return b"".join(lines)
+
+
+_END = object()
+_FAILED = object()
+_INTERNAL_ERROR = b"Internal Server Error"
+
+
+class _Reply:
+    """What the app sends for one request: whole, or the head and a stream."""
+
+    __slots__ = ("head", "status", "headers", "body", "stream")
+
+    def __init__(self):
+        self.head = asyncio.get_running_loop().create_future()
+        self.status = None
+        self.headers = ()
+        self.body = []
+        self.stream = None       # a _BodyStream once the app sends in parts
+
+    async def send(self, msg):
+        t = msg["type"]
+        if t == "http.response.start":
+            self.status = msg["status"]
+            self.headers = msg.get("headers") or ()
+        elif t == "http.response.body":
+            if self.status is None:
+                raise RuntimeError("ASGI app sent a body before http.response.start")
+            chunk = msg.get("body", b"")
+            more = msg.get("more_body", False)
+            stream = self.stream
+            if stream is not None:
+                if chunk:
+                    await stream.put(bytes(chunk))
+                if not more:
+                    stream.end(_END)
+                return
+            if more:
+                # The app streams: answer with the head now, the body follows.
+                stream = self.stream = _BodyStream()
+                if chunk or self.body:
+                    await stream.put(b"".join(self.body) + bytes(chunk))
+                self.body = []
+                _settle(self.head, None)
+                return
+            self.body.append(chunk)
+            _settle(self.head, None)
+
+    def failed(self):
+        if self.stream is not None:
+            self.stream.end(_FAILED)
+        elif not self.head.done():
+            # No complete answer went out yet: a 500 instead.
+            self.status = 500
+            self.headers = [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", b"%d" % len(_INTERNAL_ERROR))]
+            self.body = [_INTERNAL_ERROR]
+
+    def finish(self):
+        if not self.head.done() and self.stream is None and self.status is None:
+            self.failed()        # the app returned without answering
+        if self.stream is not None:
+            self.stream.end(_END)
+        _settle(self.head, None)
+
+
+class _BodyStream:
+    """The body chunks of a streamed answer: the app puts them (waiting when
+    ``_STREAM_AHEAD`` are not taken yet), the replica's stream takes them
+    (``async for``, ``aclose``, as its streams expect); closing it ends the
+    app's task."""
+
+    __slots__ = ("_items", "_end", "_getter", "_putter", "task")
+
+    def __init__(self):
+        self._items = collections.deque()
+        self._end = None
+        self._getter = None
+        self._putter = None
+        self.task = None
+
+    async def put(self, chunk):
+        while len(self._items) >= _STREAM_AHEAD and self._end is None:
+            self._putter = asyncio.get_running_loop().create_future()
+            await self._putter
+        self._items.append(chunk)
+        _settle_none(self._getter)
+
+    def end(self, marker):
+        if self._end is None:
+            self._end = marker
+            _settle_none(self._getter)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        items = self._items
+        while not items:
+            if self._end is _END:
+                raise StopAsyncIteration
+            if self._end is _FAILED:
+                raise RuntimeError("the ASGI app failed while it streamed its response")
+            self._getter = asyncio.get_running_loop().create_future()
+            await self._getter
+        chunk = items.popleft()
+        _settle_none(self._putter)
+        return chunk
+
+    async def aclose(self):
+        self.end(_END)
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+
+
+def _settle_none(fut):
+    if fut is not None and not fut.done():
+        fut.set_result(None)
