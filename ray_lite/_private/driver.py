@@ -569,7 +569,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 self.num_blocked += 1 if blocked else -1
                 cpus = self.node_cpus(w.task)
                 self.busy += -cpus if blocked else cpus
-                self._dispatch()
+                self.resources_freed()
 
     def _req_connect(self, peer, target, names):
         if target in self.links:

@@ -311,6 +311,8 @@ class ResourcesMixin:
                 return
 
     def resources_freed(self):
+        if self.queue:
+            self._dispatch()
         if self.placed_queue:
             self.dispatch_placed()
         if self.res_waiters:
