@@ -103,6 +103,8 @@ def retained_calls(node, aid):
 
 def reach(node, aid, pid_hint):
     """Make sure ``aid`` (a restartable actor) can be sent to; False if it is dead."""
+    if node.id != 0:
+        node.known_pids.setdefault(aid, pid_hint)
     if aid not in node.dead_peers and node.connect(aid):
         return True
     # Dead, or restarted and this process has not heard yet: ask the driver.
@@ -125,7 +127,7 @@ def _fail(node, oid, err):
 def on_restarted(node, peer, msg):
     """``RESTARTED``: forget the dead incarnation; resend (or fail) the kept calls."""
     _, aid, pid = msg
-    if pid is not None and aid in node.links and node.peer_pids.get(aid) not in (None, pid):
+    if pid is not None and aid in node.links and node.peer_pids.get(aid) != pid:
         node._on_peer_died(aid)      # the old incarnation, not noticed yet here
     calls = node.retry_calls.pop(aid, None) or {}
     if pid is None:
