@@ -52,7 +52,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         self.queue = collections.deque()
         self.waiting_deps = {}
         self.num_blocked = 0   # pool workers lending their CPU while blocked in get
-        self.busy = 0          # pool workers running a task and not blocked
+        self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
         self.actors = {}       # actor id -> ActorInfo (alive)
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
@@ -134,7 +134,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 for d in deps:
                     d._e.add_callback(lambda _e, spec=spec: self._dep_ready(spec))
             elif spec.demand is None and not self.queue and self.idle and \
-                    self.busy < self.cpu_cap:
+                    self.busy + 1 <= self.cpu_cap:
                 self._send_task(spec)     # the common case: straight to an idle worker
             else:
                 self._enqueue(spec)
@@ -173,7 +173,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         with self._sched:
             queue = self.queue
             while queue:
-                if self.busy >= self.cpu_cap:
+                if self.busy + 1 > self.cpu_cap:
                     return
                 if not self.idle:
                     if len(self.pool) >= self.num_cpus + self.num_blocked + self.light:
@@ -257,7 +257,10 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 spec = w.task
                 if spec is None or spec.oid != oid:
                     return
-                self._free_worker(w, spec)
+                if spec.demand is None and not w.blocked:
+                    self.busy -= 1        # the common task, inline
+                else:
+                    self._free_worker(w, spec)
                 w.task = None
                 self.idle.append(w)
                 if self.queue:
@@ -568,7 +571,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 w.blocked = blocked
                 self.num_blocked += 1 if blocked else -1
                 cpus = self.node_cpus(w.task)
-                self.busy += -cpus if blocked else cpus
+                self.busy = round(self.busy + (-cpus if blocked else cpus), 4)
                 self.resources_freed()
 
     def _req_connect(self, peer, target, names):

@@ -84,7 +84,7 @@ class PlacementMixin:
         custom = tuple((k, v) for k, v in need.items() if k != CPU)
         if self.cpu_cap - self.busy + 1e-9 < cpus or not _fits(self.free_custom, custom):
             return False
-        self.cpu_cap -= cpus
+        self.cpu_cap = round(self.cpu_cap - cpus, 4)
         _take(self.free_custom, custom, 1)
         pg.state = "CREATED"
         if self.placed_queue:
@@ -111,7 +111,7 @@ class PlacementMixin:
                         pass
             if was_created:
                 need = pg.need()
-                self.cpu_cap += need.get(CPU, 0)
+                self.cpu_cap = round(self.cpu_cap + need.get(CPU, 0), 4)
                 _take(self.free_custom, tuple((k, v) for k, v in need.items() if k != CPU), -1)
             # Tasks waiting for it fail (dispatch_placed sees it removed).
             self.resources_freed()

@@ -146,7 +146,7 @@ def _fits(free, demand_items):
 
 def _take(free, items, sign):
     for k, v in items:
-        free[k] = free.get(k, 0) - sign * v
+        free[k] = round(free.get(k, 0) - sign * v, 4)
 
 
 class PlacementGroupState:
@@ -241,7 +241,9 @@ class ResourcesMixin:
         if d.pg is None:
             if self.busy + d.cpus > self.cpu_cap + _EPS or not _fits(self.free_custom, d.custom):
                 return False
-            self.busy += d.cpus
+            # Rounded: fractions of a CPU added and taken away must come back
+            # to the whole number exactly (the common path compares busy + 1).
+            self.busy = round(self.busy + d.cpus, 4)
             _take(self.free_custom, d.custom, 1)
             spec.held = None
         else:
@@ -275,7 +277,7 @@ class ResourcesMixin:
         d = spec.demand
         if d.pg is None:
             if not blocked:
-                self.busy -= d.cpus
+                self.busy = round(self.busy - d.cpus, 4)
             _take(self.free_custom, d.custom, -1)
         else:
             pg, i = spec.held
@@ -356,7 +358,7 @@ class ResourcesMixin:
                     return
             raise ValueError("no bundle of the placement group has room for the actor")
         if demand.explicit:
-            self.cpu_cap -= demand.cpus
+            self.cpu_cap = round(self.cpu_cap - demand.cpus, 4)
             _take(self.free_custom, demand.custom, 1)
             self.actor_demands[aid] = (demand, None)
 
@@ -372,7 +374,7 @@ class ResourcesMixin:
             if where is not None and where[0].state != "REMOVED":
                 _take(where[0].free[where[1]], self._items(demand), -1)
         elif demand.explicit:
-            self.cpu_cap += demand.cpus
+            self.cpu_cap = round(self.cpu_cap + demand.cpus, 4)
             _take(self.free_custom, demand.custom, -1)
         self.resources_freed()
 
