@@ -8,7 +8,6 @@ one bundle can never be placed and is refused, as is a group bigger than the
 machine (Ray would leave both pending for ever).
 """
 import os
-import signal
 
 from .scheduler import CPU, PlacementGroupState, _fits, _take, check_resource_dict
 
@@ -102,13 +101,7 @@ class PlacementMixin:
                 del self.pg_names[pg.name]
             # Its actors die with it, as in Ray (and are not restarted).
             for aid in list(pg.actors):
-                self.forbid_restart(aid)
-                pid = self.pids.get(aid)
-                if pid is not None and aid in self.actors:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                self.kill_actor(aid, no_restart=True)
             if was_created:
                 need = pg.need()
                 self.cpu_cap = round(self.cpu_cap + need.get(CPU, 0), 4)
