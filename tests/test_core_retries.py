@@ -257,3 +257,10 @@ def test_other_runtime_env_keys_are_refused_by_name():
     with pytest.raises(TypeError, match="runtime_env"):
         read_env.options(runtime_env=["env_vars"])
     assert not ray.is_initialized()
+
+
+def test_retry_exceptions_on_an_actor_method_is_refused(rt, tmp_path):
+    a = Phoenix.remote(str(tmp_path / "inits"))
+    with pytest.raises(ValueError, match="retry_exceptions"):
+        a.who.options(retry_exceptions=True)
+    assert ray.get(a.who.options(retry_exceptions=False).remote(), timeout=T)[0] == 0

@@ -458,7 +458,10 @@ class ActorMethod:
         _check_options({k: v for k, v in merged.items()
                         if k not in ("concurrency_group", "max_task_retries",
                                      "retry_exceptions")}, "task")
-        check_retry_exceptions(merged.get("retry_exceptions"))
+        if merged.get("retry_exceptions") not in (None, False):
+            raise ValueError("ray_lite does not support retry_exceptions on actor methods "
+                             "(an actor's calls are retried only when it restarts: "
+                             "max_task_retries)")
         return _method_type(self._handle._info, merged)(self._handle, self._name, self._is_gen,
                                                         merged)
 
