@@ -175,3 +175,18 @@ def test_node_affinity_for_the_local_node(rt4):
         timeout=T) == 1
     h = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(me, soft=False))
     assert ray.get(h.remote().ping.remote(), timeout=T)
+
+
+def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
+    holder = Holder.options(num_cpus=4).remote()
+    ray.get(holder.ping.remote(), timeout=T)
+    pg = placement_group([{"CPU": 1}])
+
+    @ray.remote(num_cpus=0)
+    def start_in_group(pg):
+        a = Holder.options(scheduling_strategy=in_pg(pg)).remote()
+        return ray.get(a.ping.remote(), timeout=T)
+    ref = start_in_group.remote(pg)
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []
+    ray.kill(holder)
+    assert isinstance(ray.get(ref, timeout=T), int)

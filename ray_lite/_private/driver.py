@@ -194,6 +194,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 if kwargs:
                     kwargs = dict(zip(kwargs, self._inline(kwargs.values())))
             except BaseException as err:
+                if spec.demand is not None:
+                    self.release(spec, False)
                 self._fail_task(spec, err)
                 return True
         w = self.idle.pop()
@@ -570,8 +572,11 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
             if w is not None and w.task is not None and w.blocked != blocked:
                 w.blocked = blocked
                 self.num_blocked += 1 if blocked else -1
-                cpus = self.node_cpus(w.task)
-                self.busy = round(self.busy + (-cpus if blocked else cpus), 4)
+                if w.task.demand is None:
+                    self.busy += -1 if blocked else 1
+                else:
+                    cpus = self.node_cpus(w.task)
+                    self.busy = round(self.busy + (-cpus if blocked else cpus), 4)
                 self.resources_freed()
 
     def _req_connect(self, peer, target, names):

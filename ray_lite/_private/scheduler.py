@@ -325,15 +325,21 @@ class ResourcesMixin:
 
     # ----------------------------------------------------------- actors
     def actor_fits(self, demand):
-        if demand is None or not demand.explicit:
+        """True when the actor can start now (or is to be refused now)."""
+        if demand is None:
             return True
         if demand.pg is not None:
             pg = self.pgs.get(demand.pg)
             if pg is None or pg.state != "CREATED":
-                return pg is None or pg.state == "REMOVED"   # refused by hold_for_actor
+                # Pending: it waits for its group; gone: refused by hold_for_actor.
+                return pg is None or pg.state == "REMOVED"
+            if not demand.explicit:
+                return True
             items = self._items(demand)
             indices = range(len(pg.free)) if demand.bundle < 0 else (demand.bundle,)
             return any(_fits(pg.free[i], items) for i in indices)
+        if not demand.explicit:
+            return True
         return (self.cpu_cap - self.busy + _EPS >= demand.cpus
                 and _fits(self.free_custom, demand.custom))
 
