@@ -264,3 +264,12 @@ def test_retry_exceptions_on_an_actor_method_is_refused(rt, tmp_path):
     with pytest.raises(ValueError, match="retry_exceptions"):
         a.who.options(retry_exceptions=True)
     assert ray.get(a.who.options(retry_exceptions=False).remote(), timeout=T)[0] == 0
+
+
+def test_a_call_from_a_task_is_retried_on_the_restarted_actor(rt, tmp_path):
+    a = Phoenix.options(max_restarts=1, max_task_retries=1).remote(str(tmp_path / "inits"))
+
+    @ray.remote
+    def call(h, marker):
+        return ray.get(h.die_first_time.remote(marker), timeout=T)
+    assert ray.get(call.remote(a, str(tmp_path / "m")), timeout=T) == 1
