@@ -359,9 +359,11 @@ class ActorClass:
             self._blob = ship(cls)
         namespace = opts.get("namespace") or getattr(node, "namespace", None)
         mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
-        return (self._blob, cls.__name__, self._methods, self._is_async, list(args), kwargs,
-                mc, opts.get("name"), namespace, bool(opts.get("get_if_exists", False)),
-                _actor_extra(cls, opts))
+        req = (self._blob, cls.__name__, self._methods, self._is_async, list(args), kwargs,
+               mc, opts.get("name"), namespace, bool(opts.get("get_if_exists", False)))
+        # Ray's defaults: the request of old, 10 fields; else the extras as an 11th.
+        extra = _actor_extra(cls, opts)
+        return req if extra is None else req + (extra,)
 
     def _remote(self, opts, args, kwargs):
         node = state.get_node()

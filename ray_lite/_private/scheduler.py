@@ -105,7 +105,9 @@ def _pg_target(pg, index):
         raise ValueError(f"placement_group must be a PlacementGroup, got {pg!r}")
     if not isinstance(index, int) or isinstance(index, bool) or index < -1:
         raise ValueError(f"placement_group_bundle_index must be an int >= -1, got {index!r}")
-    count = getattr(pg, "bundle_count", None)
+    # The bundles the handle carries (not bundle_count: that may ask the driver).
+    cache = getattr(pg, "bundle_cache", None)
+    count = None if cache is None else len(cache)
     if count is not None and index >= count:
         raise ValueError(f"placement_group_bundle_index {index} is out of range: the group "
                          f"has {count} bundles")
