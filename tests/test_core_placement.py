@@ -13,8 +13,7 @@ from ray_lite.util.placement_group import (
 from ray_lite.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)
 
-T = 30
-NOT_YET = 0.3
+from resource_helpers import NOT_YET, T, Holder, one
 
 
 @pytest.fixture
@@ -24,17 +23,6 @@ def rt4():
         yield state.node
     finally:
         ray.shutdown()
-
-
-@ray.remote
-def one():
-    return 1
-
-
-@ray.remote
-class Holder:
-    def ping(self):
-        return os.getpid()
 
 
 def in_pg(pg, index=-1):

@@ -8,8 +8,7 @@ import ray_lite as ray
 from ray_lite._private import state
 from ray_lite.exceptions import RayActorError
 
-T = 30           # bound of every wait that should succeed
-NOT_YET = 0.3    # how long a task that must wait is seen still waiting
+from resource_helpers import NOT_YET, T, Holder, one
 
 
 @pytest.fixture
@@ -60,17 +59,6 @@ def hold(started, release):
     _write_fifo(started)
     _read_fifo(release)
     return "held"
-
-
-@ray.remote
-def one():
-    return 1
-
-
-@ray.remote
-class Holder:
-    def ping(self):
-        return os.getpid()
 
 
 def test_a_task_asking_for_every_cpu_waits_until_all_are_free(tmp_path):

@@ -88,18 +88,15 @@ def install_async(node, a):
 
 
 async def _in_group(node, slots, run, peer, msg):
-    if slots.free > 0 and not slots.waiters:
-        slots.free -= 1
-    else:
-        try:
-            await slots.wait()
-        except asyncio.CancelledError:
-            oid = msg[1]
-            node._send_failure(peer, oid, msg[6], TaskCancelledError(), node._call_name(msg[2]))
-            node.running.pop(oid, None)
-            node.cancelled.discard(oid)
-            node.live.discard(oid)
-            return
+    try:
+        await slots.__aenter__()      # a slot of the call's group
+    except asyncio.CancelledError:    # cancelled while it waited for one
+        oid = msg[1]
+        node._send_failure(peer, oid, msg[6], TaskCancelledError(), node._call_name(msg[2]))
+        node.running.pop(oid, None)
+        node.cancelled.discard(oid)
+        node.live.discard(oid)
+        return
     try:
         await run(peer, msg)
     finally:

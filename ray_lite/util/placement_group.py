@@ -3,7 +3,6 @@ schedule tasks and actors into them.  The driver keeps them
 (``ray_lite/_private/placement.py``)."""
 from ray_lite._private import protocol as P
 from ray_lite._private import state
-from ray_lite._private.scheduler import local_node_id
 
 from .scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -118,10 +117,6 @@ def placement_group_table(placement_group=None):
 def get_current_placement_group():
     """None: ray_lite does not capture child tasks into their parent's group."""
     return None
-
-
-def get_local_node_id():
-    return local_node_id(state.get_node().driver_pid)
 
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group",
