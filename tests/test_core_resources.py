@@ -198,3 +198,21 @@ def test_blocked_task_lends_its_cpus_back(rt4):
         return ray.get(one.options(num_cpus=4).remote(), timeout=T) + 1
     assert ray.get(outer.remote(), timeout=T) == 2
     assert rt4.available_resources()["CPU"] == 4
+
+
+def test_the_driver_waits_for_an_actors_resources(rt4):
+    import threading
+    first = Holder.options(num_cpus=4).remote()
+    ray.get(first.ping.remote(), timeout=T)
+    out = []
+
+    def create():
+        out.append(ray.get(Holder.options(num_cpus=2).remote().ping.remote(), timeout=T))
+    t = threading.Thread(target=create)
+    t.start()
+    t.join(NOT_YET)
+    assert out == []           # no CPU is free: creating it waits
+    ray.kill(first)
+    t.join(T)
+    assert not t.is_alive() and isinstance(out[0], int)
+    assert rt4.available_resources()["CPU"] == 2
