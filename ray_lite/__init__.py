@@ -21,12 +21,13 @@ from ray_lite._private.api import (
     shutdown,
     wait,
 )
+from ray_lite._private.method import method
 from ray_lite.message_queue import MessageQueue
 
 __all__ = [
     "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",
     "wait", "put", "kill", "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator",
-    "MessageQueue",
+    "MessageQueue", "method",
 ]
 
 

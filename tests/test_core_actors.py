@@ -185,7 +185,7 @@ def test_actor_options(rt):
     with pytest.raises(ValueError, match="detached"):
         Counter.options(lifetime="detached")
     with pytest.raises(ValueError, match="max_restarts"):
-        Counter.options(max_restarts=2)
+        Counter.options(max_restarts=-2)
     c = Counter.options(num_cpus=1, max_concurrency=1, namespace="x").remote()
     assert ray.get(c.incr.remote(), timeout=T) == 1
 

@@ -10,6 +10,8 @@ from . import interrupts, state
 from . import protocol as P
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
 from .remote import ActorClass, ActorHandle, RemoteFunction
+from .runtime_env import env_vars_of
+from .scheduler import check_resource_dict
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
            "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator", "ActorHandle"]
@@ -20,14 +22,17 @@ _atexit_registered = False
 # init() keywords of Ray that are harmless here (accepted, no effect).
 _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level",
                   "configure_logging", "log_to_driver", "object_store_memory",
-                  "_system_config", "num_gpus", "resources", "_temp_dir", "logging_format",
+                  "_system_config", "num_gpus", "_temp_dir", "logging_format",
                   "_memory"}
-_REFUSED_INIT = {"runtime_env", "local_mode", "storage", "_node_ip_address", "job_config"}
+_REFUSED_INIT = {"local_mode", "storage", "_node_ip_address", "job_config"}
 
 
-def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None, **kwargs):
+def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
+         resources=None, runtime_env=None, **kwargs):
     """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count)."""
     global _atexit_registered
+    resources = check_resource_dict(resources, "init(resources=...)")
+    env_vars = env_vars_of(runtime_env, "init(runtime_env=...)")
     for key, value in kwargs.items():
         if key in _REFUSED_INIT and value not in (None, False, {}):
             raise ValueError(f"ray_lite.init does not support {key}= (single machine runtime)")
@@ -47,7 +52,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if not isinstance(num_cpus, int) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
         from .driver import DriverNode
-        state.node = DriverNode(num_cpus, namespace)
+        state.node = DriverNode(num_cpus, namespace, resources, env_vars)
         interrupts.install()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -276,7 +281,7 @@ def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
-    state.get_node().request(P.OP_KILL, actor._info.actor_id)
+    state.get_node().request(P.OP_KILL, actor._info.actor_id, bool(no_restart))
 
 
 def cancel(ref, *, force=False, recursive=True):

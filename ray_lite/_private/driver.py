@@ -9,10 +9,13 @@ from ray_lite._fast import shm
 from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 from . import protocol as P
-from . import state
+from . import restarts, state
 from .node import Node
+from .placement import PlacementMixin
 from .procutil import CANCEL_SIGNAL
-from .protocol import TASK, ActorInfo, TaskSpec
+from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
+from .restarts import RestartsMixin
+from .scheduler import Deferred, ResourcesMixin, matches_retry
 from .refs import ObjectRef
 from .transport import Link
 from .zygote import ZygoteClient
@@ -29,8 +32,8 @@ class _PoolWorker:
         self.blocked = False
 
 
-class DriverNode(Node):
-    def __init__(self, num_cpus, namespace):
+class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
+    def __init__(self, num_cpus, namespace, resources=None, env_vars=None):
         pid = os.getpid()
         try:
             # Segments of drivers that were killed before they could unlink them.
@@ -40,12 +43,16 @@ class DriverNode(Node):
         super().__init__(0, pid, f"{shm.DEFAULT_PREFIX}{pid}_")
         self.num_cpus = num_cpus
         self.namespace = namespace
+        self.env_vars = env_vars or {}      # init(runtime_env={"env_vars": ...})
+        self.init_resources(num_cpus, resources or {})
+        self.restartable = {}  # actor id -> restarts._ActorRecord
+        restarts.install(self)
         self.pool = {}
         self.idle = []
         self.queue = collections.deque()
         self.waiting_deps = {}
         self.num_blocked = 0   # pool workers lending their CPU while blocked in get
-        self.busy = 0          # pool workers running a task and not blocked
+        self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
         self.actors = {}       # actor id -> ActorInfo (alive)
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
@@ -61,7 +68,14 @@ class DriverNode(Node):
             P.OP_CREATE_ACTOR: self._req_create_actor,
             P.OP_CREATE_ACTORS: self._req_create_actors,
             P.OP_GET_ACTOR: self._req_get_actor, P.OP_KILL: self._req_kill,
-            P.OP_CANCEL: self._req_cancel,
+            P.OP_CANCEL: self._req_cancel, P.OP_SUBMIT_PLACED: self._req_submit_placed,
+            P.OP_ACTOR_PID: self._req_actor_pid,
+            P.OP_PG_CREATE: lambda peer, *a: self.create_placement_group(*a),
+            P.OP_PG_REMOVE: lambda peer, pg_id: self.remove_placement_group(pg_id),
+            P.OP_PG_GET: lambda peer, name: self.get_placement_group(name),
+            P.OP_PG_TABLE: lambda peer, pg_id: self.placement_group_table(pg_id),
+            P.OP_RESOURCES: lambda peer: (self.cluster_resources(),
+                                          self.available_resources()),
         }
         self.zygote = ZygoteClient()
         try:
@@ -77,7 +91,7 @@ class DriverNode(Node):
     # --------------------------------------------------------------- pool
     def _spawn_spec(self, node_id, kind, link):
         return {"node_id": node_id, "kind": kind, "driver_pid": self.driver_pid,
-                "shm_prefix": self.shm_prefix,
+                "shm_prefix": self.shm_prefix, "env_vars": self.env_vars,
                 "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd()}
 
     def _spawn_pool_worker(self):
@@ -119,18 +133,28 @@ class DriverNode(Node):
                 self.waiting_deps[spec.oid] = spec
                 for d in deps:
                     d._e.add_callback(lambda _e, spec=spec: self._dep_ready(spec))
-            elif not self.queue and self.idle and self.busy < self.num_cpus:
+            elif spec.demand is None and not self.queue and self.idle and \
+                    self.busy + 1 <= self.cpu_cap:
                 self._send_task(spec)     # the common case: straight to an idle worker
             else:
+                self._enqueue(spec)
+
+    def _enqueue(self, spec, first=False):
+        if spec.demand is None:
+            if first:
+                self.queue.appendleft(spec)
+            else:
                 self.queue.append(spec)
-                self._dispatch()
+            self._dispatch()
+        else:
+            self.enqueue_placed(spec)
+            self.dispatch_placed()
 
     def _dep_ready(self, spec):
         with self._sched:
             spec.deps_left -= 1
             if spec.deps_left == 0 and self.waiting_deps.pop(spec.oid, None) is not None:
-                self.queue.append(spec)
-                self._dispatch()
+                self._enqueue(spec)
 
     @staticmethod
     def _inline(values):
@@ -149,10 +173,10 @@ class DriverNode(Node):
         with self._sched:
             queue = self.queue
             while queue:
-                if self.busy >= self.num_cpus:
+                if self.busy + 1 > self.cpu_cap:
                     return
                 if not self.idle:
-                    if len(self.pool) >= self.num_cpus + self.num_blocked:
+                    if len(self.pool) >= self.num_cpus + self.num_blocked + self.light:
                         return
                     self._spawn_pool_worker()
                 spec = queue.popleft()
@@ -170,6 +194,8 @@ class DriverNode(Node):
                 if kwargs:
                     kwargs = dict(zip(kwargs, self._inline(kwargs.values())))
             except BaseException as err:
+                if spec.demand is not None:
+                    self.release(spec, False)
                 self._fail_task(spec, err)
                 return True
         w = self.idle.pop()
@@ -180,18 +206,25 @@ class DriverNode(Node):
         # task may make the driver's Ctrl-C itself) must not leave a worker
         # running a task the scheduler does not know about.
         w.task = spec
-        self.busy += 1
+        if spec.demand is None:
+            self.busy += 1        # a task with a Demand took its share in acquire()
         try:
             self.links[w.id].send(msg)
         except BaseException as exc:
             w.task = None
-            self.busy -= 1
+            if spec.demand is None:
+                self.busy -= 1
             self.idle.append(w)
             if isinstance(exc, (ConnectionError, OSError, KeyError)):
-                self.queue.appendleft(spec)
-                return False
+                if spec.demand is None:
+                    self.queue.appendleft(spec)
+                return False      # dispatch_placed puts a placed task back itself
             if not isinstance(exc, Exception):
+                if spec.demand is not None:
+                    self.release(spec, False)
                 raise
+            if spec.demand is not None:
+                self.release(spec, False)
             # An argument that cannot be serialised.
             self._fail_task(spec, TypeError(
                 f"could not serialize the arguments of {spec.name}: {exc}"))
@@ -223,25 +256,58 @@ class DriverNode(Node):
         w = self.pool.get(peer)
         if w is not None and w.task is not None and w.task.oid == oid:
             with self._sched:
-                if w.task is None or w.task.oid != oid:
+                spec = w.task
+                if spec is None or spec.oid != oid:
                     return
-                if w.blocked:
-                    w.blocked = False
-                    self.num_blocked -= 1
+                if spec.demand is None and not w.blocked:
+                    self.busy -= 1        # the common task, inline
                 else:
-                    self.busy -= 1
+                    self._free_worker(w, spec)
                 w.task = None
                 self.idle.append(w)
                 if self.queue:
                     self._dispatch()
+                if self.placed_queue or self.res_waiters:
+                    self.resources_freed()
+
+    def _free_worker(self, w, spec):
+        """What the task ``spec`` that ``w`` ran took is free again."""
+        blocked = w.blocked
+        if blocked:
+            w.blocked = False
+            self.num_blocked -= 1
+        if spec.demand is None:
+            if not blocked:
+                self.busy -= 1
+        else:
+            self.release(spec, blocked)
 
     def _on_result(self, peer, msg):
+        if not msg[2] and self._retry_on_error(peer, msg):
+            return
         owner = self.forward.pop(msg[1], None)
         if owner is not None:
             self.send(owner, msg)
         else:
             Node._on_result(self, peer, msg)
         self._task_finished(peer, msg[1])
+
+    def _retry_on_error(self, peer, msg):
+        """A task failed with an exception its retry_exceptions lists: run it again."""
+        w = self.pool.get(peer)
+        spec = None if w is None else w.task
+        if spec is None or spec.oid != msg[1] or spec.retry_on is None or spec.retries == 0 \
+                or spec.cancelled or not matches_retry(spec.retry_on, msg[3]):
+            return False
+        with self._sched:
+            if w.task is not spec:
+                return False
+            spec.retries -= 1
+            self._free_worker(w, spec)
+            w.task = None
+            self.idle.append(w)
+            self._enqueue(spec)
+        return True
 
     def _on_item(self, peer, msg):
         owner = self.forward.get(msg[1])
@@ -275,14 +341,16 @@ class DriverNode(Node):
                 for key, info in list(self.named.items()):
                     if info.actor_id == peer:
                         del self.named[key]
-                return Node._on_peer_died(self, peer)
+                Node._on_peer_died(self, peer)
+                if peer in self.restartable:
+                    self.after_actor_died(peer)
+                if peer not in self.actors:
+                    self.release_actor(peer)
+                return
             if w in self.idle:
                 self.idle.remove(w)
             if w.task is not None:
-                if w.blocked:
-                    self.num_blocked -= 1
-                else:
-                    self.busy -= 1
+                self._free_worker(w, w.task)
             spec = w.task
             Node._on_peer_died(self, peer)
             if spec is not None:
@@ -291,7 +359,8 @@ class DriverNode(Node):
                 elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams
                                                 and spec.owner == self.id):
                     spec.retries -= 1
-                    self.queue.appendleft(spec)
+                    self._enqueue(spec, first=True)
+                    return
                 else:
                     self.forward.pop(spec.oid, None)
                     self._fail_task(spec, WorkerCrashedError(
@@ -301,7 +370,7 @@ class DriverNode(Node):
     def cancel_task(self, oid, force):
         """Cancel a pool task this driver scheduled; True if it was found."""
         with self._sched:
-            for spec in self.queue:
+            for spec in itertools.chain(self.queue, self.placed_queue):
                 if spec.oid == oid:
                     spec.cancelled = True
                     self._fail_task(spec, TaskCancelledError())
@@ -333,10 +402,8 @@ class DriverNode(Node):
         return False
 
     # ------------------------------------------------------------- actors
-    def create_actor(self, cls_blob, class_name, methods, is_async, args, kwargs,
-                     max_concurrency, name, namespace, get_if_exists):
-        info = self.create_actors([(cls_blob, class_name, methods, is_async, args, kwargs,
-                                    max_concurrency, name, namespace, get_if_exists)])[0]
+    def create_actor(self, *request):
+        info = self.create_actors([request])[0]
         if isinstance(info, Exception):
             raise info
         return info
@@ -351,7 +418,8 @@ class DriverNode(Node):
             try:
                 for i, req in enumerate(requests):
                     (cls_blob, class_name, methods, is_async, args, kwargs, max_concurrency,
-                     name, namespace, get_if_exists) = req
+                     name, namespace, get_if_exists) = req[:10]
+                    extra = req[10] if len(req) > 10 else None
                     if name is not None:
                         existing = self.named.get((namespace, name))
                         if existing is None and any(r[7] == name and r[8] == namespace
@@ -366,11 +434,24 @@ class DriverNode(Node):
                                 f"namespace {namespace}")
                             continue
                     aid = next(self._ids)
+                    demand = extra.get("demand") if extra else None
+                    try:
+                        self.check_actor_feasible(demand, f"The actor {class_name}")
+                        if not self.actor_fits(demand):
+                            raise ValueError(f"The actor {class_name} asks for "
+                                             f"{demand.as_dict()}, which is not free now")
+                        self.hold_for_actor(aid, demand)
+                    except ValueError as err:
+                        out[i] = err
+                        continue
                     link = Link.create(self.shm_prefix)
                     spec = self._spawn_spec(aid, "actor", link)
                     spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name,
                                      "args": args, "kwargs": kwargs, "is_async": is_async,
                                      "max_concurrency": max_concurrency}
+                    if extra:
+                        spec["env_vars"] = {**self.env_vars, **(extra.get("env_vars") or {})}
+                        spec["actor"]["concurrency_groups"] = extra.get("concurrency_groups")
                     todo.append((i, aid, link, spec, req))
             except BaseException:
                 for _, _, link, _, _ in todo:
@@ -386,14 +467,24 @@ class DriverNode(Node):
             for _, _, link, _, _ in todo:
                 link.close()
             raise
-        for (i, aid, link, _, req), pid in zip(todo, pids):
+        for (i, aid, link, spec, req), pid in zip(todo, pids):
             if isinstance(pid, Exception):
                 link.close()
+                self.release_actor(aid)
                 out[i] = pid
                 continue
-            _, class_name, methods, is_async, _, _, _, name, namespace, _ = req
+            _, class_name, methods, is_async, _, _, _, name, namespace, _ = req[:10]
+            extra = req[10] if len(req) > 10 else None
             self.pids[aid] = pid
             info = ActorInfo(aid, pid, class_name, methods, is_async, name, namespace)
+            if extra:
+                groups = extra.get("concurrency_groups")
+                info.groups = tuple(groups) if groups else None
+                restarts_ = extra.get("max_restarts", 0)
+                info.max_task_retries = extra.get("max_task_retries", 0) if restarts_ else None
+                self.remember_for_restart(aid, {k: v for k, v in spec.items()
+                                                if k != "link_names"},
+                                          class_name, restarts_, info)
             self.actors[aid] = info
             if name is not None:
                 self.named[(namespace, name)] = info
@@ -411,7 +502,10 @@ class DriverNode(Node):
                              f"matching the namespace of the actor.")
         return info
 
-    def kill_actor(self, aid):
+    def kill_actor(self, aid, no_restart=True):
+        if no_restart:
+            with self._sched:
+                self.forbid_restart(aid)
         pid = self.pids.get(aid)
         if pid is not None and aid in self.actors:
             try:
@@ -443,8 +537,28 @@ class DriverNode(Node):
             ok = True
         except Exception as exc:
             ok, result = False, exc
+        if type(result) is Deferred:
+            result.answer_later(self, peer, req)
+            return
         if req:
             self.send(peer, P.reply_msg(req, ok, result))
+
+    def submit_task_placed(self, demand, retry_on, *fields):
+        """Schedule a task of this process that has a Demand or a retry policy."""
+        self.submit(PlacedTaskSpec(demand, retry_on, *fields, owner=0))
+
+    def _req_submit_placed(self, peer, demand, retry_on, *fields):
+        spec = PlacedTaskSpec(demand, retry_on, *fields, owner=peer)
+        self.forward[spec.oid] = peer
+        if demand is not None:
+            try:
+                with self._sched:
+                    self.check_feasible(demand, spec.name)
+            except ValueError as err:
+                self.forward.pop(spec.oid, None)
+                self._fail_task(spec, err)
+                return
+        self.submit(spec)
 
     def _req_submit(self, peer, *fields):
         spec = TaskSpec(*fields, owner=peer)
@@ -458,8 +572,12 @@ class DriverNode(Node):
             if w is not None and w.task is not None and w.blocked != blocked:
                 w.blocked = blocked
                 self.num_blocked += 1 if blocked else -1
-                self.busy += -1 if blocked else 1
-                self._dispatch()
+                if w.task.demand is None:
+                    self.busy += -1 if blocked else 1
+                else:
+                    cpus = self.node_cpus(w.task)
+                    self.busy = round(self.busy + (-cpus if blocked else cpus), 4)
+                self.resources_freed()
 
     def _req_connect(self, peer, target, names):
         if target in self.links:
@@ -469,6 +587,25 @@ class DriverNode(Node):
         return self.pids.get(actor_id)
 
     def _req_create_actor(self, peer, *request):
+        demand = request[10].get("demand") if len(request) > 10 and request[10] else None
+        if demand is not None:
+            with self._sched:
+                self.check_actor_feasible(demand, f"The actor {request[1]}")
+                fits = self.actor_fits(demand)
+            if not fits:
+                # Its resources are taken now: it starts when they are free,
+                # as in Ray (the driver waits here; a worker's answer waits).
+                if peer != 0:
+                    return Deferred(lambda: self.actor_fits(demand),
+                                    lambda: self.create_actor(*request))
+                while True:
+                    self.wait_until(lambda: self.actor_fits(demand))
+                    try:
+                        return self.create_actor(*request)
+                    except ValueError:
+                        if not self.actor_fits(demand):
+                            continue
+                        raise
         return self.create_actor(*request)
 
     def _req_create_actors(self, peer, requests):
@@ -477,8 +614,8 @@ class DriverNode(Node):
     def _req_get_actor(self, peer, name, namespace):
         return self.get_actor(name, namespace)
 
-    def _req_kill(self, peer, actor_id):
-        self.kill_actor(actor_id)
+    def _req_kill(self, peer, actor_id, no_restart=True):
+        self.kill_actor(actor_id, no_restart)
 
     def _req_cancel(self, peer, oid, force):
         return self.cancel_task(oid, force)

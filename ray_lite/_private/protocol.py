@@ -20,6 +20,8 @@ tag to the method that handles it (``Node.handlers``).
                                          (req_id, ok, payload) unless req_id is 0
   ATTACH     driver -> worker            peer, pid, names (a link a peer created)
   EXIT       driver -> worker            (nothing)
+  RESTARTED  driver -> every process     actor_id, pid|None (an actor was restarted
+                                         under a new pid, or is dead for good)
 
 The builders below are for the paths where a call's cost does not matter;
 the hot paths (a task, a method call, a result, a stream item) write the
@@ -40,6 +42,7 @@ REQUEST = "Q"
 REPLY = "P"
 ATTACH = "A"
 EXIT = "Z"
+RESTARTED = "S"
 
 # What a process waits for from a peer (``Node.inflight``: peer -> {oid: kind}),
 # which says which error the wait gets when that peer dies.
@@ -60,6 +63,13 @@ OP_CREATE_ACTORS = "create_actors"
 OP_GET_ACTOR = "get_actor"
 OP_KILL = "kill"
 OP_CANCEL = "cancel"
+OP_SUBMIT_PLACED = "submit_placed"    # a task with a Demand or a retry policy
+OP_ACTOR_PID = "actor_pid"            # the current pid of a (restartable) actor
+OP_PG_CREATE = "pg_create"
+OP_PG_REMOVE = "pg_remove"
+OP_PG_GET = "pg_get"
+OP_PG_TABLE = "pg_table"
+OP_RESOURCES = "resources"            # (total, available)
 
 # A stream's end "with no more items" for a consumer that dropped it.
 UNLIMITED_ACK = 1 << 62
@@ -121,6 +131,10 @@ def exit_msg():
     return (EXIT,)
 
 
+def restarted_msg(actor_id, pid):
+    return (RESTARTED, actor_id, pid)
+
+
 def method_msg(oid, method, args, kwargs, nret, stream, bp):
     return (METHOD, oid, method, args, kwargs, nret, stream, bp)
 
@@ -147,13 +161,33 @@ class TaskSpec:
         self.cancelled = False
         self.has_refs = True     # until submit looked
 
+    # A plain task has none of these (class attributes: nothing to set per
+    # task); a ``PlacedTaskSpec`` has its own.
+    demand = None       # scheduler.Demand: resources beyond 1 CPU, a placement group
+    retry_on = None     # retry_exceptions: True or a tuple of exception classes
+    held = None
+
+
+class PlacedTaskSpec(TaskSpec):
+    """A task with a ``Demand`` or a retry policy (``OP_SUBMIT_PLACED``)."""
+
+    __slots__ = ("demand", "retry_on", "held")
+
+    def __init__(self, demand, retry_on, *fields, owner):
+        TaskSpec.__init__(self, *fields, owner)
+        self.demand = demand
+        self.retry_on = retry_on
+        self.held = None
+
 
 class ActorInfo:
     """What a handle needs to reach an actor (picklable: handles travel)."""
 
-    __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace")
+    __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace",
+                 "max_task_retries", "groups")
 
-    def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace):
+    def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace,
+                 max_task_retries=None, groups=None):
         self.actor_id = actor_id
         self.pid = pid
         self.class_name = class_name
@@ -161,7 +195,11 @@ class ActorInfo:
         self.is_async = is_async
         self.name = name
         self.namespace = namespace
+        # None: the actor is not restarted; else how often its calls are retried.
+        self.max_task_retries = max_task_retries
+        self.groups = groups                       # concurrency group names, or None
 
     def __reduce__(self):
         return (ActorInfo, (self.actor_id, self.pid, self.class_name, self.methods,
-                            self.is_async, self.name, self.namespace))
+                            self.is_async, self.name, self.namespace, self.max_task_retries,
+                            self.groups))

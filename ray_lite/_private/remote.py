@@ -8,40 +8,49 @@ from ray_lite.exceptions import ActorDiedError
 from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
+from .concurrency_groups import check_groups, check_method_groups
 from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
+from .restarts import reach, retained_calls
+from .runtime_env import EnvTask, env_vars_of
+from .scheduler import check_retry_exceptions, demand_of
 from .shipping import ship
 from .transport import LinkClosed
 
 # Options Ray accepts that ray_lite honours.
-_TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects"}
-_ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime"}
+_PLACEMENT = {"num_cpus", "resources", "scheduling_strategy", "runtime_env", "placement_group",
+              "placement_group_bundle_index", "placement_group_capture_child_tasks"}
+_TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects",
+                  "retry_exceptions"} | _PLACEMENT
+_ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime",
+                   "max_restarts", "max_task_retries", "concurrency_groups"} | _PLACEMENT
 # Options that make no sense on one machine but are harmless: accepted, listed
 # in the README, and without effect.
-HARMLESS = {"num_cpus", "num_gpus", "resources", "memory", "scheduling_strategy",
-            "accelerator_type", "label_selector", "_metadata", "enable_task_events",
-            "object_store_memory", "max_restarts", "max_task_retries", "retry_exceptions",
-            "max_calls", "concurrency_groups", "runtime_env", "placement_group",
-            "placement_group_bundle_index", "placement_group_capture_child_tasks",
-            "_labels"}
+HARMLESS = {"num_gpus", "memory", "accelerator_type", "label_selector", "_metadata",
+            "enable_task_events", "object_store_memory", "max_calls", "_labels"}
 # ...except for these values, which ray_lite cannot honour: refusing is
-# better than silently doing something else.
+# better than silently doing something else.  (Per kind: an actor's option
+# on a task, or the other way round, is accepted with its default only.)
 _REFUSED_UNLESS_DEFAULT = {
-    "num_gpus": (0, None), "max_restarts": (0, None), "max_task_retries": (0, None),
-    "retry_exceptions": (False, None), "max_calls": (0, None), "concurrency_groups": (None,),
-    "runtime_env": (None,), "placement_group": (None, "default"),
-    "placement_group_bundle_index": (-1, None),
-    "placement_group_capture_child_tasks": (None, False),
+    "task": {"num_gpus": (0, None), "max_calls": (0, None), "max_restarts": (0, None),
+             "max_task_retries": (0, None), "concurrency_groups": (None,)},
+    "actor": {"num_gpus": (0, None), "max_calls": (0, None), "retry_exceptions": (False, None)},
 }
 _SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
+def _driver_pid():
+    node = state.node
+    return os.getpid() if node is None else node.driver_pid
+
+
 def _check_options(opts, kind):
     honoured = _TASK_HONOURED if kind == "task" else _ACTOR_HONOURED
+    refused = _REFUSED_UNLESS_DEFAULT[kind]
     for key, value in opts.items():
-        if key not in honoured and key not in HARMLESS:
+        if key not in honoured and key not in HARMLESS and key not in refused:
             raise ValueError(f"Invalid option keyword {key} for {kind}s. Valid ones are "
-                             f"{sorted(honoured | HARMLESS)}.")
-        allowed = _REFUSED_UNLESS_DEFAULT.get(key)
+                             f"{sorted(honoured | HARMLESS | set(refused))}.")
+        allowed = refused.get(key)
         if allowed is not None and value not in allowed and not (
                 isinstance(value, dict) and not value):
             raise ValueError(f"ray_lite does not support the option {key}={value!r} "
@@ -56,13 +65,21 @@ def _check_options(opts, kind):
         mr = opts.get("max_retries", 3)
         if not isinstance(mr, int) or mr < -1:
             raise ValueError(f"max_retries must be an int >= -1, got {mr!r}")
+        check_retry_exceptions(opts.get("retry_exceptions"))
     else:
+        for key in ("max_restarts", "max_task_retries"):
+            v = opts.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+                raise ValueError(f"{key} must be an int >= -1, got {v!r}")
+        check_groups(opts.get("concurrency_groups"))
         mc = opts.get("max_concurrency", None)
         if mc is not None and (not isinstance(mc, int) or mc < 1):
             raise ValueError(f"max_concurrency must be a positive int, got {mc!r}")
         if opts.get("lifetime") not in (None, "non_detached"):
             raise ValueError("ray_lite does not support lifetime='detached': actors end with "
                              "the driver (single machine runtime)")
+    env_vars_of(opts.get("runtime_env"))
+    demand_of(opts, kind, _driver_pid())
     bp = opts.get("_generator_backpressure_num_objects", -1)
     if bp is not None and (not isinstance(bp, int) or bp == 0 or bp < -1):
         raise ValueError(f"_generator_backpressure_num_objects must be a positive int or -1, "
@@ -124,14 +141,26 @@ def _stream_opts(opts, is_gen):
 
 
 class _TaskPlan:
-    """What a set of options means for a call, worked out once per options."""
+    """What a set of options means for a call, worked out once per options.
 
-    __slots__ = ("name", "nret", "stream", "bp", "retries")
+    ``special``: the task has a Demand, a retry policy or env_vars (it takes
+    ``_remote_special``, the common task does not)."""
+
+    __slots__ = ("name", "nret", "stream", "bp", "retries", "special", "demand", "retry_on",
+                 "env_fn_id", "env_function", "env_blob")
 
     def __init__(self, function, opts, is_gen):
         self.name = opts.get("name") or function.__qualname__
         self.nret, self.stream, self.bp = _stream_opts(opts, is_gen)
         self.retries = opts.get("max_retries", 3)
+        self.demand = demand_of(opts, "task", _driver_pid())
+        self.retry_on = check_retry_exceptions(opts.get("retry_exceptions"))
+        env = env_vars_of(opts.get("runtime_env"))
+        self.env_function = None if env is None else EnvTask(function, env)
+        self.env_fn_id = None if env is None else os.urandom(8).hex()
+        self.env_blob = None
+        self.special = (self.demand is not None or self.retry_on is not None
+                        or env is not None)
 
 
 # ``.options(...)`` is often called per call (``f.options(name=...).remote()``):
@@ -203,6 +232,8 @@ class RemoteFunction:
         return bound
 
     def _remote(self, plan, args, kwargs):
+        if plan.special:
+            return self._remote_special(plan, args, kwargs)
         node = state.node
         if node is None:
             node = state.get_node()
@@ -223,6 +254,31 @@ class RemoteFunction:
             node.pending[oid] = target
         node.submit_task(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
                          plan.retries, name)
+        return result
+
+    def _remote_special(self, plan, args, kwargs):
+        """``_remote`` of a task with a Demand, a retry policy or env_vars."""
+        node = state.get_node()
+        name = plan.name
+        if plan.demand is not None and node.id == 0:
+            with node._sched:
+                node.check_feasible(plan.demand, name)   # refused here, at the call
+        _check_args_serialisable(args, kwargs, name)
+        if plan.env_function is None:
+            fn_id, blob = self._fn_id, self._blob
+            if blob is None:
+                blob = self._blob = ship(self._function)
+        else:
+            fn_id, blob = plan.env_fn_id, plan.env_blob
+            if blob is None:
+                blob = plan.env_blob = ship(plan.env_function)
+        nret, stream, bp = plan.nret, plan.stream, plan.bp
+        oid, target, result = _make_call_result(node, nret, stream, bp, name,
+                                                None if node.id == 0 else 0)
+        if not stream:
+            node.pending[oid] = target
+        node.submit_task_placed(plan.demand, plan.retry_on, oid, fn_id, blob, list(args),
+                                kwargs, nret, stream, bp, plan.retries, name)
         return result
 
     def __reduce__(self):
@@ -303,8 +359,11 @@ class ActorClass:
             self._blob = ship(cls)
         namespace = opts.get("namespace") or getattr(node, "namespace", None)
         mc = opts.get("max_concurrency") or (1000 if self._is_async else 1)
-        return (self._blob, cls.__name__, self._methods, self._is_async, list(args), kwargs,
-                mc, opts.get("name"), namespace, bool(opts.get("get_if_exists", False)))
+        req = (self._blob, cls.__name__, self._methods, self._is_async, list(args), kwargs,
+               mc, opts.get("name"), namespace, bool(opts.get("get_if_exists", False)))
+        # Ray's defaults: the request of old, 10 fields; else the extras as an 11th.
+        extra = _actor_extra(cls, opts)
+        return req if extra is None else req + (extra,)
 
     def _remote(self, opts, args, kwargs):
         node = state.get_node()
@@ -313,6 +372,19 @@ class ActorClass:
 
     def __reduce__(self):
         return (_rebuild_actor_class, (self._cls, self._options))
+
+
+def _actor_extra(cls, opts):
+    """The options of an actor that the driver's scheduler, restarts and the
+    actor's process act on; None when all are Ray's defaults."""
+    groups = check_groups(opts.get("concurrency_groups"))
+    check_method_groups(cls, groups)
+    extra = {"demand": demand_of(opts, "actor", _driver_pid()),
+             "max_restarts": opts.get("max_restarts") or 0,
+             "max_task_retries": opts.get("max_task_retries") or 0,
+             "env_vars": env_vars_of(opts.get("runtime_env")),
+             "concurrency_groups": groups}
+    return extra if any(extra.values()) else None
 
 
 def _rebuild_actor_class(cls, options):
@@ -338,7 +410,7 @@ class ActorHandle:
                                  f"(actor class {info.class_name} has no method {name!r})")
         m = self._cache.get(name)
         if m is None:
-            m = self._cache[name] = ActorMethod(self, name, is_gen, {})
+            m = self._cache[name] = _method_type(info, {})(self, name, is_gen, {})
         return m
 
     def __reduce__(self):
@@ -377,8 +449,23 @@ class ActorMethod:
                          "max_task_retries", "retry_exceptions", "concurrency_group",
                          "enable_task_events"):
                 raise ValueError(f"Invalid option keyword {k} for actor methods.")
-        _check_options({k: v for k, v in merged.items() if k != "concurrency_group"}, "task")
-        return ActorMethod(self._handle, self._name, self._is_gen, merged)
+        group = merged.get("concurrency_group")
+        groups = self._handle._info.groups
+        if group is not None and (groups is None or group not in groups):
+            raise ValueError(f"Invalid concurrency group {group!r}: the actor has "
+                             f"{list(groups or ())}")
+        mtr = merged.get("max_task_retries")
+        if mtr is not None and (not isinstance(mtr, int) or isinstance(mtr, bool) or mtr < -1):
+            raise ValueError(f"max_task_retries must be an int >= -1, got {mtr!r}")
+        _check_options({k: v for k, v in merged.items()
+                        if k not in ("concurrency_group", "max_task_retries",
+                                     "retry_exceptions")}, "task")
+        if merged.get("retry_exceptions") not in (None, False):
+            raise ValueError("ray_lite does not support retry_exceptions on actor methods "
+                             "(an actor's calls are retried only when it restarts: "
+                             "max_task_retries)")
+        return _method_type(self._handle._info, merged)(self._handle, self._name, self._is_gen,
+                                                        merged)
 
     def remote(self, *args, **kwargs):
         node = state.node
@@ -388,6 +475,7 @@ class ActorMethod:
         aid = info.actor_id
         nret, stream, bp = self._nret, self._stream, self._bp
         name = self._qualname
+        method = self._name
         if kwargs:
             args, kwargs = _prepare_args(args, kwargs, name)
         elif args:
@@ -414,7 +502,7 @@ class ActorMethod:
         link = node.links.get(aid)
         if link is not None:
             try:
-                link.send((METHOD, oid, self._name, args, kwargs, nret, stream, bp))
+                link.send((METHOD, oid, method, args, kwargs, nret, stream, bp))
                 return result
             except (LinkClosed, OSError):
                 pass
@@ -424,7 +512,7 @@ class ActorMethod:
                     node.inflight.get(aid, {}).pop(oid, None)
                 raise
         if aid in node.dead_peers or not node.connect(aid) or not node.send(
-                aid, P.method_msg(oid, self._name, args, kwargs, nret, stream, bp)):
+                aid, P.method_msg(oid, method, args, kwargs, nret, stream, bp)):
             err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
                                  actor_id=aid)
             if stream:
@@ -436,3 +524,65 @@ class ActorMethod:
                     e.set_error(err)
         return result
 
+
+
+class _GroupedActorMethod(ActorMethod):
+    """A method called with ``.options(concurrency_group=...)``: its calls carry
+    the group (``(method, group)`` in place of the method's name)."""
+
+    __slots__ = ()
+
+    def __init__(self, handle, name, is_gen, options):
+        ActorMethod.__init__(self, handle, name, is_gen, options)
+        self._name = (name, options["concurrency_group"])
+
+    def options(self, **opts):
+        return ActorMethod(self._handle, self._name[0], self._is_gen, {}).options(
+            **{**self._options, **opts})
+
+
+class _RetryingActorMethod(ActorMethod):
+    """A method of a restartable actor whose calls are retried on a restart
+    (``max_task_retries``): see restarts.py."""
+
+    __slots__ = ("_retries",)
+
+    def __init__(self, handle, name, is_gen, options):
+        ActorMethod.__init__(self, handle, name, is_gen, options)
+        r = options.get("max_task_retries")
+        self._retries = handle._info.max_task_retries if r is None else r
+
+    def remote(self, *args, **kwargs):
+        if self._stream:
+            return ActorMethod.remote(self, *args, **kwargs)
+        node = state.get_node()
+        info = self._handle._info
+        aid = info.actor_id
+        name = self._qualname
+        args, kwargs = _prepare_args(args, kwargs, name)
+        oid, target, result = _make_call_result(node, self._nret, False, self._bp, name, aid)
+        node.pending[oid] = target
+        group = self._options.get("concurrency_group")
+        msg = P.method_msg(oid, self._name if group is None else (self._name, group), args,
+                           kwargs, self._nret, False, self._bp)
+        retained_calls(node, aid)[oid] = [msg, self._retries]
+        if not (reach(node, aid, info.pid) and node.send(aid, msg)) and node.id == 0 \
+                and aid not in node.restartable:
+            # Dead for good.  (Dying, it is resent by the restart: RESTARTED.)
+            node.retry_calls.get(aid, {}).pop(oid, None)
+            node.pending.pop(oid, None)
+            err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
+                                 actor_id=aid)
+            for e in (target if type(target) is list else [target]):
+                e.set_error(err)
+        return result
+
+
+def _method_type(info, options):
+    """The ActorMethod class for calls of ``info``'s actor with ``options``."""
+    retries = options.get("max_task_retries", info.max_task_retries)
+    if retries and info.max_task_retries is not None:
+        return _RetryingActorMethod
+    if options.get("concurrency_group") is not None:
+        return _GroupedActorMethod
+    return ActorMethod

@@ -2,6 +2,7 @@
 import asyncio
 import collections
 import inspect
+import itertools
 import os
 import signal
 import sys
@@ -13,7 +14,7 @@ from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCanc
 
 from . import protocol as P
 from .protocol import ITEM, RESULT   # per result and item: a global, not an attribute
-from . import state
+from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
 from .errors import make_task_error, sendable_error, unpicklable_task_error
 from .node import Node
@@ -101,6 +102,10 @@ class WorkerNode(Node):
         """A nested task, scheduled by the driver; its results come back through it."""
         self.send(0, (P.REQUEST, 0, P.OP_SUBMIT,
                       (oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name)))
+
+    def submit_task_placed(self, demand, retry_on, *fields):
+        """A nested task with a Demand or a retry policy (see ``submit_task``)."""
+        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT_PLACED, (demand, retry_on) + fields))
 
     def block_begin(self):
         # A pool worker waiting in get lends its CPU back so that the driver
@@ -594,7 +599,12 @@ class WorkerNode(Node):
 
 
 def worker_main(spec):
+    if spec.get("env_vars"):
+        os.environ.update(spec["env_vars"])     # runtime_env (the job's, the actor's)
     node = WorkerNode(spec)
+    if spec.get("seq_start"):
+        node._seq = itertools.count(spec["seq_start"])   # a restarted actor's new ids
+    restarts.install(node)
     state.node = node
     os.chdir(spec.get("cwd", os.getcwd()))
     if spec["kind"] == "pool":
@@ -610,6 +620,8 @@ def worker_main(spec):
 
         async def boot():
             node._sem = AsyncSlots(a["max_concurrency"])
+            if a.get("concurrency_groups"):
+                concurrency_groups.install_async(node, a)
             node.bridge_for_running_loop()
             node.start_actor(a)
             # Calls that arrived while the constructor ran.
@@ -619,8 +631,11 @@ def worker_main(spec):
             loop.run_forever()
         return
     # Calls queue up while the constructor runs; they execute in order after.
-    node.single_waiter = a["max_concurrency"] <= 1
+    node.single_waiter = a["max_concurrency"] <= 1 and not a.get("concurrency_groups")
     node.start_actor(a)
+    if a.get("concurrency_groups"):
+        concurrency_groups.serve_threaded(node, a)
+        return
     if a["max_concurrency"] > 1:
         from concurrent.futures import ThreadPoolExecutor
         node.executor = ThreadPoolExecutor(a["max_concurrency"], thread_name_prefix="actor")

@@ -1,0 +1,165 @@
+"""concurrency_groups on async and threaded actors, ray_lite.method (issue 11)."""
+import asyncio
+import threading
+
+import pytest
+
+import ray_lite as ray
+
+T = 30
+NOT_YET = 0.3
+
+
+@ray.remote(concurrency_groups={"io": 2, "compute": 1}, max_concurrency=1)
+class AsyncGroups:
+    def __init__(self):
+        self.running = {"io": 0, "default": 0}
+        self.peak = {"io": 0, "default": 0}
+        self.gate = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    async def _enter(self, group):
+        self.running[group] += 1
+        self.peak[group] = max(self.peak[group], self.running[group])
+        async with self.changed:
+            self.changed.notify_all()
+        try:
+            await asyncio.wait_for(self.gate.wait(), T)
+        finally:
+            self.running[group] -= 1
+
+    @ray.method(concurrency_group="io")
+    async def io(self):
+        await self._enter("io")
+        return "io"
+
+    async def blocked_default(self):
+        await self._enter("default")
+        return "default"
+
+    @ray.method(concurrency_group="compute")
+    async def until_running(self, group, n):
+        async def reached():
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.running[group] >= n)
+        await asyncio.wait_for(reached(), T)
+        return dict(self.running)
+
+    @ray.method(concurrency_group="compute")
+    async def open_gate(self):
+        self.gate.set()
+
+    @ray.method(concurrency_group="compute")
+    async def peaks(self):
+        return self.peak
+
+
+def test_async_groups_limit_each_group_on_its_own(rt):
+    a = AsyncGroups.remote()
+    ios = [a.io.remote() for _ in range(4)]
+    held = a.blocked_default.remote()
+    # The default group (max_concurrency=1) is full, the io group is at its
+    # limit of 2: the compute group still runs.
+    assert ray.get(a.until_running.remote("io", 2), timeout=T) == {"io": 2, "default": 1}
+    assert ray.wait(ios, num_returns=1, timeout=NOT_YET)[0] == []
+    # A default method sent to the io group waits there, not in the default group.
+    extra = a.blocked_default.options(concurrency_group="io").remote()
+    assert ray.get(a.until_running.remote("default", 1), timeout=T)["io"] == 2
+    ray.get(a.open_gate.remote(), timeout=T)
+    assert ray.get(ios + [held, extra], timeout=T) == ["io"] * 4 + ["default"] * 2
+    assert ray.get(a.peaks.remote(), timeout=T) == {"io": 2, "default": 1}
+
+
+@ray.remote(concurrency_groups={"io": 2})
+class ThreadedGroups:
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.running = {"io": 0, "default": 0}
+        self.peak = {"io": 0, "default": 0}
+        self.open = False
+
+    def _enter(self, group):
+        with self.cond:
+            self.running[group] += 1
+            self.peak[group] = max(self.peak[group], self.running[group])
+            self.cond.notify_all()
+            assert self.cond.wait_for(lambda: self.open, T)
+            self.running[group] -= 1
+        return threading.current_thread().name
+
+    @ray.method(concurrency_group="io")
+    def io(self):
+        return self._enter("io")
+
+    def blocked_default(self):
+        return self._enter("default")
+
+    @ray.method(concurrency_group="io")
+    def until_running(self, group, n):
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.running[group] >= n, T)
+            return dict(self.running)
+
+    def open_gate(self):
+        with self.cond:
+            self.open = True
+            self.cond.notify_all()
+
+    def peaks(self):
+        return self.peak
+
+
+def test_threaded_groups_have_their_own_threads_and_limits(rt):
+    a = ThreadedGroups.remote()
+    # The default group (max_concurrency=1 for a sync actor) is held...
+    held = a.blocked_default.remote()
+    # ...and the io group, limit 2, runs one call that waits for it, and one more.
+    first = a.io.remote()
+    assert ray.get(a.until_running.remote("default", 1), timeout=T)["default"] == 1
+    # The gate opens from the io group (the default group is full).
+    ray.get(a.open_gate.options(concurrency_group="io").remote(), timeout=T)
+    names = ray.get([first, held], timeout=T)
+    assert names[0].startswith("actor-io") and not names[1].startswith("actor-io")
+    assert ray.get(a.peaks.remote(), timeout=T) == {"io": 1, "default": 1}
+
+
+def test_bad_concurrency_groups_are_refused(rt):
+    for groups in ({"io": 0}, {"io": "2"}, {"": 1}, ["io"]):
+        with pytest.raises((ValueError, TypeError)):
+            AsyncGroups.options(concurrency_groups=groups)
+
+    @ray.remote(concurrency_groups={"other": 1})
+    class WrongGroup:
+        @ray.method(concurrency_group="io")
+        def f(self):
+            return 1
+    with pytest.raises(ValueError, match="'io'"):
+        WrongGroup.remote()
+    a = AsyncGroups.remote()
+    with pytest.raises(ValueError, match="concurrency group"):
+        a.io.options(concurrency_group="nope")
+
+    @ray.remote
+    class NoGroups:
+        def f(self):
+            return 1
+    with pytest.raises(ValueError, match="concurrency group"):
+        NoGroups.remote().f.options(concurrency_group="io")
+    with pytest.raises(ValueError, match="concurrency_groups"):
+        ray.remote(concurrency_groups={"io": 1})(lambda: 1)
+
+
+def test_method_decorator_takes_keywords_only():
+    with pytest.raises(ValueError):
+        ray.method(lambda self: 1)
+    with pytest.raises(ValueError):
+        ray.method()
+    with pytest.raises(ValueError, match="nonsense"):
+        ray.method(nonsense=1)
+    with pytest.raises(ValueError, match="concurrency_group"):
+        ray.method(concurrency_group="")
+
+    def f(self):
+        return 1
+    assert ray.method(concurrency_group="io")(f) is f
+    assert f.__ray_concurrency_group__ == "io"

@@ -1,0 +1,180 @@
+"""Placement groups and scheduling strategies on one node (issue 11)."""
+import os
+
+import pytest
+
+import ray_lite as ray
+from ray_lite._private import state
+from ray_lite._private.scheduler import local_node_id
+from ray_lite.exceptions import RayActorError
+from ray_lite.util.placement_group import (
+    PlacementGroup, get_placement_group, placement_group, placement_group_table,
+    remove_placement_group)
+from ray_lite.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)
+
+from resource_helpers import NOT_YET, T, Holder, one
+
+
+@pytest.fixture
+def rt4():
+    ray.init(num_cpus=4, resources={"x": 2})
+    try:
+        yield state.node
+    finally:
+        ray.shutdown()
+
+
+def in_pg(pg, index=-1):
+    return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+
+
+def test_create_ready_wait_and_remove(rt4):
+    pg = placement_group([{"CPU": 1}, {"CPU": 2, "x": 1}], strategy="SPREAD", name="pg1")
+    assert isinstance(pg, PlacementGroup)
+    assert ray.get(pg.ready(), timeout=T) == pg
+    assert pg.wait(T) is True
+    assert pg.bundle_specs == [{"CPU": 1}, {"CPU": 2, "x": 1}]
+    assert pg.bundle_count == 2
+    table = placement_group_table(pg)
+    assert table["state"] == "CREATED" and table["name"] == "pg1"
+    assert table["strategy"] == "SPREAD"
+    assert pg.id in placement_group_table()
+    assert get_placement_group("pg1") == pg
+    # Its resources are reserved from the node.
+    assert rt4.available_resources() == {"CPU": 1, "x": 1}
+    remove_placement_group(pg)
+    assert placement_group_table(pg)["state"] == "REMOVED"
+    assert rt4.available_resources() == {"CPU": 4, "x": 2}
+    with pytest.raises(ValueError, match="pg1"):
+        get_placement_group("pg1")
+    remove_placement_group(pg)     # twice: no error, as in Ray
+
+
+def test_a_group_larger_than_the_machine_is_refused(rt4):
+    with pytest.raises(ValueError, match="more than this machine has"):
+        placement_group([{"CPU": 3}, {"CPU": 2}])
+    with pytest.raises(ValueError, match="more than this machine has"):
+        placement_group([{"x": 3}])
+    with pytest.raises(ValueError, match="more than this machine has"):
+        placement_group([{"GPU": 1}])
+    with pytest.raises(ValueError, match="STRICT_SPREAD"):
+        placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    # Nothing was reserved by the refused ones.
+    assert rt4.available_resources() == {"CPU": 4, "x": 2}
+    assert placement_group_table() == {}
+
+
+def test_bad_placement_group_arguments_are_refused(rt4):
+    for bundles in ([], [{}], "CPU", [{"CPU": -1}], [{"CPU": 0}], [["CPU", 1]]):
+        with pytest.raises((ValueError, TypeError)):
+            placement_group(bundles)
+    with pytest.raises(ValueError, match="strategy"):
+        placement_group([{"CPU": 1}], strategy="NEAR")
+    with pytest.raises(ValueError, match="detached"):
+        placement_group([{"CPU": 1}], lifetime="detached")
+    placement_group([{"CPU": 1}], name="dup")
+    with pytest.raises(ValueError, match="already exists"):
+        placement_group([{"CPU": 1}], name="dup")
+    with pytest.raises(TypeError):
+        remove_placement_group("not a group")
+    with pytest.raises(ValueError):
+        get_placement_group("")
+
+
+def test_a_group_stays_pending_until_its_resources_are_free(rt4):
+    a = Holder.options(num_cpus=4).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    pg = placement_group([{"CPU": 2}])
+    assert pg.wait(NOT_YET) is False
+    assert placement_group_table(pg)["state"] == "PENDING"
+    ray.kill(a)
+    assert pg.wait(T) is True
+    assert placement_group_table(pg)["state"] == "CREATED"
+
+
+def test_tasks_in_a_group_take_from_its_bundles(rt4):
+    pg = placement_group([{"CPU": 1}, {"CPU": 2}])
+    assert pg.wait(T)
+    assert ray.get([one.options(scheduling_strategy=in_pg(pg, 0)).remote(),
+                    one.options(num_cpus=2, scheduling_strategy=in_pg(pg)).remote(),
+                    one.options(num_cpus=2, scheduling_strategy=in_pg(pg, 1)).remote()],
+                   timeout=T) == [1, 1, 1]
+    # Ray's older spelling of the same.
+    assert ray.get(one.options(placement_group=pg, placement_group_bundle_index=1).remote(),
+                   timeout=T) == 1
+    # The node's CPU outside the group is still there for other tasks.
+    assert ray.get(one.remote(), timeout=T) == 1
+    with pytest.raises(ValueError, match="could never run"):
+        one.options(num_cpus=2, scheduling_strategy=in_pg(pg, 0)).remote()
+    with pytest.raises(ValueError, match="out of range"):
+        one.options(scheduling_strategy=in_pg(pg, 2)).remote()
+    with pytest.raises(ValueError):
+        one.options(scheduling_strategy=in_pg(pg, -2))
+
+
+def test_a_task_waits_for_room_in_its_bundle(rt4):
+    pg = placement_group([{"CPU": 1}])
+    a = Holder.options(num_cpus=1, scheduling_strategy=in_pg(pg)).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    ref = one.options(scheduling_strategy=in_pg(pg)).remote()
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []
+    ray.kill(a)
+    assert ray.get(ref, timeout=T) == 1
+
+
+def test_removing_a_group_kills_its_actors_and_fails_its_waiting_tasks(rt4):
+    pg = placement_group([{"CPU": 1}])
+    a = Holder.options(num_cpus=1, scheduling_strategy=in_pg(pg)).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    waiting = one.options(scheduling_strategy=in_pg(pg)).remote()
+    remove_placement_group(pg)
+    with pytest.raises(RayActorError):
+        ray.get(a.ping.remote(), timeout=T)
+    with pytest.raises(ValueError, match="removed"):
+        ray.get(waiting, timeout=T)
+    with pytest.raises(ValueError, match="removed"):
+        one.options(scheduling_strategy=in_pg(pg)).remote()
+    assert rt4.available_resources() == {"CPU": 4, "x": 2}
+
+
+def test_placement_groups_from_inside_a_task(rt4):
+    @ray.remote
+    def make():
+        pg = placement_group([{"CPU": 1}], name="inner")
+        ok = pg.wait(T)
+        value = ray.get(one.options(scheduling_strategy=in_pg(pg)).remote(), timeout=T)
+        return ok, value, pg
+    ok, value, pg = ray.get(make.remote(), timeout=T)
+    assert (ok, value) == (True, 1)
+    assert get_placement_group("inner") == pg
+
+
+def test_node_affinity_for_the_local_node(rt4):
+    me = local_node_id(os.getpid())
+    assert ray.get(one.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(me, soft=False)).remote(),
+        timeout=T) == 1
+    other = "ab" * 28
+    with pytest.raises(ValueError, match="soft=True"):
+        one.options(scheduling_strategy=NodeAffinitySchedulingStrategy(other, soft=False))
+    assert ray.get(one.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(other, soft=True)).remote(),
+        timeout=T) == 1
+    h = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(me, soft=False))
+    assert ray.get(h.remote().ping.remote(), timeout=T)
+
+
+def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
+    holder = Holder.options(num_cpus=4).remote()
+    ray.get(holder.ping.remote(), timeout=T)
+    pg = placement_group([{"CPU": 1}])
+
+    @ray.remote(num_cpus=0)
+    def start_in_group(pg):
+        a = Holder.options(scheduling_strategy=in_pg(pg)).remote()
+        return ray.get(a.ping.remote(), timeout=T)
+    ref = start_in_group.remote(pg)
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []
+    ray.kill(holder)
+    assert isinstance(ray.get(ref, timeout=T), int)

@@ -1,0 +1,218 @@
+"""num_cpus and custom resources, honoured by the driver's scheduler (issue 11)."""
+import os
+import select
+
+import pytest
+
+import ray_lite as ray
+from ray_lite._private import state
+from ray_lite.exceptions import RayActorError
+
+from resource_helpers import NOT_YET, T, Holder, one
+
+
+@pytest.fixture
+def rt4():
+    ray.init(num_cpus=4, resources={"x": 1, "slots": 2})
+    try:
+        yield state.node
+    finally:
+        ray.shutdown()
+
+
+def _fifo(tmp_path, name):
+    path = str(tmp_path / name)
+    os.mkfifo(path)
+    return path
+
+
+def _read_fifo(path, timeout=T):
+    """Block until a writer writes to ``path`` (bounded)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise TimeoutError(path)
+            if os.read(fd, 64):
+                return
+    finally:
+        os.close(fd)
+
+
+def _write_fifo(path, timeout=T):
+    # Opening for writing blocks until the reader has it open.
+    import threading
+    done = threading.Event()
+
+    def write():
+        with open(path, "w") as f:
+            f.write("go")
+        done.set()
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    assert done.wait(timeout)
+
+
+@ray.remote
+def hold(started, release):
+    _write_fifo(started)
+    _read_fifo(release)
+    return "held"
+
+
+def test_a_task_asking_for_every_cpu_waits_until_all_are_free(tmp_path):
+    ray.init(num_cpus=2)
+    try:
+        started, release = _fifo(tmp_path, "started"), _fifo(tmp_path, "release")
+        h = hold.remote(started, release)
+        _read_fifo(started)                       # it runs and holds 1 of the 2 CPUs
+        big = one.options(num_cpus=2).remote()
+        ready, _ = ray.wait([big], timeout=NOT_YET)
+        assert ready == []                        # only 1 CPU is free
+        assert ray.get(one.remote(), timeout=T) == 1   # a 1-CPU task still fits
+        _write_fifo(release)
+        assert ray.get(h, timeout=T) == "held"
+        assert ray.get(big, timeout=T) == 1
+    finally:
+        ray.shutdown()
+
+
+def test_an_actor_holds_its_num_cpus_for_its_lifetime(rt4):
+    assert rt4.available_resources()["CPU"] == 4
+    a = Holder.options(num_cpus=4).remote()
+    assert ray.get(a.ping.remote(), timeout=T)
+    assert "CPU" not in rt4.available_resources()
+    ref = one.remote()
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []    # no CPU left for a task
+    ray.kill(a)
+    assert ray.get(ref, timeout=T) == 1
+    assert rt4.available_resources()["CPU"] == 4
+
+
+def test_actors_by_default_hold_no_cpu():
+    # Ray's rule: 1 CPU to be scheduled, 0 while running.
+    ray.init(num_cpus=1)
+    try:
+        actors = [Holder.remote() for _ in range(6)]
+        assert len(set(ray.get([a.ping.remote() for a in actors], timeout=T))) == 6
+        assert ray.get(one.remote(), timeout=T) == 1
+        assert state.node.available_resources()["CPU"] == 1
+    finally:
+        ray.shutdown()
+
+
+def test_custom_resources_are_taken_and_given_back(rt4):
+    assert rt4.cluster_resources() == {"CPU": 4, "x": 1, "slots": 2}
+    a = Holder.options(resources={"x": 1}).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    assert "x" not in rt4.available_resources()
+    ref = one.options(resources={"x": 1}).remote()
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []
+    # Another resource is unaffected.
+    assert ray.get(one.options(resources={"slots": 2}).remote(), timeout=T) == 1
+    ray.kill(a)
+    assert ray.get(ref, timeout=T) == 1
+    assert rt4.available_resources() == {"CPU": 4, "x": 1, "slots": 2}
+
+
+def test_fractional_and_zero_cpu_tasks(rt4):
+    refs = [one.options(num_cpus=0.5).remote() for _ in range(8)]
+    refs += [one.options(num_cpus=0).remote() for _ in range(3)]
+    assert ray.get(refs, timeout=T) == [1] * 11
+    assert rt4.available_resources()["CPU"] == 4
+
+
+def test_a_request_that_can_never_fit_is_refused(rt4):
+    with pytest.raises(ValueError, match="could never run"):
+        one.options(num_cpus=5).remote()
+    with pytest.raises(ValueError, match="could never run"):
+        one.options(resources={"gpu_like": 1}).remote()
+    with pytest.raises(ValueError, match="could never run"):
+        one.options(resources={"x": 2}).remote()
+    with pytest.raises(ValueError, match="could never run"):
+        Holder.options(num_cpus=8).remote()
+    # The runtime is unharmed.
+    assert ray.get(one.remote(), timeout=T) == 1
+
+
+def test_a_nested_task_that_can_never_fit_fails_at_get(rt4):
+    @ray.remote
+    def parent():
+        ref = one.options(num_cpus=64).remote()
+        try:
+            ray.get(ref, timeout=T)
+        except ValueError as exc:
+            return str(exc)
+        return "ran"
+    assert "could never run" in ray.get(parent.remote(), timeout=T)
+
+
+def test_bad_resource_values_are_refused():
+    for opts in ({"num_cpus": -1}, {"num_cpus": "2"}, {"num_cpus": 1.5},
+                 {"resources": {"CPU": 1}}, {"resources": {"x": -1}}, {"resources": "x"},
+                 {"resources": {"": 1}}, {"scheduling_strategy": "NOWHERE"},
+                 {"scheduling_strategy": object()}):
+        with pytest.raises((ValueError, TypeError)):
+            one.options(**opts)
+    with pytest.raises(ValueError):
+        ray.init(num_cpus=1, resources={"GPU": 1})
+    with pytest.raises(TypeError):
+        ray.init(num_cpus=1, resources=["x"])
+    assert not ray.is_initialized()
+
+
+def test_an_actor_waits_for_its_resources_when_created_from_a_task():
+    ray.init(num_cpus=2)
+    try:
+        first = Holder.options(num_cpus=1).remote()
+        ray.get(first.ping.remote(), timeout=T)
+
+        @ray.remote
+        def make_second():
+            # Its 1 CPU is the last one; the actor's must wait for `first`.
+            second = Holder.options(num_cpus=1).remote()
+            return ray.get(second.ping.remote(), timeout=T)
+        ref = make_second.remote()
+        assert ray.wait([ref], timeout=NOT_YET)[0] == []
+        ray.kill(first)
+        assert isinstance(ray.get(ref, timeout=T), int)
+    finally:
+        ray.shutdown()
+
+
+def test_a_killed_actor_gives_back_what_it_held(rt4):
+    a = Holder.options(num_cpus=2, resources={"slots": 1}).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    assert rt4.available_resources() == {"CPU": 2, "x": 1, "slots": 1}
+    ray.kill(a)
+    with pytest.raises(RayActorError):
+        ray.get(a.ping.remote(), timeout=T)
+    assert rt4.available_resources() == {"CPU": 4, "x": 1, "slots": 2}
+
+
+def test_blocked_task_lends_its_cpus_back(rt4):
+    @ray.remote(num_cpus=4)
+    def outer():
+        # Waiting in get, it lends its 4 CPUs: the inner task can run.
+        return ray.get(one.options(num_cpus=4).remote(), timeout=T) + 1
+    assert ray.get(outer.remote(), timeout=T) == 2
+    assert rt4.available_resources()["CPU"] == 4
+
+
+def test_the_driver_waits_for_an_actors_resources(rt4):
+    import threading
+    first = Holder.options(num_cpus=4).remote()
+    ray.get(first.ping.remote(), timeout=T)
+    out = []
+
+    def create():
+        out.append(ray.get(Holder.options(num_cpus=2).remote().ping.remote(), timeout=T))
+    t = threading.Thread(target=create)
+    t.start()
+    t.join(NOT_YET)
+    assert out == []           # no CPU is free: creating it waits
+    ray.kill(first)
+    t.join(T)
+    assert not t.is_alive() and isinstance(out[0], int)
+    assert rt4.available_resources()["CPU"] == 2

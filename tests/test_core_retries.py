@@ -1,0 +1,275 @@
+"""Fault tolerance one machine can honour: task retries, actor restarts,
+runtime_env env_vars (issue 11)."""
+import os
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import ActorDiedError, RayActorError, RayTaskError, WorkerCrashedError
+
+T = 30
+
+
+def _bump(path):
+    """Count a run in file ``path``; the count before this run."""
+    n = int(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "w") as f:
+        f.write(str(n + 1))
+    return n
+
+
+def _count(path):
+    return int(open(path).read()) if os.path.exists(path) else 0
+
+
+@ray.remote
+def fail_until(path, good_run, exc_type):
+    n = _bump(path)
+    if n < good_run:
+        raise exc_type(f"run {n}")
+    return n
+
+
+@ray.remote
+def die_until(path, good_run):
+    if _bump(path) < good_run:
+        os._exit(1)
+    return "survived"
+
+
+# ------------------------------------------------------------------ tasks
+def test_retry_exceptions_true_retries_application_errors(rt, tmp_path):
+    path = str(tmp_path / "runs")
+    ref = fail_until.options(max_retries=3, retry_exceptions=True).remote(path, 2, KeyError)
+    assert ray.get(ref, timeout=T) == 2
+    assert _count(path) == 3
+
+
+def test_retries_used_up_raise_the_last_error(rt, tmp_path):
+    path = str(tmp_path / "runs")
+    ref = fail_until.options(max_retries=2, retry_exceptions=True).remote(path, 10, KeyError)
+    with pytest.raises(KeyError, match="run 2"):
+        ray.get(ref, timeout=T)
+    assert _count(path) == 3
+
+
+def test_retry_exceptions_list_retries_only_those(rt, tmp_path):
+    listed, other = str(tmp_path / "listed"), str(tmp_path / "other")
+    opts = dict(max_retries=3, retry_exceptions=[KeyError, IndexError])
+    assert ray.get(fail_until.options(**opts).remote(listed, 1, IndexError), timeout=T) == 1
+    with pytest.raises(ValueError):
+        ray.get(fail_until.options(**opts).remote(other, 1, ValueError), timeout=T)
+    assert _count(other) == 1
+
+
+def test_without_retry_exceptions_errors_are_not_retried(rt, tmp_path):
+    path = str(tmp_path / "runs")
+    with pytest.raises(RayTaskError):
+        ray.get(fail_until.remote(path, 1, KeyError), timeout=T)
+    assert _count(path) == 1
+
+
+def test_max_retries_on_a_dying_worker(rt, tmp_path):
+    path = str(tmp_path / "runs")
+    assert ray.get(die_until.options(max_retries=2).remote(path, 2), timeout=T) == "survived"
+    path2 = str(tmp_path / "runs2")
+    with pytest.raises(WorkerCrashedError):
+        ray.get(die_until.options(max_retries=1).remote(path2, 5), timeout=T)
+    assert _count(path2) == 2
+    # Ray's default is 3 retries.
+    path3 = str(tmp_path / "runs3")
+    assert ray.get(die_until.remote(path3, 3), timeout=T) == "survived"
+
+
+def test_nested_task_retries_exceptions(rt, tmp_path):
+    @ray.remote
+    def parent(path):
+        return ray.get(fail_until.options(max_retries=1, retry_exceptions=True)
+                       .remote(path, 1, KeyError), timeout=T)
+    assert ray.get(parent.remote(str(tmp_path / "n")), timeout=T) == 1
+
+
+def test_bad_retry_options_are_refused():
+    for value in ("yes", [ValueError, "x"], [], 3):
+        with pytest.raises(ValueError, match="retry_exceptions"):
+            fail_until.options(retry_exceptions=value)
+    with pytest.raises(ValueError, match="max_retries"):
+        fail_until.options(max_retries=-2)
+
+
+# ----------------------------------------------------------------- actors
+@ray.remote
+class Phoenix:
+    def __init__(self, path):
+        self.path = path
+        self.incarnation = _bump(path)
+
+    def who(self):
+        return self.incarnation, os.getpid()
+
+    def die(self):
+        os._exit(1)
+
+    def die_first_time(self, marker):
+        if _bump(marker) == 0:
+            os._exit(1)
+        return self.incarnation
+
+
+def test_a_crashed_actor_is_restarted_and_its_constructor_rerun(rt, tmp_path):
+    path = str(tmp_path / "inits")
+    a = Phoenix.options(max_restarts=1).remote(path)
+    first, pid1 = ray.get(a.who.remote(), timeout=T)
+    assert first == 0
+    with pytest.raises(RayActorError):        # the call in flight fails
+        ray.get(a.die.remote(), timeout=T)
+    second, pid2 = ray.get(a.who.options(max_task_retries=-1).remote(), timeout=T)
+    assert (second, pid2 != pid1) == (1, True)
+    assert _count(path) == 2
+    # Its restarts used up, it is dead for good.
+    with pytest.raises(RayActorError):
+        ray.get(a.die.remote(), timeout=T)
+    with pytest.raises(ActorDiedError):
+        ray.get(a.who.remote(), timeout=T)
+    assert _count(path) == 2
+
+
+def test_max_task_retries_retries_the_calls_in_flight(rt, tmp_path):
+    a = Phoenix.options(max_restarts=2, max_task_retries=1).remote(str(tmp_path / "inits"))
+    marker = str(tmp_path / "marker")
+    assert ray.get(a.die_first_time.remote(marker), timeout=T) == 1
+    assert _count(marker) == 2
+
+
+def test_a_call_out_of_retries_fails(rt, tmp_path):
+    a = Phoenix.options(max_restarts=-1, max_task_retries=1).remote(str(tmp_path / "inits"))
+    # Dies on every run: the first run and its one retry.
+    with pytest.raises(RayActorError, match="max_task_retries"):
+        ray.get(a.die.remote(), timeout=T)
+    # max_restarts=-1: the actor lives on.
+    assert ray.get(a.who.remote(), timeout=T)[0] == 2
+
+
+def test_kill_forbids_a_restart_unless_asked(rt, tmp_path):
+    a = Phoenix.options(max_restarts=3, name="phoenix").remote(str(tmp_path / "a"))
+    _, pid1 = ray.get(a.who.remote(), timeout=T)
+    ray.kill(a, no_restart=False)
+    n, pid2 = ray.get(a.who.options(max_task_retries=-1).remote(), timeout=T)
+    assert (n, pid2 != pid1) == (1, True)
+    assert ray.get(ray.get_actor("phoenix").who.remote(), timeout=T) == (1, pid2)
+    ray.kill(a)
+    with pytest.raises(RayActorError):
+        ray.get(a.who.remote(), timeout=T)
+    with pytest.raises(ValueError):
+        ray.get_actor("phoenix")
+
+
+def test_a_restarted_actor_is_reached_from_a_task(rt, tmp_path):
+    a = Phoenix.options(max_restarts=1).remote(str(tmp_path / "inits"))
+
+    @ray.remote
+    def ask(h):
+        return ray.get(h.who.options(max_task_retries=-1).remote(), timeout=T)[0]
+    assert ray.get(ask.remote(a), timeout=T) == 0
+    ray.kill(a, no_restart=False)
+    assert ray.get(a.who.options(max_task_retries=-1).remote(), timeout=T)[0] == 1
+    assert ray.get(ask.remote(a), timeout=T) == 1
+
+
+def test_async_actor_restarts(rt, tmp_path):
+    @ray.remote(max_restarts=1, max_task_retries=1)
+    class AsyncPhoenix:
+        def __init__(self, path):
+            self.n = _bump(path)
+
+        async def who(self):
+            return self.n
+
+        async def die_first_time(self, marker):
+            if _bump(marker) == 0:
+                os._exit(1)
+            return self.n
+    a = AsyncPhoenix.remote(str(tmp_path / "inits"))
+    assert ray.get(a.who.remote(), timeout=T) == 0
+    assert ray.get(a.die_first_time.remote(str(tmp_path / "m")), timeout=T) == 1
+
+
+def test_bad_restart_options_are_refused():
+    for key in ("max_restarts", "max_task_retries"):
+        for value in (-2, "1", 1.5, True):
+            with pytest.raises(ValueError, match=key):
+                Phoenix.options(**{key: value})
+    with pytest.raises(ValueError, match="max_restarts"):
+        fail_until.options(max_restarts=1)     # an actor's option, not a task's
+
+
+# ------------------------------------------------------------ runtime_env
+@ray.remote
+def read_env(*names):
+    return [os.environ.get(n) for n in names]
+
+
+def test_task_env_vars_are_set_for_the_task_only():
+    ray.init(num_cpus=1)      # one worker: the second task runs where the first did
+    try:
+        with_env = read_env.options(runtime_env={"env_vars": {"RL_A": "1", "RL_B": "b"}})
+        assert ray.get(with_env.remote("RL_A", "RL_B"), timeout=T) == ["1", "b"]
+        assert ray.get(read_env.remote("RL_A", "RL_B"), timeout=T) == [None, None]
+
+        @ray.remote(runtime_env={"env_vars": {"RL_G": "g"}})
+        def gen():
+            yield os.environ.get("RL_G")
+            yield os.environ.get("RL_G")
+        assert [ray.get(r, timeout=T) for r in gen.remote()] == ["g", "g"]
+        assert ray.get(read_env.remote("RL_G"), timeout=T) == [None]
+    finally:
+        ray.shutdown()
+
+
+def test_actor_and_job_env_vars():
+    ray.init(num_cpus=1, runtime_env={"env_vars": {"RL_JOB": "job", "RL_X": "job"}})
+    try:
+        assert ray.get(read_env.remote("RL_JOB"), timeout=T) == ["job"]
+
+        @ray.remote
+        class Env:
+            def __init__(self):
+                self.at_init = os.environ.get("RL_X")
+
+            def get(self):
+                return self.at_init, os.environ.get("RL_JOB")
+        e = Env.options(runtime_env={"env_vars": {"RL_X": "actor"}}).remote()
+        assert ray.get(e.get.remote(), timeout=T) == ("actor", "job")
+        assert ray.get(Env.remote().get.remote(), timeout=T) == ("job", "job")
+    finally:
+        ray.shutdown()
+
+
+def test_other_runtime_env_keys_are_refused_by_name():
+    with pytest.raises(ValueError, match="'pip'"):
+        read_env.options(runtime_env={"pip": ["requests"]})
+    with pytest.raises(ValueError, match="'working_dir'"):
+        Phoenix.options(runtime_env={"env_vars": {}, "working_dir": "."})
+    with pytest.raises(ValueError, match="'conda'"):
+        ray.init(num_cpus=1, runtime_env={"conda": "env"})
+    with pytest.raises(TypeError, match="env_vars"):
+        read_env.options(runtime_env={"env_vars": {"A": 1}})
+    with pytest.raises(TypeError, match="runtime_env"):
+        read_env.options(runtime_env=["env_vars"])
+    assert not ray.is_initialized()
+
+
+def test_retry_exceptions_on_an_actor_method_is_refused(rt, tmp_path):
+    a = Phoenix.remote(str(tmp_path / "inits"))
+    with pytest.raises(ValueError, match="retry_exceptions"):
+        a.who.options(retry_exceptions=True)
+    assert ray.get(a.who.options(retry_exceptions=False).remote(), timeout=T)[0] == 0
+
+
+def test_a_call_from_a_task_is_retried_on_the_restarted_actor(rt, tmp_path):
+    a = Phoenix.options(max_restarts=1, max_task_retries=1).remote(str(tmp_path / "inits"))
+
+    @ray.remote
+    def call(h, marker):
+        return ray.get(h.die_first_time.remote(marker), timeout=T)
+    assert ray.get(call.remote(a, str(tmp_path / "m")), timeout=T) == 1
