@@ -1,9 +1,11 @@
 """Ray's ``ray.util`` for ray_lite: utilities built on the public core API.
 
-``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``
-and ``inspect_serializability`` are here; ``ray_lite.util.queue`` (``Queue``)
-and ``ray_lite.util.multiprocessing`` (``Pool``) are imported on first use,
-as in Ray, where they are submodules too.
+``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``,
+``inspect_serializability`` and the placement-group functions are here;
+``ray_lite.util.queue`` (``Queue``), ``ray_lite.util.multiprocessing``
+(``Pool``), ``ray_lite.util.state`` and
+``ray_lite.util.scheduling_strategies`` are imported on first use, as in Ray,
+where they are submodules too.
 """
 import importlib
 import socket
@@ -11,11 +13,17 @@ import socket
 from ray_lite.util.actor_pool import ActorPool
 from ray_lite.util.check_serialize import inspect_serializability
 from ray_lite.util.helpers import as_completed, map_unordered
+from ray_lite.util.placement_group import (PlacementGroup, get_current_placement_group,
+                                           get_placement_group, placement_group,
+                                           placement_group_table, remove_placement_group)
 
 __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
-           "inspect_serializability", "queue", "multiprocessing"]
+           "inspect_serializability", "PlacementGroup", "placement_group",
+           "remove_placement_group", "get_placement_group", "placement_group_table",
+           "get_current_placement_group", "queue", "multiprocessing", "state",
+           "scheduling_strategies"]
 
-_LAZY_SUBMODULES = ("queue", "multiprocessing")
+_LAZY_SUBMODULES = ("queue", "multiprocessing", "state", "scheduling_strategies")
 
 
 def __getattr__(name):
