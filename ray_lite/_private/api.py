@@ -8,7 +8,8 @@ from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
 
 from . import interrupts, state
 from . import protocol as P
-from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
+from .errors import KILLED, actor_died_message
+from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from .remote import ActorClass, ActorHandle, RemoteFunction
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
@@ -179,9 +180,11 @@ def get(object_refs, *, timeout=None):
                                       f"{timeout} s.")
         if e.error is None:
             return e.value
-        raise e.error
+        raise raisable(e.error)
     else:
         if not isinstance(object_refs, (list, tuple)):
+            if isinstance(object_refs, ObjectRefGenerator):
+                return object_refs      # as Ray does
             _check_ref(object_refs)
         refs = list(object_refs)
         for r in refs:
@@ -196,7 +199,7 @@ def get(object_refs, *, timeout=None):
     values = []
     for e in entries:
         if e.error is not None:
-            raise e.error
+            raise raisable(e.error)
         values.append(e.value)
     return values
 
@@ -222,7 +225,8 @@ def put(value):
 def _is_ready(x):
     if type(x) is ObjectRef:
         return x._e.ready
-    return x.next_ready()
+    # A generator is ready when next() would not wait: an item, or its end.
+    return x._s.table.is_next_ready()
 
 
 def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
@@ -276,7 +280,12 @@ def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
-    state.get_node().request(P.OP_KILL, actor._info.actor_id)
+    node = state.get_node()
+    info = actor._info
+    # The driver records why the actor died for its own calls; a worker, for its.
+    if info.actor_id not in node.dead_peers:
+        node.death_causes[info.actor_id] = actor_died_message(info, KILLED)
+    node.request(P.OP_KILL, info.actor_id)
 
 
 def cancel(ref, *, force=False, recursive=True):

@@ -9,7 +9,8 @@ from ray_lite._fast import shm
 from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 from . import protocol as P
-from . import state
+from . import introspect, state
+from .errors import KILLED, actor_died_message, running_task_cancelled
 from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, TaskSpec
@@ -63,6 +64,7 @@ class DriverNode(Node):
             P.OP_GET_ACTOR: self._req_get_actor, P.OP_KILL: self._req_kill,
             P.OP_CANCEL: self._req_cancel,
         }
+        self.requests.update(introspect.requests(self))
         self.zygote = ZygoteClient()
         try:
             for _ in range(num_cpus):
@@ -328,7 +330,7 @@ class DriverNode(Node):
                             os.kill(w.pid, CANCEL_SIGNAL)
                         except ProcessLookupError:
                             pass
-                        self._fail_task(w.task, TaskCancelledError())
+                        self._fail_task(w.task, running_task_cancelled(w.task.name, oid, w.pid))
                     return True
         return False
 
@@ -370,7 +372,7 @@ class DriverNode(Node):
                     spec = self._spawn_spec(aid, "actor", link)
                     spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name,
                                      "args": args, "kwargs": kwargs, "is_async": is_async,
-                                     "max_concurrency": max_concurrency}
+                                     "max_concurrency": max_concurrency, "name": name}
                     todo.append((i, aid, link, spec, req))
             except BaseException:
                 for _, _, link, _, _ in todo:
@@ -413,7 +415,9 @@ class DriverNode(Node):
 
     def kill_actor(self, aid):
         pid = self.pids.get(aid)
-        if pid is not None and aid in self.actors:
+        info = self.actors.get(aid)
+        if pid is not None and info is not None:
+            self.death_causes[aid] = actor_died_message(info, KILLED)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -60,6 +60,8 @@ OP_CREATE_ACTORS = "create_actors"
 OP_GET_ACTOR = "get_actor"
 OP_KILL = "kill"
 OP_CANCEL = "cancel"
+OP_INTROSPECT = "introspect"        # what, *args: the runtime's state (introspect.py)
+OP_ACTOR_EXITING = "actor_exiting"  # an actor called exit_actor()
 
 # A stream's end "with no more items" for a consumer that dropped it.
 UNLIMITED_ACK = 1 << 62

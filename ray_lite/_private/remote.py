@@ -9,6 +9,7 @@ from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
 from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
+from .method_options import declared_options
 from .shipping import ship
 from .transport import LinkClosed
 
@@ -67,6 +68,18 @@ def _check_options(opts, kind):
     if bp is not None and (not isinstance(bp, int) or bp == 0 or bp < -1):
         raise ValueError(f"_generator_backpressure_num_objects must be a positive int or -1, "
                          f"got {bp!r}")
+
+
+def _check_method_options(opts):
+    for k in opts:
+        if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
+                     "max_task_retries", "retry_exceptions", "concurrency_group",
+                     "enable_task_events"):
+            raise ValueError(f"Invalid option keyword {k} for actor methods.")
+    cg = opts.get("concurrency_group")
+    if cg is not None and not isinstance(cg, str):
+        raise TypeError(f"concurrency_group must be a str, got {type(cg).__name__}")
+    _check_options({k: v for k, v in opts.items() if k != "concurrency_group"}, "task")
 
 
 def _check_args_serialisable(args, kwargs, what):
@@ -175,6 +188,10 @@ class RemoteFunction:
     """A function run as a task on the worker pool: ``f.remote(...)`` -> ``ObjectRef``."""
 
     def __init__(self, function, options):
+        if inspect.iscoroutinefunction(function):
+            raise ValueError("'async def' should not be used for remote tasks. You can wrap "
+                             "the async function with `asyncio.run(f())`. See more at:"
+                             "https://docs.ray.io/en/latest/ray-core/actors/async_api.html ")
         _check_options(options, "task")
         self._function = function
         self._options = options
@@ -236,13 +253,17 @@ def _rebuild_function(function, options, fn_id):
 
 
 def _methods_of(cls):
+    """name -> is_gen, or (is_gen, options) for a method with ``method(...)`` options."""
     methods = {}
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") and name not in ("__call__",):
             continue
         if callable(member):
             is_gen = inspect.isgeneratorfunction(member) or inspect.isasyncgenfunction(member)
-            methods[name] = is_gen
+            declared = declared_options(member)
+            if declared:
+                _check_method_options(declared)
+            methods[name] = (is_gen, declared) if declared else is_gen
     return methods
 
 
@@ -332,13 +353,16 @@ class ActorHandle:
         if name.startswith("__") and name != "__call__":
             raise AttributeError(name)
         info = self._info
-        is_gen = info.methods.get(name)
-        if is_gen is None:
-            raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
-                                 f"(actor class {info.class_name} has no method {name!r})")
         m = self._cache.get(name)
         if m is None:
-            m = self._cache[name] = ActorMethod(self, name, is_gen, {})
+            is_gen = info.methods.get(name)
+            if is_gen is None:
+                raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
+                                     f"(actor class {info.class_name} has no method {name!r})")
+            declared = {}
+            if type(is_gen) is tuple:       # options declared with method(...)
+                is_gen, declared = is_gen
+            m = self._cache[name] = ActorMethod(self, name, is_gen, declared)
         return m
 
     def __reduce__(self):
@@ -372,12 +396,7 @@ class ActorMethod:
 
     def options(self, **opts):
         merged = {**self._options, **opts}
-        for k in merged:
-            if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
-                         "max_task_retries", "retry_exceptions", "concurrency_group",
-                         "enable_task_events"):
-                raise ValueError(f"Invalid option keyword {k} for actor methods.")
-        _check_options({k: v for k, v in merged.items() if k != "concurrency_group"}, "task")
+        _check_method_options(merged)
         return ActorMethod(self._handle, self._name, self._is_gen, merged)
 
     def remote(self, *args, **kwargs):

@@ -9,20 +9,24 @@ import threading
 import traceback
 import types
 
-from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCancelledError
+from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
+                                 TaskCancelledError)
 
 from . import protocol as P
 from .protocol import ITEM, RESULT   # per result and item: a global, not an attribute
 from . import state
 from .aio import AsyncSlots, new_event_loop
-from .errors import make_task_error, sendable_error, unpicklable_task_error
+from .actor_exit import begin_exit, run_exit_handlers
+from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
+                     unpicklable_task_error)
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .refs import ObjectRef
+from .refs import ObjectRef, raisable
 from .shipping import unship
 from .transport import Link
 
 _COROUTINE = types.CoroutineType
+_ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 
 class WorkerNode(Node):
@@ -48,7 +52,8 @@ class WorkerNode(Node):
         self.blocked_depth = 0
         self.current_thread_busy = False
         self.actor = None
-        self.actor_init_error = None
+        self.actor_name = None
+        self.actor_init_error = None   # or why it exited: every call is refused with it
         self.loop = None
         self.executor = None
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
@@ -238,7 +243,7 @@ class WorkerNode(Node):
         if not e.ready:
             self.wait_ref(ref)
         if e.error is not None:
-            raise e.error
+            raise raisable(e.error)
         return e.value
 
     def serve_calls(self, run):
@@ -331,7 +336,9 @@ class WorkerNode(Node):
 
     def _failure(self, oid, name, exc):
         if oid in self.cancelled and oid == self.current_oid:   # an interrupted pool task
-            return TaskCancelledError()
+            return running_task_cancelled(name, oid)
+        if isinstance(exc, _ACTOR_EXITS) and self.kind == "actor":
+            return begin_exit(self)
         return make_task_error(name, exc)
 
     def _send_failure(self, peer, oid, stream, err, name):
@@ -362,7 +369,7 @@ class WorkerNode(Node):
                 self._drain_gen(peer, oid, result, bp, name)
                 return
             if nret != 1:
-                result = self._split(result, nret, name)
+                result = self._split(result, nret)
         except BaseException as exc:
             self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
             if isinstance(exc, SystemExit):
@@ -371,16 +378,15 @@ class WorkerNode(Node):
         self.reply(peer, (RESULT, oid, True, result), name)
 
     @staticmethod
-    def _split(result, nret, name):
+    def _split(result, nret):
         if nret == 0:
             return []
         try:
             values = list(result)
-        except TypeError:
-            raise ValueError(f"{name} has num_returns={nret} but returned a "
-                             f"{type(result).__name__}, not a sequence") from None
+        except TypeError:       # one object that is not a sequence
+            values = [result]
         if len(values) != nret:
-            raise ValueError(f"{name} has num_returns={nret} but returned {len(values)} values")
+            raise ValueError(f"Task returned {len(values)} objects, but num_returns={nret}.")
         return values
 
     def _wait_backpressure(self, sid, produced, bp):
@@ -575,14 +581,12 @@ class WorkerNode(Node):
                     if type(result) is _COROUTINE or inspect.isawaitable(result):
                         result = await result
                     if nret != 1:
-                        result = self._split(result, nret, name)
+                        result = self._split(result, nret)
                 except asyncio.CancelledError:
-                    self._send_failure(peer, oid, stream, TaskCancelledError(), name)
+                    self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                     return
                 except BaseException as exc:
-                    err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
-                        else make_task_error(name, exc)
-                    self._send_failure(peer, oid, stream, err, name)
+                    self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
                     return
                 self.reply(peer, (RESULT, oid, True, result), name)
             finally:
@@ -604,6 +608,7 @@ def worker_main(spec):
         return
     a = spec["actor"]
     if a["is_async"]:
+        node.actor_name = a.get("name")
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
         node.loop = loop
@@ -620,6 +625,7 @@ def worker_main(spec):
         return
     # Calls queue up while the constructor runs; they execute in order after.
     node.single_waiter = a["max_concurrency"] <= 1
+    node.actor_name = a.get("name")
     node.start_actor(a)
     if a["max_concurrency"] > 1:
         from concurrent.futures import ThreadPoolExecutor
@@ -630,5 +636,8 @@ def worker_main(spec):
             del msg
         node.wait_until(lambda: node.exiting)
         return
-    node.serve_calls(node._run_method)
+    try:
+        node.serve_calls(node._run_method)
+    except ActorExit:
+        run_exit_handlers()
 
