@@ -5,7 +5,10 @@ a store): the lookup walks the calling thread's frames up to the worker's
 frame that runs the call, whose ``oid`` local is the call's id.  The same
 walk works on the main thread of a sync actor, on each thread of a threaded
 actor and inside each coroutine of an async actor (a running coroutine's
-frame links to the frame awaiting it).
+frame links to the frame awaiting it).  Unlike Ray (which sets a context
+variable per call), an asyncio task that a call spawns itself
+(``asyncio.create_task``, ``gather`` of coroutines) is not linked to the
+call: there ``get_task_id()`` is None.
 """
 import logging
 import sys
