@@ -32,16 +32,13 @@ def test_a_task_iterating_a_generator_lends_its_cpu_slot():
             g = produce.remote(n)
             out = []
             while True:
-                ref = g._next_sync(timeout_s=T)
+                try:
+                    ref = g._next_sync(timeout_s=T)
+                except StopIteration:
+                    return out
                 if ref.is_nil():
                     raise GetTimeoutError("no item")
-                try:
-                    out.append(ray.get(ref))
-                except StopIteration:
-                    break
-                if g.is_finished():
-                    break
-            return out
+                out.append(ray.get(ref))
         assert ray.get(consume_with_timeout.remote(3), timeout=T) == [0, 1, 2]
     finally:
         ray.shutdown()
@@ -87,13 +84,15 @@ class Gate:
         await self.event.wait()
 
 
-def test_a_cancelled_running_task_raises_a_ray_task_error(rt):
-    @ray.remote(max_retries=0)
-    def spin(gate):
-        ray.get(gate.arrive.remote())
-        while True:
-            pass
+@ray.remote(max_retries=0)
+def spin(gate):
+    """Says it runs, then computes for ever (never calls into ray_lite again)."""
+    ray.get(gate.arrive.remote())
+    while True:
+        pass
 
+
+def test_a_cancelled_running_task_raises_a_ray_task_error(rt):
     gate = Gate.remote()
     ref = spin.remote(gate)
     ray.get(gate.arrived.remote(), timeout=T)       # the task runs
@@ -126,15 +125,12 @@ def test_a_cancelled_running_async_actor_call_raises_a_ray_task_error(rt):
 
 
 def test_a_queued_task_cancelled_is_a_plain_task_cancelled_error(rt):
-    @ray.remote(max_retries=0)
-    def spin(gate):
-        ray.get(gate.arrive.remote())
-        while True:
-            pass
     gates = [Gate.remote() for _ in range(2)]
     blockers = [spin.remote(g) for g in gates]
     for g in gates:
         ray.get(g.arrived.remote(), timeout=T)
+    # Both hold their CPU again (each lent it while it waited in get).
+    assert rt.wait_until(lambda: rt.busy == rt.num_cpus, T)
     queued = produce.options(num_returns=1).remote(0)
     ray.cancel(queued)
     with pytest.raises(TaskCancelledError) as e:
@@ -163,6 +159,10 @@ def test_an_actor_killed_by_ray_kill_says_so(rt):
         assert "The actor is dead because it was killed by `ray.kill`." in text
         assert "class_name: Victim" in text and "name: victim" in text
     assert isinstance(e.value, RayActorError)
+    # Once the driver has seen the process die, calls fail at once, saying the same.
+    assert rt.wait_until(lambda: v._info.actor_id in rt.dead_peers, T)
+    with pytest.raises(ActorDiedError, match="killed by `ray.kill`"):
+        ray.get(v.ping.remote(), timeout=T)
 
 
 def test_an_actor_killed_from_a_task_says_so_to_the_driver(rt):
@@ -252,3 +252,22 @@ def test_failed_tasks_and_awaits_leave_no_reference_cycles(rt):
             ray.get(fail.remote(), timeout=T)
     assert _garbage_per_calls(failed_task, 30) < 30
     assert os.getpid()
+
+
+def test_threads_of_an_actor_reaching_a_new_peer_at_once_share_one_link(rt):
+    # Each thread used to make its own link; the second replaced (and closed)
+    # the first, and the peer, attaching the closed one, died.
+    @ray.remote
+    class Peer:
+        async def ping(self, i):
+            return i
+
+    @ray.remote(max_concurrency=8)
+    class Caller:
+        def call(self, peer, i):
+            return ray.get(peer.ping.remote(i))
+    for _ in range(3):
+        peer, caller = Peer.remote(), Caller.remote()
+        assert ray.get([caller.call.remote(peer, i) for i in range(8)], timeout=T) == \
+            list(range(8))
+        assert ray.get(peer.ping.remote(-1), timeout=T) == -1

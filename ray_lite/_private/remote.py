@@ -444,8 +444,8 @@ class ActorMethod:
                 raise
         if aid in node.dead_peers or not node.connect(aid) or not node.send(
                 aid, P.method_msg(oid, self._name, args, kwargs, nret, stream, bp)):
-            err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
-                                 actor_id=aid)
+            err = ActorDiedError(node.death_causes.get(aid) or f"The actor {info.class_name} "
+                                 f"is dead: {name} cannot run.", actor_id=aid)
             if stream:
                 node.fail_stream(target, err)
             else:

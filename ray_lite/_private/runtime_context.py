@@ -19,6 +19,7 @@ from . import protocol as P
 from . import state
 from .errors import ActorExit
 from .ids import JOB_ID_HEX, actor_id_hex, node_id_hex, task_id_hex, worker_id_hex
+from .remote import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class RuntimeContext:
     def _mode(self):
         return SCRIPT_MODE if self._node.id == 0 else WORKER_MODE
 
-    def _worker_only(self, what):
+    def _worker_only(self):
         if self._mode != WORKER_MODE:
             logger.warning("This method is only available when the process is a worker. "
                            "Current mode: %s", self._mode)
@@ -91,13 +92,13 @@ class RuntimeContext:
 
     def get_task_id(self):
         """The running task's or actor call's id (hex); None in the driver."""
-        if not self._worker_only("get_task_id"):
+        if not self._worker_only():
             return None
         oid = current_call_oid()
         return task_id_hex(oid) if oid is not None else None
 
     def get_task_name(self):
-        if not self._worker_only("get_task_name"):
+        if not self._worker_only():
             return None
         return _current_call_name(self._node)
 
@@ -107,7 +108,7 @@ class RuntimeContext:
 
     def get_actor_name(self):
         """This actor's name ("" if unnamed); None in the driver or a task."""
-        if not self._worker_only("get_actor_name"):
+        if not self._worker_only():
             return None
         if not _is_actor(self._node):
             return None
@@ -123,7 +124,6 @@ class RuntimeContext:
         node = self._node
         if not _is_actor(node):
             raise RuntimeError("This method is only available in an actor.")
-        from .remote import ActorHandle
         return ActorHandle(node.request(P.OP_INTROSPECT, "actor_info", node.id))
 
     @property

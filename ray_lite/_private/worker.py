@@ -56,6 +56,7 @@ class WorkerNode(Node):
         self.actor_init_error = None   # or why it exited: every call is refused with it
         self.loop = None
         self.executor = None
+        self._connect_lock = threading.Lock()
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
                               P.CANCEL: self._on_cancel, P.EXIT: self._on_exit,
                               P.ACK: self._on_ack_worker})
@@ -74,18 +75,27 @@ class WorkerNode(Node):
             return True
         if peer in self.dead_peers:
             return False
-        pid = self.known_pids.get(peer)
-        link = Link.create(self.shm_prefix)
-        self.add_link(peer, link, pid)
-        if peer in self.dead_peers:
-            return False
-        self.notify(P.OP_CONNECT, peer, link.names)
-        return True
+        # Two threads of a threaded actor calling the same peer at once must
+        # not each make a link: the second would replace (and close) the first.
+        with self._connect_lock:
+            if peer in self.links:
+                return True
+            pid = self.known_pids.get(peer)
+            link = Link.create(self.shm_prefix)
+            self.add_link(peer, link, pid)
+            if peer in self.dead_peers:
+                return False
+            self.notify(P.OP_CONNECT, peer, link.names)
+            return True
 
     def _on_attach(self, peer, msg):
         _, requester, pid, names = msg
         self.known_pids[requester] = pid
-        self.add_link(requester, Link.attach(names), pid)
+        try:
+            link = Link.attach(names)
+        except FileNotFoundError:   # the requester closed it meanwhile (it died)
+            return
+        self.add_link(requester, link, pid)
 
     def request(self, op, *args):
         """A request to the driver, answered; drives the links while waiting."""
