@@ -145,3 +145,20 @@ def test_resources_and_nodes():
         assert ray.get_gpu_ids() == []
     finally:
         ray.shutdown()
+
+
+def test_without_a_runtime():
+    assert not ray.is_initialized()
+    for query in (ray.cluster_resources, ray.available_resources, ray.nodes, ray.get_gpu_ids):
+        with pytest.raises(ray.exceptions.RaySystemError, match="not been started"):
+            query()
+    ctx = ray.get_runtime_context()
+    with pytest.raises(AssertionError, match="not been initialized"):
+        ctx.get_job_id()
+    assert not ray.is_initialized()         # none of these started it
+    ray.init(num_cpus=1)
+    try:
+        assert ctx.get_job_id() == "01000000"   # the same object works once it runs
+        assert ray.get_runtime_context() is ctx
+    finally:
+        ray.shutdown()

@@ -1,6 +1,8 @@
 """The machine as Ray describes a cluster of one node: resources and ``nodes()``."""
 import os
 
+from ray_lite.exceptions import RaySystemError
+
 from . import protocol as P
 from . import state
 from .ids import NODE_IP, node_id_hex
@@ -82,13 +84,23 @@ def available_resources():
 
 def nodes():
     """The nodes of the cluster: this machine, alive."""
-    return state.get_node().request(P.OP_INTROSPECT, "nodes")
+    return _running().request(P.OP_INTROSPECT, "nodes")
 
 
 def get_gpu_ids():
     """The GPUs assigned to this worker: none (ray_lite schedules no GPU)."""
+    _running()
     return []
 
 
 def _ask():
-    return state.get_node().request(P.OP_INTROSPECT, "resources")
+    return _running().request(P.OP_INTROSPECT, "resources")
+
+
+def _running():
+    # As in Ray, these do not start the runtime: they describe a running one.
+    node = state.node
+    if node is None:
+        raise RaySystemError("Ray has not been started yet. You can start Ray with "
+                             "'ray.init()'.")
+    return node

@@ -306,7 +306,7 @@ class ObjectRef:
             if e.error is None:
                 fut.set_result(e.value)
             else:
-                fut.set_exception(e.error)
+                fut.set_exception(raisable(e.error))
         node = state.get_node()
         node.ensure_fetch(self)
         self._e.add_callback(done)

@@ -64,10 +64,20 @@ def _is_actor(node):
 
 
 class RuntimeContext:
-    """What the current driver, task or actor is (Ray's ``RuntimeContext``)."""
+    """What the current driver, task or actor is (Ray's ``RuntimeContext``).
 
-    def __init__(self, node):
-        self._node = node
+    One object for the process, as in Ray: each method looks at the runtime
+    running when it is called, and fails (``AssertionError``, as Ray's) when
+    none is.
+    """
+
+    @property
+    def _node(self):
+        node = state.node
+        if node is None:
+            raise AssertionError("This is not available because ray_lite has not been "
+                                 "initialized (call ray_lite.init()).")
+        return node
 
     @property
     def _mode(self):
@@ -81,6 +91,7 @@ class RuntimeContext:
         return True
 
     def get_job_id(self):
+        self._node      # noqa: B018 - asserts that the runtime runs, as Ray does
         return JOB_ID_HEX
 
     def get_node_id(self):
@@ -187,9 +198,12 @@ def _current_call_name(node):
     return loc.get("name")
 
 
+_runtime_context = RuntimeContext()
+
+
 def get_runtime_context():
-    """The runtime context of this driver or worker (starts the runtime if needed)."""
-    return RuntimeContext(state.get_node())
+    """The runtime context of this driver or worker."""
+    return _runtime_context
 
 
 # ----------------------------------------------------------------- exit_actor
