@@ -236,3 +236,28 @@ def test_exit_actor_outside_an_actor_raises_type_error(rt):
             return str(exc)
     assert "non-actor worker, 1" in ray.get(in_a_task.remote(), timeout=T)
     assert os.getpid()      # the driver is still here
+
+
+def test_static_num_returns_on_a_generator_and_exit_from_a_generator_method(rt):
+    @ray.remote(num_returns=2)
+    def gen():
+        yield "first"
+        yield "second"
+    a, b = gen.remote()
+    assert ray.get([a, b], timeout=T) == ["first", "second"]
+
+    @ray.remote
+    class Streams:
+        def items(self):
+            yield 1
+            ray.actor.exit_actor()
+
+        def ping(self):
+            return "pong"
+    s = Streams.remote()
+    g = s.items.remote()
+    assert ray.get(next(g), timeout=T) == 1
+    with pytest.raises(ActorDiedError, match=r"exit_actor\(\) is called"):
+        ray.get(next(g), timeout=T)
+    with pytest.raises(RayActorError):
+        ray.get(s.ping.remote(), timeout=T)

@@ -444,7 +444,7 @@ class WorkerNode(Node):
         if sid in self.cancelled:
             self.send(peer, P.end_msg(sid, i))
             return True
-        err = sendable_error(make_task_error(name, exc), unpicklable_task_error(name))
+        err = sendable_error(self._failure(sid, name, exc), unpicklable_task_error(name))
         for m in P.stream_failed_msgs(sid, i, err):
             self.send(peer, m)
         return False
