@@ -62,7 +62,7 @@ def test_driver_context(rt):
     assert HEX.match(ctx.get_node_id()) and len(ctx.get_node_id()) == 56
     assert ctx.get_task_id() is None and ctx.get_actor_id() is None
     assert ctx.get_actor_name() is None
-    assert ctx.namespace is None
+    assert len(ctx.namespace) == 36     # an anonymous namespace (a UUID), as in Ray
     with pytest.raises(RuntimeError, match="only available in an actor"):
         ctx.current_actor
     with pytest.raises(AssertionError):
@@ -75,6 +75,7 @@ def test_task_context(rt):
     a, b = ray.get([task_context.remote(), task_context.remote()], timeout=T)
     for c in (a, b):
         assert c["job"] == driver["job"] and c["node"] == driver["node"]
+        assert c["namespace"] == driver["namespace"]
         assert HEX.match(c["task"]) and len(c["task"]) == 48
         assert c["actor"] is None and c["name"] is None
         assert c["assigned"] == {"CPU": 1.0}

@@ -46,6 +46,7 @@ def test_list_actors(rt):
     assert rec["job_id"] == ray.get_runtime_context().get_job_id()
     assert rec["node_id"] == ray.get_runtime_context().get_node_id()
     assert by_name[""]["pid"] == other._info.pid
+    assert by_name[""]["ray_namespace"] == ray.get_runtime_context().namespace
     assert [a["name"] for a in list_actors(filters=[("name", "=", "the-gate")])] == ["the-gate"]
     assert len(list_actors(filters=[("state", "!=", "ALIVE")])) == 0
     assert len(list_actors(limit=1)) == 1

@@ -3,6 +3,7 @@ import atexit
 import inspect
 import os
 import threading
+import uuid
 
 from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
 
@@ -47,6 +48,9 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             num_cpus = os.cpu_count() or 1
         if not isinstance(num_cpus, int) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
+        if namespace is None:
+            # Ray's anonymous namespace: the job's own, a fresh UUID.
+            namespace = str(uuid.uuid4())
         from .driver import DriverNode
         state.node = DriverNode(num_cpus, namespace)
         interrupts.install()
