@@ -44,7 +44,14 @@ class SyncActor:
 class AsyncActor:
     async def context(self):
         await asyncio.sleep(0)      # the id is still this call's after a switch
-        return _context()
+        out = _context()
+        ctx = ray.get_runtime_context()
+        out["assigned"] = ctx.get_assigned_resources()
+        out["me"] = ctx.current_actor
+        return out
+
+    async def ping(self):
+        return "pong"
 
     async def nested(self):
         outer = ray.get_runtime_context().get_task_id()
@@ -108,6 +115,7 @@ def test_threaded_actor_context(rt):
     results = ray.get([a.context.remote() for _ in range(8)], timeout=T)
     assert len({r["task"] for r in results}) == 8
     assert len({r["actor"] for r in results}) == 1
+    assert all(r["assigned"] == {} and r["me"] == a for r in results)
 
 
 def test_async_actor_context(rt):
@@ -116,6 +124,8 @@ def test_async_actor_context(rt):
     assert len({r["task"] for r in results}) == 6
     assert all(r["task"] is not None for r in results)
     assert len({r["actor"] for r in results}) == 1 and results[0]["name"] == ""
+    assert results[0]["assigned"] == {}
+    assert ray.get(results[0]["me"].ping.remote(), timeout=T) == "pong"
     outer, inner = ray.get(a.nested.remote(), timeout=T)
     assert outer == inner and outer is not None
 
