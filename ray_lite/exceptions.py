@@ -9,6 +9,7 @@ and its message carries the remote traceback.
 __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
     "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "RaySystemError",
+    "AsyncioActorExit",
 ]
 
 
@@ -54,9 +55,12 @@ class RayTaskError(RayError):
     def as_instanceof_cause(self):
         """This error as an instance of both ``RayTaskError`` and the cause's class."""
         cause_cls = type(self.cause) if self.cause is not None else None
-        if cause_cls is None or isinstance(self.cause, RayError) or not _subclassable(cause_cls):
+        if cause_cls is None or issubclass(RayTaskError, cause_cls) or \
+                isinstance(self.cause, RayTaskError):
             return self
         dual = _dual_class(cause_cls)
+        if dual is None:
+            return self
         err = Exception.__new__(dual)
         err.function_name = self.function_name
         err.traceback_str = self.traceback_str
@@ -91,8 +95,13 @@ def _subclassable(cls):
 
 
 def _dual_class(cause_cls):
-    dual = _DUAL_CLASSES.get(cause_cls)
-    if dual is None:
+    """``RayTaskError(cause_cls)``, made once per class; None if it cannot be."""
+    dual = _DUAL_CLASSES.get(cause_cls, False)
+    if dual is False:
+        if not _subclassable(cause_cls):
+            _DUAL_CLASSES[cause_cls] = None
+            return None
+
         def __str__(self):
             return RayTaskError._message(self)
 
@@ -142,3 +151,7 @@ class ObjectLostError(RayError):
     def __init__(self, message="The object was lost.", object_id=None):
         self.object_id = object_id
         super().__init__(message)
+
+
+class AsyncioActorExit(RayError):
+    """Raised by ``exit_actor()`` in an async actor: the actor ends gracefully."""

@@ -107,7 +107,7 @@ def test_ready_check_completed_and_finished(rt):
     refs = [next(g) for _ in range(5)]
     assert all(r._e.ready for r in refs)
     assert ray.get(refs) == list(range(5))
-    assert g.next_ready() and g.is_finished()
+    assert not g.next_ready() and g.is_finished()   # exhausted: as in Ray
     with pytest.raises(StopIteration):
         next(g)
 

@@ -3,12 +3,14 @@ import atexit
 import inspect
 import os
 import threading
+import uuid
 
 from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
 
 from . import interrupts, state
 from . import protocol as P
-from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
+from .errors import KILLED, actor_died_message
+from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from .remote import ActorClass, ActorHandle, RemoteFunction
 from .runtime_env import env_vars_of
 from .scheduler import check_resource_dict
@@ -51,6 +53,9 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             num_cpus = os.cpu_count() or 1
         if not isinstance(num_cpus, int) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
+        if namespace is None:
+            # Ray's anonymous namespace: the job's own, a fresh UUID.
+            namespace = str(uuid.uuid4())
         from .driver import DriverNode
         state.node = DriverNode(num_cpus, namespace, resources, env_vars)
         interrupts.install()
@@ -184,9 +189,11 @@ def get(object_refs, *, timeout=None):
                                       f"{timeout} s.")
         if e.error is None:
             return e.value
-        raise e.error
+        raise raisable(e.error)
     else:
         if not isinstance(object_refs, (list, tuple)):
+            if isinstance(object_refs, ObjectRefGenerator):
+                return object_refs      # as Ray does
             _check_ref(object_refs)
         refs = list(object_refs)
         for r in refs:
@@ -201,7 +208,7 @@ def get(object_refs, *, timeout=None):
     values = []
     for e in entries:
         if e.error is not None:
-            raise e.error
+            raise raisable(e.error)
         values.append(e.value)
     return values
 
@@ -227,7 +234,8 @@ def put(value):
 def _is_ready(x):
     if type(x) is ObjectRef:
         return x._e.ready
-    return x.next_ready()
+    # A generator is ready when next() would not wait: an item, or its end.
+    return x._s.table.is_next_ready()
 
 
 def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
@@ -281,7 +289,12 @@ def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
-    state.get_node().request(P.OP_KILL, actor._info.actor_id, bool(no_restart))
+    node = state.get_node()
+    info = actor._info
+    # The driver records why the actor died for its own calls; a worker, for its.
+    if info.actor_id not in node.dead_peers:
+        node.death_causes[info.actor_id] = actor_died_message(info, KILLED)
+    node.request(P.OP_KILL, info.actor_id, bool(no_restart))
 
 
 def cancel(ref, *, force=False, recursive=True):

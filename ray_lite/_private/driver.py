@@ -9,7 +9,8 @@ from ray_lite._fast import shm
 from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 from . import protocol as P
-from . import restarts, state
+from . import introspect, restarts, state
+from .errors import KILLED, actor_died_message, running_task_cancelled
 from .node import Node
 from .placement import PlacementMixin
 from .procutil import CANCEL_SIGNAL
@@ -77,6 +78,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
             P.OP_RESOURCES: lambda peer: (self.cluster_resources(),
                                           self.available_resources()),
         }
+        self.requests.update(introspect.requests(self))
         self.zygote = ZygoteClient()
         try:
             for _ in range(num_cpus):
@@ -397,7 +399,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                             os.kill(w.pid, CANCEL_SIGNAL)
                         except ProcessLookupError:
                             pass
-                        self._fail_task(w.task, TaskCancelledError())
+                        self._fail_task(w.task, running_task_cancelled(w.task.name, oid, w.pid))
                     return True
         return False
 
@@ -448,7 +450,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                     spec = self._spawn_spec(aid, "actor", link)
                     spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name,
                                      "args": args, "kwargs": kwargs, "is_async": is_async,
-                                     "max_concurrency": max_concurrency}
+                                     "max_concurrency": max_concurrency, "name": name}
                     if extra:
                         spec["env_vars"] = {**self.env_vars, **(extra.get("env_vars") or {})}
                         spec["actor"]["concurrency_groups"] = extra.get("concurrency_groups")
@@ -507,7 +509,9 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
             with self._sched:
                 self.forbid_restart(aid)
         pid = self.pids.get(aid)
-        if pid is not None and aid in self.actors:
+        info = self.actors.get(aid)
+        if pid is not None and info is not None:
+            self.death_causes[aid] = actor_died_message(info, KILLED)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -3,7 +3,9 @@ import os
 import traceback
 
 from ray_lite._fast import codec
-from ray_lite.exceptions import RayError, RayTaskError
+from ray_lite.exceptions import RayError, RayTaskError, TaskCancelledError
+
+from .ids import NODE_IP, actor_id_hex, task_id_hex
 
 
 def make_task_error(name, exc, tb=None):
@@ -35,3 +37,36 @@ def unpicklable_task_error(name):
         tb = getattr(err, "traceback_str", "") or repr(err)
         return RayTaskError(name, tb, RuntimeError(f"(unpicklable) {err!r}"), os.getpid())
     return replace
+
+
+def running_task_cancelled(name, oid, pid=None):
+    """What a call cancelled while it ran fails with: as in Ray, a
+    ``RayTaskError`` that is also a ``TaskCancelledError``."""
+    cause = TaskCancelledError(f"Task: {task_id_hex(oid)} was cancelled.")
+    return RayTaskError(name, "", cause, pid or os.getpid()).as_instanceof_cause()
+
+
+# Why an actor died, for the error its callers get (Ray's words).
+KILLED = "The actor is dead because it was killed by `ray.kill`."
+EXITED = ("The actor is dead because its worker process has died. Worker exit type: "
+          "INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request. "
+          "exit_actor() is called.")
+
+
+def actor_died_message(info, reason):
+    """Ray's text of an ``ActorDiedError`` for the actor ``info`` (an ``ActorInfo``)."""
+    lines = ["The actor died unexpectedly before finishing this task.",
+             f"\tclass_name: {info.class_name}", f"\tactor_id: {actor_id_hex(info.actor_id)}"]
+    if info.pid:
+        lines.append(f"\tpid: {info.pid}")
+    if info.name:
+        lines.append(f"\tname: {info.name}")
+    if info.namespace:
+        lines.append(f"\tnamespace: {info.namespace}")
+    lines += [f"\tip: {NODE_IP}", reason]
+    return "\n".join(lines)
+
+
+class ActorExit(SystemExit):
+    """What ``exit_actor()`` raises in a sync or threaded actor (a ``SystemExit``,
+    as in Ray); the worker ends the actor gracefully on it."""

@@ -41,6 +41,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.peer_pids = {}      # peer id -> pid
         self.sentinels = {}      # pidfd -> peer id
         self.dead_peers = {}     # peer id -> error factory kind
+        self.death_causes = {}   # actor id -> the text of the error its death gives
         self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
         self.streams = {}        # sid -> _StreamState (streams this process owns)
@@ -161,8 +162,8 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):
         if kind == P.ACTOR_CALL or kind == P.FETCH_FROM_ACTOR:
-            return ActorDiedError("The actor died unexpectedly before finishing this task.",
-                                  actor_id=peer)
+            return ActorDiedError(self.death_causes.get(
+                peer, "The actor died unexpectedly before finishing this task."), actor_id=peer)
         if kind == P.FETCH_OBJECT:
             return ObjectLostError("the process that owns this object died")
         return WorkerCrashedError()

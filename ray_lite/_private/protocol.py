@@ -70,6 +70,8 @@ OP_PG_REMOVE = "pg_remove"
 OP_PG_GET = "pg_get"
 OP_PG_TABLE = "pg_table"
 OP_RESOURCES = "resources"            # (total, available)
+OP_INTROSPECT = "introspect"        # what, *args: the runtime's state (introspect.py)
+OP_ACTOR_EXITING = "actor_exiting"  # an actor called exit_actor()
 
 # A stream's end "with no more items" for a consumer that dropped it.
 UNLIMITED_ACK = 1 << 62

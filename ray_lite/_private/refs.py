@@ -22,6 +22,7 @@ An ``ObjectRefGenerator`` holds the owner's ``StreamTable`` for one stream:
 the owner records a report when it reads it off a link, so ``next()`` on a
 reported item is a table look-up that returns an already-ready ref.
 """
+import copy
 import threading
 
 from . import state
@@ -96,6 +97,17 @@ class _Entry:
 
 
 _callbacks_lock = threading.Lock()
+
+
+def raisable(error):
+    """A copy of the stored ``error`` to raise, as Ray's ``get`` raises a fresh
+    exception each time: raising the stored one would grow its traceback on
+    every ``get`` and tie it to the raising frame, whose locals hold the
+    entry that holds the error (a reference cycle per failed call)."""
+    try:
+        return copy.copy(error)
+    except Exception:   # noqa: BLE001 - an exception class copy cannot rebuild
+        return error.with_traceback(None)
 
 
 def ready_entry(value):
@@ -294,7 +306,7 @@ class ObjectRef:
             if e.error is None:
                 fut.set_result(e.value)
             else:
-                fut.set_exception(e.error)
+                fut.set_exception(raisable(e.error))
         node = state.get_node()
         node.ensure_fetch(self)
         self._e.add_callback(done)
@@ -317,7 +329,7 @@ async def _await_ref(ref):
         node = state.get_node()
         await node.wait_entry_async(ref)
     if e.error is not None:
-        raise e.error
+        raise raisable(e.error)
     return e.value
 
 
@@ -400,8 +412,11 @@ class ObjectRefGenerator:
         return ObjectRef(s.sid, state.node.id if state.node else -1, s.completed)
 
     def next_ready(self):
-        """True when ``next()`` would not wait (an item or the end is reported)."""
-        return self._s.table.is_next_ready()
+        """True when the next item is reported (``next()`` returns it at once);
+        False while it is not, and once the stream is exhausted (as in Ray:
+        ``is_finished()`` says that)."""
+        table = self._s.table
+        return table.is_next_ready() and not table.is_finished()
 
     def is_finished(self):
         """True when the end is known and every item was taken."""

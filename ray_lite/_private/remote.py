@@ -13,6 +13,7 @@ from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
 from .restarts import reach, retained_calls
 from .runtime_env import EnvTask, env_vars_of
 from .scheduler import check_retry_exceptions, demand_of
+from .method_options import declared_options
 from .shipping import ship
 from .transport import LinkClosed
 
@@ -84,6 +85,34 @@ def _check_options(opts, kind):
     if bp is not None and (not isinstance(bp, int) or bp == 0 or bp < -1):
         raise ValueError(f"_generator_backpressure_num_objects must be a positive int or -1, "
                          f"got {bp!r}")
+
+
+def _check_method_options(opts, info=None):
+    """Refuse what an actor method's options cannot be, naming it (``info``:
+    the actor's, to check a concurrency group against the actor's groups)."""
+    for k in opts:
+        if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
+                     "max_task_retries", "retry_exceptions", "concurrency_group",
+                     "enable_task_events"):
+            raise ValueError(f"Invalid option keyword {k} for actor methods.")
+    group = opts.get("concurrency_group")
+    if group is not None:
+        if not isinstance(group, str):
+            raise TypeError(f"concurrency_group must be a str, got {type(group).__name__}")
+        groups = None if info is None else info.groups
+        if info is not None and (groups is None or group not in groups):
+            raise ValueError(f"Invalid concurrency group {group!r}: the actor has "
+                             f"{list(groups or ())}")
+    mtr = opts.get("max_task_retries")
+    if mtr is not None and (not isinstance(mtr, int) or isinstance(mtr, bool) or mtr < -1):
+        raise ValueError(f"max_task_retries must be an int >= -1, got {mtr!r}")
+    if opts.get("retry_exceptions") not in (None, False):
+        raise ValueError("ray_lite does not support retry_exceptions on actor methods "
+                         "(an actor's calls are retried only when it restarts: "
+                         "max_task_retries)")
+    _check_options({k: v for k, v in opts.items()
+                    if k not in ("concurrency_group", "max_task_retries", "retry_exceptions")},
+                   "task")
 
 
 def _check_args_serialisable(args, kwargs, what):
@@ -204,6 +233,10 @@ class RemoteFunction:
     """A function run as a task on the worker pool: ``f.remote(...)`` -> ``ObjectRef``."""
 
     def __init__(self, function, options):
+        if inspect.iscoroutinefunction(function):
+            raise ValueError("'async def' should not be used for remote tasks. You can wrap "
+                             "the async function with `asyncio.run(f())`. See more at:"
+                             "https://docs.ray.io/en/latest/ray-core/actors/async_api.html ")
         _check_options(options, "task")
         self._function = function
         self._options = options
@@ -292,13 +325,17 @@ def _rebuild_function(function, options, fn_id):
 
 
 def _methods_of(cls):
+    """name -> is_gen, or (is_gen, options) for a method with ``method(...)`` options."""
     methods = {}
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") and name not in ("__call__",):
             continue
         if callable(member):
             is_gen = inspect.isgeneratorfunction(member) or inspect.isasyncgenfunction(member)
-            methods[name] = is_gen
+            declared = declared_options(member)
+            if declared:
+                _check_method_options(declared)
+            methods[name] = (is_gen, declared) if declared else is_gen
     return methods
 
 
@@ -404,13 +441,16 @@ class ActorHandle:
         if name.startswith("__") and name != "__call__":
             raise AttributeError(name)
         info = self._info
-        is_gen = info.methods.get(name)
-        if is_gen is None:
-            raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
-                                 f"(actor class {info.class_name} has no method {name!r})")
         m = self._cache.get(name)
         if m is None:
-            m = self._cache[name] = _method_type(info, {})(self, name, is_gen, {})
+            is_gen = info.methods.get(name)
+            if is_gen is None:
+                raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
+                                     f"(actor class {info.class_name} has no method {name!r})")
+            declared = {}
+            if type(is_gen) is tuple:       # options declared with method(...)
+                is_gen, declared = is_gen
+            m = self._cache[name] = _method_type(info, declared)(self, name, is_gen, declared)
         return m
 
     def __reduce__(self):
@@ -444,28 +484,9 @@ class ActorMethod:
 
     def options(self, **opts):
         merged = {**self._options, **opts}
-        for k in merged:
-            if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
-                         "max_task_retries", "retry_exceptions", "concurrency_group",
-                         "enable_task_events"):
-                raise ValueError(f"Invalid option keyword {k} for actor methods.")
-        group = merged.get("concurrency_group")
-        groups = self._handle._info.groups
-        if group is not None and (groups is None or group not in groups):
-            raise ValueError(f"Invalid concurrency group {group!r}: the actor has "
-                             f"{list(groups or ())}")
-        mtr = merged.get("max_task_retries")
-        if mtr is not None and (not isinstance(mtr, int) or isinstance(mtr, bool) or mtr < -1):
-            raise ValueError(f"max_task_retries must be an int >= -1, got {mtr!r}")
-        _check_options({k: v for k, v in merged.items()
-                        if k not in ("concurrency_group", "max_task_retries",
-                                     "retry_exceptions")}, "task")
-        if merged.get("retry_exceptions") not in (None, False):
-            raise ValueError("ray_lite does not support retry_exceptions on actor methods "
-                             "(an actor's calls are retried only when it restarts: "
-                             "max_task_retries)")
-        return _method_type(self._handle._info, merged)(self._handle, self._name, self._is_gen,
-                                                        merged)
+        info = self._handle._info
+        _check_method_options(merged, info)
+        return _method_type(info, merged)(self._handle, self._name, self._is_gen, merged)
 
     def remote(self, *args, **kwargs):
         node = state.node
@@ -512,9 +533,9 @@ class ActorMethod:
                     node.inflight.get(aid, {}).pop(oid, None)
                 raise
         if aid in node.dead_peers or not node.connect(aid) or not node.send(
-                aid, P.method_msg(oid, method, args, kwargs, nret, stream, bp)):
-            err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
-                                 actor_id=aid)
+                aid, P.method_msg(oid, self._name, args, kwargs, nret, stream, bp)):
+            err = ActorDiedError(node.death_causes.get(aid) or f"The actor {info.class_name} "
+                                 f"is dead: {name} cannot run.", actor_id=aid)
             if stream:
                 node.fail_stream(target, err)
             else:

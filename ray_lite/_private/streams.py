@@ -85,7 +85,13 @@ class StreamsMixin:
         """Wait for the next item of ``s``; NOT_READY on timeout."""
         table = s.table
         if not table.is_next_ready():
-            self.wait_until(table.is_next_ready, timeout)
+            # As in get: a pool worker lends its CPU slot while it waits, so
+            # that the task producing the stream can run on a full pool.
+            self.block_begin()
+            try:
+                self.wait_until(table.is_next_ready, timeout)
+            finally:
+                self.block_end()
         return table.try_next()
 
     async def next_item_async(self, s):

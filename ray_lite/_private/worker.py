@@ -10,20 +10,24 @@ import threading
 import traceback
 import types
 
-from ray_lite.exceptions import ActorDiedError, RayError, RayTaskError, TaskCancelledError
+from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
+                                 TaskCancelledError)
 
 from . import protocol as P
 from .protocol import ITEM, RESULT   # per result and item: a global, not an attribute
 from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
-from .errors import make_task_error, sendable_error, unpicklable_task_error
+from .actor_exit import begin_exit, run_exit_handlers
+from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
+                     unpicklable_task_error)
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .refs import ObjectRef
+from .refs import ObjectRef, raisable
 from .shipping import unship
 from .transport import Link
 
 _COROUTINE = types.CoroutineType
+_ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 
 class WorkerNode(Node):
@@ -49,9 +53,11 @@ class WorkerNode(Node):
         self.blocked_depth = 0
         self.current_thread_busy = False
         self.actor = None
-        self.actor_init_error = None
+        self.actor_name = None
+        self.actor_init_error = None   # or why it exited: every call is refused with it
         self.loop = None
         self.executor = None
+        self._connect_lock = threading.Lock()
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
                               P.CANCEL: self._on_cancel, P.EXIT: self._on_exit,
                               P.ACK: self._on_ack_worker})
@@ -70,18 +76,27 @@ class WorkerNode(Node):
             return True
         if peer in self.dead_peers:
             return False
-        pid = self.known_pids.get(peer)
-        link = Link.create(self.shm_prefix)
-        self.add_link(peer, link, pid)
-        if peer in self.dead_peers:
-            return False
-        self.notify(P.OP_CONNECT, peer, link.names)
-        return True
+        # Two threads of a threaded actor calling the same peer at once must
+        # not each make a link: the second would replace (and close) the first.
+        with self._connect_lock:
+            if peer in self.links:
+                return True
+            pid = self.known_pids.get(peer)
+            link = Link.create(self.shm_prefix)
+            self.add_link(peer, link, pid)
+            if peer in self.dead_peers:
+                return False
+            self.notify(P.OP_CONNECT, peer, link.names)
+            return True
 
     def _on_attach(self, peer, msg):
         _, requester, pid, names = msg
         self.known_pids[requester] = pid
-        self.add_link(requester, Link.attach(names), pid)
+        try:
+            link = Link.attach(names)
+        except FileNotFoundError:   # the requester closed it meanwhile (it died)
+            return
+        self.add_link(requester, link, pid)
 
     def request(self, op, *args):
         """A request to the driver, answered; drives the links while waiting."""
@@ -243,7 +258,7 @@ class WorkerNode(Node):
         if not e.ready:
             self.wait_ref(ref)
         if e.error is not None:
-            raise e.error
+            raise raisable(e.error)
         return e.value
 
     def serve_calls(self, run):
@@ -336,7 +351,9 @@ class WorkerNode(Node):
 
     def _failure(self, oid, name, exc):
         if oid in self.cancelled and oid == self.current_oid:   # an interrupted pool task
-            return TaskCancelledError()
+            return running_task_cancelled(name, oid)
+        if isinstance(exc, _ACTOR_EXITS) and self.kind == "actor":
+            return begin_exit(self)
         return make_task_error(name, exc)
 
     def _send_failure(self, peer, oid, stream, err, name):
@@ -367,7 +384,7 @@ class WorkerNode(Node):
                 self._drain_gen(peer, oid, result, bp, name)
                 return
             if nret != 1:
-                result = self._split(result, nret, name)
+                result = self._split(result, nret)
         except BaseException as exc:
             self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
             if isinstance(exc, SystemExit):
@@ -376,16 +393,15 @@ class WorkerNode(Node):
         self.reply(peer, (RESULT, oid, True, result), name)
 
     @staticmethod
-    def _split(result, nret, name):
+    def _split(result, nret):
         if nret == 0:
             return []
         try:
             values = list(result)
-        except TypeError:
-            raise ValueError(f"{name} has num_returns={nret} but returned a "
-                             f"{type(result).__name__}, not a sequence") from None
+        except TypeError:       # one object that is not a sequence
+            values = [result]
         if len(values) != nret:
-            raise ValueError(f"{name} has num_returns={nret} but returned {len(values)} values")
+            raise ValueError(f"Task returned {len(values)} objects, but num_returns={nret}.")
         return values
 
     def _wait_backpressure(self, sid, produced, bp):
@@ -433,7 +449,7 @@ class WorkerNode(Node):
         if sid in self.cancelled:
             self.send(peer, P.end_msg(sid, i))
             return True
-        err = sendable_error(make_task_error(name, exc), unpicklable_task_error(name))
+        err = sendable_error(self._failure(sid, name, exc), unpicklable_task_error(name))
         for m in P.stream_failed_msgs(sid, i, err):
             self.send(peer, m)
         return False
@@ -580,14 +596,12 @@ class WorkerNode(Node):
                     if type(result) is _COROUTINE or inspect.isawaitable(result):
                         result = await result
                     if nret != 1:
-                        result = self._split(result, nret, name)
+                        result = self._split(result, nret)
                 except asyncio.CancelledError:
-                    self._send_failure(peer, oid, stream, TaskCancelledError(), name)
+                    self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                     return
                 except BaseException as exc:
-                    err = exc if isinstance(exc, RayError) and not isinstance(exc, RayTaskError) \
-                        else make_task_error(name, exc)
-                    self._send_failure(peer, oid, stream, err, name)
+                    self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
                     return
                 self.reply(peer, (RESULT, oid, True, result), name)
             finally:
@@ -614,6 +628,7 @@ def worker_main(spec):
         return
     a = spec["actor"]
     if a["is_async"]:
+        node.actor_name = a.get("name")
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
         node.loop = loop
@@ -632,6 +647,7 @@ def worker_main(spec):
         return
     # Calls queue up while the constructor runs; they execute in order after.
     node.single_waiter = a["max_concurrency"] <= 1 and not a.get("concurrency_groups")
+    node.actor_name = a.get("name")
     node.start_actor(a)
     if a.get("concurrency_groups"):
         concurrency_groups.serve_threaded(node, a)
@@ -645,5 +661,8 @@ def worker_main(spec):
             del msg
         node.wait_until(lambda: node.exiting)
         return
-    node.serve_calls(node._run_method)
+    try:
+        node.serve_calls(node._run_method)
+    except ActorExit:
+        run_exit_handlers()
 

@@ -1,0 +1,137 @@
+"""The driver's answers about the runtime's state (``request(OP_INTROSPECT, what, ...)``).
+
+Every process asks the same way (in the driver the request is a call): the
+runtime context, the resources, the state listings of ``util.state``.
+Nothing here runs per task or per call.
+"""
+from . import cluster
+from . import protocol as P
+from .errors import EXITED, actor_died_message
+from .ids import JOB_ID_HEX, NODE_IP, actor_id_hex, node_id_hex, task_id_hex, worker_id_hex
+
+
+def requests(driver):
+    """The request handlers this module adds to ``driver.requests``."""
+    def introspect(peer, what, *args):
+        return _ANSWERS[what](driver, peer, *args)
+
+    def actor_exiting(peer):
+        info = driver.actors.get(peer)
+        if info is not None:
+            driver.death_causes[peer] = actor_died_message(info, EXITED)
+    return {P.OP_INTROSPECT: introspect, P.OP_ACTOR_EXITING: actor_exiting}
+
+
+def _actor_info(driver, peer, actor_id):
+    return driver.actors.get(actor_id)
+
+
+def _assigned(driver, peer):
+    """The resources the calling process holds (Ray: 1 CPU for a task, none for an actor)."""
+    w = driver.pool.get(peer)
+    if w is not None:
+        spec = w.task
+        demand = getattr(spec, "demand", None)
+        if demand is not None:
+            return {k: float(v) for k, v in demand.as_dict().items()}
+        return {"CPU": 1.0}
+    held = getattr(driver, "actor_demands", {}).get(peer)
+    if held:
+        return {k: float(v) for k, v in held[0].as_dict().items()}
+    return {}
+
+
+def _restarted(driver, peer, actor_id):
+    record = getattr(driver, "restartable", {}).get(actor_id)
+    return bool(record is not None and getattr(record, "count", 0))
+
+
+def _resources(driver, peer):
+    return cluster.resources(driver)
+
+
+def _nodes(driver, peer):
+    return cluster.node_table(driver)
+
+
+def _list_actors(driver, peer):
+    node_id = node_id_hex(driver.driver_pid)
+    out = []
+    for aid, info in sorted(driver.actors.items()):
+        out.append({
+            "actor_id": actor_id_hex(aid), "class_name": info.class_name, "state": "ALIVE",
+            "job_id": JOB_ID_HEX, "name": info.name or "", "node_id": node_id,
+            "pid": info.pid, "ray_namespace": info.namespace, "serialized_runtime_env": "{}",
+            "required_resources": {}, "death_cause": None, "is_detached": False,
+            "placement_group_id": None, "repr_name": "", "num_restarts": _restarts(driver, aid),
+        })
+    return out
+
+
+def _restarts(driver, aid):
+    record = getattr(driver, "restartable", {}).get(aid)
+    return getattr(record, "count", 0) if record is not None else 0
+
+
+def _task_row(driver, oid, name, state, kind, pid=None, worker=None, actor_id=None):
+    node_hex = node_id_hex(driver.driver_pid)
+    return {
+        "task_id": task_id_hex(oid), "attempt_number": 0, "name": name, "state": state,
+        "job_id": JOB_ID_HEX, "actor_id": actor_id, "type": kind,
+        "func_or_class_name": name, "parent_task_id": None, "node_id": node_hex,
+        "worker_id": worker_id_hex(node_hex, worker) if worker is not None else None,
+        "worker_pid": pid, "error_type": None, "language": "PYTHON",
+    }
+
+
+def _list_tasks(driver, peer):
+    """Pool tasks that wait or run, and the actor calls the driver waits for."""
+    out = []
+    with driver._sched:
+        for w in driver.pool.values():
+            spec = w.task
+            if spec is not None:
+                out.append(_task_row(driver, spec.oid, spec.name, "RUNNING", "NORMAL_TASK",
+                                     w.pid, w.id))
+        for spec in driver.queue:
+            if not spec.cancelled:
+                out.append(_task_row(driver, spec.oid, spec.name, "PENDING_NODE_ASSIGNMENT",
+                                     "NORMAL_TASK"))
+        for spec in driver.waiting_deps.values():
+            out.append(_task_row(driver, spec.oid, spec.name, "PENDING_ARGS_AVAIL",
+                                 "NORMAL_TASK"))
+    for aid, fl in list(driver.inflight.items()):
+        info = driver.actors.get(aid)
+        if info is None:
+            continue
+        for oid, kind in list(fl.items()):
+            if kind in (P.ACTOR_CALL, P.STREAM):
+                # The method's name stays with the call, not in the driver's tables.
+                out.append(_task_row(driver, oid, info.class_name, "SUBMITTED_TO_WORKER",
+                                     "ACTOR_TASK", info.pid, aid, actor_id_hex(aid)))
+    return out
+
+
+def _list_objects(driver, peer):
+    """Objects the driver owns that a task or call still has to fill, or that it lent."""
+    out = []
+    for oid, target in list(driver.pending.items()):
+        n = len(target) if type(target) is list else 1
+        for i in range(n):
+            out.append(_object_row(driver, oid + i, "PENDING_OBJECT_CREATION"))
+    for oid in list(driver.exported):
+        out.append(_object_row(driver, oid, "FINISHED"))
+    return out
+
+
+def _object_row(driver, oid, status):
+    return {"object_id": f"{driver.id & 0xffffffff:08x}{oid:016x}", "object_size": None,
+            "task_status": status, "reference_type": "LOCAL_REFERENCE", "call_site": "",
+            "type": "DRIVER", "pid": driver.driver_pid, "ip": NODE_IP}
+
+
+_ANSWERS = {
+    "actor_info": _actor_info, "assigned": _assigned, "restarted": _restarted,
+    "resources": _resources, "nodes": _nodes, "list_actors": _list_actors,
+    "list_tasks": _list_tasks, "list_objects": _list_objects,
+}

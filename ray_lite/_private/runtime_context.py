@@ -1,0 +1,223 @@
+"""``get_runtime_context()`` and ``exit_actor()``: what the current process and call are.
+
+Which call is running is not recorded per call (that would cost every call
+a store): the lookup walks the calling thread's frames up to the worker's
+frame that runs the call, whose ``oid`` local is the call's id.  The same
+walk works on the main thread of a sync actor, on each thread of a threaded
+actor and inside each coroutine of an async actor (a running coroutine's
+frame links to the frame awaiting it).  Unlike Ray (which sets a context
+variable per call), an asyncio task that a call spawns itself
+(``asyncio.create_task``, ``gather`` of coroutines) is not linked to the
+call: there ``get_task_id()`` is None.
+"""
+import logging
+import sys
+
+from ray_lite.exceptions import AsyncioActorExit
+
+from . import protocol as P
+from . import state
+from .errors import ActorExit
+from .ids import JOB_ID_HEX, actor_id_hex, node_id_hex, task_id_hex, worker_id_hex
+from .remote import ActorHandle
+
+logger = logging.getLogger(__name__)
+
+# Ray's worker modes, as its messages print them.
+SCRIPT_MODE = 0
+WORKER_MODE = 1
+
+_call_codes = None
+
+
+def _frames_running_calls(node):
+    """The code of the worker's methods that run a call (their ``oid`` local is its id)."""
+    global _call_codes
+    if _call_codes is None:
+        cls = type(node)
+        _call_codes = frozenset(f.__code__ for f in (
+            cls.run_pool_task, cls._run_method, cls._run_method_async))
+    return _call_codes
+
+
+def current_call_oid():
+    """The id of the call this thread (or coroutine) runs; None outside one."""
+    node = state.node
+    if node is None or node.id == 0:
+        return None
+    frame = _call_frame(node)
+    return frame.f_locals.get("oid") if frame is not None else None
+
+
+def _call_frame(node):
+    codes = _frames_running_calls(node)
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code in codes:
+            return f
+        f = f.f_back
+    return None
+
+
+def _is_actor(node):
+    return node is not None and node.id != 0 and getattr(node, "kind", None) == "actor"
+
+
+class RuntimeContext:
+    """What the current driver, task or actor is (Ray's ``RuntimeContext``).
+
+    One object for the process, as in Ray: each method looks at the runtime
+    running when it is called, and fails (``AssertionError``, as Ray's) when
+    none is.
+    """
+
+    @property
+    def _node(self):
+        node = state.node
+        if node is None:
+            raise AssertionError("This is not available because ray_lite has not been "
+                                 "initialized (call ray_lite.init()).")
+        return node
+
+    @property
+    def _mode(self):
+        return SCRIPT_MODE if self._node.id == 0 else WORKER_MODE
+
+    def _worker_only(self):
+        if self._mode != WORKER_MODE:
+            logger.warning("This method is only available when the process is a worker. "
+                           "Current mode: %s", self._mode)
+            return False
+        return True
+
+    def get_job_id(self):
+        self._node      # noqa: B018 - asserts that the runtime runs, as Ray does
+        return JOB_ID_HEX
+
+    def get_node_id(self):
+        return node_id_hex(self._node.driver_pid)
+
+    def get_worker_id(self):
+        node = self._node
+        return worker_id_hex(node_id_hex(node.driver_pid), node.id)
+
+    def get_task_id(self):
+        """The running task's or actor call's id (hex); None in the driver."""
+        if not self._worker_only():
+            return None
+        oid = current_call_oid()
+        return task_id_hex(oid) if oid is not None else None
+
+    def get_task_name(self):
+        if not self._worker_only():
+            return None
+        return _current_call_name(self._node)
+
+    def get_actor_id(self):
+        """This actor's id (hex); None in the driver or a task."""
+        return actor_id_hex(self._node.id) if _is_actor(self._node) else None
+
+    def get_actor_name(self):
+        """This actor's name ("" if unnamed); None in the driver or a task."""
+        if not self._worker_only():
+            return None
+        if not _is_actor(self._node):
+            return None
+        return self._node.actor_name or ""
+
+    @property
+    def namespace(self):
+        return self._node.namespace
+
+    @property
+    def current_actor(self):
+        """A handle to this actor (inside an actor only)."""
+        node = self._node
+        if not _is_actor(node):
+            raise RuntimeError("This method is only available in an actor.")
+        return ActorHandle(node.request(P.OP_INTROSPECT, "actor_info", node.id))
+
+    @property
+    def was_current_actor_reconstructed(self):
+        """Whether this actor was restarted (after its process died)."""
+        node = self._node
+        if not _is_actor(node):
+            raise AssertionError("This method should't be called inside Ray tasks.")
+        return bool(node.request(P.OP_INTROSPECT, "restarted", node.id))
+
+    def get_assigned_resources(self):
+        """The resources this worker holds: ``{"CPU": 1.0}`` in a task by default,
+        ``{}`` in an actor that asked for none."""
+        if self._mode != WORKER_MODE:
+            raise AssertionError(f"This method is only available when the process is a "
+                                 f"worker. Current mode: {self._mode}")
+        return self._node.request(P.OP_INTROSPECT, "assigned")
+
+    def get_accelerator_ids(self):
+        return {"GPU": []}
+
+    def get_placement_group_id(self):
+        return None
+
+    @property
+    def current_placement_group_id(self):
+        return None
+
+    @property
+    def should_capture_child_tasks_in_placement_group(self):
+        return False
+
+    def get_runtime_env_string(self):
+        return "{}"
+
+    @property
+    def gcs_address(self):
+        return "127.0.0.1:0"
+
+    def get(self):
+        """A dict of the context (deprecated in Ray, still there)."""
+        out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+               "namespace": self.namespace}
+        if self._mode == WORKER_MODE:
+            task_id = self.get_task_id()
+            if task_id is not None:
+                out["task_id"] = task_id
+            actor_id = self.get_actor_id()
+            if actor_id is not None:
+                out["actor_id"] = actor_id
+        return out
+
+
+def _current_call_name(node):
+    frame = _call_frame(node)
+    if frame is None:
+        return None
+    loc = frame.f_locals
+    if "method" in loc and node.actor is not None:
+        return f"{type(node.actor).__name__}.{loc['method']}"
+    return loc.get("name")
+
+
+_runtime_context = RuntimeContext()
+
+
+def get_runtime_context():
+    """The runtime context of this driver or worker."""
+    return _runtime_context
+
+
+# ----------------------------------------------------------------- exit_actor
+def exit_actor():
+    """End the current actor gracefully: the calls running on it finish, the
+    queued ones and every later one fail with ``RayActorError``, ``atexit``
+    handlers run.  Outside an actor: ``TypeError``, as in Ray."""
+    node = state.node
+    if not _is_actor(node):
+        mode = SCRIPT_MODE if node is None or node.id == 0 else WORKER_MODE
+        raise TypeError(f"exit_actor API is called on a non-actor worker, {mode}. Call this "
+                        f"API inside an actor methodsif you'd like to exit the actor "
+                        f"gracefully.")
+    if node.loop is not None:
+        raise AsyncioActorExit()
+    raise ActorExit(0)
+

@@ -1,0 +1,175 @@
+"""get_runtime_context(), resources, nodes() and get_gpu_ids(), as in Ray."""
+import asyncio
+import re
+
+import pytest
+
+import ray_lite as ray
+
+T = 60
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def _context():
+    ctx = ray.get_runtime_context()
+    return {"job": ctx.get_job_id(), "node": ctx.get_node_id(), "task": ctx.get_task_id(),
+            "actor": ctx.get_actor_id(), "name": ctx.get_actor_name(),
+            "namespace": ctx.namespace, "worker": ctx.get_worker_id()}
+
+
+@ray.remote
+def task_context():
+    out = _context()
+    out["assigned"] = ray.get_runtime_context().get_assigned_resources()
+    out["task_name"] = ray.get_runtime_context().get_task_name()
+    return out
+
+
+@ray.remote
+class SyncActor:
+    def context(self):
+        ctx = ray.get_runtime_context()
+        out = _context()
+        out["assigned"] = ctx.get_assigned_resources()
+        out["reconstructed"] = ctx.was_current_actor_reconstructed
+        out["me"] = ctx.current_actor
+        out["task_name"] = ctx.get_task_name()
+        return out
+
+    def ping(self):
+        return "pong"
+
+
+@ray.remote
+class AsyncActor:
+    async def context(self):
+        await asyncio.sleep(0)      # the id is still this call's after a switch
+        out = _context()
+        ctx = ray.get_runtime_context()
+        out["assigned"] = ctx.get_assigned_resources()
+        out["me"] = ctx.current_actor
+        return out
+
+    async def ping(self):
+        return "pong"
+
+    async def nested(self):
+        outer = ray.get_runtime_context().get_task_id()
+        inner = await self._id()            # awaited: still this call
+        return outer, inner
+
+    async def _id(self):
+        await asyncio.sleep(0)
+        return ray.get_runtime_context().get_task_id()
+
+
+def test_driver_context(rt):
+    ctx = ray.get_runtime_context()
+    assert ctx.get_job_id() == "01000000"
+    assert HEX.match(ctx.get_node_id()) and len(ctx.get_node_id()) == 56
+    assert ctx.get_task_id() is None and ctx.get_actor_id() is None
+    assert ctx.get_actor_name() is None
+    assert len(ctx.namespace) == 36     # an anonymous namespace (a UUID), as in Ray
+    with pytest.raises(RuntimeError, match="only available in an actor"):
+        ctx.current_actor
+    with pytest.raises(AssertionError):
+        ctx.get_assigned_resources()
+    assert ctx.get()["job_id"] == "01000000"
+
+
+def test_task_context(rt):
+    driver = _context()
+    a, b = ray.get([task_context.remote(), task_context.remote()], timeout=T)
+    for c in (a, b):
+        assert c["job"] == driver["job"] and c["node"] == driver["node"]
+        assert c["namespace"] == driver["namespace"]
+        assert HEX.match(c["task"]) and len(c["task"]) == 48
+        assert c["actor"] is None and c["name"] is None
+        assert c["assigned"] == {"CPU": 1.0}
+        assert c["task_name"] == "task_context"
+    assert a["task"] != b["task"]
+    named = ray.get(task_context.options(name="my_task").remote(), timeout=T)
+    assert named["task_name"] == "my_task"
+
+
+def test_sync_actor_context(rt):
+    driver = _context()
+    a = SyncActor.options(name="ctx-actor").remote()
+    first, second = ray.get([a.context.remote(), a.context.remote()], timeout=T)
+    assert first["node"] == driver["node"] and first["job"] == driver["job"]
+    assert HEX.match(first["actor"]) and len(first["actor"]) == 32
+    assert first["actor"] == second["actor"]
+    assert first["task"] != second["task"] and len(first["task"]) == 48
+    assert first["name"] == "ctx-actor"
+    assert first["assigned"] == {}          # an actor holds no CPU by default, as in Ray
+    assert first["reconstructed"] is False
+    assert first["task_name"] == "SyncActor.context"
+    assert ray.get(first["me"].ping.remote(), timeout=T) == "pong"
+    assert first["me"] == a
+    unnamed = ray.get(SyncActor.remote().context.remote(), timeout=T)
+    assert unnamed["name"] == "" and unnamed["actor"] != first["actor"]
+
+
+def test_threaded_actor_context(rt):
+    a = SyncActor.options(max_concurrency=4).remote()
+    results = ray.get([a.context.remote() for _ in range(8)], timeout=T)
+    assert len({r["task"] for r in results}) == 8
+    assert len({r["actor"] for r in results}) == 1
+    assert all(r["assigned"] == {} and r["me"] == a for r in results)
+
+
+def test_async_actor_context(rt):
+    a = AsyncActor.remote()
+    results = ray.get([a.context.remote() for _ in range(6)], timeout=T)
+    assert len({r["task"] for r in results}) == 6
+    assert all(r["task"] is not None for r in results)
+    assert len({r["actor"] for r in results}) == 1 and results[0]["name"] == ""
+    assert results[0]["assigned"] == {}
+    assert ray.get(results[0]["me"].ping.remote(), timeout=T) == "pong"
+    outer, inner = ray.get(a.nested.remote(), timeout=T)
+    assert outer == inner and outer is not None
+
+
+def test_resources_and_nodes():
+    ray.init(num_cpus=3)
+    try:
+        total = ray.cluster_resources()
+        assert total["CPU"] == 3.0
+        assert total["memory"] > 0 and total["object_store_memory"] > 0
+        assert total["node:127.0.0.1"] == 1.0 and total["node:__internal_head__"] == 1.0
+        assert "GPU" not in total
+        assert ray.available_resources() == total
+
+        @ray.remote
+        def inside():
+            return ray.available_resources()["CPU"], ray.cluster_resources()["CPU"]
+        # The task itself holds one of the three CPUs while it asks.
+        assert ray.get(inside.remote(), timeout=T) == (2.0, 3.0)
+        (node,) = ray.nodes()
+        assert node["Alive"] is True and node["alive"] is True
+        assert node["NodeID"] == ray.get_runtime_context().get_node_id()
+        assert node["NodeManagerAddress"] == "127.0.0.1"
+        assert node["Resources"]["CPU"] == 3.0
+        for key in ("NodeManagerHostname", "NodeManagerPort", "ObjectManagerPort",
+                    "NodeName", "Labels", "DeathReason", "DeathReasonMessage"):
+            assert key in node
+        assert ray.get_gpu_ids() == []
+    finally:
+        ray.shutdown()
+
+
+def test_without_a_runtime():
+    assert not ray.is_initialized()
+    for query in (ray.cluster_resources, ray.available_resources, ray.nodes, ray.get_gpu_ids):
+        with pytest.raises(ray.exceptions.RaySystemError, match="not been started"):
+            query()
+    ctx = ray.get_runtime_context()
+    with pytest.raises(AssertionError, match="not been initialized"):
+        ctx.get_job_id()
+    assert not ray.is_initialized()         # none of these started it
+    ray.init(num_cpus=1)
+    try:
+        assert ctx.get_job_id() == "01000000"   # the same object works once it runs
+        assert ray.get_runtime_context() is ctx
+    finally:
+        ray.shutdown()

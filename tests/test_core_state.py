@@ -1,0 +1,87 @@
+"""ray_lite.util.state: list_actors, list_tasks, list_objects for what is running."""
+import asyncio
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.util.state import get_actor, list_actors, list_objects, list_tasks
+
+T = 60
+
+
+@ray.remote
+class Gate:
+    def __init__(self):
+        self.arrived = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def arrive(self):
+        self.arrived.set()
+        await self.opened.wait()
+
+    async def wait_arrived(self):
+        await self.arrived.wait()
+
+    async def open(self):
+        self.opened.set()
+
+
+@ray.remote
+def held(gate):
+    ray.get(gate.arrive.remote())
+    return "released"
+
+
+def test_list_actors(rt):
+    g = Gate.options(name="the-gate", namespace="ns").remote()
+    other = Gate.remote()
+    ray.get([g.open.remote(), other.open.remote()], timeout=T)
+    actors = list_actors()
+    assert len(actors) == 2
+    by_name = {a["name"]: a for a in actors}
+    rec = by_name["the-gate"]
+    assert rec["class_name"] == "Gate" and rec["state"] == "ALIVE"
+    assert rec.state == "ALIVE"                         # attribute access, as in Ray
+    assert rec["pid"] == g._info.pid and rec["ray_namespace"] == "ns"
+    assert rec["job_id"] == ray.get_runtime_context().get_job_id()
+    assert rec["node_id"] == ray.get_runtime_context().get_node_id()
+    assert by_name[""]["pid"] == other._info.pid
+    assert by_name[""]["ray_namespace"] == ray.get_runtime_context().namespace
+    assert [a["name"] for a in list_actors(filters=[("name", "=", "the-gate")])] == ["the-gate"]
+    assert len(list_actors(filters=[("state", "!=", "ALIVE")])) == 0
+    assert len(list_actors(limit=1)) == 1
+    assert get_actor(rec["actor_id"])["name"] == "the-gate"
+    assert get_actor("ff" * 16) is None
+    ray.kill(other)
+    assert rt.wait_until(lambda: len(list_actors()) == 1, T)
+    with pytest.raises(ValueError, match="predicate"):
+        list_actors(filters=[("name", "~", "x")])
+
+
+def test_list_tasks_and_objects(rt):
+    gate = Gate.remote()
+    ref = held.options(name="held-task").remote(gate)
+    ray.get(gate.wait_arrived.remote(), timeout=T)
+    tasks = list_tasks(filters=[("name", "=", "held-task")])
+    assert len(tasks) == 1
+    t = tasks[0]
+    assert t["state"] == "RUNNING" and t["type"] == "NORMAL_TASK"
+    assert t["worker_pid"] is not None and len(t["task_id"]) == 48
+    objects = list_objects()
+    assert ref.hex() in {o["object_id"] for o in objects}
+    ray.get(gate.open.remote(), timeout=T)
+    assert ray.get(ref, timeout=T) == "released"
+    assert rt.wait_until(lambda: not list_tasks(filters=[("name", "=", "held-task")]), T)
+    assert ref.hex() not in {o["object_id"] for o in list_objects()}
+
+
+def test_state_listing_from_a_task(rt):
+    g = Gate.options(name="seen").remote()
+    ray.get(g.open.remote(), timeout=T)
+
+    @ray.remote
+    def look():
+        return [a["name"] for a in list_actors()], [t["name"] for t in list_tasks()]
+    names, tasks = ray.get(look.remote(), timeout=T)
+    assert names == ["seen"]
+    assert [n for n in tasks if n.endswith("look")]     # the task sees itself running
