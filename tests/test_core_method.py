@@ -21,7 +21,7 @@ def returns(values):
     return values
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"io": 1})
 class Methods:
     @ray.method(num_returns=2)
     def two(self):

@@ -47,6 +47,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         self.env_vars = env_vars or {}      # init(runtime_env={"env_vars": ...})
         self.init_resources(num_cpus, resources or {})
         self.restartable = {}  # actor id -> restarts._ActorRecord
+        self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
         restarts.install(self)
         self.pool = {}
         self.idle = []
@@ -586,6 +587,11 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
     def _req_connect(self, peer, target, names):
         if target in self.links:
             self.send(target, P.attach_msg(peer, self.pids.get(peer), names))
+        elif target in self.restartable:
+            # Being restarted (its spawn drives the links meanwhile): the new
+            # process gets the link once it is there, or the caller would
+            # send into a link nobody reads.
+            self.attach_later.setdefault(target, []).append((peer, names))
 
     def _req_pid_of(self, peer, actor_id):
         return self.pids.get(actor_id)

@@ -50,8 +50,12 @@ class RestartsMixin:
         if rec is None:
             return
         pid = self._restart(aid, rec) if rec.left != 0 and not self.closed else None
+        later = self.attach_later.pop(aid, ())
         if pid is None:
             del self.restartable[aid]
+        else:
+            for requester, names in later:
+                self.send(aid, P.attach_msg(requester, self.pids.get(requester), names))
         msg = P.restarted_msg(aid, pid)
         for peer in list(self.links):
             if peer != aid:

@@ -24,7 +24,7 @@ from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .refs import ObjectRef, raisable
 from .shipping import unship
-from .transport import Link
+from .transport import Link, LinkClosed
 
 _COROUTINE = types.CoroutineType
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
@@ -94,7 +94,7 @@ class WorkerNode(Node):
         self.known_pids[requester] = pid
         try:
             link = Link.attach(names)
-        except FileNotFoundError:   # the requester closed it meanwhile (it died)
+        except LinkClosed:   # the requester closed it meanwhile (it died, or let go of us)
             return
         self.add_link(requester, link, pid)
 
