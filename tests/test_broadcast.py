@@ -414,6 +414,19 @@ def idle_reader_main(twin, handle, rank):
     print("attached", flush=True)
     sys.stdin.readline()  # until the test kills us
 
+def async_reader_main(twin, handle, rank, n):
+    import asyncio, importlib
+    mod = importlib.import_module("ray_lite._fast._broadcast_" + twin)
+    q = mod.MessageQueue.attach(tuple(handle), rank)
+
+    async def main():
+        return [await q.dequeue_async(timeout=60) for _ in range(n)]
+
+    try:
+        print(json.dumps(asyncio.run(main())), flush=True)
+    finally:
+        q.close()
+
 def writer_main(twin, n_readers):
     import importlib
     mod = importlib.import_module("ray_lite._fast._broadcast_" + twin)
@@ -565,6 +578,139 @@ def test_asyncio_reader_woken_by_a_writer_thread(broadcast_impl):
         assert asyncio.run(main()) == "from a thread"
     finally:
         _closing(w, r)
+
+
+def test_asyncio_ends_in_two_processes(broadcast_impl, twin):
+    # The writer waits for room on its descriptor, the reader (another process,
+    # either twin) for messages on its own: each is woken by the other end.
+    n = 40
+    w = broadcast_impl.MessageQueue(1, max_chunk_bytes=1024, max_chunks=2)
+    proc = _spawn(f"async_reader_main({twin.suffix!r}, {list(w.export_handle())!r}, 0, {n})")
+
+    async def produce():
+        for i in range(n):
+            await w.enqueue_async({"i": i}, timeout=WAIT)
+
+    try:
+        asyncio.run(produce())
+        out = proc.communicate(timeout=WAIT)[0]
+    finally:
+        w.close()
+        _reap(proc)
+    assert json.loads(out) == [{"i": i} for i in range(n)]
+
+
+# --------------------------------------------------------------- other processes' reach
+
+# A plain Python process that is no part of any queue: it finds the queue's
+# wake-up sockets in /proc/net/unix (their names are public) and tries to reach
+# them: datagrams, connections, and binding their names.
+FOREIGN_PROBE = r"""
+import json, socket, sys
+
+def errno_of(call, *args):
+    try:
+        call(*args)
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+prefix = "@" + sys.argv[1] + "."
+names = [line.split()[-1] for line in open("/proc/net/unix").read().splitlines()[1:]
+         if line.split()[-1].startswith(prefix)]
+report = {}
+for name in names:
+    address = b"\0" + name[1:].encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK) as s:
+        sends = sorted({errno_of(s.sendto, b"x", address) for _ in range(1000)})
+        connect = errno_of(s.connect, address)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        bind = errno_of(s.bind, address)
+    report[name[len(prefix):].split(".")[0]] = {"send": sends, "connect": connect, "bind": bind}
+print(json.dumps(report))
+"""
+
+
+def test_another_process_can_neither_wake_nor_reach_the_wake_up_sockets(broadcast_impl):
+    import errno
+
+    w = broadcast_impl.MessageQueue(2, max_chunk_bytes=1024, max_chunks=2)
+    r0 = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
+    r1 = broadcast_impl.MessageQueue.attach(w.export_handle(), 1)
+    try:
+        fds = [w.fileno(), r0.fileno(), r1.fileno()]
+        out = subprocess.run([sys.executable, "-c", FOREIGN_PROBE, w.name], capture_output=True,
+                             text=True, timeout=WAIT, check=True).stdout
+        refused = {"send": [errno.EPERM], "connect": errno.EPERM, "bind": errno.EADDRINUSE}
+        assert json.loads(out) == {role: refused for role in ("w0", "w1", "r0", "r1")}
+        assert select.select(fds, [], [], 0)[0] == []  # nothing woke anybody
+
+        async def main():  # and the queue still works, every end woken by its peer
+            async def consume(r):
+                return [await r.dequeue_async(timeout=WAIT) for _ in range(6)]
+
+            async def produce():
+                for i in range(6):
+                    await w.enqueue_async(i, timeout=WAIT)
+
+            return await asyncio.gather(consume(r0), consume(r1), produce())
+
+        got0, got1, _ = asyncio.run(main())
+        assert got0 == got1 == list(range(6))
+    finally:
+        _closing(w, r0, r1)
+
+
+SQUATTER = r"""
+import socket, sys
+held = []
+for address in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(b"\0" + address.encode())
+    held.append(s)
+print("bound", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_names_taken_first_by_another_process_do_not_make_the_queue_fail(broadcast_impl, monkeypatch):
+    from ray_lite._fast import broadcast_wake
+
+    name = shm.new_name()
+    taken = 0x5EED_0000_0000_0001
+    # The squatter holds the names the queue draws first (and those of earlier
+    # versions); each end then draws another.
+    addresses = [broadcast_wake.wake_address(name, role, taken)[1:].decode() for role in ("w0", "r0")]
+    addresses += [f"{name}.w", f"{name}.r0"]
+    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, *addresses], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "bound"
+        draws = iter([taken, 0x1111_0000_0000_0001, taken, 0x2222_0000_0000_0001])
+        with monkeypatch.context() as patch:
+            patch.setattr(shm, "new_name", lambda prefix=None: name)
+            patch.setattr(broadcast_wake, "_new_token", lambda: next(draws))
+            w = broadcast_impl.MessageQueue(1, max_chunk_bytes=1024, max_chunks=1)
+            r = broadcast_impl.MessageQueue.attach(w.export_handle(), 0)
+        try:
+            assert next(draws, "all drawn") == "all drawn"
+
+            async def main():
+                async def consume():
+                    return [await r.dequeue_async(timeout=WAIT) for _ in range(4)]
+
+                async def produce():
+                    for i in range(4):
+                        await w.enqueue_async(i, timeout=WAIT)
+
+                return (await asyncio.gather(consume(), produce()))[0]
+
+            assert asyncio.run(main()) == list(range(4))
+        finally:
+            _closing(w, r)
+        assert squatter.poll() is None
+    finally:
+        _reap(squatter)
 
 
 # --------------------------------------------------------------- properties

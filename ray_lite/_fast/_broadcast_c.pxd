@@ -25,8 +25,7 @@ cdef class MessageQueue:
     cdef bint _released
     cdef object _oob_threshold
     cdef list _oob_names        # writer: out-of-band segment last published per chunk
-    cdef object _wake_sock
-    cdef object _poke_sock
+    cdef object _wake           # broadcast_wake's sockets of this end
     cdef dict _peers
     cdef object __weakref__
 

@@ -41,12 +41,12 @@ from ray_lite._fast._wait cimport (
 
 import asyncio
 import os
-import socket
 import time
 
 from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
 from ray_lite._fast import shm, wait_policy
+from ray_lite._fast.broadcast_wake import ReaderWakeSocket
 from ray_lite._fast.errors import (
     RL_CLOSED,
     RL_PEER_DIED,
@@ -74,7 +74,7 @@ from ray_lite._fast._broadcast_py import (
     _deadline as _deadline_s,
     _map_readonly,
     _set_done,
-    _wake_address,
+    _writer_wake_sockets,
     geometry,
 )
 
@@ -98,6 +98,8 @@ cdef enum:
     R_PID = 0
     R_CLOSED = 4
     R_WAITING = 8
+    R_WRITER_TOKEN = 16
+    R_READER_TOKEN = 24
     C_SEQ = 0
     C_KIND = 8
     C_N_OOB = 12
@@ -118,7 +120,8 @@ for _const, _value in (
         ("OFF_WRITER_CLOSED", OFF_WRITER_CLOSED), ("OFF_DATA_FUTEX", OFF_DATA_FUTEX),
         ("OFF_WEAK_ORDERING", OFF_WEAK_ORDERING), ("OFF_WRITER_WAITING", OFF_WRITER_WAITING),
         ("OFF_SPACE_FUTEX", OFF_SPACE_FUTEX), ("OFF_READERS", OFF_READERS), ("R_PID", R_PID),
-        ("R_CLOSED", R_CLOSED), ("R_WAITING", R_WAITING), ("C_SEQ", C_SEQ), ("C_KIND", C_KIND),
+        ("R_CLOSED", R_CLOSED), ("R_WAITING", R_WAITING), ("R_WRITER_TOKEN", R_WRITER_TOKEN),
+        ("R_READER_TOKEN", R_READER_TOKEN), ("C_SEQ", C_SEQ), ("C_KIND", C_KIND),
         ("C_N_OOB", C_N_OOB), ("C_FRAME_LEN", C_FRAME_LEN), ("C_TOTAL_LEN", C_TOTAL_LEN),
         ("C_NAME_LEN", C_NAME_LEN), ("C_MARKS", C_MARKS), ("KIND_INLINE", KIND_INLINE),
         ("KIND_OOB_SEGMENT", KIND_OOB_SEGMENT), ("WAIT_FUTEX", WAIT_FUTEX), ("WAIT_FD", WAIT_FD)):
@@ -298,6 +301,10 @@ cdef class MessageQueue:
         self._read_geometry()
         self._oob_threshold = oob_threshold
         self._oob_names = [None] * max_chunks
+        self._wake = _writer_wake_sockets(name, n_readers, self._release)
+        cdef uint32_t r
+        for r in range(self._n_readers):
+            rl_store_release_u64(_u64(b + OFF_READERS + LINE * r + R_WRITER_TOKEN), self._wake.tokens[r])
 
     # ------------------------------------------------------------ set-up
 
@@ -313,8 +320,7 @@ cdef class MessageQueue:
         self._cursor = 0
         self._closed = 0
         self._busy = 0
-        self._wake_sock = None
-        self._poke_sock = None
+        self._wake = None
         self._peers = {}
         self._oob_names = None
         self._oob_threshold = _codec.OOB_THRESHOLD
@@ -366,6 +372,13 @@ cdef class MessageQueue:
         if pid != 0:
             self._release()
             raise ValueError(f"reader rank {rank} of {name!r} is already attached (pid {pid})")
+        try:
+            self._wake = ReaderWakeSocket(name, irank, rl_load_acquire_u64(_u64(slot + R_WRITER_TOKEN)))
+        except BaseException:
+            self._release()
+            raise
+        # Published before the pid: the writer looks for it once we wait.
+        rl_store_release_u64(_u64(slot + R_READER_TOKEN), self._wake.token)
         self._rank = irank
         rl_store_release_u32(_u32(slot + R_PID), os.getpid())
         rl_fence_seq_cst()
@@ -438,10 +451,9 @@ cdef class MessageQueue:
         if self._released:
             return
         self._released = True
-        for sock in (self._wake_sock, self._poke_sock):
-            if sock is not None:
-                sock.close()
-        self._wake_sock = self._poke_sock = None
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
         for w in self._peers.values():
             w.close()
         self._peers = {}
@@ -459,36 +471,19 @@ cdef class MessageQueue:
             w = self._peers[pid] = _PeerWatch(pid)
         return w.alive()
 
-    def _poke(self, role):
-        if self._poke_sock is None:
-            self._poke_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-        try:
-            self._poke_sock.sendto(b"\1", _wake_address(self._name, role))
-        except OSError:
-            pass
+    def _reader_token(self, uint32_t r):
+        """The token reader ``r`` published at attach (0: not attached)."""
+        return rl_load_acquire_u64(_u64(self._base + OFF_READERS + LINE * r + R_READER_TOKEN))
 
     def fileno(self):
         """A file descriptor that becomes readable when this end may proceed
-        (a reader: a message may be there; the writer: a chunk may be free).
-        Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
-        if self._wake_sock is None:
-            if self._closed:
-                raise self._error(RL_CLOSED, this_end=True)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-            try:
-                s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
-            except BaseException:
-                s.close()
-                raise
-            self._wake_sock = s
-        return self._wake_sock.fileno()
+        (see the pure twin)."""
+        if self._closed:
+            raise self._error(RL_CLOSED, this_end=True)
+        return self._wake.fileno(self._reader_token) if self._rank < 0 else self._wake.fileno()
 
     def _drain_wake_sock(self):
-        try:
-            while True:
-                self._wake_sock.recv(64)
-        except OSError:
-            pass
+        self._wake.drain(self._reader_token)
 
     cdef void _bump(self, uint32_t off) noexcept:
         rl_fetch_add_u32(_u32(self._base + off), 1)
@@ -657,7 +652,7 @@ cdef class MessageQueue:
             if w:
                 any_futex |= w & WAIT_FUTEX
                 if w & WAIT_FD:
-                    self._poke(f"r{r}")
+                    self._wake.poke(r, self._reader_token)
         if any_futex:
             self._bump(OFF_DATA_FUTEX)
         return 0
@@ -779,7 +774,7 @@ cdef class MessageQueue:
         w = rl_load_acquire_u32(_u32(self._base + OFF_WRITER_WAITING))
         if w:
             if w & WAIT_FD:
-                self._poke("w")
+                self._wake.poke_writer()
             if w & WAIT_FUTEX:
                 self._bump(OFF_SPACE_FUTEX)
         return 0
@@ -860,7 +855,7 @@ cdef class MessageQueue:
             self._bump(OFF_SPACE_FUTEX)
             for r in range(self._n_readers):
                 if rl_load_acquire_u32(_u32(b + OFF_READERS + LINE * r + R_WAITING)) & WAIT_FD:
-                    self._poke(f"r{r}")
+                    self._wake.poke(r, self._reader_token)
             shm.unlink_segment(self._name)
             for i, seg in enumerate(self._oob_names):
                 if seg is not None:
@@ -872,14 +867,10 @@ cdef class MessageQueue:
             self._bump(OFF_SPACE_FUTEX)
             self._bump(OFF_DATA_FUTEX)
             if rl_load_acquire_u32(_u32(b + OFF_WRITER_WAITING)) & WAIT_FD:
-                self._poke("w")
+                self._wake.poke_writer()
             if not self._peer_alive(self._writer_pid):
                 shm.unlink_segment(self._name)
-        if self._wake_sock is not None:
-            try:
-                self._wake_sock.sendto(b"\1", self._wake_sock.getsockname())
-            except OSError:
-                pass
+        self._wake.wake_self()
         if self._busy == 0:
             self._release()
 

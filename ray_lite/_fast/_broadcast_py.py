@@ -24,7 +24,10 @@ writes and another polls sits on its own 64-byte cache line)::
          u32 space_futex         futex word the writer sleeps on; bumped by a
                                  reader that frees a chunk while it waits
     192  reader slot r (64 bytes each)
-         u32 pid (0 until attached), u32 closed, u32 waiting (bits as above)
+         u32 pid (0 until attached), u32 closed, u32 waiting (bits as above),
+         u32 unused, u64 token of the writer's wake-up socket for reader r
+         (set at creation), u64 token of the reader's (set at attach); see
+         ``broadcast_wake``
     chunks_offset + i * chunk_stride: chunk i
          u64 seq                 the *written flag*: number+1 of the message it
                                  holds (0: never written).  Stored last, with
@@ -60,19 +63,20 @@ the other (no lost wake-up), and a side that nobody waits for makes no
 system call.  A waker that did wake a sleeper then yields its CPU once: the
 kernel often queues the woken process on the waker's core, where it would
 otherwise wait until the waker blocks.  Each slice ends with checks for a dead peer (pidfd) and, on
-the thread's return to Python, for signals (Ctrl-C).  Readers driven by
-asyncio arm the fd bit instead and wait on a datagram socket in the abstract
-namespace (``fileno()``) that the writer pokes.
+the thread's return to Python, for signals (Ctrl-C).  Ends driven by
+asyncio arm the fd bit instead and wait on ``fileno()``, which the other side
+pokes through a pair of datagram sockets connected to each other, one pair
+per reader, so that no other process can wake them (``broadcast_wake``).
 """
 import asyncio
 import ctypes
 import mmap
 import os
-import socket
 import time
 
 from . import _codec_py as _codec
 from . import shm
+from .broadcast_wake import ReaderWakeSocket, WriterWakeSockets
 from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_wake, open_pidfd, process_alive
 from .errors import (RL_CLOSED, RL_PEER_DIED, RL_TIMEOUT, BufferTooSmallError, ChannelClosedError,
                      DecodeError, channel_error)
@@ -82,7 +86,7 @@ __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX
            "MIN_CHUNK_BYTES", "MAX_READERS"]
 
 MAGIC = int.from_bytes(b"RLBCAST1", "little")
-VERSION = 1
+VERSION = 2
 HANDLE_TAG = "ray_lite.MessageQueue/1"
 
 DEFAULT_MAX_CHUNK_BYTES = 1 << 20
@@ -109,6 +113,8 @@ OFF_READERS = 192
 R_PID = 0
 R_CLOSED = 4
 R_WAITING = 8
+R_WRITER_TOKEN = 16
+R_READER_TOKEN = 24
 
 C_SEQ = 0
 C_KIND = 8
@@ -186,10 +192,15 @@ def _deadline(timeout):
     return time.monotonic() + timeout
 
 
-def _wake_address(name, role):
-    # Abstract-namespace socket: no file to clean up, and unguessable
-    # because the segment name is.
-    return "\0" + name + "." + role
+def _writer_wake_sockets(name, n_readers, release):
+    """The new writer's ``WriterWakeSockets``; when they fail, the end it was
+    building is released and its segment removed."""
+    try:
+        return WriterWakeSockets(name, n_readers)
+    except BaseException:
+        shm.unlink_segment(name)
+        release()
+        raise
 
 
 class MessageQueue:
@@ -224,6 +235,9 @@ class MessageQueue:
         self._oob_names = [None] * max_chunks
         self._owns_name = True
         self._declare_ordering()
+        self._wake = _writer_wake_sockets(name, n_readers, self._release)
+        for r, token in enumerate(self._wake.tokens):
+            self._u64[(OFF_READERS + LINE * r + R_WRITER_TOKEN) // 8] = token
 
     # ------------------------------------------------------------ set-up
 
@@ -241,8 +255,7 @@ class MessageQueue:
         self._closed = False
         self._busy = 0
         self._released = False
-        self._wake_sock = None  # our own wake-up socket (fileno)
-        self._poke_sock = None  # unbound socket to poke the other side
+        self._wake = None  # our wake-up sockets (broadcast_wake)
         self._peers = {}
         self._oob_names = None
         self._owns_name = False
@@ -297,6 +310,14 @@ class MessageQueue:
             pid = self._u32[slot + R_PID // 4]
             self._release()
             raise ValueError(f"reader rank {rank} of {name!r} is already attached (pid {pid})")
+        slot_u64 = (OFF_READERS + LINE * rank) // 8
+        try:
+            self._wake = ReaderWakeSocket(name, rank, self._u64[slot_u64 + R_WRITER_TOKEN // 8])
+        except BaseException:
+            self._release()
+            raise
+        # Published before the pid: the writer looks for it once we wait.
+        self._u64[slot_u64 + R_READER_TOKEN // 8] = self._wake.token
         self._rank = rank
         self._u32[slot + R_PID // 4] = os.getpid()
         self._declare_ordering()
@@ -368,10 +389,9 @@ class MessageQueue:
         if self._released:
             return
         self._released = True
-        for sock in (self._wake_sock, self._poke_sock):
-            if sock is not None:
-                sock.close()
-        self._wake_sock = self._poke_sock = None
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
         for w in self._peers.values():
             w.close()
         self._peers = {}
@@ -397,36 +417,21 @@ class MessageQueue:
             w = self._peers[pid] = _PeerWatch(pid)
         return w.alive()
 
-    def _poke(self, role):
-        if self._poke_sock is None:
-            self._poke_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-        try:
-            self._poke_sock.sendto(b"\1", _wake_address(self._name, role))
-        except OSError:
-            pass  # nobody bound (gone) or its buffer is full (already poked)
+    def _reader_token(self, r):
+        """The token reader ``r`` published at attach (0: not attached)."""
+        return self._u64[(OFF_READERS + LINE * r + R_READER_TOKEN) // 8]
 
     def fileno(self):
         """A file descriptor that becomes readable when this end may proceed
         (a reader: a message may be there; the writer: a chunk may be free).
-        Only poked while ``dequeue_async``/``enqueue_async`` is waiting."""
-        if self._wake_sock is None:
-            if self._closed:
-                raise self._error(RL_CLOSED, this_end=True)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-            try:
-                s.bind(_wake_address(self._name, "w" if self._rank < 0 else f"r{self._rank}"))
-            except BaseException:
-                s.close()
-                raise
-            self._wake_sock = s
-        return self._wake_sock.fileno()
+        Only poked while ``dequeue_async``/``enqueue_async`` is waiting, and
+        only by the queue's own ends (see ``broadcast_wake``)."""
+        if self._closed:
+            raise self._error(RL_CLOSED, this_end=True)
+        return self._wake.fileno(self._reader_token) if self._rank < 0 else self._wake.fileno()
 
     def _drain_wake_sock(self):
-        try:
-            while True:
-                self._wake_sock.recv(64)
-        except (BlockingIOError, OSError):
-            pass
+        self._wake.drain(self._reader_token)
 
     # ------------------------------------------------------------ writer
 
@@ -580,7 +585,7 @@ class MessageQueue:
                 futex = futex or bool(w & WAIT_FUTEX)
                 if w & WAIT_FD:
                     poke = True
-                    self._poke(f"r{r}")
+                    self._wake.poke(r, self._reader_token)
         if futex:
             self._bump(OFF_DATA_FUTEX)
         return futex or poke
@@ -682,7 +687,7 @@ class MessageQueue:
             w = u32[OFF_WRITER_WAITING // 4]
             if w:
                 if w & WAIT_FD:
-                    self._poke("w")
+                    self._wake.poke_writer()
                 if w & WAIT_FUTEX:
                     self._bump(OFF_SPACE_FUTEX)
 
@@ -787,7 +792,7 @@ class MessageQueue:
             self._bump(OFF_SPACE_FUTEX)
             for r in range(self._n_readers):
                 if u32[self._reader_slot(r) + R_WAITING // 4] & WAIT_FD:
-                    self._poke(f"r{r}")
+                    self._wake.poke(r, self._reader_token)
             shm.unlink_segment(self._name)
             for i, seg in enumerate(self._oob_names):
                 if seg is not None:
@@ -799,16 +804,12 @@ class MessageQueue:
             self._bump(OFF_SPACE_FUTEX)
             self._bump(OFF_DATA_FUTEX)  # our own blocked dequeue, if any
             if u32[OFF_WRITER_WAITING // 4] & WAIT_FD:
-                self._poke("w")
+                self._wake.poke_writer()
             if not self._peer_alive(self._writer_pid):
                 # The writer cannot clean up any more: do it for it.
                 shm.unlink_segment(self._name)
-        if self._wake_sock is not None:
-            # Wake our own asyncio waiter (it then sees the closed flag).
-            try:
-                self._wake_sock.sendto(b"\1", self._wake_sock.getsockname())
-            except OSError:
-                pass
+        # Wake our own asyncio waiter (it then sees the closed flag).
+        self._wake.wake_self()
         if self._busy == 0:
             self._release()
 

@@ -143,16 +143,28 @@ def cleanup_stale_segments(prefix=None):
     """Unlink segments (and their side files) whose creator is dead.
 
     A process killed with SIGKILL cannot unlink what it created; the next
-    runtime start calls this.  Returns the names removed.
+    runtime start calls this.  Only files this user owns are touched: /dev/shm
+    is shared by every user, and a pid in a name says nothing about whose
+    it is (started as root, we could otherwise remove anybody's).  Returns
+    the names removed.
     """
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     removed = []
     for name in list_segments(prefix):
         pid = creator_pid(name, prefix)
         if pid is not None and not pid_alive(pid):
-            if _unlink_quietly(os.path.join(SHM_DIR, name)):
+            path = os.path.join(SHM_DIR, name)
+            if _owned_by_us(path) and _unlink_quietly(path):
                 removed.append(name)
     return removed
+
+
+def _owned_by_us(path):
+    """Whether ``path`` itself (a symlink is not followed) belongs to our effective uid."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
 
 
 def close_if_dropped(end):
