@@ -318,18 +318,20 @@ def _http_figures(ctx):
             if raymod in errors:
                 continue
             ctx.log(f"serve: round {i + 1}/{sz['rounds']}: {label}")
-            srv = _Server(python, raymod, sz["replicas"])
+            srv = None
             try:
+                srv = _Server(python, raymod, sz["replicas"])
                 srv.wait_up(600)
                 srv.wait_ready(600)
                 rounds[raymod].append(_one_round(srv, sz, have_ab, have_wrk))
             except Exception as exc:   # noqa: BLE001 - a row, not a crash
                 errors[raymod] = f"{type(exc).__name__}: {exc}"
             finally:
-                srv.stop()
-                lines = [ln for ln in srv.stderr_lines if "pure-Python hot paths" in ln]
-                if lines:
-                    warnings[raymod] = lines[0]
+                if srv is not None:
+                    srv.stop()
+                    lines = [ln for ln in srv.stderr_lines if "pure-Python hot paths" in ln]
+                    if lines:
+                        warnings[raymod] = lines[0]
     figs = []
     for python, raymod, impl, label, goals in servers:
         got = rounds[raymod]
@@ -345,8 +347,11 @@ def _http_figures(ctx):
                                     f"{tool} not found: {INSTALL}"))
             else:
                 fig = _round_figures(bench, name, unit, impl, label, per_round, goals)
-                if raymod in warnings:
-                    fig.note = f"{fig.note}; {warnings[raymod]}" if fig.note else warnings[raymod]
+                remarks = [fig.note, warnings.get(raymod)]
+                if raymod in errors:    # a later round failed: say so beside the others
+                    remarks.append(f"{len(per_round)} of {sz['rounds']} rounds; then "
+                                   f"{errors[raymod]}")
+                fig.note = "; ".join(r for r in remarks if r) or None
                 figs.append(fig)
     if ctx.compare_ray and not any(s[1] == "uvicorn" for s in servers):
         figs.append(missing("B9", "HTTP hi (bare uvicorn)", "ceiling", "bare uvicorn", "us",
