@@ -14,7 +14,6 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
