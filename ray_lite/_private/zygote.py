@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from .boot import python_argv
 from .interrupts import sleep_point
 
 _HEADER = struct.Struct("<I")
@@ -63,15 +64,13 @@ class ZygoteClient:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = parent
         driver_pid = os.getpid()
-        # The path is set before anything is imported so that the zygote (and
-        # its workers) import exactly what the driver can.
-        code = ("import sys; sys.path[:] = %r; "
-                "from ray_lite._private.zygote import main; main()") % (list(sys.path),)
+        # The zygote (and its workers) get the driver's sys.path, so they
+        # import what the driver can, and the driver's very ray_lite.
+        argv = python_argv("from ray_lite._private.zygote import main; main()", "zygote")
         main_thread = threading.current_thread() is threading.main_thread()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(child.fileno()), str(driver_pid),
-                 "1" if main_thread else "0"],
+                argv + [str(child.fileno()), str(driver_pid), "1" if main_thread else "0"],
                 pass_fds=(child.fileno(),), cwd=os.getcwd(), stdin=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True)
         finally:

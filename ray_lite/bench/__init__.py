@@ -1,7 +1,7 @@
 """``ray-lite bench``: ray_lite's benchmarks, with the anchors they are
 compared with measured in the same run.
 
-    ray-lite bench [NAME ...] [--quick] [--json FILE] [--compare-ray PYTHON]
+    ray-lite bench [NAME ...] [--quick] [--json FILE] [--compare-ray PYTHON] [--plot FILE.png]
 
 Each NAME is a suite (``DEFAULT_SUITES`` when none is given).  A suite is a module that
 defines::
@@ -134,6 +134,11 @@ def _parser():
     parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine as JSON")
     parser.add_argument("--compare-ray", metavar="PYTHON",
                         help="an interpreter with Ray installed: run the suites' Ray workloads with it")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw each suite's figures beside their anchors, log scale "
+                             "(needs matplotlib: pip install 'ray_lite[plot]')")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="run nothing: show (and --plot) the result a --json run wrote")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     # The unit tests' size, smaller than --quick (also RAY_LITE_BENCH_SMOKE=1).
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -154,6 +159,21 @@ def main(argv=None):
                 description = f"(cannot import: {exc})"
             print(f"{name:10s} {description}")
         return 0
+    if args.plot:
+        from .plot import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()    # before a run of minutes, not after
+        except PlotUnavailable as exc:
+            print_err(f"ray-lite bench: {exc}")
+            return 2
+    if args.from_json:
+        from ._harness import Figure
+        with open(args.from_json) as f:
+            result = json.load(f)
+        for suite in result["suites"].values():
+            suite["_figures"] = [Figure(**fig) for fig in suite["figures"]]
+        print(format_result(result), flush=True)
+        return _plot(result, args.plot) if args.plot else 0
     names = args.names or list(DEFAULT_SUITES)
     unknown = [n for n in names if n not in SUITES]
     if unknown:
@@ -173,4 +193,18 @@ def main(argv=None):
             f.write("\n")
         print(f"\nwrote {args.json}")
     errors = [f for s in result["suites"].values() for f in s["figures"] if f["status"] == ERROR]
+    if args.plot and _plot(result, args.plot) != 0:
+        return 1
     return 1 if errors else 0
+
+
+def _plot(result, path):
+    from ._harness import print_err
+    from .plot import plot_result
+    try:
+        bars = plot_result(result, path)
+    except (ValueError, OSError) as exc:
+        print_err(f"ray-lite bench: cannot plot: {exc}")
+        return 1
+    print(f"plotted {bars} figures to {path}")
+    return 0

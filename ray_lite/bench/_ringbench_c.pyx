@@ -180,15 +180,15 @@ def echo(ring_in, ring_out, Py_ssize_t n, double timeout=60.0):
 
 
 def c_round_trips(Py_ssize_t n, Py_ssize_t warmup=1000, Py_ssize_t size=8, double timeout=60.0):
-    # The child gets exactly our sys.path: `python -c` would otherwise put the
-    # current directory first, and run from a source checkout it would import
-    # the uncompiled ray_lite/ there instead of the installed one.
+    # The child imports this very ray_lite (python_argv), not one in the
+    # current directory.
+    from ray_lite._private.boot import python_argv
     with ShmRing.create(side="producer") as out_ring, ShmRing.create(side="consumer") as in_ring:
         child = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; sys.path[:] = %r; from ray_lite.bench._ringbench_c import echo; "
-             "echo(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))" % (sys.path,),
-             out_ring.name, in_ring.name, str(warmup + n), str(timeout)])
+            python_argv("from ray_lite.bench._ringbench_c import echo; "
+                        "echo(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))",
+                        "ring benchmark's echo process")
+            + [out_ring.name, in_ring.name, str(warmup + n), str(timeout)])
         try:
             samples = ping(out_ring, in_ring, n, warmup, size, timeout)
             child.wait(timeout)

@@ -1,15 +1,23 @@
-"""Serve benchmarks: B7, B8, B9 (HTTP), B2 (handle streaming), B10 (48 replicas up)
-(``ray-lite bench serve [--compare-ray PYTHON]``).
+"""Serve benchmarks: B7, B8, B9 (HTTP), B16 (CPU per request), B2 (handle
+streaming), B10 (48 replicas up) (``ray-lite bench serve [--compare-ray PYTHON]``).
 
 B7/B8/B9 load the 48-replica "hi" app (``serve_hi_app.py``, the Ray issue's
 reproduction) started with ``ray-lite serve run ...:model`` using ``ab`` and
 ``wrk`` (Debian: ``apt-get install -y apache2-utils wrk``).  B10 is the time
-from starting that command to the first answer.  B2 runs the workload of
-Ray's ``streaming_handle_throughput.py`` (below, ``_b2_main``).  With
-``--compare-ray`` the same app and workload run on Ray Serve with that Python,
-and B7/B8/B9 also on a bare "hi" ASGI app served by uvicorn (uvloop,
-httptools, one process) when that Python has them: the ceiling of one
-Python process answering by itself, with no replica behind it.
+from starting that command to the first answer.  B16 is the CPU time (user +
+system) all the server's processes spend per request during the wrk run.
+B2 runs the workload of Ray's ``streaming_handle_throughput.py`` (below,
+``_b2_main``).  With ``--compare-ray`` the same app and workload run on Ray
+Serve with that Python, and B7/B8/B9/B16 also on a bare "hi" ASGI app served
+by uvicorn (uvloop, httptools, one process) when that Python has them: the
+ceiling of one Python process answering by itself, with no replica behind it.
+
+Every HTTP figure is the median of several rounds, with their min-max: in
+each round every server (ray_lite, then its anchors) is started, measured
+once every replica is ready (the server says so once ``serve.run``
+returned, which waits for all of them), and stopped -- so a drift of the
+machine during the run touches all of them alike, and one server never
+runs beside another.
 """
 import json
 import os
@@ -17,26 +25,33 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
 if __package__:
-    from ._harness import ERROR, UNAVAILABLE, Figure, missing
+    from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
+    from .._private.boot import python_argv
 
 # Goals relative to bare uvicorn, the ceiling measured in the same run (with
 # --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time.
 CEILING_GOALS = {"B7": 1.2, "B8": 1.0, "B9": 1.0}
-DESCRIPTION = "Serve: HTTP req/s (ab, wrk), latency at c=1, handle streaming, 48 replicas up"
+DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
+               "streaming, 48 replicas up")
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 INSTALL = "apt-get install -y apache2-utils wrk"
+# What a server prints (stdout) once every replica is ready.
+READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
+B16_GOAL_US = 40.0
 
 
 def _sizes(ctx):
     return {"replicas": ctx.pick(48, 48, 4), "ab_n": ctx.pick(10000, 3000, 300),
             "wrk_s": ctx.pick(10, 3, 1), "c1_n": ctx.pick(2000, 500, 50),
+            "rounds": ctx.pick(5, 3, 1),
             "b2_trials": ctx.pick(5, 2, 1), "b2_trial_s": ctx.pick(5, 2, 0.3),
             "b2_tokens": ctx.pick(1000, 1000, 100)}
 
@@ -50,10 +65,7 @@ def _free_port():
 
 
 def _env(raymod, replicas):
-    env = dict(os.environ, RAYMOD=raymod, REPLICAS=str(replicas), RAY_AUTH_MODE="disabled")
-    if raymod == "ray_lite":
-        env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in sys.path if p])
-    return env
+    return dict(os.environ, RAYMOD=raymod, REPLICAS=str(replicas), RAY_AUTH_MODE="disabled")
 
 
 _RAY_SERVER = """
@@ -64,7 +76,8 @@ serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
 sys.path.insert(0, sys.argv[2])
 import ray.cloudpickle as cloudpickle, serve_hi_app
 cloudpickle.register_pickle_by_value(serve_hi_app)   # Ray's workers cannot import it
-serve.run(serve_hi_app.model({}), route_prefix="/")
+serve.run(serve_hi_app.model({}), route_prefix="/")   # returns once every replica is up
+print("READY", flush=True)
 time.sleep(3600)
 """
 
@@ -84,6 +97,34 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="h
 """
 
 
+def _process_tree_cpu_s(root_pid):
+    """User + system CPU seconds of ``root_pid`` and every live descendant
+    (``/proc/<pid>/stat``): the whole server, its zygote, replicas, proxies."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2:].split()
+        # after "pid (comm) ": state ppid ... utime (14th field) stime (15th)
+        stats[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    children = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total / ticks
+
+
 class _Server:
     """The hi app served by ray_lite's CLI, Ray Serve or bare uvicorn, until stopped."""
 
@@ -92,23 +133,33 @@ class _Server:
         self.raymod = raymod
         env = _env(raymod, replicas)
         if raymod == "ray_lite":
-            cmd = [python, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
-                   "serve", "run", "ray_lite.bench.serve_hi_app:model", "--port", str(self.port)]
+            # Pinned to this ray_lite, wherever the benchmark is started from.
+            cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
+                              "benchmark's serve run", python=python)
+            cmd += ["serve", "run", "ray_lite.bench.serve_hi_app:model", "--port", str(self.port)]
         elif raymod == "uvicorn":
             cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
         else:
             cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE]
+        self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=self.err,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.up_s = None
+        self.stderr_lines = []
+
+    def _check_alive(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the {self.raymod} server exited ({self.proc.returncode}): "
+                               f"{self.stderr_text()[-600:]}")
 
     def wait_up(self, timeout):
+        """Seconds from the start to the first answer."""
         url = f"http://127.0.0.1:{self.port}/"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.raymod} server exited ({self.proc.returncode})")
+            self._check_alive()
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.read() == b"hi":
@@ -117,6 +168,29 @@ class _Server:
             except OSError:
                 time.sleep(0.01)
         raise RuntimeError(f"the {self.raymod} server did not answer within {timeout} s")
+
+    def wait_ready(self, timeout):
+        """Until the server says every replica is ready (bare uvicorn: it answers)."""
+        marker = READY_LINE.get(self.raymod)
+        if marker is None:
+            return
+        deadline = time.monotonic() + timeout
+        while marker.encode() not in self._read(self.out):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.raymod} server was not ready within {timeout} s")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _read(f):
+        f.seek(0)
+        return f.read()
+
+    def stderr_text(self):
+        return self._read(self.err).decode(errors="replace")
+
+    def cpu_s(self):
+        return _process_tree_cpu_s(self.proc.pid)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -130,6 +204,9 @@ class _Server:
             ray_bin = os.path.join(os.path.dirname(self.proc.args[0]), "ray")
             if os.path.exists(ray_bin):
                 subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        self.stderr_lines = self.stderr_text().splitlines()
+        self.out.close()
+        self.err.close()
 
 
 def _ab(port, n, c):
@@ -151,55 +228,134 @@ def _wrk(port, seconds):
     out = subprocess.run(["wrk", "-t1", "-c100", f"-d{seconds}s", f"http://127.0.0.1:{port}/"],
                          capture_output=True, text=True, timeout=seconds + 120).stdout
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if m is None:
+    n = re.search(r"(\d+) requests in", out)
+    if m is None or n is None:
         raise RuntimeError(f"wrk failed: {out[-400:]}")
     errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return {"rps": float(m.group(1)), "non2xx": int(errors.group(1)) if errors else 0}
+    return {"rps": float(m.group(1)), "requests": int(n.group(1)),
+            "non2xx": int(errors.group(1)) if errors else 0}
 
 
-def _http_figures(ctx, python, raymod, impl, label, goals):
+# (bench, name, unit, stat of one round); the values are medians of rounds.
+def _http_rows(replicas):
+    return {"B10": (f"serve run of {replicas} replicas until it answers (CLI start included)",
+                    "s"),
+            "B7": (f"HTTP hi, {replicas} replicas, ab -c 100", "req/s"),
+            "B9": ("HTTP latency, ab -c 1 (new connection each)", "us"),
+            "B8": ("HTTP hi, keep-alive, wrk -t1 -c100", "req/s"),
+            "B16": ("CPU per HTTP request, all the server's processes, wrk -t1 -c100", "us")}
+
+
+def _one_round(srv, sz, have_ab, have_wrk):
+    """One round of every load on a ready server: {bench: (value, detail)}."""
+    out = {}
+    if srv.raymod != "uvicorn":
+        out["B10"] = (srv.up_s, {})
+    if have_ab:
+        _ab(srv.port, 200, 10)    # warm-up
+        r = _ab(srv.port, sz["ab_n"], 100)
+        out["B7"] = (r["rps"], r)
+        r = _ab(srv.port, sz["c1_n"], 1)
+        out["B9"] = (r["mean_ms"] * 1000, r)
+    if have_wrk:
+        cpu0 = srv.cpu_s()
+        r = _wrk(srv.port, sz["wrk_s"])
+        cpu = srv.cpu_s() - cpu0
+        out["B8"] = (r["rps"], r)
+        out["B16"] = (cpu * 1e6 / max(r["requests"], 1), {"cpu_s": cpu, "requests": r["requests"]})
+    return out
+
+
+def _round_figures(bench, name, unit, impl, label, rounds, goals):
+    values = [r[0] for r in rounds]
+    value, spread = summarize_trials(values)
+    fig = Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, value=value,
+                 spread=spread, trials=len(values), detail={"rounds": values})
+    details = [r[1] for r in rounds]
+    if bench == "B7":
+        failed = sum(d["failed"] for d in details)
+        fig.note = (f"{failed} failed, P50 {statistics.median(d['p50_ms'] for d in details):g} ms"
+                    f", P99 {max(d['p99_ms'] for d in details):g} ms")
+        if goals:
+            fig.goal, fig.goal_met = "0 failed", failed == 0
+    elif bench == "B9":
+        fig.note = (f"P50 {statistics.median(d['p50_ms'] for d in details):g} ms, "
+                    f"P99 {max(d['p99_ms'] for d in details):g} ms")
+    elif bench == "B8":
+        fig.note = f"{sum(d['non2xx'] for d in details)} non-2xx"
+    elif bench == "B10" and goals:
+        fig.goal, fig.goal_met = "<= 0.5 s", value <= 0.5
+    elif bench == "B16" and goals:
+        fig.goal, fig.goal_met = f"<= {B16_GOAL_US:g} us", value <= B16_GOAL_US
+    return fig
+
+
+def _http_servers(ctx):
+    """(python, raymod, impl, label, goals) of every server this run measures."""
+    servers = [(sys.executable, "ray_lite", "ray_lite", "ray_lite", True)]
+    python = ctx.compare_ray
+    if python:
+        servers.append((python, "ray", "anchor", "Ray Serve", False))
+        probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
+                               capture_output=True, timeout=120)
+        if probe.returncode == 0:
+            servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
+    return servers
+
+
+def _http_figures(ctx):
+    """B10, B7, B9, B8, B16 of ray_lite and (with --compare-ray) its anchors,
+    in interleaved rounds."""
     sz = _sizes(ctx)
-    figs = []
+    rows = _http_rows(sz["replicas"])
     have_ab, have_wrk = shutil.which("ab"), shutil.which("wrk")
-    srv = _Server(python, raymod, sz["replicas"])
-    try:
-        up = srv.wait_up(600)
-        if raymod != "uvicorn":
-            figs.append(Figure(bench="B10", name=f"serve run of {sz['replicas']} replicas until "
-                               f"it answers (CLI start included)", impl=impl, label=label,
-                               unit="s", value=up, stat="once", trials=1,
-                               goal="<= 0.5 s" if goals else None,
-                               goal_met=(up <= 0.5) if goals else None))
-        if have_ab:
-            _ab(srv.port, 200, 10)    # warm-up
-            r = _ab(srv.port, sz["ab_n"], 100)
-            figs.append(Figure(bench="B7", name=f"HTTP hi, {sz['replicas']} replicas, ab -c 100",
-                               impl=impl, label=label, unit="req/s", value=r["rps"], stat="once",
-                               trials=1, samples=sz["ab_n"],
-                               note=f"{r['failed']} failed, P50 {r['p50_ms']:g} ms, "
-                                    f"P99 {r['p99_ms']:g} ms", detail=r,
-                               goal="0 failed" if goals else None,
-                               goal_met=(r["failed"] == 0) if goals else None))
-            r = _ab(srv.port, sz["c1_n"], 1)
-            mean_us = r["mean_ms"] * 1000
-            figs.append(Figure(bench="B9", name="HTTP latency, ab -c 1 (new connection each)",
-                               impl=impl, label=label, unit="us", value=mean_us, stat="mean",
-                               trials=1, samples=sz["c1_n"],
-                               note=f"P50 {r['p50_ms']:g} ms, P99 {r['p99_ms']:g} ms", detail=r))
-        else:
-            for b in ("B7", "B9"):
-                figs.append(missing(b, "HTTP hi (ab)", impl, label, "req/s", UNAVAILABLE,
-                                    f"ab not found: {INSTALL}"))
-        if have_wrk:
-            r = _wrk(srv.port, sz["wrk_s"])
-            figs.append(Figure(bench="B8", name="HTTP hi, keep-alive, wrk -t1 -c100",
-                               impl=impl, label=label, unit="req/s", value=r["rps"], stat="once",
-                               trials=1, note=f"{r['non2xx']} non-2xx", detail=r))
-        else:
-            figs.append(missing("B8", "HTTP hi (wrk)", impl, label, "req/s", UNAVAILABLE,
-                                f"wrk not found: {INSTALL}"))
-    finally:
-        srv.stop()
+    servers = _http_servers(ctx)
+    rounds = {s[1]: [] for s in servers}       # raymod -> [{bench: (value, detail)}]
+    errors = {}                                # raymod -> reason
+    warnings = {}                              # raymod -> stderr lines about the twins
+    for i in range(sz["rounds"]):
+        for python, raymod, impl, label, _ in servers:
+            if raymod in errors:
+                continue
+            ctx.log(f"serve: round {i + 1}/{sz['rounds']}: {label}")
+            srv = None
+            try:
+                srv = _Server(python, raymod, sz["replicas"])
+                srv.wait_up(600)
+                srv.wait_ready(600)
+                rounds[raymod].append(_one_round(srv, sz, have_ab, have_wrk))
+            except Exception as exc:   # noqa: BLE001 - a row, not a crash
+                errors[raymod] = f"{type(exc).__name__}: {exc}"
+            finally:
+                if srv is not None:
+                    srv.stop()
+                    lines = [ln for ln in srv.stderr_lines if "pure-Python hot paths" in ln]
+                    if lines:
+                        warnings[raymod] = lines[0]
+    figs = []
+    for python, raymod, impl, label, goals in servers:
+        got = rounds[raymod]
+        for bench, (name, unit) in rows.items():
+            if bench == "B10" and raymod == "uvicorn":
+                continue
+            per_round = [r[bench] for r in got if bench in r]
+            if raymod in errors and not per_round:
+                figs.append(missing(bench, name, impl, label, unit, ERROR, errors[raymod]))
+            elif not per_round:
+                tool = "wrk" if bench in ("B8", "B16") else "ab"
+                figs.append(missing(bench, name, impl, label, unit, UNAVAILABLE,
+                                    f"{tool} not found: {INSTALL}"))
+            else:
+                fig = _round_figures(bench, name, unit, impl, label, per_round, goals)
+                remarks = [fig.note, warnings.get(raymod)]
+                if raymod in errors:    # a later round failed: say so beside the others
+                    remarks.append(f"{len(per_round)} of {sz['rounds']} rounds; then "
+                                   f"{errors[raymod]}")
+                fig.note = "; ".join(r for r in remarks if r) or None
+                figs.append(fig)
+    if ctx.compare_ray and not any(s[1] == "uvicorn" for s in servers):
+        figs.append(missing("B9", "HTTP hi (bare uvicorn)", "ceiling", "bare uvicorn", "us",
+                            UNAVAILABLE, f"{ctx.compare_ray} lacks uvicorn, uvloop or httptools"))
     return figs
 
 
@@ -208,8 +364,10 @@ def _b2(ctx, python, raymod, impl, label, goals):
     env = _env(raymod, 1)
     env.update(TOKENS=str(sz["b2_tokens"]), TRIALS=str(sz["b2_trials"]),
                TRIAL_S=str(sz["b2_trial_s"]), BATCH="10")
-    out = subprocess.run([python, "-m", "ray_lite.bench.serve_suite", "b2"] if raymod == "ray_lite"
-                         else [python, os.path.abspath(__file__), "b2"], env=env,
+    cmd = (python_argv("from ray_lite.bench.serve_suite import _b2_main; _b2_main()",
+                       "B2 benchmark", python=python) if raymod == "ray_lite"
+           else [python, os.path.abspath(__file__), "b2"])
+    out = subprocess.run(cmd, env=env,
                          capture_output=True, text=True, timeout=1200, cwd=HERE)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -225,37 +383,29 @@ def _b2(ctx, python, raymod, impl, label, goals):
 
 
 def run(ctx):
+    """ray_lite's figures and, with --compare-ray, the HTTP anchors too: they
+    are measured in the same interleaved rounds."""
     figs = []
-    for part in (_http_figures, _b2):
-        try:
-            figs += part(ctx, sys.executable, "ray_lite", "ray_lite", "ray_lite", True)
-        except Exception as exc:   # noqa: BLE001
-            figs.append(missing("-", part.__name__, "ray_lite", "ray_lite", "", ERROR,
-                                f"{type(exc).__name__}: {exc}"))
+    try:
+        figs += _http_figures(ctx)
+    except Exception as exc:   # noqa: BLE001
+        figs.append(missing("-", "HTTP", "ray_lite", "ray_lite", "", ERROR,
+                            f"{type(exc).__name__}: {exc}"))
+    try:
+        figs += _b2(ctx, sys.executable, "ray_lite", "ray_lite", "ray_lite", True)
+    except Exception as exc:   # noqa: BLE001
+        figs.append(missing("-", "B2", "ray_lite", "ray_lite", "", ERROR,
+                            f"{type(exc).__name__}: {exc}"))
     return figs
 
 
 def compare_ray(ctx, python):
-    figs = []
-    for part in (_http_figures, _b2):
-        try:
-            figs += part(ctx, python, "ray", "anchor", "Ray Serve", False)
-        except Exception as exc:   # noqa: BLE001
-            figs.append(missing("-", part.__name__, "anchor", "Ray Serve", "", ERROR,
-                                f"{type(exc).__name__}: {exc}"))
-    label = "bare uvicorn"
-    probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
-                           capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        figs.append(missing("B9", "HTTP hi (bare uvicorn)", "ceiling", label, "us", UNAVAILABLE,
-                            f"{python} lacks uvicorn, uvloop or httptools"))
-        return figs
+    """Ray Serve's B2 (its HTTP figures come with ``run``'s rounds)."""
     try:
-        figs += _http_figures(ctx, python, "uvicorn", "ceiling", label, False)
+        return _b2(ctx, python, "ray", "anchor", "Ray Serve", False)
     except Exception as exc:   # noqa: BLE001
-        figs.append(missing("-", "bare uvicorn", "ceiling", label, "", ERROR,
-                            f"{type(exc).__name__}: {exc}"))
-    return figs
+        return [missing("-", "B2", "anchor", "Ray Serve", "", ERROR,
+                        f"{type(exc).__name__}: {exc}")]
 
 
 # ------------------------------------------------------------------ B2 workload

@@ -2,8 +2,9 @@
 
 Started by the driver as ``python -c <bootstrap>`` (not ``multiprocessing``:
 its spawn and forkserver methods leave a resource-tracker or server process
-behind, and fork copies the driver's threads and state).  The bootstrap puts
-the driver's ``sys.path`` in place and calls :func:`main` with a pipe that
+behind, and fork copies the driver's threads and state).  The bootstrap
+(``ray_lite._private.boot``) loads the driver's own ray_lite, puts the
+driver's ``sys.path`` in place and calls :func:`main` with a pipe that
 carries the start-up blob (cloudpickle).
 
 Protocol (messages are codec values):

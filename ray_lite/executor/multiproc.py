@@ -14,7 +14,6 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ from ray_lite._fast.broadcast import MessageQueue
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError, RingEmpty
 from ray_lite._fast.ring import ShmRing, wait_rings_or_fds
 from ray_lite._fast.wait_policy import BROADCAST_YIELD_NS, MULTI_SPIN_NS, SLICE_NS, ns_to_s
+from ray_lite._private.boot import python_argv
 from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
 
 from . import _worker as proto
@@ -185,11 +185,10 @@ class MultiprocExecutor:
                 "die_with_parent": die_with_parent, "cwd": os.getcwd(),
             })
             r_fd, w_fd = os.pipe()
-            bootstrap = ("import sys; sys.path[:] = %r; "
-                         "from ray_lite.executor._worker import main; sys.exit(main(%d))"
-                         % (list(sys.path), r_fd))
+            argv = python_argv("from ray_lite.executor._worker import main; sys.exit(main(%d))"
+                               % r_fd, f"executor worker {rank}")
             try:
-                proc = subprocess.Popen([sys.executable, "-c", bootstrap], pass_fds=(r_fd,),
+                proc = subprocess.Popen(argv, pass_fds=(r_fd,),
                                         stdin=subprocess.DEVNULL, env=child_env)
             finally:
                 os.close(r_fd)

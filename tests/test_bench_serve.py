@@ -1,0 +1,113 @@
+"""Pieces of ``ray-lite bench serve`` that need no HTTP load tool: the CPU
+of a server's process tree (B16) and the figures of interleaved rounds."""
+import os
+import subprocess
+import sys
+
+from ray_lite.bench import serve_suite
+
+# Burns CPU until its own clock shows 0.2 s, says so, then waits for stdin to close.
+BURNER = """
+import sys, time
+while time.process_time() < 0.2:
+    pass
+print("burnt", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_cpu_of_a_process_tree_counts_its_descendants():
+    before = serve_suite._process_tree_cpu_s(os.getpid())
+    # A grandchild: the tree is followed past the first level.
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
+         "sys.exit(p.wait())", BURNER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "burnt\n"
+        during = serve_suite._process_tree_cpu_s(os.getpid())
+        alone = serve_suite._process_tree_cpu_s(proc.pid)
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+    assert during - before >= 0.19      # the grandchild's 0.2 s, to a clock tick
+    assert alone >= 0.19
+    assert serve_suite._process_tree_cpu_s(proc.pid) == 0.0   # gone: nothing to count
+
+
+def test_a_figure_of_rounds_is_their_median_with_min_and_max():
+    rounds = [(900.0, {"failed": 0, "p50_ms": 10, "p99_ms": 30}),
+              (1100.0, {"failed": 2, "p50_ms": 12, "p99_ms": 50}),
+              (1000.0, {"failed": 0, "p50_ms": 11, "p99_ms": 40})]
+    fig = serve_suite._round_figures("B7", "HTTP hi", "req/s", "ray_lite", "ray_lite", rounds,
+                                     goals=True)
+    assert (fig.value, fig.spread, fig.trials) == (1000.0, {"min": 900.0, "max": 1100.0}, 3)
+    assert fig.detail["rounds"] == [900.0, 1100.0, 1000.0]
+    assert fig.goal_met is False and "2 failed" in fig.note and "P99 50 ms" in fig.note
+    cpu = serve_suite._round_figures("B16", "CPU per request", "us", "anchor", "Ray Serve",
+                                     [(80.0, {}), (60.0, {})], goals=False)
+    assert cpu.value == 70.0 and cpu.goal is None
+
+
+class _FakeServer:
+    """Stands in for a real server: records the order servers run in."""
+    started = []
+
+    def __init__(self, python, raymod, replicas):
+        self.raymod = raymod
+        self.port = len(self.started)
+        self.up_s = 0.25
+        self.stderr_lines = []
+        self.cpu = 0.0
+        self.started.append(raymod)
+        if raymod == "ray" and self.started.count("ray") == 2:
+            raise RuntimeError("Ray Serve failed to start")
+
+    def wait_up(self, timeout):
+        return self.up_s
+
+    def wait_ready(self, timeout):
+        if self.raymod == "ray_lite":
+            self.stderr_lines = ["ray_lite: the zygote (pid 1) runs the pure-Python hot paths "
+                                 "while its parent's are compiled: RAY_LITE_NO_EXTENSIONS=1"]
+
+    def cpu_s(self):
+        self.cpu += 0.5        # 0.5 s of CPU during each wrk run
+        return self.cpu
+
+    def stop(self):
+        pass
+
+
+def test_http_rounds_interleave_the_servers_and_keep_what_a_failed_round_measured(monkeypatch):
+    from ray_lite.bench._harness import Context
+    _FakeServer.started = []
+    monkeypatch.setattr(serve_suite, "_Server", _FakeServer)
+    monkeypatch.setattr(serve_suite.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    rps = {"ray_lite": 1000.0, "ray": 100.0, "uvicorn": 2000.0}
+
+    def fake_ab(port, n, c):
+        kind = _FakeServer.started[port]
+        return {"rps": rps[kind], "failed": 0, "mean_ms": 0.2, "p50_ms": 0, "p99_ms": 1}
+
+    def fake_wrk(port, seconds):
+        return {"rps": rps[_FakeServer.started[port]] * 2, "requests": 10000, "non2xx": 0}
+    monkeypatch.setattr(serve_suite, "_ab", fake_ab)
+    monkeypatch.setattr(serve_suite, "_wrk", fake_wrk)
+    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx: [
+        ("py", "ray_lite", "ray_lite", "ray_lite", True), ("py", "ray", "anchor", "Ray Serve", False),
+        ("py", "uvicorn", "ceiling", "bare uvicorn", False)])
+    ctx = Context(scale="quick", compare_ray="py", log=lambda msg: None)
+    figs = serve_suite._http_figures(ctx)
+    # 3 rounds; Ray Serve's second round failed, so it is not started again.
+    assert _FakeServer.started == ["ray_lite", "ray", "uvicorn", "ray_lite", "ray", "uvicorn",
+                                   "ray_lite", "uvicorn"]
+    by = {(f.bench, f.impl): f for f in figs}
+    assert by[("B7", "ray_lite")].value == 1000.0 and by[("B7", "ray_lite")].trials == 3
+    assert by[("B8", "ceiling")].value == 4000.0
+    assert by[("B16", "ray_lite")].value == 50.0          # 0.5 s / 10,000 requests
+    assert ("B10", "ceiling") not in by                    # uvicorn has no replicas to start
+    assert by[("B7", "anchor")].trials == 1
+    assert "1 of 3 rounds; then RuntimeError: Ray Serve failed to start" in by[("B7", "anchor")].note
+    assert "pure-Python hot paths" in by[("B8", "ray_lite")].note
