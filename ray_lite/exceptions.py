@@ -9,6 +9,7 @@ and its message carries the remote traceback.
 __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
     "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "RaySystemError",
+    "ObjectStoreFullError",
 ]
 
 
@@ -142,3 +143,7 @@ class ObjectLostError(RayError):
     def __init__(self, message="The object was lost.", object_id=None):
         self.object_id = object_id
         super().__init__(message)
+
+
+class ObjectStoreFullError(RayError):
+    """The object store has no room for an object (``init(object_store_memory=...)``)."""

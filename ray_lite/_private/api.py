@@ -4,9 +4,9 @@ import inspect
 import os
 import threading
 
-from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
+from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
-from . import interrupts, state
+from . import interrupts, object_store, state
 from . import protocol as P
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry
 from .remote import ActorClass, ActorHandle, RemoteFunction
@@ -19,14 +19,19 @@ _atexit_registered = False
 
 # init() keywords of Ray that are harmless here (accepted, no effect).
 _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level",
-                  "configure_logging", "log_to_driver", "object_store_memory",
+                  "configure_logging", "log_to_driver",
                   "_system_config", "num_gpus", "resources", "_temp_dir", "logging_format",
                   "_memory"}
 _REFUSED_INIT = {"runtime_env", "local_mode", "storage", "_node_ip_address", "job_config"}
 
 
-def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None, **kwargs):
-    """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count)."""
+def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
+         object_store_memory=None, **kwargs):
+    """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count).
+
+    ``object_store_memory``: bytes that large objects may take in shared
+    memory (default: 30 % of the machine's memory); see ``object_store.py``.
+    """
     global _atexit_registered
     for key, value in kwargs.items():
         if key in _REFUSED_INIT and value not in (None, False, {}):
@@ -46,8 +51,15 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             num_cpus = os.cpu_count() or 1
         if not isinstance(num_cpus, int) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
+        capacity = object_store.check_capacity(object_store_memory)
         from .driver import DriverNode
-        state.node = DriverNode(num_cpus, namespace)
+        node = DriverNode(num_cpus, namespace)
+        try:
+            object_store.configure(node, capacity)
+        except BaseException:
+            node.shutdown()
+            raise
+        state.node = node
         interrupts.install()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -214,6 +226,8 @@ def put(value):
     node = state.get_node()
     try:
         entry = frozen_entry(value)
+    except ObjectStoreFullError:
+        raise
     except Exception as exc:
         raise TypeError(f"Could not serialize the value passed to put(): {exc}") from exc
     return ObjectRef(node.new_oid(), node.id, entry)

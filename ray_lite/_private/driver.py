@@ -13,7 +13,7 @@ from . import state
 from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, TaskSpec
-from .refs import ObjectRef
+from .refs import ObjectRef, travels_as_value
 from .transport import Link
 from .zygote import ZygoteClient
 
@@ -138,7 +138,7 @@ class DriverNode(Node):
         # top-level ref arguments before the call).
         out = []
         for a in values:
-            if type(a) is ObjectRef and a._e.ready:
+            if type(a) is ObjectRef and a._e.ready and travels_as_value(a._e):
                 if a._e.error is not None:
                     raise a._e.error
                 a = a._e.value

@@ -9,7 +9,7 @@ from fractions import Fraction
 from ray_lite.exceptions import ObjectLostError
 
 from . import protocol as P
-from .refs import _BorrowedEntry, error_entry
+from .refs import _BorrowedEntry, _MappedEntry, error_entry, map_stored
 from .transport import LinkClosed
 
 
@@ -94,6 +94,29 @@ class ObjectsMixin:
                 else:
                     w = weight if type(weight) is int else Fraction(*weight)
                     e.weight = e.weight + w if e.weight else w
+        return e
+
+    def receive_stored(self, oid, owner, desc, weight):
+        """The entry for a stored object (see ``object_store.py``) that arrived from another process.
+
+        Mapped once per process; the weights that arrive add up (kept until
+        the entry dies: the owner must keep the name while this process may
+        still pass the ref on).
+        """
+        if owner == self.id:
+            return self.receive_ref(oid, owner, weight)
+        with self._export_lock:
+            e = self.borrowed.get(oid)
+            if type(e) is not _MappedEntry:
+                e = map_stored(oid, owner, desc, self)
+                if type(e) is not _MappedEntry:
+                    if weight is not None:
+                        self.release_later(owner, oid, weight)
+                    return e
+                self.borrowed[oid] = e
+            if weight is not None:
+                w = weight if type(weight) is int else Fraction(*weight)
+                e.weight = e.weight + w if e.weight else w
         return e
 
     def release_later(self, owner, oid, weight):

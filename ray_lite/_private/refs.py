@@ -24,7 +24,9 @@ reported item is a table look-up that returns an already-ready ref.
 """
 import threading
 
-from . import state
+from ray_lite.exceptions import ObjectLostError
+
+from . import object_store, state
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 
 
@@ -192,9 +194,76 @@ def frozen_entry(value):
                 refs.clear()      # the next attempt numbers them again
     finally:
         _local.freezing = outer
+    frame = bytes(memoryview(buf)[:end])
+    if oob and not refs and sum(b.nbytes for b in oob) >= object_store.STORE_THRESHOLD:
+        node = state.node
+        if node is not None:
+            return _StoredEntry(node, frame, oob)
     # One copy of large buffers (numpy data...), as Ray's put copies into its
     # store; ``get`` then decodes zero-copy views of these read-only bytes.
-    return _FrozenEntry(bytes(memoryview(buf)[:end]), [bytes(b) for b in oob], refs or None)
+    return _FrozenEntry(frame, [bytes(b) for b in oob], refs or None)
+
+
+class _StoredEntry(_FrozenEntry):
+    """What ``put`` stores for a large value: its buffers live in a segment of
+    the object store (``object_store.py``), which this entry owns and unlinks
+    when it dies; a ref to it travels as the descriptor ``desc``."""
+
+    __slots__ = ("desc",)
+
+    def __init__(self, node, frame, oob):
+        name, size, mm, offsets = object_store.write_segment(node, frame, oob)
+        sizes = [b.nbytes for b in oob]
+        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
+        self.desc = (name, size, offsets, sizes, len(frame))
+
+    def __del__(self):
+        try:
+            name = self.desc[0]
+        except AttributeError:      # __init__ failed: nothing was stored
+            return
+        object_store.free(name)
+
+
+class _MappedEntry(_FrozenEntry):
+    """A stored object another process owns, mapped read-only here.
+
+    ``weight`` is this process's share of the owner's count: the owner keeps
+    the segment's name while any is out; it goes back when the entry dies.
+    """
+
+    __slots__ = ("desc", "oid", "owner", "weight", "node")
+
+    def __init__(self, oid, owner, desc, node):
+        name, size, offsets, sizes, frame_len = desc
+        mm = object_store.map_segment(name, size)
+        frame = memoryview(mm)[size - frame_len:size]
+        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
+        self.desc = desc
+        self.oid = oid
+        self.owner = owner
+        self.weight = 0
+        self.node = node
+
+    __del__ = _BorrowedEntry.__del__
+
+
+_STORED_ENTRIES = (_StoredEntry, _MappedEntry)
+
+
+def travels_as_value(entry):
+    """A ready entry whose value a call may inline (stored objects travel as descriptors)."""
+    return type(entry) is not _StoredEntry and type(entry) is not _MappedEntry
+
+
+def map_stored(oid, owner, desc, node):
+    """The entry of a stored object received from another process (an error entry when it is gone)."""
+    try:
+        return _MappedEntry(oid, owner, desc, node)
+    except (OSError, ValueError, ObjectLostError) as exc:
+        if not isinstance(exc, ObjectLostError):
+            exc = ObjectLostError(f"cannot map stored object {oid:x}: {exc}", oid)
+        return error_entry(exc)
 
 
 def probe_serialisable(value):
@@ -275,6 +344,10 @@ class ObjectRef:
             return (_thawed_ref, (len(frozen) - 1,))
         e = self._e
         if e.ready:
+            if type(e) in _STORED_ENTRIES:
+                node = state.node
+                weight = node.lend(self) if node is not None else None
+                return (_rebuild_stored_ref, (self._id, self._owner, e.desc, weight))
             # A ready value travels with the ref: the receiver needs no fetch.
             st = (True, e.value) if e.error is None else (False, e.error)
             return (_rebuild_ref, (self._id, self._owner, st))
@@ -309,6 +382,13 @@ def _rebuild_ref(object_id, owner, st, weight=None):
     if node is None:
         return ObjectRef(object_id, owner, _Entry())
     return ObjectRef(object_id, owner, node.receive_ref(object_id, owner, weight))
+
+
+def _rebuild_stored_ref(object_id, owner, desc, weight):
+    node = state.node
+    if node is None:
+        return ObjectRef(object_id, owner, map_stored(object_id, owner, desc, None))
+    return ObjectRef(object_id, owner, node.receive_stored(object_id, owner, desc, weight))
 
 
 async def _await_ref(ref):

@@ -1,0 +1,211 @@
+"""Large objects in shared memory: written once by their producer, mapped by every reader.
+
+A value whose out-of-band buffers (numpy arrays, large bytes-likes, pickle-5
+buffers) add up to at least ``STORE_THRESHOLD`` bytes is *stored*: ``put``
+copies its buffers once into a segment of its own (``/dev/shm/<runtime
+prefix>o<owner pid>_<random>``) and keeps the codec frame beside it.  A ref
+to it leaves the process as a *descriptor* (segment name, size, frame,
+buffer offsets), never as the value: the receiver maps the segment read-only
+and decodes over the mapping, so numpy arrays come back as read-only views of
+the one copy, in every process, as in Ray.  Buffers under the threshold stay
+on the existing path (the ring), which is cheaper for them.
+
+Lifetime.  The owner (the process that called ``put``) keeps the segment's
+name while a ref to it exists anywhere: each descriptor sent carries a weight
+of the owner's count (the weighted reference counting of ``refs.py``); a
+reader gives its weight back when its last ref is gone.  When the owner's own
+refs are gone too, its entry dies and unlinks the name.  A reader's mapping
+does not need the name: what it decoded stays valid until it drops its views
+(the memory goes with the last mapping).  So:
+
+- the owner dies while readers hold views: their views keep working (a
+  mapping of an unlinked file stays valid on Linux) until they drop them;
+  a ref that reaches a process only after the owner's death cannot be mapped
+  any more and ``get`` raises ``ObjectLostError``, as in Ray;
+- a reader dies: the kernel drops its mappings; the weight it held is not
+  given back, so the segment lives until its owner frees it at exit (or the
+  runtime's shutdown removes every segment of its prefix);
+- the runtime's shutdown unlinks every segment of its prefix, and the next
+  start removes those of a killed driver (``shm.cleanup_stale_segments``).
+
+Capacity.  ``init(object_store_memory=...)`` (default: 30 % of the machine's
+memory, at most what ``/dev/shm`` can hold) bounds the bytes of all stored
+objects of the runtime (the segments of its prefix, counted at each store).
+Past it, or when ``/dev/shm`` has no room left for the object (checked
+before writing: a write past a full tmpfs would be a SIGBUS; two processes
+storing at the same instant can still race past the check),
+``ObjectStoreFullError`` says how many bytes were asked and are in use.
+"""
+import mmap
+import os
+import secrets
+
+from ray_lite._fast import shm
+from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
+
+from . import state
+
+#: Values with at least this many out-of-band bytes are stored in shared memory.
+STORE_THRESHOLD = 256 * 1024
+#: Buffers start at offsets aligned for SIMD loads (and numpy's alignment).
+_ALIGN = 64
+#: The file beside a runtime's segments that tells its workers the capacity.
+_CAPACITY_SUFFIX = "store_capacity"
+_DEFAULT_SHARE = 0.3
+
+
+def default_capacity():
+    """30 % of the machine's memory, capped by what ``/dev/shm`` can hold."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        ram = 8 << 30
+    cap = int(ram * _DEFAULT_SHARE)
+    try:
+        st = os.statvfs(shm.SHM_DIR)
+        cap = min(cap, st.f_blocks * st.f_frsize)
+    except OSError:
+        pass
+    return cap
+
+
+def check_capacity(capacity):
+    """``init(object_store_memory=...)`` checked, or the default when None."""
+    if capacity is None:
+        return default_capacity()
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"object_store_memory must be a positive int (bytes), got {capacity!r}")
+    return capacity
+
+
+def configure(node, capacity):
+    """Set the runtime's capacity (the driver, at ``init``) and tell its workers."""
+    node.store_capacity = capacity
+    path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
+    with open(path, "w") as f:
+        f.write(str(capacity))
+
+
+def capacity_of(node):
+    cap = getattr(node, "store_capacity", None)
+    if cap is None:
+        try:
+            with open(shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)) as f:
+                cap = int(f.read())
+        except (OSError, ValueError):
+            cap = default_capacity()
+        node.store_capacity = cap
+    return cap
+
+
+def _store_prefix(node):
+    return node.shm_prefix + "o"
+
+
+def bytes_in_use(node):
+    """Bytes of the runtime's stored objects (segments not yet unlinked)."""
+    total = 0
+    prefix = _store_prefix(node)
+    for name in shm.list_segments(prefix):
+        try:
+            total += os.stat(shm.segment_path(name)).st_size
+        except OSError:
+            pass
+    return total
+
+
+def layout(frame_len, sizes):
+    """``(segment size, offset of the frame, offsets of the buffers)``."""
+    offsets = []
+    off = 0
+    for n in sizes:
+        offsets.append(off)
+        off = (off + n + _ALIGN - 1) & ~(_ALIGN - 1)
+    return max(off + frame_len, 1), off, offsets
+
+
+def write_segment(node, frame, buffers):
+    """Create a segment holding ``buffers`` then ``frame``; return ``(name, size, mmap, offsets)``.
+
+    Raises ``ObjectStoreFullError`` past the capacity or when ``/dev/shm`` is full.
+    """
+    sizes = [b.nbytes for b in buffers]
+    size, frame_off, offsets = layout(len(frame), sizes)
+    capacity = capacity_of(node)
+    used = bytes_in_use(node)
+    if used + size > capacity:
+        raise ObjectStoreFullError(
+            f"cannot store an object of {size} bytes: the object store holds {used} bytes "
+            f"of its capacity of {capacity} bytes (init(object_store_memory=...))")
+    try:
+        st = os.statvfs(shm.SHM_DIR)
+        room = st.f_bavail * st.f_frsize
+    except OSError:
+        room = size
+    if size > room:
+        # Checked rather than reserved (posix_fallocate costs a pass over the
+        # pages): writing past a full tmpfs would be a SIGBUS.
+        raise ObjectStoreFullError(
+            f"cannot store an object of {size} bytes: /dev/shm has {room} bytes free; "
+            f"the object store holds {used} bytes")
+    name = f"{_store_prefix(node)}{os.getpid()}_{secrets.token_hex(8)}"
+    path = shm.segment_path(name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        for off, b, n in zip(offsets, buffers, sizes):
+            mm[off:off + n] = b
+        mm[frame_off:frame_off + len(frame)] = frame
+    except BaseException:
+        shm.unlink_segment(name)
+        raise
+    finally:
+        os.close(fd)
+    return name, size, mm, offsets
+
+
+def views_of(mm, offsets, sizes):
+    """Read-only views of the buffers of a mapped segment (arrays decoded over them are read-only)."""
+    whole = memoryview(mm)
+    if not whole.readonly:
+        whole = whole.toreadonly()
+    return [whole[off:off + n] for off, n in zip(offsets, sizes)]
+
+
+def map_segment(name, size):
+    """Map a stored object's segment read-only; ``ObjectLostError`` when it is gone."""
+    try:
+        fd = os.open(shm.segment_path(name), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ObjectLostError(
+            f"stored object {name!r} is gone (its owner freed it or died)") from None
+    try:
+        if os.fstat(fd).st_size < size:
+            raise ObjectLostError(f"stored object {name!r} is truncated")
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def free(name):
+    """Unlink a stored object's segment (readers' mappings stay valid)."""
+    try:
+        shm.unlink_segment(name)
+    except (OSError, ValueError):
+        pass
+
+
+def release_dead_owner(node, pid):
+    """Unlink the stored objects owned by the dead process ``pid``.
+
+    Readers that mapped them keep their views; later readers get
+    ``ObjectLostError`` (the owner is gone, as in Ray).
+    """
+    prefix = f"{_store_prefix(node)}{pid}_"
+    for name in shm.list_segments(prefix):
+        free(name)
+
+
+def current_node():
+    return state.node
