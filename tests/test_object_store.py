@@ -171,17 +171,43 @@ def test_an_object_put_by_a_worker_is_freed_by_its_owner(rt):
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
 
 
-def test_store_full_names_the_sizes():
+def test_past_the_capacity_objects_spill_to_disk_and_come_back():
     ray.init(num_cpus=1, object_store_memory=3 * object_store.STORE_THRESHOLD)
     try:
-        small_enough = np.zeros(object_store.STORE_THRESHOLD // 8)
-        keep = ray.put(small_enough)
+        node = ray._private.state.node
+        in_memory = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
+        assert len(stored_segments(node)) == 1
+        spilled = ray.put(big_array(11))
+        spill = object_store.spill_dir(node)
+        (name,) = os.listdir(spill)
+        assert len(stored_segments(node)) == 1      # not in shared memory
+        x = ray.get(spilled)
+        assert not x.flags.writeable and x[-1] == 11.0 * (BIG - 1)
+        writeable, mapped, last, _ = ray.get(describe.remote(spilled))
+        assert mapped == os.path.join(spill, name) and last == 11.0 * (BIG - 1)
+        del spilled, x
+        gc.collect()
+        assert wait_until(lambda: not os.path.exists(os.path.join(spill, name)))
+        assert ray.get(in_memory).nbytes == object_store.STORE_THRESHOLD
+    finally:
+        ray.shutdown()
+    assert not os.path.exists(spill)
+
+
+def test_store_full_names_the_sizes(monkeypatch):
+    ray.init(num_cpus=1, object_store_memory=3 * object_store.STORE_THRESHOLD)
+    try:
+        room = object_store._room
+        monkeypatch.setattr(object_store, "_room",
+                            lambda d: room(d) if d == shm.SHM_DIR else 1000)
+        keep = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
         with pytest.raises(ObjectStoreFullError) as info:
             ray.put(big_array())
         msg = str(info.value)
         asked = int(msg.split("object of ")[1].split()[0])
         assert asked >= BIG * 8 and str(3 * object_store.STORE_THRESHOLD) in msg
-        assert ray.get(keep).nbytes == small_enough.nbytes
+        assert "has 1000 bytes free" in msg
+        assert ray.get(keep).nbytes == object_store.STORE_THRESHOLD
     finally:
         ray.shutdown()
 
@@ -219,3 +245,42 @@ def test_the_owner_killed_while_readers_hold_views(rt):
     # A process that had not mapped it yet cannot any more: the object is lost.
     with pytest.raises(ObjectLostError):
         ray.get(describe.remote(ref))
+
+
+@ray.remote
+def make_big(seed):
+    return big_array(seed)
+
+
+@ray.remote
+def first_byte_and_len(data):
+    return data[0], len(data)
+
+
+def test_a_task_result_is_stored_once_when_it_is_passed_on(rt):
+    ref = make_big.remote(8)
+    ray.get(ref)
+    assert stored_segments(rt) == set()          # nobody else reads it yet
+    writeable, mapped, last, _ = ray.get(describe.remote(ref))
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and not writeable and last == 8.0 * (BIG - 1)
+    # Later readers (top level or nested) map the same segment: no new copy.
+    assert ray.get(describe.remote(ref))[1] == mapped
+    h = Holder.remote()
+    assert ray.get(h.keep.remote([ref])) == 8.0 * (BIG - 1)
+    assert stored_segments(rt) == {name}
+    assert ray.get(h.drop.remote())
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_large_bytes_put_travel_through_the_store(rt):
+    data = b"\x07" * (2 * object_store.STORE_THRESHOLD)
+    ref = ray.put(data)
+    assert ray.get(ref) is data                  # immutable: kept by reference
+    assert ray.get(first_byte_and_len.remote(ref)) == (7, len(data))
+    (name,) = stored_segments(rt)
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))

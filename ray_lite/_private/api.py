@@ -52,6 +52,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if not isinstance(num_cpus, int) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
         capacity = object_store.check_capacity(object_store_memory)
+        object_store.cleanup_stale_spill_dirs()
         from .driver import DriverNode
         node = DriverNode(num_cpus, namespace)
         try:
@@ -115,6 +116,7 @@ def shutdown():
         finally:
             state.node = None
             interrupts.uninstall()
+            object_store.remove_spill_dir(node)
 
 
 def is_initialized():

@@ -138,7 +138,7 @@ class DriverNode(Node):
         # top-level ref arguments before the call).
         out = []
         for a in values:
-            if type(a) is ObjectRef and a._e.ready and travels_as_value(a._e):
+            if type(a) is ObjectRef and a._e.ready and travels_as_value(a):
                 if a._e.error is not None:
                     raise a._e.error
                 a = a._e.value

@@ -28,17 +28,25 @@ does not need the name: what it decoded stays valid until it drops its views
 - the runtime's shutdown unlinks every segment of its prefix, and the next
   start removes those of a killed driver (``shm.cleanup_stale_segments``).
 
-Capacity.  ``init(object_store_memory=...)`` (default: 30 % of the machine's
-memory, at most what ``/dev/shm`` can hold) bounds the bytes of all stored
-objects of the runtime (the segments of its prefix, counted at each store).
-Past it, or when ``/dev/shm`` has no room left for the object (checked
-before writing: a write past a full tmpfs would be a SIGBUS; two processes
-storing at the same instant can still race past the check),
-``ObjectStoreFullError`` says how many bytes were asked and are in use.
+Capacity and spilling.  ``init(object_store_memory=...)`` (default: 30 % of
+the machine's memory, at most what ``/dev/shm`` can hold) bounds the bytes of
+all stored objects of the runtime (the segments of its prefix, counted at
+each store).  An object that does not fit any more (or that ``/dev/shm`` has
+no room for: checked before writing, a write past a full tmpfs would be a
+SIGBUS) is *spilled*: written to a file in the runtime's spill directory
+(``<tempdir>/ray_lite_spill/<runtime prefix>``) instead of shared memory,
+and read back by mapping that file (the kernel's page cache restores it on
+access, and may drop it again under pressure; nothing is pinned).  Unlike
+Ray, an object is spilled when it is stored, not moved out later.  When the
+spill directory's disk has no room either, ``ObjectStoreFullError`` says how
+many bytes were asked and are in use.  The spill directory goes at shutdown,
+a dead owner's files with it, and a killed driver's at the next start.
 """
 import mmap
 import os
 import secrets
+import shutil
+import tempfile
 
 from ray_lite._fast import shm
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
@@ -133,23 +141,22 @@ def write_segment(node, frame, buffers):
     size, frame_off, offsets = layout(len(frame), sizes)
     capacity = capacity_of(node)
     used = bytes_in_use(node)
-    if used + size > capacity:
-        raise ObjectStoreFullError(
-            f"cannot store an object of {size} bytes: the object store holds {used} bytes "
-            f"of its capacity of {capacity} bytes (init(object_store_memory=...))")
-    try:
-        st = os.statvfs(shm.SHM_DIR)
-        room = st.f_bavail * st.f_frsize
-    except OSError:
-        room = size
-    if size > room:
-        # Checked rather than reserved (posix_fallocate costs a pass over the
-        # pages): writing past a full tmpfs would be a SIGBUS.
-        raise ObjectStoreFullError(
-            f"cannot store an object of {size} bytes: /dev/shm has {room} bytes free; "
-            f"the object store holds {used} bytes")
-    name = f"{_store_prefix(node)}{os.getpid()}_{secrets.token_hex(8)}"
-    path = shm.segment_path(name)
+    token = f"{os.getpid()}_{secrets.token_hex(8)}"
+    # Checked rather than reserved (posix_fallocate costs a pass over the
+    # pages): writing past a full tmpfs would be a SIGBUS.
+    if used + size <= capacity and size <= _room(shm.SHM_DIR):
+        name = _store_prefix(node) + token
+        path = shm.segment_path(name)
+    else:
+        spill = spill_dir(node)
+        os.makedirs(spill, mode=0o700, exist_ok=True)
+        room = _room(spill)
+        if size > room:
+            raise ObjectStoreFullError(
+                f"cannot store an object of {size} bytes: the object store holds {used} bytes "
+                f"of its capacity of {capacity} bytes (init(object_store_memory=...)) and the "
+                f"spill directory {spill} has {room} bytes free")
+        name = path = os.path.join(spill, "o" + token)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -158,11 +165,50 @@ def write_segment(node, frame, buffers):
             mm[off:off + n] = b
         mm[frame_off:frame_off + len(frame)] = frame
     except BaseException:
-        shm.unlink_segment(name)
+        free(name)
         raise
     finally:
         os.close(fd)
     return name, size, mm, offsets
+
+
+def _room(directory):
+    """Bytes free for us in the file system of ``directory``."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+_SPILL_ROOT = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
+
+
+def spill_dir(node):
+    """Where the runtime of ``node`` spills (named like its segments: its clean-up finds it)."""
+    return os.path.join(_SPILL_ROOT, node.shm_prefix)
+
+
+def _path_of(name):
+    # A spilled object's name is the path of its file; others are /dev/shm names.
+    return name if "/" in name else shm.segment_path(name)
+
+
+def remove_spill_dir(node):
+    """The runtime's shutdown: its spilled objects go."""
+    shutil.rmtree(spill_dir(node), ignore_errors=True)
+
+
+def cleanup_stale_spill_dirs():
+    """Remove the spill directories of runtimes whose driver is dead (a killed driver's leftovers)."""
+    try:
+        entries = os.listdir(_SPILL_ROOT)
+    except OSError:
+        return
+    for entry in entries:
+        pid = shm.creator_pid(entry)
+        if pid is not None and not shm.pid_alive(pid):
+            shutil.rmtree(os.path.join(_SPILL_ROOT, entry), ignore_errors=True)
 
 
 def views_of(mm, offsets, sizes):
@@ -176,7 +222,7 @@ def views_of(mm, offsets, sizes):
 def map_segment(name, size):
     """Map a stored object's segment read-only; ``ObjectLostError`` when it is gone."""
     try:
-        fd = os.open(shm.segment_path(name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(_path_of(name), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ObjectLostError(
             f"stored object {name!r} is gone (its owner freed it or died)") from None
@@ -191,7 +237,7 @@ def map_segment(name, size):
 def free(name):
     """Unlink a stored object's segment (readers' mappings stay valid)."""
     try:
-        shm.unlink_segment(name)
+        os.unlink(_path_of(name))
     except (OSError, ValueError):
         pass
 
@@ -205,6 +251,14 @@ def release_dead_owner(node, pid):
     prefix = f"{_store_prefix(node)}{pid}_"
     for name in shm.list_segments(prefix):
         free(name)
+    spill = spill_dir(node)
+    try:
+        spilled = os.listdir(spill)
+    except OSError:
+        return
+    for entry in spilled:
+        if entry.startswith(f"o{pid}_"):
+            free(os.path.join(spill, entry))
 
 
 def current_node():

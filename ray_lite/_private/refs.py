@@ -23,6 +23,7 @@ the owner records a report when it reads it off a link, so ``next()`` on a
 reported item is a table look-up that returns an already-ready ref.
 """
 import threading
+import weakref
 
 from ray_lite.exceptions import ObjectLostError
 
@@ -248,12 +249,68 @@ class _MappedEntry(_FrozenEntry):
     __del__ = _BorrowedEntry.__del__
 
 
-_STORED_ENTRIES = (_StoredEntry, _MappedEntry)
+# A large ready value this process owns (a task's result, an immutable put)
+# -> the _StoredEntry it travels as: stored on its first trip out, once.
+_promoted = weakref.WeakKeyDictionary()
+_promote_lock = threading.Lock()
 
 
-def travels_as_value(entry):
-    """A ready entry whose value a call may inline (stored objects travel as descriptors)."""
-    return type(entry) is not _StoredEntry and type(entry) is not _MappedEntry
+def stored_form(ref):
+    """The stored entry a ready ``ref`` travels as, or None when it travels with its value.
+
+    A large value that this process owns but did not store yet (the result
+    of a task, which arrived through the ring) is stored on its first trip to
+    another process: the one copy the ring would make, made once for every
+    later reader.  Values of other owners are never stored here (their owner
+    decides when they are freed).
+    """
+    e = ref._e
+    t = type(e)
+    if t is _StoredEntry or t is _MappedEntry:
+        return e
+    if t is not _Entry or e.error is not None:
+        return None
+    value = e.value
+    vt = type(value)
+    if hasattr(vt, "nbytes"):          # numpy arrays, memoryviews, tensors
+        n = value.nbytes
+    elif vt is bytes or vt is bytearray:
+        n = len(value)
+    else:
+        return None
+    if type(n) is not int or n < object_store.STORE_THRESHOLD:
+        return None
+    node = state.node
+    if node is None or ref._owner != node.id:
+        return None
+    with _promote_lock:
+        stored = _promoted.get(e)
+        if stored is None:
+            stored = _store_value(node, value)
+            if stored is not None:
+                _promoted[e] = stored
+    return stored
+
+
+def _store_value(node, value):
+    """A _StoredEntry holding ``value``, or None when it cannot be stored (it then travels as it did)."""
+    from ray_lite._fast import codec
+    outer = getattr(_local, "freezing", None)
+    refs = _local.freezing = []
+    try:
+        buf, end, oob = codec.encode_growing(value, bytearray(4096), codec.OOB_THRESHOLD)
+        if refs or sum(b.nbytes for b in oob) < object_store.STORE_THRESHOLD:
+            return None
+        return _StoredEntry(node, bytes(memoryview(buf)[:end]), oob)
+    except Exception:       # noqa: BLE001 - full store, unserialisable: the old path says why
+        return None
+    finally:
+        _local.freezing = outer
+
+
+def travels_as_value(ref):
+    """True when a call may inline the value of the ready ``ref`` (stored objects travel as descriptors)."""
+    return stored_form(ref) is None
 
 
 def map_stored(oid, owner, desc, node):
@@ -344,10 +401,11 @@ class ObjectRef:
             return (_thawed_ref, (len(frozen) - 1,))
         e = self._e
         if e.ready:
-            if type(e) in _STORED_ENTRIES:
+            stored = stored_form(self)
+            if stored is not None:
                 node = state.node
                 weight = node.lend(self) if node is not None else None
-                return (_rebuild_stored_ref, (self._id, self._owner, e.desc, weight))
+                return (_rebuild_stored_ref, (self._id, self._owner, stored.desc, weight))
             # A ready value travels with the ref: the receiver needs no fetch.
             st = (True, e.value) if e.error is None else (False, e.error)
             return (_rebuild_ref, (self._id, self._owner, st))

@@ -94,10 +94,10 @@ def _prepare_args(args, kwargs, name):
     # Ready refs travel as their values; the others are resolved by the actor
     # (which fetches them from their owner).
     args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
-            and travels_as_value(a._e) else a for a in args]
+            and travels_as_value(a) else a for a in args]
     if kwargs:
         kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
-                      and a._e.error is None and travels_as_value(a._e) else a)
+                      and a._e.error is None and travels_as_value(a) else a)
                   for k, a in kwargs.items()}
     return args, kwargs
 
