@@ -43,15 +43,20 @@ def mapped_files():
         return f.read()
 
 
-@ray.remote
-def describe(arr):
-    """What a reader sees: is the array read-only, and is it a mapping of a store segment?"""
+def mapping_of(arr):
+    """What a reader sees: is the array read-only, and which file maps its data?"""
     name = None
     for line in mapped_files().splitlines():
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
         if lo <= data_address(arr) < hi:
-            name = line.split()[-1] if len(line.split()) > 5 else None
-    return arr.flags.writeable, name, float(arr[-1]), arr.nbytes
+            name = fields[5] if len(fields) > 5 else None
+    return arr.flags.writeable, name, float(arr[-1])
+
+
+@ray.remote
+def describe(arr):
+    return (*mapping_of(arr), arr.nbytes)
 
 
 @ray.remote
@@ -281,6 +286,56 @@ def test_large_bytes_put_travel_through_the_store(rt):
     assert ray.get(ref) is data                  # immutable: kept by reference
     assert ray.get(first_byte_and_len.remote(ref)) == (7, len(data))
     (name,) = stored_segments(rt)
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+@ray.remote
+class Gate:
+    def __init__(self):
+        import asyncio
+        self.event = asyncio.Event()
+
+    async def wait(self):
+        await self.event.wait()
+        return 1
+
+    async def open(self):
+        self.event.set()
+        return True
+
+
+@ray.remote
+def make_big_after(_gate, seed):
+    return big_array(seed)
+
+
+@ray.remote
+def describe_nested(refs):
+    return mapping_of(ray.get(refs[0]))
+
+
+def test_a_fetched_large_result_arrives_as_a_mapping(rt):
+    gate = Gate.remote()
+    big = make_big_after.remote(gate.wait.remote(), 12)
+    reader = describe_nested.remote([big])        # sent unready: the reader fetches it
+    assert ray.get(gate.open.remote())
+    writeable, mapped, last = ray.get(reader)
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and last == 12.0 * (BIG - 1)
+    assert writeable is False
+    del big
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_a_result_first_passed_inside_a_list_is_stored(rt):
+    ref = make_big.remote(13)
+    ray.get(ref)
+    writeable, mapped, last = ray.get(describe_nested.remote([ref]))
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and last == 13.0 * (BIG - 1) and not writeable
     del ref
     gc.collect()
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))

@@ -9,7 +9,8 @@ from fractions import Fraction
 from ray_lite.exceptions import ObjectLostError
 
 from . import protocol as P
-from .refs import _BorrowedEntry, _MappedEntry, error_entry, map_stored
+from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
+                   error_entry, map_stored, stored_form)
 from .transport import LinkClosed
 
 
@@ -208,7 +209,11 @@ class ObjectsMixin:
                 try:
                     link = self.links.get(peer)
                     if link is not None:
-                        link.send(P.fetched_msg(oid, True, entry.value))
+                        stored = stored_form(ObjectRef(oid, self.id, entry))
+                        # A large value goes as its descriptor: the fetcher maps it.
+                        value = entry.value if stored is None else StoredValue(
+                            ObjectRef(oid, self.id, entry))
+                        link.send(P.fetched_msg(oid, True, value))
                 except (LinkClosed, OSError):
                     pass
                 except Exception as exc:  # noqa: BLE001 - the value cannot be serialised
@@ -224,6 +229,10 @@ class ObjectsMixin:
         if fl is not None:
             fl.pop(oid, None)
         self.fetch_requested.discard(oid)
+        if ok and type(payload) is LoadedValue:
+            mapped = payload.entry()
+            ok = mapped.error is None
+            payload = mapped.value if ok else mapped.error
         for e in self.fetching.pop(oid, ()):
             if ok:
                 e.set_value(payload)

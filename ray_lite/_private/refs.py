@@ -308,6 +308,32 @@ def _store_value(node, value):
         _local.freezing = outer
 
 
+class StoredValue:
+    """The value of a stored object in a message (a fetch's answer): it
+    travels as the object's descriptor and arrives as ``LoadedValue``."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __reduce__(self):
+        return (LoadedValue, (self.ref,))
+
+
+class LoadedValue:
+    """A fetched stored object, mapped on arrival: ``entry()`` is its mapped
+    entry (an error entry with ``ObjectLostError`` when it could not be mapped)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def entry(self):
+        return self.ref._e
+
+
 def travels_as_value(ref):
     """True when a call may inline the value of the ready ``ref`` (stored objects travel as descriptors)."""
     return stored_form(ref) is None
