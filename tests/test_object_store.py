@@ -226,13 +226,18 @@ def test_object_store_memory_is_checked(bad):
 
 def test_a_reader_killed_while_it_maps_an_object(rt):
     ref = ray.put(big_array(4))
+    (name,) = stored_segments(rt)
     h = Holder.remote()
-    assert ray.get(h.keep.remote([ref])) == 4.0 * (BIG - 1)
-    pid = ray.get(h.pid.remote())
+    assert ray.get(h.keep.remote([ref])) == 4.0 * (BIG - 1)    # keeps the ref and a view
+    pid = ray.get(h.pid.remote())       # its report of the weight it holds went out before
     os.kill(pid, signal.SIGKILL)
     # The object is intact for the owner and for other readers.
     assert ray.get(describe.remote(ref))[2] == 4.0 * (BIG - 1)
     assert ray.get(ref)[-1] == 4.0 * (BIG - 1)
+    # The dead reader's weight was taken back: the last ref frees it.
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
 
 
 def test_the_owner_killed_while_readers_hold_views(rt):

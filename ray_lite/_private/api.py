@@ -221,6 +221,10 @@ def put(value):
     As in Ray, what ``get`` returns does not change if ``value`` is mutated
     afterwards; each ``get`` returns a fresh copy (numpy arrays: read-only,
     zero-copy views of the stored copy).  Immutable values are not copied.
+    Large values (``object_store.STORE_THRESHOLD`` bytes of buffers and more)
+    are copied once into shared memory, which every process that gets them
+    maps; past ``init(object_store_memory=...)`` they spill to disk, and
+    ``ObjectStoreFullError`` is raised when even that has no room.
     """
     if type(value) is ObjectRef:
         raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "

@@ -3,12 +3,17 @@
 A value whose out-of-band buffers (numpy arrays, large bytes-likes, pickle-5
 buffers) add up to at least ``STORE_THRESHOLD`` bytes is *stored*: ``put``
 copies its buffers once into a segment of its own (``/dev/shm/<runtime
-prefix>o<owner pid>_<random>``) and keeps the codec frame beside it.  A ref
-to it leaves the process as a *descriptor* (segment name, size, frame,
-buffer offsets), never as the value: the receiver maps the segment read-only
-and decodes over the mapping, so numpy arrays come back as read-only views of
-the one copy, in every process, as in Ray.  Buffers under the threshold stay
-on the existing path (the ring), which is cheaper for them.
+prefix>o<owner pid>_<random>``), the codec frame at its end.  A ref to it
+leaves the process as a *descriptor* (segment name, size, buffer offsets and
+sizes, frame length), never as the value: the receiver maps the segment
+read-only and decodes over the mapping, so numpy arrays come back as
+read-only views of the one copy, in every process, as in Ray.  A large value
+that arrived otherwise (a task's result, read off the ring) is stored the
+first time its owner sends its ref to another process (``refs.stored_form``),
+and a fetch of it is answered with the descriptor.  A large argument passed
+by value needs no store: the ring already writes it once into a side segment
+that the worker maps.  Buffers under the threshold stay on the ring, which is
+cheaper for them; nothing changes for small values.
 
 Lifetime.  The owner (the process that called ``put``) keeps the segment's
 name while a ref to it exists anywhere: each descriptor sent carries a weight
@@ -18,13 +23,21 @@ refs are gone too, its entry dies and unlinks the name.  A reader's mapping
 does not need the name: what it decoded stays valid until it drops its views
 (the memory goes with the last mapping).  So:
 
-- the owner dies while readers hold views: their views keep working (a
-  mapping of an unlinked file stays valid on Linux) until they drop them;
+- the owner dies while readers hold views: the driver unlinks the dead
+  owner's objects, and the views keep working (a mapping of an unlinked
+  file stays valid on Linux) until the readers drop them;
   a ref that reaches a process only after the owner's death cannot be mapped
   any more and ``get`` raises ``ObjectLostError``, as in Ray;
-- a reader dies: the kernel drops its mappings; the weight it held is not
-  given back, so the segment lives until its owner frees it at exit (or the
-  runtime's shutdown removes every segment of its prefix);
+- a reader dies: the kernel drops its mappings, and the owner takes back
+  the weight the reader held: each reader reports the weight it receives
+  (at its next drain) and the owner forgets it when the reader gives it back
+  or dies.  Weight the dead reader had passed on to a third process is
+  taken back too, so that process keeps what it mapped but may fail to pass
+  the ref on further (``ObjectLostError``).  Not covered: a reader killed
+  before its report went out, and a reader the owner has no link to when the
+  owner is a worker (the driver relays its messages but does not report its
+  death): its weight is lost and the segment lives until the owner exits or
+  the runtime shuts down;
 - the runtime's shutdown unlinks every segment of its prefix, and the next
   start removes those of a killed driver (``shm.cleanup_stale_segments``).
 
@@ -50,8 +63,6 @@ import tempfile
 
 from ray_lite._fast import shm
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
-
-from . import state
 
 #: Values with at least this many out-of-band bytes are stored in shared memory.
 STORE_THRESHOLD = 256 * 1024
@@ -261,5 +272,16 @@ def release_dead_owner(node, pid):
             free(os.path.join(spill, entry))
 
 
-def current_node():
-    return state.node
+class HolderWeight:
+    """A weight a reader of stored objects reports to the owner (``objects.py``).
+
+    ``held=True``: "I received this weight": the owner notes the reader as a
+    holder, to take the weight back itself if the reader dies.  ``held=False``:
+    "I give this weight back and hold nothing any more".
+    """
+
+    __slots__ = ("weight", "held")
+
+    def __init__(self, weight, held):
+        self.weight = weight
+        self.held = held

@@ -16,7 +16,9 @@ object travels with its value instead, so it needs no bookkeeping at all.
 ``put`` stores a serialised snapshot (``_FrozenEntry``): mutating the value
 afterwards does not change what ``get`` returns, and each ``get`` returns a
 fresh copy (numpy arrays and large buffers: read-only views of the snapshot,
-zero-copy), as in Ray.
+zero-copy), as in Ray.  A large snapshot lives in the shared-memory object
+store (``_StoredEntry``; see ``object_store.py``): a ref to it travels as a
+descriptor, and every other process maps it (``_MappedEntry``).
 
 An ``ObjectRefGenerator`` holds the owner's ``StreamTable`` for one stream:
 the owner records a report when it reads it off a link, so ``next()`` on a
@@ -246,7 +248,14 @@ class _MappedEntry(_FrozenEntry):
         self.weight = 0
         self.node = node
 
-    __del__ = _BorrowedEntry.__del__
+    def __del__(self):
+        w = self.weight
+        if w:
+            self.weight = 0
+            node = self.node
+            if node is not None and not node.closed:
+                # Only queued: __del__ may run inside a send or a drain.
+                node.release_later(self.owner, self.oid, object_store.HolderWeight(w, False))
 
 
 # A large ready value this process owns (a task's result, an immutable put)
