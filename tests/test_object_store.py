@@ -11,6 +11,7 @@ import ray_lite as ray
 from ray_lite._fast import shm
 from ray_lite._private import object_store
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
+from test_core_objects import Gate
 
 BIG = 4 * object_store.STORE_THRESHOLD // 8        # float64 items: 4x the threshold
 
@@ -294,21 +295,6 @@ def test_large_bytes_put_travel_through_the_store(rt):
     del ref
     gc.collect()
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
-
-
-@ray.remote
-class Gate:
-    def __init__(self):
-        import asyncio
-        self.event = asyncio.Event()
-
-    async def wait(self):
-        await self.event.wait()
-        return 1
-
-    async def open(self):
-        self.event.set()
-        return True
 
 
 @ray.remote

@@ -134,13 +134,23 @@ class _BorrowedEntry(_Entry):
         self.node = node        # ids are per runtime: never give back to another one
 
     def __del__(self):
-        w = self.weight
-        if w:
-            self.weight = 0
-            node = self.node
-            if node is not None and not node.closed:
-                # Only queued: __del__ may run inside a send or a drain.
-                node.release_later(self.owner, self.oid, w)
+        _give_weight_back(self, None)
+
+
+def _give_weight_back(entry, as_holder):
+    """``__del__`` of an entry holding weight of another owner's object: give it back.
+
+    ``as_holder``: the weight goes as an ``object_store.HolderWeight`` (a
+    reader of a stored object also tells the owner it holds nothing any more).
+    """
+    w = entry.weight
+    if w:
+        entry.weight = 0
+        node = entry.node
+        if node is not None and not node.closed:
+            # Only queued: __del__ may run inside a send or a drain.
+            node.release_later(entry.owner, entry.oid,
+                               w if as_holder is None else object_store.HolderWeight(w, False))
 
 
 # Immutable values that ``put`` can keep by reference (no copy needed).
@@ -249,13 +259,7 @@ class _MappedEntry(_FrozenEntry):
         self.node = node
 
     def __del__(self):
-        w = self.weight
-        if w:
-            self.weight = 0
-            node = self.node
-            if node is not None and not node.closed:
-                # Only queued: __del__ may run inside a send or a drain.
-                node.release_later(self.owner, self.oid, object_store.HolderWeight(w, False))
+        _give_weight_back(self, True)
 
 
 # A large ready value this process owns (a task's result, an immutable put)
