@@ -10,6 +10,7 @@ __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
     "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "RaySystemError",
     "AsyncioActorExit",
+    "ObjectStoreFullError",
 ]
 
 
@@ -155,3 +156,7 @@ class ObjectLostError(RayError):
 
 class AsyncioActorExit(RayError):
     """Raised by ``exit_actor()`` in an async actor: the actor ends gracefully."""
+
+
+class ObjectStoreFullError(RayError):
+    """The object store has no room for an object (``init(object_store_memory=...)``)."""

@@ -5,9 +5,9 @@ import os
 import threading
 import uuid
 
-from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
+from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
-from . import interrupts, state
+from . import interrupts, object_store, state
 from . import protocol as P
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
@@ -23,15 +23,19 @@ _atexit_registered = False
 
 # init() keywords of Ray that are harmless here (accepted, no effect).
 _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level",
-                  "configure_logging", "log_to_driver", "object_store_memory",
+                  "configure_logging", "log_to_driver",
                   "_system_config", "num_gpus", "_temp_dir", "logging_format",
                   "_memory"}
 _REFUSED_INIT = {"local_mode", "storage", "_node_ip_address", "job_config"}
 
 
 def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
-         resources=None, runtime_env=None, **kwargs):
-    """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count)."""
+         resources=None, runtime_env=None, object_store_memory=None, **kwargs):
+    """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count).
+
+    ``object_store_memory``: bytes that large objects may take in shared
+    memory (default: 30 % of the machine's memory); see ``object_store.py``.
+    """
     global _atexit_registered
     resources = check_resource_dict(resources, "init(resources=...)")
     env_vars = env_vars_of(runtime_env, "init(runtime_env=...)")
@@ -56,8 +60,16 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if namespace is None:
             # Ray's anonymous namespace: the job's own, a fresh UUID.
             namespace = str(uuid.uuid4())
+        capacity = object_store.check_capacity(object_store_memory)
+        object_store.cleanup_stale_spill_dirs()
         from .driver import DriverNode
-        state.node = DriverNode(num_cpus, namespace, resources, env_vars)
+        node = DriverNode(num_cpus, namespace, resources, env_vars)
+        try:
+            object_store.configure(node, capacity)
+        except BaseException:
+            node.shutdown()
+            raise
+        state.node = node
         interrupts.install()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -113,6 +125,7 @@ def shutdown():
         finally:
             state.node = None
             interrupts.uninstall()
+            object_store.remove_spill_dir(node)
 
 
 def is_initialized():
@@ -219,6 +232,10 @@ def put(value):
     As in Ray, what ``get`` returns does not change if ``value`` is mutated
     afterwards; each ``get`` returns a fresh copy (numpy arrays: read-only,
     zero-copy views of the stored copy).  Immutable values are not copied.
+    Large values (``object_store.STORE_THRESHOLD`` bytes of buffers and more)
+    are copied once into shared memory, which every process that gets them
+    maps; past ``init(object_store_memory=...)`` they spill to disk, and
+    ``ObjectStoreFullError`` is raised when even that has no room.
     """
     if type(value) is ObjectRef:
         raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "
@@ -226,6 +243,8 @@ def put(value):
     node = state.get_node()
     try:
         entry = frozen_entry(value)
+    except ObjectStoreFullError:
+        raise
     except Exception as exc:
         raise TypeError(f"Could not serialize the value passed to put(): {exc}") from exc
     return ObjectRef(node.new_oid(), node.id, entry)

@@ -15,9 +15,9 @@ from .node import Node
 from .placement import PlacementMixin
 from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
+from .refs import ObjectRef, travels_as_value
 from .restarts import RestartsMixin
 from .scheduler import Deferred, ResourcesMixin, matches_retry
-from .refs import ObjectRef
 from .transport import Link
 from .zygote import ZygoteClient
 
@@ -165,7 +165,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         # top-level ref arguments before the call).
         out = []
         for a in values:
-            if type(a) is ObjectRef and a._e.ready:
+            if type(a) is ObjectRef and a._e.ready and travels_as_value(a):
                 if a._e.error is not None:
                     raise a._e.error
                 a = a._e.value

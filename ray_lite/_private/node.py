@@ -19,6 +19,7 @@ import weakref
 
 from ray_lite.exceptions import ActorDiedError, ObjectLostError, WorkerCrashedError
 
+from . import object_store
 from . import protocol as P
 from .drive import DrivingMixin
 from .interrupts import sleep_point
@@ -46,6 +47,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
         self.streams = {}        # sid -> _StreamState (streams this process owns)
         self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
+        self.store_holders = {}  # peer -> {oid: weight} stored objects it reported holding
         self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
         self.fetching = {}       # oid -> [entries] borrowed objects being fetched
         self.fetch_requested = set()
@@ -184,7 +186,13 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
                 pass
         kind = self.peer_kind(peer)
         self.dead_peers[peer] = kind
+        pid = self.peer_pids.get(peer)
         self.remove_peer(peer)
+        if pid and self.id == 0:
+            # Its stored objects are lost (readers keep what they mapped).
+            object_store.release_dead_owner(self, pid)
+        if self.store_holders:
+            self.release_dead_holder(peer)
         for oid, k in list(self.inflight.pop(peer, {}).items()):
             err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)
             if k == P.STREAM:

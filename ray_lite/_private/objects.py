@@ -9,7 +9,9 @@ from fractions import Fraction
 from ray_lite.exceptions import ObjectLostError
 
 from . import protocol as P
-from .refs import _BorrowedEntry, error_entry
+from .object_store import HolderWeight
+from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
+                   error_entry, map_stored, stored_form)
 from .transport import LinkClosed
 
 
@@ -96,6 +98,53 @@ class ObjectsMixin:
                     e.weight = e.weight + w if e.weight else w
         return e
 
+    def receive_stored(self, oid, owner, desc, weight):
+        """The entry for a stored object (see ``object_store.py``) that arrived from another process.
+
+        Mapped once per process; the weights that arrive add up (kept until
+        the entry dies: the owner must keep the name while this process may
+        still pass the ref on).
+        """
+        if owner == self.id:
+            return self.receive_ref(oid, owner, weight)
+        with self._export_lock:
+            e = self.borrowed.get(oid)
+            if type(e) is not _MappedEntry:
+                e = map_stored(oid, owner, desc, self)
+                if type(e) is not _MappedEntry:
+                    if weight is not None:
+                        self.release_later(owner, oid, weight)
+                    return e
+                self.borrowed[oid] = e
+            if weight is not None:
+                w = weight if type(weight) is int else Fraction(*weight)
+                e.weight = e.weight + w if e.weight else w
+                # The owner takes it back itself should this process die.
+                self._releases.append((owner, oid, HolderWeight(w, True)))
+        return e
+
+    def _on_holder_report(self, oid, num, den, holder):
+        """A reader of a stored object received (``den < 0``) or gave back weight."""
+        with self._export_lock:
+            held = self.store_holders.get(holder)
+            if den < 0:
+                if oid in self.exported:
+                    if held is None:
+                        held = self.store_holders[holder] = {}
+                    held[oid] = held.get(oid, 0) + Fraction(num, -den)
+                return
+            if held is not None:
+                held.pop(oid, None)
+        self._give_back(oid, Fraction(num, den))
+
+    def release_dead_holder(self, peer):
+        """Take back the weight of stored objects that the dead process ``peer`` held."""
+        with self._export_lock:
+            held = self.store_holders.pop(peer, None)
+        if held:
+            for oid, w in held.items():
+                self._give_back(oid, w)
+
     def release_later(self, owner, oid, weight):
         """Give ``weight`` back to ``owner`` at the next drain (safe from __del__)."""
         self._releases.append((owner, oid, weight))
@@ -119,13 +168,22 @@ class ObjectsMixin:
             # Relayed by the driver for a borrower with no link to the owner.
             self.send(msg[2], P.release_msg(msg[1]))
             return
-        for oid, num, den in msg[1]:
-            self._give_back(oid, num if den == 1 else Fraction(num, den))
+        for item in msg[1]:
+            if len(item) == 3:
+                oid, num, den = item
+                self._give_back(oid, num if den == 1 else Fraction(num, den))
+            else:
+                self._on_holder_report(*item)
 
     def _send_releases(self):
         items, self._releases = self._releases, []
         by_owner = {}
         for owner, oid, w in items:
+            if type(w) is HolderWeight:
+                f = Fraction(w.weight)
+                by_owner.setdefault(owner, []).append(
+                    (oid, f.numerator, -f.denominator if w.held else f.denominator, self.id))
+                continue
             if type(w) is tuple:
                 num, den = w
             else:
@@ -185,7 +243,11 @@ class ObjectsMixin:
                 try:
                     link = self.links.get(peer)
                     if link is not None:
-                        link.send(P.fetched_msg(oid, True, entry.value))
+                        stored = stored_form(ObjectRef(oid, self.id, entry))
+                        # A large value goes as its descriptor: the fetcher maps it.
+                        value = entry.value if stored is None else StoredValue(
+                            ObjectRef(oid, self.id, entry))
+                        link.send(P.fetched_msg(oid, True, value))
                 except (LinkClosed, OSError):
                     pass
                 except Exception as exc:  # noqa: BLE001 - the value cannot be serialised
@@ -201,6 +263,10 @@ class ObjectsMixin:
         if fl is not None:
             fl.pop(oid, None)
         self.fetch_requested.discard(oid)
+        if ok and type(payload) is LoadedValue:
+            mapped = payload.entry()
+            ok = mapped.error is None
+            payload = mapped.value if ok else mapped.error
         for e in self.fetching.pop(oid, ()):
             if ok:
                 e.set_value(payload)

@@ -16,7 +16,9 @@ object travels with its value instead, so it needs no bookkeeping at all.
 ``put`` stores a serialised snapshot (``_FrozenEntry``): mutating the value
 afterwards does not change what ``get`` returns, and each ``get`` returns a
 fresh copy (numpy arrays and large buffers: read-only views of the snapshot,
-zero-copy), as in Ray.
+zero-copy), as in Ray.  A large snapshot lives in the shared-memory object
+store (``_StoredEntry``; see ``object_store.py``): a ref to it travels as a
+descriptor, and every other process maps it (``_MappedEntry``).
 
 An ``ObjectRefGenerator`` holds the owner's ``StreamTable`` for one stream:
 the owner records a report when it reads it off a link, so ``next()`` on a
@@ -24,8 +26,11 @@ reported item is a table look-up that returns an already-ready ref.
 """
 import copy
 import threading
+import weakref
 
-from . import state
+from ray_lite.exceptions import ObjectLostError
+
+from . import object_store, state
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 
 
@@ -141,13 +146,23 @@ class _BorrowedEntry(_Entry):
         self.node = node        # ids are per runtime: never give back to another one
 
     def __del__(self):
-        w = self.weight
-        if w:
-            self.weight = 0
-            node = self.node
-            if node is not None and not node.closed:
-                # Only queued: __del__ may run inside a send or a drain.
-                node.release_later(self.owner, self.oid, w)
+        _give_weight_back(self, None)
+
+
+def _give_weight_back(entry, as_holder):
+    """``__del__`` of an entry holding weight of another owner's object: give it back.
+
+    ``as_holder``: the weight goes as an ``object_store.HolderWeight`` (a
+    reader of a stored object also tells the owner it holds nothing any more).
+    """
+    w = entry.weight
+    if w:
+        entry.weight = 0
+        node = entry.node
+        if node is not None and not node.closed:
+            # Only queued: __del__ may run inside a send or a drain.
+            node.release_later(entry.owner, entry.oid,
+                               w if as_holder is None else object_store.HolderWeight(w, False))
 
 
 # Immutable values that ``put`` can keep by reference (no copy needed).
@@ -204,9 +219,159 @@ def frozen_entry(value):
                 refs.clear()      # the next attempt numbers them again
     finally:
         _local.freezing = outer
+    frame = bytes(memoryview(buf)[:end])
+    if oob and not refs and sum(b.nbytes for b in oob) >= object_store.STORE_THRESHOLD:
+        node = state.node
+        if node is not None:
+            return _StoredEntry(node, frame, oob)
     # One copy of large buffers (numpy data...), as Ray's put copies into its
     # store; ``get`` then decodes zero-copy views of these read-only bytes.
-    return _FrozenEntry(bytes(memoryview(buf)[:end]), [bytes(b) for b in oob], refs or None)
+    return _FrozenEntry(frame, [bytes(b) for b in oob], refs or None)
+
+
+class _StoredEntry(_FrozenEntry):
+    """What ``put`` stores for a large value: its buffers live in a segment of
+    the object store (``object_store.py``), which this entry owns and unlinks
+    when it dies; a ref to it travels as the descriptor ``desc``."""
+
+    __slots__ = ("desc",)
+
+    def __init__(self, node, frame, oob):
+        name, size, mm, offsets = object_store.write_segment(node, frame, oob)
+        sizes = [b.nbytes for b in oob]
+        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
+        self.desc = (name, size, offsets, sizes, len(frame))
+
+    def __del__(self):
+        try:
+            name = self.desc[0]
+        except AttributeError:      # __init__ failed: nothing was stored
+            return
+        object_store.free(name)
+
+
+class _MappedEntry(_FrozenEntry):
+    """A stored object another process owns, mapped read-only here.
+
+    ``weight`` is this process's share of the owner's count: the owner keeps
+    the segment's name while any is out; it goes back when the entry dies.
+    """
+
+    __slots__ = ("desc", "oid", "owner", "weight", "node")
+
+    def __init__(self, oid, owner, desc, node):
+        name, size, offsets, sizes, frame_len = desc
+        mm = object_store.map_segment(name, size)
+        frame = memoryview(mm)[size - frame_len:size]
+        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
+        self.desc = desc
+        self.oid = oid
+        self.owner = owner
+        self.weight = 0
+        self.node = node
+
+    def __del__(self):
+        _give_weight_back(self, True)
+
+
+# A large ready value this process owns (a task's result, an immutable put)
+# -> the _StoredEntry it travels as: stored on its first trip out, once.
+_promoted = weakref.WeakKeyDictionary()
+_promote_lock = threading.Lock()
+
+
+def stored_form(ref):
+    """The stored entry a ready ``ref`` travels as, or None when it travels with its value.
+
+    A large value that this process owns but did not store yet (the result
+    of a task, which arrived through the ring) is stored on its first trip to
+    another process: the one copy the ring would make, made once for every
+    later reader.  Values of other owners are never stored here (their owner
+    decides when they are freed).
+    """
+    e = ref._e
+    t = type(e)
+    if t is _StoredEntry or t is _MappedEntry:
+        return e
+    if t is not _Entry or e.error is not None:
+        return None
+    value = e.value
+    vt = type(value)
+    if hasattr(vt, "nbytes"):          # numpy arrays, memoryviews, tensors
+        n = value.nbytes
+    elif vt is bytes or vt is bytearray:
+        n = len(value)
+    else:
+        return None
+    if type(n) is not int or n < object_store.STORE_THRESHOLD:
+        return None
+    node = state.node
+    if node is None or ref._owner != node.id:
+        return None
+    with _promote_lock:
+        stored = _promoted.get(e)
+        if stored is None:
+            stored = _store_value(node, value)
+            if stored is not None:
+                _promoted[e] = stored
+    return stored
+
+
+def _store_value(node, value):
+    """A _StoredEntry holding ``value``, or None when it cannot be stored (it then travels as it did)."""
+    from ray_lite._fast import codec
+    outer = getattr(_local, "freezing", None)
+    refs = _local.freezing = []
+    try:
+        buf, end, oob = codec.encode_growing(value, bytearray(4096), codec.OOB_THRESHOLD)
+        if refs or sum(b.nbytes for b in oob) < object_store.STORE_THRESHOLD:
+            return None
+        return _StoredEntry(node, bytes(memoryview(buf)[:end]), oob)
+    except Exception:       # noqa: BLE001 - full store, unserialisable: the old path says why
+        return None
+    finally:
+        _local.freezing = outer
+
+
+class StoredValue:
+    """The value of a stored object in a message (a fetch's answer): it
+    travels as the object's descriptor and arrives as ``LoadedValue``."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __reduce__(self):
+        return (LoadedValue, (self.ref,))
+
+
+class LoadedValue:
+    """A fetched stored object, mapped on arrival: ``entry()`` is its mapped
+    entry (an error entry with ``ObjectLostError`` when it could not be mapped)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def entry(self):
+        return self.ref._e
+
+
+def travels_as_value(ref):
+    """True when a call may inline the value of the ready ``ref`` (stored objects travel as descriptors)."""
+    return stored_form(ref) is None
+
+
+def map_stored(oid, owner, desc, node):
+    """The entry of a stored object received from another process (an error entry when it is gone)."""
+    try:
+        return _MappedEntry(oid, owner, desc, node)
+    except (OSError, ValueError, ObjectLostError) as exc:
+        if not isinstance(exc, ObjectLostError):
+            exc = ObjectLostError(f"cannot map stored object {oid:x}: {exc}", oid)
+        return error_entry(exc)
 
 
 def probe_serialisable(value):
@@ -287,6 +452,11 @@ class ObjectRef:
             return (_thawed_ref, (len(frozen) - 1,))
         e = self._e
         if e.ready:
+            stored = stored_form(self)
+            if stored is not None:
+                node = state.node
+                weight = node.lend(self) if node is not None else None
+                return (_rebuild_stored_ref, (self._id, self._owner, stored.desc, weight))
             # A ready value travels with the ref: the receiver needs no fetch.
             st = (True, e.value) if e.error is None else (False, e.error)
             return (_rebuild_ref, (self._id, self._owner, st))
@@ -321,6 +491,13 @@ def _rebuild_ref(object_id, owner, st, weight=None):
     if node is None:
         return ObjectRef(object_id, owner, _Entry())
     return ObjectRef(object_id, owner, node.receive_ref(object_id, owner, weight))
+
+
+def _rebuild_stored_ref(object_id, owner, desc, weight):
+    node = state.node
+    if node is None:
+        return ObjectRef(object_id, owner, map_stored(object_id, owner, desc, None))
+    return ObjectRef(object_id, owner, node.receive_stored(object_id, owner, desc, weight))
 
 
 async def _await_ref(ref):

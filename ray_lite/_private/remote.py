@@ -9,7 +9,7 @@ from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
 from .concurrency_groups import check_groups, check_method_groups
-from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable
+from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, travels_as_value
 from .restarts import reach, retained_calls
 from .runtime_env import EnvTask, env_vars_of
 from .scheduler import check_retry_exceptions, demand_of
@@ -140,10 +140,11 @@ def _prepare_args(args, kwargs, name):
     # Ready refs travel as their values; the others are resolved by the actor
     # (which fetches them from their owner).
     args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
-            else a for a in args]
+            and travels_as_value(a) else a for a in args]
     if kwargs:
         kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
-                      and a._e.error is None else a) for k, a in kwargs.items()}
+                      and a._e.error is None and travels_as_value(a) else a)
+                  for k, a in kwargs.items()}
     return args, kwargs
 
 

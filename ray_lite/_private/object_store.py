@@ -1,0 +1,287 @@
+"""Large objects in shared memory: written once by their producer, mapped by every reader.
+
+A value whose out-of-band buffers (numpy arrays, large bytes-likes, pickle-5
+buffers) add up to at least ``STORE_THRESHOLD`` bytes is *stored*: ``put``
+copies its buffers once into a segment of its own (``/dev/shm/<runtime
+prefix>o<owner pid>_<random>``), the codec frame at its end.  A ref to it
+leaves the process as a *descriptor* (segment name, size, buffer offsets and
+sizes, frame length), never as the value: the receiver maps the segment
+read-only and decodes over the mapping, so numpy arrays come back as
+read-only views of the one copy, in every process, as in Ray.  A large value
+that arrived otherwise (a task's result, read off the ring) is stored the
+first time its owner sends its ref to another process (``refs.stored_form``),
+and a fetch of it is answered with the descriptor.  A large argument passed
+by value needs no store: the ring already writes it once into a side segment
+that the worker maps.  Buffers under the threshold stay on the ring, which is
+cheaper for them; nothing changes for small values.
+
+Lifetime.  The owner (the process that called ``put``) keeps the segment's
+name while a ref to it exists anywhere: each descriptor sent carries a weight
+of the owner's count (the weighted reference counting of ``refs.py``); a
+reader gives its weight back when its last ref is gone.  When the owner's own
+refs are gone too, its entry dies and unlinks the name.  A reader's mapping
+does not need the name: what it decoded stays valid until it drops its views
+(the memory goes with the last mapping).  So:
+
+- the owner dies while readers hold views: the driver unlinks the dead
+  owner's objects, and the views keep working (a mapping of an unlinked
+  file stays valid on Linux) until the readers drop them;
+  a ref that reaches a process only after the owner's death cannot be mapped
+  any more and ``get`` raises ``ObjectLostError``, as in Ray;
+- a reader dies: the kernel drops its mappings, and the owner takes back
+  the weight the reader held: each reader reports the weight it receives
+  (at its next drain) and the owner forgets it when the reader gives it back
+  or dies.  Weight the dead reader had passed on to a third process is
+  taken back too, so that process keeps what it mapped but may fail to pass
+  the ref on further (``ObjectLostError``).  Not covered: a reader killed
+  before its report went out, and a reader the owner has no link to when the
+  owner is a worker (the driver relays its messages but does not report its
+  death): its weight is lost and the segment lives until the owner exits or
+  the runtime shuts down;
+- the runtime's shutdown unlinks every segment of its prefix, and the next
+  start removes those of a killed driver (``shm.cleanup_stale_segments``).
+
+Capacity and spilling.  ``init(object_store_memory=...)`` (default: 30 % of
+the machine's memory, at most what ``/dev/shm`` can hold) bounds the bytes of
+all stored objects of the runtime (the segments of its prefix, counted at
+each store).  An object that does not fit any more (or that ``/dev/shm`` has
+no room for: checked before writing, a write past a full tmpfs would be a
+SIGBUS) is *spilled*: written to a file in the runtime's spill directory
+(``<tempdir>/ray_lite_spill/<runtime prefix>``) instead of shared memory,
+and read back by mapping that file (the kernel's page cache restores it on
+access, and may drop it again under pressure; nothing is pinned).  Unlike
+Ray, an object is spilled when it is stored, not moved out later.  When the
+spill directory's disk has no room either, ``ObjectStoreFullError`` says how
+many bytes were asked and are in use.  The spill directory goes at shutdown,
+a dead owner's files with it, and a killed driver's at the next start.
+"""
+import mmap
+import os
+import secrets
+import shutil
+import tempfile
+
+from ray_lite._fast import shm
+from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
+
+#: Values with at least this many out-of-band bytes are stored in shared memory.
+STORE_THRESHOLD = 256 * 1024
+#: Buffers start at offsets aligned for SIMD loads (and numpy's alignment).
+_ALIGN = 64
+#: The file beside a runtime's segments that tells its workers the capacity.
+_CAPACITY_SUFFIX = "store_capacity"
+_DEFAULT_SHARE = 0.3
+
+
+def default_capacity():
+    """30 % of the machine's memory, capped by what ``/dev/shm`` can hold."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        ram = 8 << 30
+    cap = int(ram * _DEFAULT_SHARE)
+    try:
+        st = os.statvfs(shm.SHM_DIR)
+        cap = min(cap, st.f_blocks * st.f_frsize)
+    except OSError:
+        pass
+    return cap
+
+
+def check_capacity(capacity):
+    """``init(object_store_memory=...)`` checked, or the default when None."""
+    if capacity is None:
+        return default_capacity()
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"object_store_memory must be a positive int (bytes), got {capacity!r}")
+    return capacity
+
+
+def configure(node, capacity):
+    """Set the runtime's capacity (the driver, at ``init``) and tell its workers."""
+    node.store_capacity = capacity
+    path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
+    with open(path, "w") as f:
+        f.write(str(capacity))
+
+
+def capacity_of(node):
+    cap = getattr(node, "store_capacity", None)
+    if cap is None:
+        try:
+            with open(shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)) as f:
+                cap = int(f.read())
+        except (OSError, ValueError):
+            cap = default_capacity()
+        node.store_capacity = cap
+    return cap
+
+
+def _store_prefix(node):
+    return node.shm_prefix + "o"
+
+
+def bytes_in_use(node):
+    """Bytes of the runtime's stored objects (segments not yet unlinked)."""
+    total = 0
+    prefix = _store_prefix(node)
+    for name in shm.list_segments(prefix):
+        try:
+            total += os.stat(shm.segment_path(name)).st_size
+        except OSError:
+            pass
+    return total
+
+
+def layout(frame_len, sizes):
+    """``(segment size, offset of the frame, offsets of the buffers)``."""
+    offsets = []
+    off = 0
+    for n in sizes:
+        offsets.append(off)
+        off = (off + n + _ALIGN - 1) & ~(_ALIGN - 1)
+    return max(off + frame_len, 1), off, offsets
+
+
+def write_segment(node, frame, buffers):
+    """Create a segment holding ``buffers`` then ``frame``; return ``(name, size, mmap, offsets)``.
+
+    Raises ``ObjectStoreFullError`` past the capacity or when ``/dev/shm`` is full.
+    """
+    sizes = [b.nbytes for b in buffers]
+    size, frame_off, offsets = layout(len(frame), sizes)
+    capacity = capacity_of(node)
+    used = bytes_in_use(node)
+    token = f"{os.getpid()}_{secrets.token_hex(8)}"
+    # Checked rather than reserved (posix_fallocate costs a pass over the
+    # pages): writing past a full tmpfs would be a SIGBUS.
+    if used + size <= capacity and size <= _room(shm.SHM_DIR):
+        name = _store_prefix(node) + token
+        path = shm.segment_path(name)
+    else:
+        spill = spill_dir(node)
+        os.makedirs(spill, mode=0o700, exist_ok=True)
+        room = _room(spill)
+        if size > room:
+            raise ObjectStoreFullError(
+                f"cannot store an object of {size} bytes: the object store holds {used} bytes "
+                f"of its capacity of {capacity} bytes (init(object_store_memory=...)) and the "
+                f"spill directory {spill} has {room} bytes free")
+        name = path = os.path.join(spill, "o" + token)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        for off, b, n in zip(offsets, buffers, sizes):
+            mm[off:off + n] = b
+        mm[frame_off:frame_off + len(frame)] = frame
+    except BaseException:
+        free(name)
+        raise
+    finally:
+        os.close(fd)
+    return name, size, mm, offsets
+
+
+def _room(directory):
+    """Bytes free for us in the file system of ``directory``."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+_SPILL_ROOT = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
+
+
+def spill_dir(node):
+    """Where the runtime of ``node`` spills (named like its segments: its clean-up finds it)."""
+    return os.path.join(_SPILL_ROOT, node.shm_prefix)
+
+
+def _path_of(name):
+    # A spilled object's name is the path of its file; others are /dev/shm names.
+    return name if "/" in name else shm.segment_path(name)
+
+
+def remove_spill_dir(node):
+    """The runtime's shutdown: its spilled objects go."""
+    shutil.rmtree(spill_dir(node), ignore_errors=True)
+
+
+def cleanup_stale_spill_dirs():
+    """Remove the spill directories of runtimes whose driver is dead (a killed driver's leftovers)."""
+    try:
+        entries = os.listdir(_SPILL_ROOT)
+    except OSError:
+        return
+    for entry in entries:
+        pid = shm.creator_pid(entry)
+        if pid is not None and not shm.pid_alive(pid):
+            shutil.rmtree(os.path.join(_SPILL_ROOT, entry), ignore_errors=True)
+
+
+def views_of(mm, offsets, sizes):
+    """Read-only views of the buffers of a mapped segment (arrays decoded over them are read-only)."""
+    whole = memoryview(mm)
+    if not whole.readonly:
+        whole = whole.toreadonly()
+    return [whole[off:off + n] for off, n in zip(offsets, sizes)]
+
+
+def map_segment(name, size):
+    """Map a stored object's segment read-only; ``ObjectLostError`` when it is gone."""
+    try:
+        fd = os.open(_path_of(name), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ObjectLostError(
+            f"stored object {name!r} is gone (its owner freed it or died)") from None
+    try:
+        if os.fstat(fd).st_size < size:
+            raise ObjectLostError(f"stored object {name!r} is truncated")
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def free(name):
+    """Unlink a stored object's segment (readers' mappings stay valid)."""
+    try:
+        os.unlink(_path_of(name))
+    except (OSError, ValueError):
+        pass
+
+
+def release_dead_owner(node, pid):
+    """Unlink the stored objects owned by the dead process ``pid``.
+
+    Readers that mapped them keep their views; later readers get
+    ``ObjectLostError`` (the owner is gone, as in Ray).
+    """
+    prefix = f"{_store_prefix(node)}{pid}_"
+    for name in shm.list_segments(prefix):
+        free(name)
+    spill = spill_dir(node)
+    try:
+        spilled = os.listdir(spill)
+    except OSError:
+        return
+    for entry in spilled:
+        if entry.startswith(f"o{pid}_"):
+            free(os.path.join(spill, entry))
+
+
+class HolderWeight:
+    """A weight a reader of stored objects reports to the owner (``objects.py``).
+
+    ``held=True``: "I received this weight": the owner notes the reader as a
+    holder, to take the weight back itself if the reader dies.  ``held=False``:
+    "I give this weight back and hold nothing any more".
+    """
+
+    __slots__ = ("weight", "held")
+
+    def __init__(self, weight, held):
+        self.weight = weight
+        self.held = held

@@ -1,0 +1,124 @@
+"""The large-object benchmark workloads (B19, B20, B21), written once against
+Ray's API: ``RAYMOD=ray`` runs them on Ray (``--compare-ray``), the default on
+ray_lite.  Standalone on purpose, like ``_core_workloads.py``: a Python with
+Ray and numpy but without ray_lite runs this file as is.  Prints one JSON object.
+
+    python _store_workloads.py NAME [SCALE]      # SCALE: full | quick | smoke
+
+B19  a task on a ref to a 100 MB float64 array already ``put`` (ms per task)
+B20  a task taking the same array by value (ms per task)
+B21  ``put`` of the array (GB/s), ``get`` of it in another process reading
+     every byte (GB/s), and (ray_lite only) the array broadcast by
+     ``MultiprocExecutor.collective_rpc`` to 2 workers (ms)
+"""
+import importlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+RAYMOD = os.environ.get("RAYMOD", "ray_lite")
+ray = importlib.import_module(RAYMOD)
+
+NAME = sys.argv[1]
+SCALE = sys.argv[2] if len(sys.argv) > 2 else "full"
+
+
+def pick(full, quick, smoke):
+    return {"full": full, "quick": quick, "smoke": smoke}[SCALE]
+
+
+def init():
+    extra = {"include_dashboard": False, "log_to_driver": False} if RAYMOD == "ray" else {}
+    ray.init(num_cpus=2, **extra)
+
+
+def array():
+    return np.ones(pick(100, 100, 4) * (1 << 20) // 8, dtype=np.float64)
+
+
+@ray.remote
+def nbytes(arr):
+    return arr.nbytes
+
+
+@ray.remote
+def read_all(refs):
+    # A ref inside a list is not resolved by the call: this process gets it.
+    arr = ray.get(refs[0])
+    return float(arr.sum())
+
+
+def timed_ms(fn, trials, warmup=2):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def b19():
+    init()
+    try:
+        arr = array()
+        ref = ray.put(arr)
+        ms = timed_ms(lambda: ray.get(nbytes.remote(ref)), pick(20, 5, 2))
+        return {"task_on_ref_ms": ms, "mb": arr.nbytes / 1e6}
+    finally:
+        ray.shutdown()
+
+
+def b20():
+    init()
+    try:
+        arr = array()
+        ms = timed_ms(lambda: ray.get(nbytes.remote(arr)), pick(20, 5, 2))
+        return {"task_by_value_ms": ms, "mb": arr.nbytes / 1e6}
+    finally:
+        ray.shutdown()
+
+
+class _Reader:
+    def __init__(self, rank, world_size):
+        self.rank = rank
+
+    def nbytes(self, arr):
+        return arr.nbytes
+
+
+def _collective_ms(arr, trials):
+    from ray_lite.executor import MultiprocExecutor
+    ex = MultiprocExecutor(_Reader, world_size=2)
+    try:
+        return timed_ms(lambda: ex.collective_rpc("nbytes", args=(arr,)), trials)
+    finally:
+        ex.shutdown()
+
+
+def b21():
+    init()
+    try:
+        arr = array()
+        gb = arr.nbytes / 1e9
+        trials = pick(10, 3, 1)
+        refs = []
+        put_ms = timed_ms(lambda: refs.append(ray.put(arr)) or refs.pop(0), trials)
+        ref = ray.put(arr)
+        get_ms = timed_ms(lambda: ray.get(read_all.remote([ref])), trials)
+        out = {"put_gbps": [gb / (t / 1000) for t in put_ms],
+               "get_other_process_gbps": [gb / (t / 1000) for t in get_ms], "mb": gb * 1000}
+    finally:
+        ray.shutdown()
+    out["collective_rpc_2_workers_ms"] = (
+        _collective_ms(arr, trials) if RAYMOD == "ray_lite" else None)
+    return out
+
+
+if __name__ == "__main__":
+    result = {"b19": b19, "b20": b20, "b21": b21}[NAME]()
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,332 @@
+"""The shared-memory object store: large values written once, mapped zero-copy by readers."""
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ray_lite as ray
+from ray_lite._fast import shm
+from ray_lite._private import object_store
+from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
+from test_core_objects import Gate
+
+BIG = 4 * object_store.STORE_THRESHOLD // 8        # float64 items: 4x the threshold
+
+
+def big_array(seed=1):
+    return np.arange(BIG, dtype=np.float64) * seed
+
+
+def stored_segments(node):
+    return set(shm.list_segments(node.shm_prefix + "o"))
+
+
+def wait_until(predicate, timeout=30.0):
+    """Poll ``predicate`` (a file-system look) until it holds; bounded."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        gc.collect()
+        time.sleep(0.01)
+    return True
+
+
+def data_address(arr):
+    return arr.__array_interface__["data"][0]
+
+
+def mapped_files():
+    with open("/proc/self/maps") as f:
+        return f.read()
+
+
+def mapping_of(arr):
+    """What a reader sees: is the array read-only, and which file maps its data?"""
+    name = None
+    for line in mapped_files().splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= data_address(arr) < hi:
+            name = fields[5] if len(fields) > 5 else None
+    return arr.flags.writeable, name, float(arr[-1])
+
+
+@ray.remote
+def describe(arr):
+    return (*mapping_of(arr), arr.nbytes)
+
+
+@ray.remote
+class Holder:
+    def __init__(self):
+        self.kept = self.kept_ref = None
+
+    def keep(self, refs):
+        self.kept_ref = refs[0]
+        self.kept = ray.get(refs[0])
+        return float(self.kept[-1])
+
+    def drop_ref(self):
+        self.kept_ref = None
+        gc.collect()
+        return float(self.kept[-1])
+
+    def drop(self):
+        self.kept = self.kept_ref = None
+        gc.collect()
+        return True
+
+    def ping(self):
+        return True
+
+    def pid(self):
+        return os.getpid()
+
+    def put_big(self, seed):
+        return [ray.put(big_array(seed))]
+
+
+def test_small_values_stay_off_the_store(rt):
+    before = stored_segments(rt)
+    ref = ray.put(np.arange(16))
+    assert stored_segments(rt) == before
+    assert ray.get(ref).tolist() == list(range(16))
+
+
+def test_put_get_is_zero_copy_and_read_only(rt):
+    a = big_array(3)
+    ref = ray.put(a)
+    assert len(stored_segments(rt)) == 1
+    x, y = ray.get(ref), ray.get(ref)
+    assert data_address(x) == data_address(y)      # both views of the one stored copy
+    assert not x.flags.writeable
+    with pytest.raises(ValueError):
+        x[0] = 1.0
+    a[0] = -1.0                                      # put took a snapshot
+    assert x[0] == 0.0 and np.array_equal(x[1:], a[1:])
+
+
+def test_a_task_maps_the_stored_segment(rt):
+    ref = ray.put(big_array(2))
+    name = next(iter(stored_segments(rt)))
+    writeable, mapped, last, nbytes = ray.get(describe.remote(ref))
+    assert writeable is False
+    assert mapped == shm.segment_path(name)
+    assert last == 2.0 * (BIG - 1) and nbytes == BIG * 8
+
+
+def test_an_actor_maps_a_ref_it_receives(rt):
+    ref = ray.put(big_array(5))
+    h = Holder.remote()
+    assert ray.get(h.keep.remote([ref])) == 5.0 * (BIG - 1)
+    # A ref at top level is resolved too (not inlined as a copy by the caller).
+    assert ray.get(Holder.remote().keep.remote([ref])) == 5.0 * (BIG - 1)
+
+
+def test_segment_freed_when_the_last_ref_anywhere_is_gone(rt):
+    ref = ray.put(big_array())
+    (name,) = stored_segments(rt)
+    path = shm.segment_path(name)
+    h = Holder.remote()
+    ray.get(h.keep.remote([ref]))
+    del ref
+    gc.collect()
+    assert ray.get(h.ping.remote())
+    assert os.path.exists(path)                     # the actor still holds it
+    assert ray.get(h.drop.remote())
+    ray.get(h.ping.remote())                        # its release goes out at its next drain
+    assert wait_until(lambda: not os.path.exists(path))
+
+
+def test_a_view_outlives_the_freed_segment(rt):
+    ref = ray.put(big_array(9))
+    (name,) = stored_segments(rt)
+    h = Holder.remote()
+    ray.get(h.keep.remote([ref]))
+    del ref
+    gc.collect()
+    # The actor drops its ref but keeps the array it decoded: the name goes,
+    # its mapping (and so its view) stays valid.
+    assert ray.get(h.drop_ref.remote()) == 9.0 * (BIG - 1)
+    ray.get(h.ping.remote())
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+    assert ray.get(h.drop_ref.remote()) == 9.0 * (BIG - 1)
+
+
+def test_dropping_the_only_ref_frees_at_once(rt):
+    ref = ray.put(big_array())
+    (name,) = stored_segments(rt)
+    del ref
+    gc.collect()
+    assert not os.path.exists(shm.segment_path(name))
+
+
+def test_an_object_put_by_a_worker_is_freed_by_its_owner(rt):
+    h = Holder.remote()
+    (ref,) = ray.get(h.put_big.remote(7))
+    (name,) = stored_segments(rt)
+    x = ray.get(ref)
+    assert not x.flags.writeable and x[-1] == 7.0 * (BIG - 1)
+    del ref, x
+    gc.collect()
+    ray.get(h.ping.remote())
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_past_the_capacity_objects_spill_to_disk_and_come_back():
+    ray.init(num_cpus=1, object_store_memory=3 * object_store.STORE_THRESHOLD)
+    try:
+        node = ray._private.state.node
+        in_memory = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
+        assert len(stored_segments(node)) == 1
+        spilled = ray.put(big_array(11))
+        spill = object_store.spill_dir(node)
+        (name,) = os.listdir(spill)
+        assert len(stored_segments(node)) == 1      # not in shared memory
+        x = ray.get(spilled)
+        assert not x.flags.writeable and x[-1] == 11.0 * (BIG - 1)
+        writeable, mapped, last, _ = ray.get(describe.remote(spilled))
+        assert mapped == os.path.join(spill, name) and last == 11.0 * (BIG - 1)
+        del spilled, x
+        gc.collect()
+        assert wait_until(lambda: not os.path.exists(os.path.join(spill, name)))
+        assert ray.get(in_memory).nbytes == object_store.STORE_THRESHOLD
+    finally:
+        ray.shutdown()
+    assert not os.path.exists(spill)
+
+
+def test_store_full_names_the_sizes(monkeypatch):
+    ray.init(num_cpus=1, object_store_memory=3 * object_store.STORE_THRESHOLD)
+    try:
+        room = object_store._room
+        monkeypatch.setattr(object_store, "_room",
+                            lambda d: room(d) if d == shm.SHM_DIR else 1000)
+        keep = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
+        with pytest.raises(ObjectStoreFullError) as info:
+            ray.put(big_array())
+        msg = str(info.value)
+        asked = int(msg.split("object of ")[1].split()[0])
+        assert asked >= BIG * 8 and str(3 * object_store.STORE_THRESHOLD) in msg
+        assert "has 1000 bytes free" in msg
+        assert ray.get(keep).nbytes == object_store.STORE_THRESHOLD
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "1GB", True])
+def test_object_store_memory_is_checked(bad):
+    with pytest.raises(ValueError):
+        ray.init(num_cpus=1, object_store_memory=bad)
+    assert not ray.is_initialized()
+
+
+def test_a_reader_killed_while_it_maps_an_object(rt):
+    ref = ray.put(big_array(4))
+    (name,) = stored_segments(rt)
+    h = Holder.remote()
+    assert ray.get(h.keep.remote([ref])) == 4.0 * (BIG - 1)    # keeps the ref and a view
+    pid = ray.get(h.pid.remote())       # its report of the weight it holds went out before
+    os.kill(pid, signal.SIGKILL)
+    # The object is intact for the owner and for other readers.
+    assert ray.get(describe.remote(ref))[2] == 4.0 * (BIG - 1)
+    assert ray.get(ref)[-1] == 4.0 * (BIG - 1)
+    # The dead reader's weight was taken back: the last ref frees it.
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_the_owner_killed_while_readers_hold_views(rt):
+    h = Holder.remote()
+    pid = ray.get(h.pid.remote())
+    (ref,) = ray.get(h.put_big.remote(6))
+    view = ray.get(ref)
+    (name,) = stored_segments(rt)
+    os.kill(pid, signal.SIGKILL)
+    # The driver notices the death and unlinks the dead owner's objects...
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+    # ...but what a reader mapped stays valid until it drops it.
+    assert view[-1] == 6.0 * (BIG - 1) and float(view.sum()) == 6.0 * BIG * (BIG - 1) / 2
+    assert ray.get(ref)[-1] == 6.0 * (BIG - 1)
+    # A process that had not mapped it yet cannot any more: the object is lost.
+    with pytest.raises(ObjectLostError):
+        ray.get(describe.remote(ref))
+
+
+@ray.remote
+def make_big(seed):
+    return big_array(seed)
+
+
+@ray.remote
+def first_byte_and_len(data):
+    return data[0], len(data)
+
+
+def test_a_task_result_is_stored_once_when_it_is_passed_on(rt):
+    ref = make_big.remote(8)
+    ray.get(ref)
+    assert stored_segments(rt) == set()          # nobody else reads it yet
+    writeable, mapped, last, _ = ray.get(describe.remote(ref))
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and not writeable and last == 8.0 * (BIG - 1)
+    # Later readers (top level or nested) map the same segment: no new copy.
+    assert ray.get(describe.remote(ref))[1] == mapped
+    h = Holder.remote()
+    assert ray.get(h.keep.remote([ref])) == 8.0 * (BIG - 1)
+    assert stored_segments(rt) == {name}
+    assert ray.get(h.drop.remote())
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_large_bytes_put_travel_through_the_store(rt):
+    data = b"\x07" * (2 * object_store.STORE_THRESHOLD)
+    ref = ray.put(data)
+    assert ray.get(ref) is data                  # immutable: kept by reference
+    assert ray.get(first_byte_and_len.remote(ref)) == (7, len(data))
+    (name,) = stored_segments(rt)
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+@ray.remote
+def make_big_after(_gate, seed):
+    return big_array(seed)
+
+
+@ray.remote
+def describe_nested(refs):
+    return mapping_of(ray.get(refs[0]))
+
+
+def test_a_fetched_large_result_arrives_as_a_mapping(rt):
+    gate = Gate.remote()
+    big = make_big_after.remote(gate.wait.remote(), 12)
+    reader = describe_nested.remote([big])        # sent unready: the reader fetches it
+    assert ray.get(gate.open.remote())
+    writeable, mapped, last = ray.get(reader)
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and last == 12.0 * (BIG - 1)
+    assert writeable is False
+    del big
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_a_result_first_passed_inside_a_list_is_stored(rt):
+    ref = make_big.remote(13)
+    ray.get(ref)
+    writeable, mapped, last = ray.get(describe_nested.remote([ref]))
+    (name,) = stored_segments(rt)
+    assert mapped == shm.segment_path(name) and last == 13.0 * (BIG - 1) and not writeable
+    del ref
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
