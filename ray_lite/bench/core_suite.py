@@ -1,8 +1,9 @@
-"""Core runtime benchmarks: B1, B3, B10, B11, B13, and ``ray_lite.util``'s
-B17, B18 and ActorPool.map (``ray-lite bench core``).
+"""Core runtime benchmarks: B1, B3, B10, B11, B13, ``ray_lite.util``'s B17,
+B18 and ActorPool.map, and the large objects' B19-B21 (``ray-lite bench core``).
 
 Each workload runs in a fresh interpreter (a clean runtime per figure) from
-``_core_workloads.py`` or ``_util_workloads.py``, which are written against
+``_core_workloads.py``, ``_util_workloads.py`` or ``_store_workloads.py``
+(which needs numpy), written against
 Ray's API; with ``--compare-ray PYTHON`` the same files run on Ray with that
 interpreter.  B17's standard-library pool, measured in the same trials as
 ours, is the row's ceiling.
@@ -20,10 +21,13 @@ DESCRIPTION = ("core runtime: streaming throughput, ready-check, init, round tri
 _HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = os.path.join(_HERE, "_core_workloads.py")
 UTIL_WORKLOADS = os.path.join(_HERE, "_util_workloads.py")
-_SCRIPT = {"b17": UTIL_WORKLOADS, "b18": UTIL_WORKLOADS, "actor_pool": UTIL_WORKLOADS}
+STORE_WORKLOADS = os.path.join(_HERE, "_store_workloads.py")
+_SCRIPT = {"b17": UTIL_WORKLOADS, "b18": UTIL_WORKLOADS, "actor_pool": UTIL_WORKLOADS,
+           "b19": STORE_WORKLOADS, "b20": STORE_WORKLOADS, "b21": STORE_WORKLOADS}
 # B17: util.multiprocessing.Pool's map at least as fast as the standard
-# library's pool, measured in the same trials.
+# library's pool, measured in the same trials; B20: at most half Ray's time.
 CEILING_GOALS = {"B17": 1.0}
+RAY_RATIO_GOALS = {"B20": 2.0}
 POOL_MAP = "Pool(2).map over 1,000 tiny tasks"
 
 
@@ -97,6 +101,22 @@ def _figures(res, impl, label, with_goals):
         goal, met = g("<= 20 us", lambda v: v <= 20)
         figs.append(_fig("B18", "Queue put + get between two processes, per item", impl, label,
                          "us", r["put_get_between_processes_us"], goal, met))
+    if "b19" in res:
+        goal, met = g("<= 0.5 ms", lambda v: v <= 0.5)
+        figs.append(_fig("B19", "a task on a ref to a 100 MB array already put", impl, label,
+                         "ms", res["b19"]["task_on_ref_ms"], goal, met))
+    if "b20" in res:
+        figs.append(_fig("B20", "a task taking a 100 MB array by value", impl, label, "ms",
+                         res["b20"]["task_by_value_ms"]))
+    if "b21" in res:
+        r = res["b21"]
+        figs.append(_fig("B21", "put of a 100 MB array, GB/s", impl, label, "GB/s",
+                         r["put_gbps"]))
+        figs.append(_fig("B21", "get of it in another process, reading every byte, GB/s",
+                         impl, label, "GB/s", r["get_other_process_gbps"]))
+        if r.get("collective_rpc_2_workers_ms"):
+            figs.append(_fig("B21", "the array to 2 workers by collective_rpc", impl, label,
+                             "ms", r["collective_rpc_2_workers_ms"]))
     if "actor_pool" in res:
         figs.append(_fig("util", "ActorPool.map over 2 actors", impl, label, "items/s",
                          res["actor_pool"]["items_per_s"]))
@@ -105,7 +125,8 @@ def _figures(res, impl, label, with_goals):
 
 def _measure(ctx, python, raymod, impl, label, with_goals):
     figs = []
-    for name in ("b10", "b11", "b3", "b1", "b13", "b17", "b18", "actor_pool"):
+    for name in ("b10", "b11", "b3", "b1", "b13", "b17", "b18", "actor_pool", "b19", "b20",
+                 "b21"):
         ctx.log(f"core: {name} on {label}")
         try:
             res = {name: _run(python, raymod, name, ctx.scale)}
