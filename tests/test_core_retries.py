@@ -273,3 +273,32 @@ def test_a_call_from_a_task_is_retried_on_the_restarted_actor(rt, tmp_path):
     def call(h, marker):
         return ray.get(h.die_first_time.remote(marker), timeout=T)
     assert ray.get(call.remote(a, str(tmp_path / "m")), timeout=T) == 1
+
+
+def test_a_sentinel_reused_since_it_fired_is_no_death():
+    # The race behind a restarted actor left unread: a sentinel fires (the old
+    # incarnation exited), then RESTARTED, handled before it, closes it and
+    # opens the new incarnation's under the same number.  Only the sentinels
+    # readable now are deaths.
+    import subprocess
+    import sys
+
+    from ray_lite._private.drive import DrivingMixin
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited = os.pidfd_open(child.pid)
+    child.wait(timeout=T)
+    alive = os.pidfd_open(os.getpid())
+
+    class Peers:
+        sentinels = {exited: "old", alive: "restarted"}
+        deaths = []
+
+        def _on_peer_died(self, peer):
+            self.deaths.append(peer)
+    try:
+        DrivingMixin.on_sentinels_fired(Peers(), [alive, exited, 12345])
+    finally:
+        os.close(exited)
+        os.close(alive)
+    assert Peers.deaths == ["old"]

@@ -24,6 +24,7 @@ from ray_lite._fast import ring as _ring
 from ray_lite._fast.wait_policy import LINK_SPIN_NS, ns_to_s
 
 from .interrupts import sleep_point
+from .procutil import readable_now
 from .transport import LinkClosed
 
 _compress = itertools.compress
@@ -200,10 +201,19 @@ class DrivingMixin:
         fired = _wait_rings_or_fds([link._rx for link in self.links.values()], sentinel_fds,
                                    timeout, _LINK_SPIN_S)
         self._drain()
-        for fd in fired:
-            peer = self.sentinels.get(fd)
-            if peer is not None:
-                self._on_peer_died(peer)
+        self.on_sentinels_fired(fired)
+
+    def on_sentinels_fired(self, fired):
+        """The deaths of the peers whose sentinels are among ``fired`` (readable a
+        moment ago), those still readable now (``procutil.readable_now``): taking
+        a sentinel reused for a restarted actor for its old one's would drop the
+        link just made to the new incarnation, and the calls resent over it."""
+        dead = [fd for fd in fired if fd in self.sentinels]
+        if dead:
+            for fd in readable_now(dead):
+                peer = self.sentinels.get(fd)
+                if peer is not None:
+                    self._on_peer_died(peer)
 
     def _drain(self):
         if self._deferred or self._releases:

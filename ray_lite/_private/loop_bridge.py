@@ -3,6 +3,7 @@ import asyncio
 import threading
 import time
 
+from .procutil import readable_now
 from .transport import WEAK_SLICE, spin_readable
 
 
@@ -276,6 +277,8 @@ class _LoopBridge:
 
         def died(fd=fd):
             peer = self.node.sentinels.get(fd)
+            if peer is not None and not readable_now((fd,)):
+                return      # reused for a live process since it fired: still watched
             self.unwatch_fd(fd)
             if peer is not None:
                 self.node._on_peer_died(peer)

@@ -2,6 +2,7 @@
 import ctypes
 import ctypes.util
 import os
+import select
 import signal
 
 _PR_SET_PDEATHSIG = 1
@@ -40,3 +41,17 @@ def open_sentinel(pid):
         return os.pidfd_open(pid)
     except ProcessLookupError:
         return None
+
+
+def readable_now(fds):
+    """Those of ``fds`` readable at this moment (a sentinel: its process has exited).
+
+    A sentinel that fired a moment ago is checked again with this before its
+    peer is taken for dead: a handler run meanwhile may have closed it and
+    opened another under the same number, for a live process (an actor's
+    next incarnation, on ``RESTARTED``).
+    """
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, select.POLLIN)
+    return [fd for fd, _ in p.poll(0)]

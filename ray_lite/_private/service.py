@@ -144,16 +144,7 @@ class ServiceMixin:
 
     def _service_round(self, fired):
         """Under the drive lock: handle what woke us, drain, arm; the fds to poll."""
-        dead = [fd for fd in fired if fd in self.sentinels]
-        if dead:
-            # Checked again: only a sentinel readable now means a death.
-            p = select.poll()
-            for fd in dead:
-                p.register(fd, select.POLLIN)
-            for fd, _ in p.poll(0):
-                peer = self.sentinels.get(fd)
-                if peer is not None:
-                    self._on_peer_died(peer)
+        self.on_sentinels_fired(fired)
         links = list(self.links.values())
         fired = set(fired)
         for link in links:
