@@ -624,38 +624,28 @@ def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
     assert consumer.spin_poll(0) is True                # as poll(): reading will tell
 
 
-def test_close_from_another_thread_wakes_a_blocked_get(pair):
-    _, consumer = pair
+def _fill_until_closed(producer):
+    while True:
+        producer.put_bytes(b"x" * 100, timeout=60)
+
+
+@pytest.mark.parametrize("end,blocking_call", [
+    (1, lambda consumer: consumer.get(timeout=60)),
+    (0, _fill_until_closed),
+], ids=["get", "put"])
+def test_close_from_another_thread_wakes_a_blocked_call(pair, end, blocking_call):
+    ring = pair[end]
     result = []
 
     def blocked():
         try:
-            consumer.get(timeout=60)
+            blocking_call(ring)
         except BaseException as exc:
             result.append(exc)
 
     thread = threading.Thread(target=blocked)
     thread.start()
-    consumer.close()
-    thread.join(30)
-    assert not thread.is_alive()
-    assert len(result) == 1 and isinstance(result[0], ChannelClosedError)
-
-
-def test_close_from_another_thread_wakes_a_blocked_put(pair):
-    producer, _ = pair
-    result = []
-
-    def blocked():
-        try:
-            while True:
-                producer.put_bytes(b"x" * 100, timeout=60)
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=blocked)
-    thread.start()
-    producer.close()
+    ring.close()
     thread.join(30)
     assert not thread.is_alive()
     assert len(result) == 1 and isinstance(result[0], ChannelClosedError)

@@ -98,6 +98,28 @@ def guard(fn, *fail_rows):
         return list(fail_rows)
 
 
+def per_twin(hot_path, rows_of, measure):
+    """The figures of each twin of ``hot_path``, measured one after the other.
+
+    ``rows_of(twin, label)`` gives the rows a twin's measurement fills: a
+    twin that cannot load keeps them, marked with why; a measurement that
+    raises turns them into error rows (``guard``).  ``measure(mod, twin,
+    label)`` returns the twin's figures.
+    """
+    figures = []
+    for twin in TWINS:
+        mod, why = load_twin(hot_path, twin)
+        label = TWIN_LABEL[twin]
+        rows = rows_of(twin, label)
+        if mod is None:
+            figures.extend(missing(r.bench, r.name, twin, label, r.unit, *why, goal=r.goal)
+                           for r in rows)
+            continue
+        figures.extend(guard(lambda mod=mod, twin=twin, label=label: measure(mod, twin, label),
+                             *rows))
+    return figures
+
+
 # B5's goal for a wake-up from idle, p50 (the CPU share's is 1 % of a core).
 WAKE_GOAL_US = 50.0
 

@@ -32,6 +32,7 @@ from ._harness import (
     idle_waiter_figures,
     load_twin,
     missing,
+    per_twin,
     settle,
     summarize_samples,
 )
@@ -265,19 +266,13 @@ def bench_b5(ctx):
     short_idle_s = ctx.pick(0.2, 0.1, 0.05)
     short_rounds = ctx.pick(10, 4, 2)
     ctx.log(f"B5: MessageQueue idle reader, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
-    figures = []
-    for twin in TWINS:
-        mod, why = load_twin("broadcast", twin)
-        label = TWIN_LABEL[twin]
-        if mod is None:
-            figures.append(missing("B5", B5_CPU_NAME, twin, label, "%", *why, goal=B5_CPU_GOAL))
-            figures.append(missing("B5", B5_WAKE_NAME, twin, label, "us", *why, goal=B5_WAKE_GOAL))
-            continue
-        rows = (Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
-                Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL))
-        figures.extend(guard(lambda mod=mod, twin=twin, label=label:
-                              _idle(mod, twin, label, idle_s, short_idle_s, short_rounds), *rows))
-    return figures
+    return per_twin("broadcast", _b5_rows, lambda mod, twin, label: _idle(
+        mod, twin, label, idle_s, short_idle_s, short_rounds))
+
+
+def _b5_rows(twin, label):
+    return [Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
+            Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL)]
 
 
 def _idle(mod, twin, label, idle_s, short_idle_s, short_rounds):

@@ -28,6 +28,7 @@ from ._harness import (
     load_twin,
     missing,
     ns_per_call,
+    per_twin,
     settle,
     summarize_samples,
     summarize_trials,
@@ -234,20 +235,13 @@ def bench_b4(ctx):
     trials = ctx.pick(5, 3, 2)
     warmup = ctx.pick(2000, 500, 50)
     ctx.log(f"B4: ring round trip, {trials} trials x {n} round trips per twin, and anchors")
-    figures = []
-    for twin in TWINS:
-        mod, why = load_twin("ring", twin)
-        label = TWIN_LABEL[twin]
-        if mod is None:
-            figures.append(missing("B4", B4_NAME, twin, label, "us", *why, goal=B4_GOAL))
-            continue
-        row = Figure("B4", B4_NAME, twin, label, "us", goal=B4_GOAL)
 
-        def measure(mod=mod, twin=twin, label=label):
-            samples, p50s = ring_round_trips(mod.__name__, n, trials, warmup)
-            return [_latency_figure("B4", B4_NAME, twin, label, samples, p50s, trials,
-                                    goal=B4_GOAL, goal_us=0.3)]
-        figures.extend(guard(measure, row))
+    def measure(mod, twin, label):
+        samples, p50s = ring_round_trips(mod.__name__, n, trials, warmup)
+        return [_latency_figure("B4", B4_NAME, twin, label, samples, p50s, trials,
+                                goal=B4_GOAL, goal_us=0.3)]
+    figures = per_twin("ring", lambda twin, label: [Figure("B4", B4_NAME, twin, label, "us",
+                                                           goal=B4_GOAL)], measure)
 
     row = Figure("B4", B4_NAME, "anchor", "multiprocessing.Pipe send_bytes/recv_bytes", "us")
 
@@ -334,21 +328,14 @@ def bench_b5(ctx):
     short_idle_s = ctx.pick(0.2, 0.1, 0.05)
     short_rounds = ctx.pick(10, 4, 2)
     ctx.log(f"B5: idle waiter, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
-    figures = []
-    for twin in TWINS:
-        mod, why = load_twin("ring", twin)
-        label = TWIN_LABEL[twin]
-        if mod is None:
-            figures.append(missing("B5", B5_CPU_NAME, twin, label, "%", *why, goal=B5_CPU_GOAL))
-            figures.append(missing("B5", B5_WAKE_NAME, twin, label, "us", *why, goal=B5_WAKE_GOAL))
-            continue
-        rows = (Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
-                Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL))
+    return per_twin("ring", b5_rows, lambda mod, twin, label: idle_waiter(
+        mod.__name__, twin, label, idle_s, short_idle_s, short_rounds))
 
-        def measure(mod=mod, twin=twin, label=label):
-            return idle_waiter(mod.__name__, twin, label, idle_s, short_idle_s, short_rounds)
-        figures.extend(guard(measure, *rows))
-    return figures
+
+def b5_rows(twin, label):
+    """The two rows of B5 (CPU while idle, wake-up) for one twin."""
+    return [Figure("B5", B5_CPU_NAME, twin, label, "%", goal=B5_CPU_GOAL),
+            Figure("B5", B5_WAKE_NAME, twin, label, "us", goal=B5_WAKE_GOAL)]
 
 
 def idle_waiter(ring_module, twin, label, idle_s, short_idle_s, short_rounds):

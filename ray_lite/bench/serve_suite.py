@@ -33,8 +33,8 @@ import time
 import urllib.request
 
 if __package__:
-    from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
     from .._private.boot import python_argv
+    from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
 
 # Goals relative to bare uvicorn, the ceiling measured in the same run (with
 # --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time.
