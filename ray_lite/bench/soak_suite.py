@@ -17,7 +17,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -179,12 +178,15 @@ def _sizes(ctx):
 
 
 def _start_server(replicas):
-    from .serve_suite import ROOT, _free_port
+    from ray_lite._private.boot import python_argv
+
+    from .serve_suite import _free_port
     port = _free_port()
-    env = dict(os.environ, REPLICAS=str(replicas),
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in sys.path if p]))
-    cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
-           "serve", "run", "ray_lite.bench.soak_suite:model", "--port", str(port)]
+    env = dict(os.environ, REPLICAS=str(replicas))
+    # Pinned to this ray_lite, wherever the benchmark is started from.
+    cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
+                      "soak benchmark's serve run")
+    cmd += ["serve", "run", "ray_lite.bench.soak_suite:model", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     return proc, port
