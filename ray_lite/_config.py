@@ -18,7 +18,7 @@ import re
 __all__ = [
     "VARIABLES", "ConfigVar",
     "NO_EXTENSIONS", "SHM_PREFIX",
-    "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE",
+    "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE", "BACKEND",
 ]
 
 
@@ -69,6 +69,12 @@ def _nice(raw):
     return value
 
 
+def _backend(raw):
+    if raw not in ("local", "ray"):
+        raise ValueError(raw)
+    return raw
+
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -79,6 +85,9 @@ def _prefix(raw):
 
 
 VARIABLES = (
+    ConfigVar("RAY_LITE_BACKEND", "local", "local or ray",
+              "the engine a program runs on when init() does not choose: "
+              "'local' (this runtime) or 'ray' (Ray, from the 'ray' extra)", _backend),
     ConfigVar("RAY_LITE_NO_EXTENSIONS", "0", "0 or 1",
               "1: use the pure-Python twins of the hot paths (at build time: "
               "build none of the compiled ones)", _flag),
@@ -107,6 +116,7 @@ def read(name, environ=None):
     return _BY_NAME[name].read(environ)
 
 
+BACKEND = read("RAY_LITE_BACKEND")
 NO_EXTENSIONS = read("RAY_LITE_NO_EXTENSIONS")
 SHM_PREFIX = read("RAY_LITE_SHM_PREFIX")
 SERVE_PROXY_SPIN_S = read("RAY_LITE_SERVE_PROXY_SPIN_US")

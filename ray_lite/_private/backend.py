@@ -1,0 +1,70 @@
+"""Which engine runs the program: this runtime ("local") or Ray ("ray").
+
+One rule, in the order vLLM's ``distributed_executor_backend`` and Modin's
+engine switch use: what ``init()`` says wins (``backend=``, or an
+``address=`` that names a Ray cluster), then ``RAY_LITE_BACKEND``, then the
+local runtime.  The choice is made once per ``init`` and cleared by
+``shutdown``; until then ``current()`` reports what ``init()`` would choose.
+
+Hot paths test the module global ``RAY`` (a bool), one load and one branch.
+"""
+from ray_lite import _config
+
+__all__ = ["LOCAL", "RAY_NAME", "current", "choose", "activate", "deactivate",
+           "require_ray", "RAY_INSTALL_HINT"]
+
+LOCAL = "local"
+RAY_NAME = "ray"
+RAY_INSTALL_HINT = "pip install 'ray_lite[ray]'"
+
+# The engine in use since init() (None: not decided yet, i.e. not initialised).
+_active = None
+# True while the Ray backend is the active one; hot paths read only this.
+RAY = False
+
+
+def choose(backend=None, address=None):
+    """The engine ``init(backend=..., address=...)`` asks for.
+
+    ``address`` is Ray's: ``"auto"``, ``"host:6379"`` or ``"ray://host:10001"``
+    mean a Ray cluster; ``None`` and ``"local"`` mean this machine.
+    """
+    if backend is not None:
+        if backend not in (LOCAL, RAY_NAME):
+            raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+        if backend == LOCAL and address not in (None, "local"):
+            raise ValueError(f"backend='local' runs on this machine: cannot connect to "
+                             f"address={address!r}; use backend='ray' for a Ray cluster")
+        return backend
+    if address not in (None, "local"):
+        return RAY_NAME
+    return _config.BACKEND
+
+
+def current():
+    """The engine in use (``"local"`` or ``"ray"``); before ``init``, the one
+    ``init()`` without arguments would choose."""
+    return _active if _active is not None else _config.BACKEND
+
+
+def activate(name):
+    global _active, RAY
+    _active = name
+    RAY = name == RAY_NAME
+
+
+def deactivate():
+    global _active, RAY
+    _active = None
+    RAY = False
+
+
+def require_ray():
+    """The ``ray`` module, or ImportError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"the Ray backend needs Ray, which is not installed: {RAY_INSTALL_HINT} "
+            f"(or pip install ray)") from exc
+    return ray
