@@ -7,7 +7,7 @@ import uuid
 
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
-from . import interrupts, object_store, state
+from . import backend as _backend, interrupts, object_store, state
 from . import protocol as P
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
@@ -30,13 +30,34 @@ _REFUSED_INIT = {"local_mode", "storage", "_node_ip_address", "job_config"}
 
 
 def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
-         resources=None, runtime_env=None, object_store_memory=None, **kwargs):
+         resources=None, runtime_env=None, object_store_memory=None, backend=None, **kwargs):
     """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count).
 
     ``object_store_memory``: bytes that large objects may take in shared
     memory (default: 30 % of the machine's memory); see ``object_store.py``.
+
+    ``backend="ray"``, an ``address`` of a Ray cluster (``"auto"``,
+    ``"host:6379"``, ``"ray://host:10001"``) or ``RAY_LITE_BACKEND=ray`` run
+    the program on Ray instead (see ``_private/backend.py``).
     """
     global _atexit_registered
+    engine = _backend.choose(backend, address)
+    if engine == _backend.RAY_NAME:
+        if state.node is not None:
+            raise RuntimeError("ray_lite is already running on the local backend: "
+                               "call ray_lite.shutdown() before init(backend='ray')")
+        from ray_lite import _ray
+        _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
+                  resources=resources, runtime_env=runtime_env,
+                  object_store_memory=object_store_memory,
+                  ignore_reinit_error=ignore_reinit_error, **kwargs)
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+        return
+    if _backend.RAY:
+        raise RuntimeError("ray_lite is already running on Ray: call ray_lite.shutdown() "
+                           "before init(backend='local')")
     resources = check_resource_dict(resources, "init(resources=...)")
     env_vars = env_vars_of(runtime_env, "init(runtime_env=...)")
     for key, value in kwargs.items():
@@ -44,8 +65,6 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             raise ValueError(f"ray_lite.init does not support {key}= (single machine runtime)")
         if key not in _HARMLESS_INIT and key not in _REFUSED_INIT:
             raise TypeError(f"init() got an unexpected keyword argument '{key}'")
-    if address not in (None, "local", "auto"):
-        raise ValueError(f"ray_lite runs on one machine: cannot connect to address={address!r}")
     with _init_lock:
         if state.node is not None:
             if ignore_reinit_error:
@@ -114,6 +133,10 @@ def _shutdown_at_exit():
 
 def shutdown():
     """Stop every worker and actor and free the runtime's shared memory."""
+    if _backend.RAY:
+        from ray_lite import _ray
+        _ray.shutdown()
+        return
     with _init_lock:
         node = state.node
         if node is None:
@@ -129,6 +152,9 @@ def shutdown():
 
 
 def is_initialized():
+    if _backend.RAY:
+        from ray_lite import _ray
+        return _ray.is_initialized()
     return state.node is not None
 
 
