@@ -14,8 +14,7 @@ T = 60
 
 @ray.remote
 def produce(n):
-    for i in range(n):
-        yield i
+    yield from range(n)
 
 
 def test_a_task_iterating_a_generator_lends_its_cpu_slot():

@@ -33,6 +33,17 @@ def counters(table):
             table.is_next_ready(), table.is_finished())
 
 
+def assert_over(table, late_index=None):
+    """The stream has ended: ``try_next`` raises StopIteration (again and
+    again), and an item reported at ``late_index`` after the end is refused."""
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            table.try_next()
+    if late_index is not None:
+        with pytest.raises(ValueError):
+            table.report(late_index, "late")
+
+
 # -- the sentinel -------------------------------------------------------------
 
 def test_not_ready_is_one_named_object(stream_table_impl):
@@ -92,8 +103,7 @@ def test_none_payload_is_an_item_not_a_gap(stream_table_impl):
     t.report_end(1)
     assert t.is_next_ready()
     assert t.try_next() is None
-    with pytest.raises(StopIteration):
-        t.try_next()
+    assert_over(t)
 
 
 def test_end_of_stream(stream_table_impl):
@@ -120,10 +130,7 @@ def test_empty_stream(stream_table_impl):
     t = stream_table_impl.StreamTable()
     t.report_end(0)
     assert t.is_finished() and t.is_next_ready()
-    with pytest.raises(StopIteration):
-        t.try_next()
-    with pytest.raises(ValueError):
-        t.report(0, "late")
+    assert_over(t, late_index=0)
 
 
 def test_end_reported_after_consuming_everything(stream_table_impl):
@@ -133,8 +140,7 @@ def test_end_reported_after_consuming_everything(stream_table_impl):
     assert not t.is_finished()
     t.report_end(1)
     assert t.is_finished()
-    with pytest.raises(StopIteration):
-        t.try_next()
+    assert_over(t)
 
 
 def test_error_surfaces_at_its_index_then_the_stream_is_over(stream_table_impl):
@@ -156,10 +162,7 @@ def test_error_surfaces_at_its_index_then_the_stream_is_over(stream_table_impl):
     assert info.value is error
     assert t.is_finished()
     assert counters(t) == (3, 3, 0, 3, True, True)
-    with pytest.raises(StopIteration):
-        t.try_next()
-    with pytest.raises(ValueError):
-        t.report(3, "after the error")
+    assert_over(t, late_index=3)
 
 
 def test_error_as_first_item(stream_table_impl):
@@ -167,8 +170,7 @@ def test_error_as_first_item(stream_table_impl):
     t.report_error(0, RuntimeError("at once"))
     with pytest.raises(RuntimeError, match="at once"):
         t.try_next()
-    with pytest.raises(StopIteration):
-        t.try_next()
+    assert_over(t)
 
 
 # -- bad reports ------------------------------------------------------------------
@@ -301,8 +303,7 @@ def test_finished_stream_releases_its_buffer(stream_table_impl):
     t.report_end(4096)
     assert t.capacity >= 4096
     assert take_all(t) == list(range(4096))
-    with pytest.raises(StopIteration):
-        t.try_next()
+    assert_over(t)
     assert t.capacity <= 16
 
 
@@ -355,8 +356,7 @@ def test_any_report_order_is_taken_in_index_order(stream_table_impl, n, spread, 
     while len(taken) < n:
         take_some()
     assert taken == payloads
-    with pytest.raises(StopIteration):
-        t.try_next()
+    assert_over(t)
     assert t.is_finished()
     assert t.capacity <= 1024
 

@@ -221,6 +221,29 @@ def _ext_header(code, n):
     return b"\xc9" + _U32.pack(n) + bytes((code,))
 
 
+# msgpack's length-prefixed families: (fix tag, largest fix length or -1,
+# 8-bit tag or None, 16-bit tag, 32-bit tag).
+_STR_HEADER = (0xA0, 31, 0xD9, b"\xda", b"\xdb")
+_BIN_HEADER = (0, -1, 0xC4, b"\xc5", b"\xc6")
+_ARRAY_HEADER = (0x90, 15, None, b"\xdc", b"\xdd")
+_MAP_HEADER = (0x80, 15, None, b"\xde", b"\xdf")
+
+
+def _sized_header(out, n, obj, family):
+    """Append the shortest header of ``family`` for ``n`` bytes or items."""
+    fix_tag, fix_max, tag8, tag16, tag32 = family
+    if n <= fix_max:
+        out.append(fix_tag | n)
+    elif tag8 is not None and n <= 0xFF:
+        out += bytes((tag8, n))
+    elif n <= 0xFFFF:
+        out += tag16 + _U16.pack(n)
+    elif n <= _U32_MAX:
+        out += tag32 + _U32.pack(n)
+    else:
+        raise _too_long(obj)
+
+
 def _too_long(obj):
     return _Unserialisable(obj, ValueError("longer than msgpack's 4 GiB limit"))
 
@@ -287,17 +310,7 @@ class _Encoder:
                 data = obj.encode("utf-8")
             except UnicodeEncodeError:
                 return self.pickled(obj)
-            n = len(data)
-            if n <= 31:
-                out.append(0xA0 | n)
-            elif n <= 0xFF:
-                out += bytes((0xD9, n))
-            elif n <= 0xFFFF:
-                out += b"\xda" + _U16.pack(n)
-            elif n <= _U32_MAX:
-                out += b"\xdb" + _U32.pack(n)
-            else:
-                raise _too_long(obj)
+            _sized_header(out, len(data), obj, _STR_HEADER)
             out += data
         elif t is int:
             if 0 <= obj:
@@ -331,14 +344,7 @@ class _Encoder:
             if len(stack) >= MAX_DEPTH:
                 raise _too_deep()
             n = len(obj)
-            if n <= 15:
-                out.append(0x80 | n)
-            elif n <= 0xFFFF:
-                out += b"\xde" + _U16.pack(n)
-            elif n <= _U32_MAX:
-                out += b"\xdf" + _U32.pack(n)
-            else:
-                raise _too_long(obj)
+            _sized_header(out, n, obj, _MAP_HEADER)
             if n:
                 stack.append(_dict_items(obj))
         elif t is list:
@@ -356,14 +362,7 @@ class _Encoder:
             n = len(obj)
             if 0 <= self.threshold <= n:
                 return self.out_of_band(KIND_BYTES, memoryview(obj))
-            if n <= 0xFF:
-                out += bytes((0xC4, n))
-            elif n <= 0xFFFF:
-                out += b"\xc5" + _U16.pack(n)
-            elif n <= _U32_MAX:
-                out += b"\xc6" + _U32.pack(n)
-            else:
-                raise _too_long(obj)
+            _sized_header(out, n, obj, _BIN_HEADER)
             out += obj
         elif t is tuple:
             if len(stack) >= MAX_DEPTH:
@@ -381,14 +380,7 @@ class _Encoder:
             self.pickled(obj)
 
     def array_header(self, obj, n):
-        if n <= 15:
-            self.out.append(0x90 | n)
-        elif n <= 0xFFFF:
-            self.out += b"\xdc" + _U16.pack(n)
-        elif n <= _U32_MAX:
-            self.out += b"\xdd" + _U32.pack(n)
-        else:
-            raise _too_long(obj)
+        _sized_header(self.out, n, obj, _ARRAY_HEADER)
 
     def bigint(self, obj):
         n = ((obj if obj >= 0 else ~obj).bit_length() + 8) // 8

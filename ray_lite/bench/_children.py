@@ -63,11 +63,24 @@ def pipe_echo(conn):
         conn.close()
 
 
-def _cpu_ns():
+def cpu_ns():
     # The whole process (every thread): a waiter that hid a spinning helper
     # thread must be charged for it.
     r = resource.getrusage(resource.RUSAGE_SELF)
     return int((r.ru_utime + r.ru_stime) * 1e9)
+
+
+def timed_block(receive):
+    """``receive()``, timed as B5 needs it: ``(its value, the CPU ns this
+    process burnt while blocked, the wall ns of the wait, CLOCK_MONOTONIC ns
+    at return)``, the last to subtract the sender's clock from."""
+    clock = time.clock_gettime_ns
+    mono = time.CLOCK_MONOTONIC
+    cpu0 = cpu_ns()
+    wall0 = clock(mono)
+    value = receive()
+    woke = clock(mono)
+    return value, cpu_ns() - cpu0, woke - wall0, woke
 
 
 def ring_idle_waiter(ring_module, to_child, to_parent, rounds):
@@ -77,21 +90,14 @@ def ring_idle_waiter(ring_module, to_child, to_parent, rounds):
     (our clock at return from ``get`` minus the parent's at ``put``; one
     clock, CLOCK_MONOTONIC, for both processes)."""
     mod, rin, rout = _attach(ring_module, to_child, to_parent)
-    clock = time.clock_gettime_ns
-    mono = time.CLOCK_MONOTONIC
     try:
         rout.put_bytes(READY, timeout=CHILD_TIMEOUT_S)
         for _ in range(rounds):
-            cpu0 = _cpu_ns()
-            wall0 = clock(mono)
-            msg = rin.get(timeout=CHILD_TIMEOUT_S)
-            woke = clock(mono)
-            cpu1 = _cpu_ns()
+            msg, cpu, wall, woke = timed_block(lambda: rin.get(timeout=CHILD_TIMEOUT_S))
             if msg == STOP:
                 break
             (put_at,) = _WAKE.unpack(msg)
-            rout.put_bytes(_WAKE_REPLY.pack(cpu1 - cpu0, woke - wall0, woke - put_at),
-                           timeout=CHILD_TIMEOUT_S)
+            rout.put_bytes(_WAKE_REPLY.pack(cpu, wall, woke - put_at), timeout=CHILD_TIMEOUT_S)
     except mod.ChannelClosedError:
         pass
     finally:

@@ -124,6 +124,15 @@ def per_twin(hot_path, rows_of, measure):
 WAKE_GOAL_US = 50.0
 
 
+def idle_plan(ctx, smoke_idle_s):
+    """B5's idle periods: ``(long idle s, short idle s, number of short ones)``.
+
+    After the long idle (its CPU share is the figure), shorter ones give more
+    wake-up samples, each long enough that the waiter has gone to sleep:
+    spinning lasts microseconds."""
+    return ctx.pick(5.0, 1.0, smoke_idle_s), ctx.pick(0.2, 0.1, 0.05), ctx.pick(10, 4, 2)
+
+
 def idle_waiter_figures(replies, twin, label, cpu_name, cpu_goal, wake_name, wake_goal):
     """B5's two rows from an idle waiter's rounds, ``(cpu_ns, wall_ns, wake_ns)``
     each, the first after the long idle: its CPU share then, and the wake-ups."""

@@ -20,22 +20,11 @@ or server process is left behind); the executor starts its own workers.
 import importlib
 import multiprocessing
 import os
-import resource
 import time
 
-from ._harness import (
-    TWIN_LABEL,
-    TWINS,
-    UNAVAILABLE,
-    Figure,
-    guard,
-    idle_waiter_figures,
-    load_twin,
-    missing,
-    per_twin,
-    settle,
-    summarize_samples,
-)
+from ._children import timed_block
+from ._harness import TWIN_LABEL, TWINS, UNAVAILABLE, Figure, guard, load_twin, missing
+from ._harness import idle_plan, idle_waiter_figures, per_twin, settle, summarize_samples
 
 DESCRIPTION = ("executor: collective_rpc round trip (B6), broadcast queue idle reader (B5), "
                "one-way broadcast throughput")
@@ -58,9 +47,6 @@ def _fork_ctx():
     return multiprocessing.get_context("fork")
 
 
-def _cpu_ns_self():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return int((r.ru_utime + r.ru_stime) * 1e9)
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -250,21 +236,15 @@ def _idle_reader(module_name, handle, rounds, conn):
     try:
         conn.send("ready")
         for _ in range(rounds):
-            cpu0 = _cpu_ns_self()
-            wall0 = _mono(_MONO)
-            put_at = q.dequeue(timeout=TIMEOUT_S)
-            woke = _mono(_MONO)
-            cpu1 = _cpu_ns_self()
-            conn.send((cpu1 - cpu0, woke - wall0, woke - put_at))
+            put_at, cpu, wall, woke = timed_block(lambda: q.dequeue(timeout=TIMEOUT_S))
+            conn.send((cpu, wall, woke - put_at))
     finally:
         q.close()
         conn.close()
 
 
 def bench_b5(ctx):
-    idle_s = ctx.pick(5.0, 1.0, 0.2)
-    short_idle_s = ctx.pick(0.2, 0.1, 0.05)
-    short_rounds = ctx.pick(10, 4, 2)
+    idle_s, short_idle_s, short_rounds = idle_plan(ctx, smoke_idle_s=0.2)
     ctx.log(f"B5: MessageQueue idle reader, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
     return per_twin("broadcast", _b5_rows, lambda mod, twin, label: _idle(
         mod, twin, label, idle_s, short_idle_s, short_rounds))

@@ -24,6 +24,7 @@ from ._harness import (
     ChildProcess,
     Figure,
     guard,
+    idle_plan,
     idle_waiter_figures,
     load_twin,
     missing,
@@ -160,26 +161,33 @@ def ring_round_trips(ring_module, n, trials, warmup):
     pair = RingPair(ring_module, _children.ring_echo)
     try:
         put, get = pair.to_child.put_bytes, pair.to_parent.get
-        clock = time.perf_counter_ns
         timeout = MESSAGE_TIMEOUT_S
-        msg = B4_MESSAGE
-        for _ in range(warmup):
-            put(msg, timeout)
-            get(timeout)
-        samples, p50s = [], []
-        for _ in range(trials):
-            settle()
-            trial = []
-            for _ in range(n):
-                t0 = clock()
-                put(msg, timeout)
-                get(timeout)
-                trial.append(clock() - t0)
-            p50s.append(statistics.median(trial))
-            samples.extend(trial)
-        return samples, p50s
+        return timed_round_trips(lambda msg: put(msg, timeout), lambda: get(timeout),
+                                 n, trials, warmup)
     finally:
         pair.close()
+
+
+def timed_round_trips(send, receive, n, trials, warmup):
+    """``send(B4_MESSAGE)`` then ``receive()``, timed one by one: every
+    round trip's ns and each trial's median."""
+    clock = time.perf_counter_ns
+    msg = B4_MESSAGE
+    for _ in range(warmup):
+        send(msg)
+        receive()
+    samples, p50s = [], []
+    for _ in range(trials):
+        settle()
+        trial = []
+        for _ in range(n):
+            t0 = clock()
+            send(msg)
+            receive()
+            trial.append(clock() - t0)
+        p50s.append(statistics.median(trial))
+        samples.extend(trial)
+    return samples, p50s
 
 
 def pipe_round_trips(n, trials, warmup):
@@ -190,28 +198,13 @@ def pipe_round_trips(n, trials, warmup):
         child.start()
         child_end.close()
         send, recv = parent_end.send_bytes, parent_end.recv_bytes
-        clock = time.perf_counter_ns
-        msg = B4_MESSAGE
-        send(msg)
+        send(B4_MESSAGE)
         # The first answer waits for the child to start; later ones cannot
         # hang: a dead child makes recv raise EOFError.
         if not parent_end.poll(STARTUP_TIMEOUT_S):
             raise TimeoutError("the Pipe echo child did not answer")
         recv()
-        for _ in range(warmup):
-            send(msg)
-            recv()
-        samples, p50s = [], []
-        for _ in range(trials):
-            settle()
-            trial = []
-            for _ in range(n):
-                t0 = clock()
-                send(msg)
-                recv()
-                trial.append(clock() - t0)
-            p50s.append(statistics.median(trial))
-            samples.extend(trial)
+        samples, p50s = timed_round_trips(send, recv, n, trials, warmup)
         send(_children.STOP)
         return samples, p50s
     finally:
@@ -322,11 +315,7 @@ _WAKE_REPLY = struct.Struct("<qqq")
 
 
 def bench_b5(ctx):
-    idle_s = ctx.pick(5.0, 1.0, 0.1)
-    # After the long idle, shorter ones give more wake-up samples (each long
-    # enough that the waiter has gone to sleep: spinning lasts microseconds).
-    short_idle_s = ctx.pick(0.2, 0.1, 0.05)
-    short_rounds = ctx.pick(10, 4, 2)
+    idle_s, short_idle_s, short_rounds = idle_plan(ctx, smoke_idle_s=0.1)
     ctx.log(f"B5: idle waiter, {idle_s:g} s idle then {short_rounds} x {short_idle_s:g} s, per twin")
     return per_twin("ring", b5_rows, lambda mod, twin, label: idle_waiter(
         mod.__name__, twin, label, idle_s, short_idle_s, short_rounds))
