@@ -49,6 +49,19 @@ def _check_concurrency(n):
         raise ValueError(f"max_concurrent_batches must be an integer >= 1, got {n!r}")
 
 
+def _check_output(out, n, streaming):
+    """What a handler returned (or yielded) for a batch of ``n`` calls must be
+    a list of ``n``: one result (item) per call."""
+    kind, verb, verbed, noun = (("generator", "yield", "yielded", "items") if streaming
+                                else ("function", "return", "returned", "results"))
+    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+        raise TypeError(f"a @serve.batch {kind} must {verb} a list (one of its {noun} per "
+                        f"call), not {type(out).__name__}")
+    if len(out) != n:
+        raise RayServeException(f"Batched {kind} doesn't preserve batch size: it got a batch "
+                                f"of {n} inputs and {verbed} {len(out)} {noun}")
+
+
 class _Call:
     """One caller's arguments, and where its result (or its items) go."""
 
@@ -179,13 +192,7 @@ class _BatchQueue:
         try:
             try:
                 results = await self._call_handler(batch)
-                if isinstance(results, (str, bytes)) or not hasattr(results, "__len__"):
-                    raise TypeError(f"a @serve.batch function must return a list (one result "
-                                    f"per call), not {type(results).__name__}")
-                if len(results) != len(batch):
-                    raise RayServeException(
-                        f"Batched function doesn't preserve batch size: it got a batch of "
-                        f"{len(batch)} inputs and returned {len(results)} results")
+                _check_output(results, len(batch), streaming=False)
             except BaseException as exc:   # noqa: BLE001 - every caller sees the failure
                 for call in batch:
                     if not call.fut.done():
@@ -205,13 +212,7 @@ class _BatchQueue:
             try:
                 gen = self._call_handler(batch)
                 async for out in gen:
-                    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
-                        raise TypeError(f"a streaming @serve.batch function must yield lists "
-                                        f"(one item per call), not {type(out).__name__}")
-                    if len(out) != len(batch):
-                        raise RayServeException(
-                            f"Batched generator doesn't preserve batch size: it got a batch "
-                            f"of {len(batch)} inputs and yielded {len(out)} items")
+                    _check_output(out, len(batch), streaming=True)
                     for call, value in zip(batch, out):
                         if call.left:
                             continue
