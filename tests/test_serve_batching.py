@@ -330,3 +330,23 @@ def test_streaming_batches_through_a_handle(serve_runtime):
     assert ["".join(g) for g in gens] == words
     sizes = h.batch_sizes.remote().result(timeout_s=WAIT_S)
     assert sum(sizes) == 4 and max(sizes) > 1
+
+
+def test_a_cancelled_batch_cancels_its_callers():
+    gate = None
+    running = []
+
+    @serve.batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def stuck(xs):
+        running.append(asyncio.current_task())
+        await gate.wait()
+        return xs
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        calls = [asyncio.ensure_future(stuck(i)) for i in range(2)]
+        await turns()
+        running[0].cancel()          # the batch itself, as when its loop shuts down
+        return await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in run(main()))

@@ -194,9 +194,13 @@ class _BatchQueue:
                 results = await self._call_handler(batch)
                 _check_output(results, len(batch), streaming=False)
             except BaseException as exc:   # noqa: BLE001 - every caller sees the failure
+                cancelled = isinstance(exc, asyncio.CancelledError)
                 for call in batch:
                     if not call.fut.done():
-                        call.fut.set_exception(exc)
+                        if cancelled:
+                            call.fut.cancel()
+                        else:
+                            call.fut.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
