@@ -21,6 +21,13 @@ async def turns(n=20):
         await asyncio.sleep(0)
 
 
+async def started(fn, inputs):
+    """Calls of ``fn`` on each input, as tasks, once what can start has started."""
+    calls = [asyncio.ensure_future(fn(x)) for x in inputs]
+    await turns()
+    return calls
+
+
 def test_calls_are_grouped_up_to_max_batch_size_in_order():
     sizes = []
 
@@ -58,7 +65,7 @@ def test_several_arguments_and_keywords_become_lists():
 @pytest.mark.parametrize("max_concurrent", [1, 2])
 def test_batches_run_one_at_a_time_unless_asked(max_concurrent):
     state = {"now": 0, "most": 0}
-    gate = None
+    gate = asyncio.Event()
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0, max_concurrent_batches=max_concurrent)
     async def work(xs):
@@ -71,10 +78,7 @@ def test_batches_run_one_at_a_time_unless_asked(max_concurrent):
         return xs
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
-        calls = [asyncio.ensure_future(work(i)) for i in range(4)]
-        await turns()
+        calls = await started(work, range(4))
         running = state["now"]
         gate.set()
         return running, await asyncio.gather(*calls)
@@ -159,7 +163,7 @@ def test_not_a_list_is_refused():
 
 def test_a_cancelled_caller_does_not_break_its_batch():
     seen = []
-    gate = None
+    gate = asyncio.Event()
 
     @serve.batch(max_batch_size=3, batch_wait_timeout_s=1000)
     async def slow(xs):
@@ -168,10 +172,7 @@ def test_a_cancelled_caller_does_not_break_its_batch():
         return [x * 10 for x in xs]
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
-        calls = [asyncio.ensure_future(slow(i)) for i in range(3)]
-        await turns()
+        calls = await started(slow, range(3))
         assert seen == [[0, 1, 2]]             # the batch is running
         calls[1].cancel()
         await turns()
@@ -281,7 +282,7 @@ def test_a_streaming_batch_of_wrong_size_names_both_sizes():
 
 
 def test_a_stream_closed_early_leaves_the_others_going():
-    gate = None
+    gate = asyncio.Event()
 
     @serve.batch(max_batch_size=2, batch_wait_timeout_s=1000)
     async def tokens(ns):
@@ -291,8 +292,6 @@ def test_a_stream_closed_early_leaves_the_others_going():
         yield [StopIteration, "y2"]
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
         left = tokens(0)
         other = asyncio.ensure_future(_collect(tokens(1)))
         assert await left.__anext__() == "x0"
@@ -333,7 +332,7 @@ def test_streaming_batches_through_a_handle(serve_runtime):
 
 
 def test_a_cancelled_batch_cancels_its_callers():
-    gate = None
+    gate = asyncio.Event()
     running = []
 
     @serve.batch(max_batch_size=2, batch_wait_timeout_s=1000)
@@ -343,10 +342,7 @@ def test_a_cancelled_batch_cancels_its_callers():
         return xs
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
-        calls = [asyncio.ensure_future(stuck(i)) for i in range(2)]
-        await turns()
+        calls = await started(stuck, range(2))
         running[0].cancel()          # the batch itself, as when its loop shuts down
         return await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in run(main()))
