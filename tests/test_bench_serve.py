@@ -53,15 +53,18 @@ def test_a_figure_of_rounds_is_their_median_with_min_and_max():
 class _FakeServer:
     """Stands in for a real server: records the order servers run in."""
     started = []
+    fail_second_ray = True      # Ray Serve's second start fails
 
-    def __init__(self, python, raymod, replicas):
+    def __init__(self, python, raymod, replicas, app=None):
         self.raymod = raymod
+        self.app = app or serve_suite.HI_APP
+        self.replicas = replicas
         self.port = len(self.started)
         self.up_s = 0.25
         self.stderr_lines = []
         self.cpu = 0.0
         self.started.append(raymod)
-        if raymod == "ray" and self.started.count("ray") == 2:
+        if self.fail_second_ray and raymod == "ray" and self.started.count("ray") == 2:
             raise RuntimeError("Ray Serve failed to start")
 
     def wait_up(self, timeout):
@@ -111,3 +114,68 @@ def test_http_rounds_interleave_the_servers_and_keep_what_a_failed_round_measure
     assert by[("B7", "anchor")].trials == 1
     assert "1 of 3 rounds; then RuntimeError: Ray Serve failed to start" in by[("B7", "anchor")].note
     assert "pure-Python hot paths" in by[("B8", "ray_lite")].note
+
+
+def test_b14_and_b15_run_their_apps_in_interleaved_rounds(monkeypatch):
+    from ray_lite.bench._harness import Context
+    _FakeServer.started = []
+    servers = []
+    real_init = _FakeServer.__init__
+
+    def recording_init(self, python, raymod, replicas, app=None):
+        real_init(self, python, raymod, replicas, app)
+        servers.append((raymod, self.app.module, replicas))
+    monkeypatch.setattr(_FakeServer, "__init__", recording_init)
+    monkeypatch.setattr(_FakeServer, "fail_second_ray", False)
+    monkeypatch.setattr(serve_suite, "_Server", _FakeServer)
+    monkeypatch.setattr(serve_suite.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    paths = []
+
+    def fake_wrk(port, seconds, path="/"):
+        paths.append(path)
+        rps = {"ray_lite": 1000.0, "ray": 10.0, "uvicorn": 400.0}[_FakeServer.started[port]]
+        return {"rps": rps, "requests": 100, "non2xx": 0}
+    monkeypatch.setattr(serve_suite, "_wrk", fake_wrk)
+    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx: [
+        ("py", "ray_lite", "ray_lite", "ray_lite", True), ("py", "ray", "anchor", "Ray Serve", False),
+        ("py", "uvicorn", "ceiling", "bare uvicorn", False)])
+    ctx = Context(scale="full", compare_ray="py", log=lambda msg: None)
+    sse = serve_suite._http_figures(ctx, serve_suite.SSE_APP)
+    fastapi = serve_suite._http_figures(ctx, serve_suite.FASTAPI_APP)
+    # Five rounds of each app, the three servers in turn, with the replicas asked for.
+    assert servers[:3] == [("ray_lite", "serve_sse_app", 4), ("ray", "serve_sse_app", 4),
+                           ("uvicorn", "serve_sse_app", 4)]
+    assert len(servers) == 30 and servers[15] == ("ray_lite", "serve_fastapi_app", 8)
+    assert set(paths) == {"/?n=100", "/echo/hi?times=2"}
+    by = {(f.bench, f.impl): f for f in sse + fastapi}
+    assert set(by) == {(b, i) for b in ("B14", "B15") for i in ("ray_lite", "anchor", "ceiling")}
+    assert by[("B14", "ray_lite")].unit == "events/s"
+    assert by[("B14", "ray_lite")].value == 100_000.0     # 1,000 req/s x 100 events
+    assert by[("B15", "ceiling")].value == 400.0 and by[("B15", "ceiling")].unit == "req/s"
+    assert by[("B15", "anchor")].trials == 5 and by[("B15", "anchor")].note == "0 non-2xx"
+    # Their goals: over bare uvicorn and over Ray Serve in the same run.
+    from ray_lite.bench._harness import relate_to_anchors
+    figs = sse + fastapi
+    relate_to_anchors(figs, serve_suite.RAY_RATIO_GOALS, serve_suite.CEILING_GOALS)
+    b14, b15 = by[("B14", "ray_lite")], by[("B15", "ray_lite")]
+    assert b14.detail["x_ceiling"] == 2.5 and b14.detail["x_anchor"] == 100.0
+    assert b14.goal_met is True              # >= 2x uvicorn, >= 20x Ray Serve
+    assert b15.goal_met is True and "25x Ray Serve" in b15.goal
+
+
+def test_the_b14_ceiling_streams_100_events_and_the_b15_app_echoes():
+    import asyncio
+
+    from ray_lite.bench import serve_fastapi_app, serve_sse_app
+    sent = []
+
+    async def send(msg):
+        sent.append(msg)
+    asyncio.run(serve_sse_app.asgi({"type": "http", "query_string": b"n=100"}, None, send))
+    events = b"".join(m.get("body", b"") for m in sent[1:]).decode()
+    assert sent[0]["status"] == 200
+    assert events.count("data: tok") == 100 and events.startswith("data: tok0\n\n")
+    assert serve_fastapi_app.echo("hi", 2) == {"echo": "hi hi"}
+    # The figure's first answer is what wait_up looks for.
+    assert serve_suite.SSE_APP.expect == b"data: tok0"
+    assert serve_suite.FASTAPI_APP.expect == b'{"echo":"hi hi"}'

@@ -1,5 +1,6 @@
 """Serve benchmarks: B7, B8, B9 (HTTP), B16 (CPU per request), B2 (handle
-streaming), B10 (48 replicas up) (``ray-lite bench serve [--compare-ray PYTHON]``).
+streaming), B10 (48 replicas up), B14 (server-sent events), B15 (a FastAPI
+ingress) (``ray-lite bench serve [--compare-ray PYTHON]``).
 
 B7/B8/B9 load the 48-replica "hi" app (``serve_hi_app.py``, the Ray issue's
 reproduction) started with ``ray-lite serve run ...:model`` using ``ab`` and
@@ -11,6 +12,12 @@ B2 runs the workload of Ray's ``streaming_handle_throughput.py`` (below,
 Serve with that Python, and B7/B8/B9/B16 also on a bare "hi" ASGI app served
 by uvicorn (uvloop, httptools, one process) when that Python has them: the
 ceiling of one Python process answering by itself, with no replica behind it.
+
+B14 and B15 load two more apps the same way (``serve_sse_app.py``: 100
+server-sent events a request from 4 replicas; ``serve_fastapi_app.py``:
+``GET /echo/{word}?times=2`` on a FastAPI app behind ``@serve.ingress``, 8
+replicas) with ``wrk -t1 -c100``; their ceiling is the same stream, or the
+same FastAPI app, on bare uvicorn.
 
 Every HTTP figure is the median of several rounds, with their min-max: in
 each round every server (ray_lite, then its anchors) is started, measured
@@ -37,10 +44,13 @@ if __package__:
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
 
 # Goals relative to bare uvicorn, the ceiling measured in the same run (with
-# --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time.
-CEILING_GOALS = {"B7": 1.2, "B8": 1.0, "B9": 1.0}
+# --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time, B14
+# twice its events/s, B15 1.5 times its req/s.
+CEILING_GOALS = {"B7": 1.2, "B8": 1.0, "B9": 1.0, "B14": 2.0, "B15": 1.5}
+# Goals over Ray Serve measured in the same run (--compare-ray).
+RAY_RATIO_GOALS = {"B14": 20, "B15": 25}
 DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
-               "streaming, 48 replicas up")
+               "streaming, 48 replicas up, server-sent events, FastAPI ingress")
 HERE = os.path.dirname(os.path.abspath(__file__))
 INSTALL = "apt-get install -y apache2-utils wrk"
 # What a server prints (stdout) once every replica is ready.
@@ -53,7 +63,9 @@ def _sizes(ctx):
             "wrk_s": ctx.pick(10, 3, 1), "c1_n": ctx.pick(2000, 500, 50),
             "rounds": ctx.pick(5, 3, 1),
             "b2_trials": ctx.pick(5, 2, 1), "b2_trial_s": ctx.pick(5, 2, 0.3),
-            "b2_tokens": ctx.pick(1000, 1000, 100)}
+            "b2_tokens": ctx.pick(1000, 1000, 100),
+            "sse_replicas": ctx.pick(4, 4, 2), "fastapi_replicas": ctx.pick(8, 8, 2),
+            "warm_s": ctx.pick(2, 1, 0)}
 
 
 def _free_port():
@@ -74,9 +86,10 @@ from ray import serve
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
 sys.path.insert(0, sys.argv[2])
-import ray.cloudpickle as cloudpickle, serve_hi_app
-cloudpickle.register_pickle_by_value(serve_hi_app)   # Ray's workers cannot import it
-serve.run(serve_hi_app.model({}), route_prefix="/")   # returns once every replica is up
+import importlib, ray.cloudpickle as cloudpickle
+app = importlib.import_module(sys.argv[3])
+cloudpickle.register_pickle_by_value(app)   # Ray's workers cannot import it
+serve.run(app.model({}), route_prefix="/")   # returns once every replica is up
 print("READY", flush=True)
 time.sleep(3600)
 """
@@ -92,6 +105,11 @@ async def app(scope, receive, send):
                 "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
     await send({"type": "http.response.body", "body": b"hi"})
 
+if len(sys.argv) > 3:        # an app of this package: "module:attribute"
+    import importlib
+    sys.path.insert(0, sys.argv[2])
+    module, attr = sys.argv[3].split(":")
+    app = getattr(importlib.import_module(module), attr)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
             access_log=False, log_level="warning")
 """
@@ -126,21 +144,25 @@ def _process_tree_cpu_s(root_pid):
 
 
 class _Server:
-    """The hi app served by ray_lite's CLI, Ray Serve or bare uvicorn, until stopped."""
+    """An app (``_App``; the hi app by default) served by ray_lite's CLI, Ray
+    Serve or bare uvicorn, until stopped."""
 
-    def __init__(self, python, raymod, replicas):
+    def __init__(self, python, raymod, replicas, app=None):
         self.port = _free_port()
         self.raymod = raymod
+        self.app = app = app or HI_APP
         env = _env(raymod, replicas)
         if raymod == "ray_lite":
             # Pinned to this ray_lite, wherever the benchmark is started from.
             cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
                               "benchmark's serve run", python=python)
-            cmd += ["serve", "run", "ray_lite.bench.serve_hi_app:model", "--port", str(self.port)]
+            cmd += ["serve", "run", f"ray_lite.bench.{app.module}:model", "--port", str(self.port)]
         elif raymod == "uvicorn":
             cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
+            if app.asgi:
+                cmd += [HERE, f"{app.module}:{app.asgi}"]
         else:
-            cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE]
+            cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE, app.module]
         self.out = tempfile.TemporaryFile()
         self.err = tempfile.TemporaryFile()
         self.t0 = time.monotonic()
@@ -156,13 +178,13 @@ class _Server:
 
     def wait_up(self, timeout):
         """Seconds from the start to the first answer."""
-        url = f"http://127.0.0.1:{self.port}/"
+        url = f"http://127.0.0.1:{self.port}{self.app.path}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.read() == b"hi":
+                    if r.read().startswith(self.app.expect):
                         self.up_s = time.monotonic() - self.t0
                         return self.up_s
             except OSError:
@@ -224,8 +246,8 @@ def _ab(port, n, c):
             "p50_ms": grab(r"\n\s+50%\s+(\d+)"), "p99_ms": grab(r"\n\s+99%\s+(\d+)")}
 
 
-def _wrk(port, seconds):
-    out = subprocess.run(["wrk", "-t1", "-c100", f"-d{seconds}s", f"http://127.0.0.1:{port}/"],
+def _wrk(port, seconds, path="/"):
+    out = subprocess.run(["wrk", "-t1", "-c100", f"-d{seconds}s", f"http://127.0.0.1:{port}{path}"],
                          capture_output=True, text=True, timeout=seconds + 120).stdout
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     n = re.search(r"(\d+) requests in", out)
@@ -266,6 +288,46 @@ def _one_round(srv, sz, have_ab, have_wrk):
     return out
 
 
+def _wrk_round(bench, per_request):
+    """One round of an app's wrk load: {bench: (requests/s x ``per_request``, detail)}."""
+    def one_round(srv, sz, have_ab, have_wrk):
+        if not have_wrk:
+            return {}
+        if sz["warm_s"]:
+            _wrk(srv.port, sz["warm_s"], srv.app.path)
+        r = _wrk(srv.port, sz["wrk_s"], srv.app.path)
+        return {bench: (r["rps"] * per_request, r)}
+    return one_round
+
+
+class _App:
+    """An app the HTTP benchmarks load: ``ray_lite.bench.<module>:model`` on
+    ray_lite and Ray Serve, ``<module>:<asgi>`` on bare uvicorn (None: the
+    inline "hi" app); ``path`` is what the load asks for and ``expect`` how
+    its answer starts; ``rows(replicas)`` are the figures ({bench: (name,
+    unit)}) that ``one_round(server, sizes, have_ab, have_wrk)`` measures."""
+
+    def __init__(self, module, asgi, replicas, path, expect, rows, one_round):
+        self.module, self.asgi, self.replicas = module, asgi, replicas
+        self.path, self.expect = path, expect
+        self.rows, self.one_round = rows, one_round
+
+
+HI_APP = _App("serve_hi_app", None, "replicas", "/", b"hi", _http_rows, _one_round)
+SSE_APP = _App(
+    "serve_sse_app", "asgi", "sse_replicas", "/?n=100", b"data: tok0",
+    lambda n: {"B14": (f"HTTP server-sent events, 100 a request, {n} replicas, wrk -t1 -c100",
+                       "events/s")},
+    _wrk_round("B14", 100))
+FASTAPI_APP = _App(
+    "serve_fastapi_app", "app", "fastapi_replicas", "/echo/hi?times=2", b'{"echo":"hi hi"}',
+    lambda n: {"B15": (f"HTTP FastAPI ingress, GET /echo/{{word}}?times=2, {n} replicas, "
+                       f"wrk -t1 -c100", "req/s")},
+    _wrk_round("B15", 1))
+# The benches the wrk load measures (the others: ab, or the start-up).
+_WRK_BENCHES = ("B8", "B16", "B14", "B15")
+
+
 def _round_figures(bench, name, unit, impl, label, rounds, goals):
     values = [r[0] for r in rounds]
     value, spread = summarize_trials(values)
@@ -281,7 +343,7 @@ def _round_figures(bench, name, unit, impl, label, rounds, goals):
     elif bench == "B9":
         fig.note = (f"P50 {statistics.median(d['p50_ms'] for d in details):g} ms, "
                     f"P99 {max(d['p99_ms'] for d in details):g} ms")
-    elif bench == "B8":
+    elif bench in ("B8", "B14", "B15"):
         fig.note = f"{sum(d['non2xx'] for d in details)} non-2xx"
     elif bench == "B10" and goals:
         fig.goal, fig.goal_met = "<= 0.5 s", value <= 0.5
@@ -303,11 +365,13 @@ def _http_servers(ctx):
     return servers
 
 
-def _http_figures(ctx):
-    """B10, B7, B9, B8, B16 of ray_lite and (with --compare-ray) its anchors,
-    in interleaved rounds."""
+def _http_figures(ctx, app=None):
+    """B10, B7, B9, B8, B16 of ray_lite (or, given another ``_App``, its
+    figures) and (with --compare-ray) its anchors, in interleaved rounds."""
+    app = app or HI_APP
     sz = _sizes(ctx)
-    rows = _http_rows(sz["replicas"])
+    replicas = sz[app.replicas]
+    rows = app.rows(replicas)
     have_ab, have_wrk = shutil.which("ab"), shutil.which("wrk")
     servers = _http_servers(ctx)
     rounds = {s[1]: [] for s in servers}       # raymod -> [{bench: (value, detail)}]
@@ -320,10 +384,10 @@ def _http_figures(ctx):
             ctx.log(f"serve: round {i + 1}/{sz['rounds']}: {label}")
             srv = None
             try:
-                srv = _Server(python, raymod, sz["replicas"])
+                srv = _Server(python, raymod, replicas, app)
                 srv.wait_up(600)
                 srv.wait_ready(600)
-                rounds[raymod].append(_one_round(srv, sz, have_ab, have_wrk))
+                rounds[raymod].append(app.one_round(srv, sz, have_ab, have_wrk))
             except Exception as exc:   # noqa: BLE001 - a row, not a crash
                 errors[raymod] = f"{type(exc).__name__}: {exc}"
             finally:
@@ -342,7 +406,7 @@ def _http_figures(ctx):
             if raymod in errors and not per_round:
                 figs.append(missing(bench, name, impl, label, unit, ERROR, errors[raymod]))
             elif not per_round:
-                tool = "wrk" if bench in ("B8", "B16") else "ab"
+                tool = "wrk" if bench in _WRK_BENCHES else "ab"
                 figs.append(missing(bench, name, impl, label, unit, UNAVAILABLE,
                                     f"{tool} not found: {INSTALL}"))
             else:
@@ -354,8 +418,11 @@ def _http_figures(ctx):
                 fig.note = "; ".join(r for r in remarks if r) or None
                 figs.append(fig)
     if ctx.compare_ray and not any(s[1] == "uvicorn" for s in servers):
-        figs.append(missing("B9", "HTTP hi (bare uvicorn)", "ceiling", "bare uvicorn", "us",
-                            UNAVAILABLE, f"{ctx.compare_ray} lacks uvicorn, uvloop or httptools"))
+        bench = "B9" if app is HI_APP else next(iter(rows))
+        what = "hi" if app is HI_APP else app.module
+        figs.append(missing(bench, f"HTTP {what} (bare uvicorn)", "ceiling",
+                            "bare uvicorn", rows.get(bench, ("", "us"))[1], UNAVAILABLE,
+                            f"{ctx.compare_ray} lacks uvicorn, uvloop or httptools"))
     return figs
 
 
@@ -386,11 +453,12 @@ def run(ctx):
     """ray_lite's figures and, with --compare-ray, the HTTP anchors too: they
     are measured in the same interleaved rounds."""
     figs = []
-    try:
-        figs += _http_figures(ctx)
-    except Exception as exc:   # noqa: BLE001
-        figs.append(missing("-", "HTTP", "ray_lite", "ray_lite", "", ERROR,
-                            f"{type(exc).__name__}: {exc}"))
+    for app in (HI_APP, SSE_APP, FASTAPI_APP):
+        try:
+            figs += _http_figures(ctx, app)
+        except Exception as exc:   # noqa: BLE001
+            figs.append(missing("-", f"HTTP {app.module}", "ray_lite", "ray_lite", "", ERROR,
+                                f"{type(exc).__name__}: {exc}"))
     try:
         figs += _b2(ctx, sys.executable, "ray_lite", "ray_lite", "ray_lite", True)
     except Exception as exc:   # noqa: BLE001

@@ -27,7 +27,7 @@ from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._routing import first_idle_else_power_of_two as _choose
-from ._routing import for_model, slots_for
+from ._routing import for_model, set_proxy_rank, slots_for
 from .multiplex import MODEL_ID_HEADER, header_value
 
 # While a proxy has a single client and a single request in flight, its loop
@@ -350,6 +350,7 @@ class ProxyActor:
         context.set_controller(controller)
         self.controller = controller
         self.index = index
+        set_proxy_rank(index)
         self.host = options.get("host") or _defaults.HTTP_HOST
         self.port = int(options.get("port", _defaults.HTTP_PORT))
         self.max_body = int(options.get("max_body_size") or _defaults.MAX_BODY_SIZE)

@@ -1,7 +1,8 @@
 """How a caller (a ``DeploymentHandle``'s router, or an HTTP proxy's route)
 picks a replica: one slot per replica with this caller's in-flight count,
 the power of two choices among those under ``max_ongoing_requests``, and,
-for the proxies, the first replica while it is idle.
+for the proxies, one replica of choice (a different one for each proxy)
+while it is idle.
 
 The caller counts its own calls (``slot.inflight``): Ray's limits are per
 caller, and no process needs to ask another how busy a replica is.
@@ -55,14 +56,22 @@ def least_loaded(slots):
 
 
 def power_of_two(slots, limit):
-    """Of two slots drawn at random the less loaded, if under ``limit``; else the
-    least loaded one under it; None when every one is at the limit (or none)."""
+    """Of two different slots drawn at random the less loaded, if under
+    ``limit``; else the least loaded one under it; None when every one is at
+    the limit (or none).
+
+    The two are distinct: drawn with replacement, one replica in n would be
+    compared with itself, and a call would join a busy replica while another
+    sits idle (with two replicas, one second stream in four did)."""
     n = len(slots)
     if n == 0:
         return None
-    a = slots[int(_random() * n)]
+    i = int(_random() * n)
+    a = slots[i]
     if n > 1:
-        b = slots[int(_random() * n)]
+        # The second among the n - 1 others.
+        j = int(_random() * (n - 1))
+        b = slots[j + 1 if j >= i else j]
         if b.inflight < a.inflight:
             a = b
     if a.inflight < limit:
@@ -71,16 +80,32 @@ def power_of_two(slots, limit):
     return a if a.inflight < limit else None
 
 
-def first_idle_else_power_of_two(slots, limit):
-    """The first replica whenever it is idle, else ``power_of_two``.
+_proxy_rank = 0     # this process's index among the proxies (set_proxy_rank)
 
-    At low load every request goes to the same replica (the first in the
-    controller's order, the same in every proxy), so that one process serves
-    them and stays warm (its caches, an awake CPU): tens of microseconds a
-    request on a VM.  Under load it is rarely idle, and the power of two
-    choices decides."""
-    if slots:
-        s = slots[0]
+
+def set_proxy_rank(rank):
+    """Tell the routing of this process that it is proxy number ``rank``: its
+    replica of choice while idle is the ``rank``-th (see
+    ``first_idle_else_power_of_two``)."""
+    global _proxy_rank
+    _proxy_rank = int(rank)
+
+
+def first_idle_else_power_of_two(slots, limit):
+    """This proxy's replica whenever it is idle, else ``power_of_two``.
+
+    At low load every request a proxy takes goes to the same replica, so that
+    one process serves them and stays warm (its caches, an awake CPU): tens
+    of microseconds a request on a VM.  Under load it is rarely idle, and the
+    power of two choices decides.
+
+    Each proxy counts only its own calls, so the replica of choice differs
+    from proxy to proxy (the ``rank``-th in the controller's order, which all
+    share): were it the same, two long streams taken by two proxies would
+    both land on it while the other replicas sat idle."""
+    n = len(slots)
+    if n:
+        s = slots[_proxy_rank % n]
         if s.inflight == 0:
             return s
     return power_of_two(slots, limit)
