@@ -6,6 +6,8 @@ import warnings
 
 import cloudpickle
 
+from ray_lite._private import backend
+
 from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
@@ -64,6 +66,10 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     ``controller_options``.  ``logging_config`` is accepted and not applied
     (Serve logs to standard error), with a warning.
     """
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.start(proxy_location, http_options, grpc_options, logging_config,
+                             tracing_config, controller_options, **kwargs)
     _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
                          kwargs)
     with _lock:
@@ -150,6 +156,10 @@ def _build(app, app_name):
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
         _local_testing_mode=False, external_scaling_enabled=False):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.run(target, blocking=blocking, name=name, route_prefix=route_prefix,
+                           logging_config=logging_config)
     if isinstance(target, Deployment):
         target = target.bind()
     if not isinstance(target, Application):
@@ -193,6 +203,9 @@ def _block_forever():
 
 def status():
     """The state of every application (``ServeStatus``)."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.status()
     ctl = _controller_or_none()
     if ctl is None:
         return ServeStatus({}, None, 0)
@@ -202,6 +215,9 @@ def status():
 
 def delete(name, _blocking=True):
     """Delete application ``name``, draining its requests (graceful_shutdown_timeout_s)."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.delete(name, _blocking)
     ctl = _controller_or_none()
     if ctl is None:
         return
@@ -213,6 +229,9 @@ def shutdown():
 
     Requests in flight get the longest ``graceful_shutdown_timeout_s`` of the
     deployments to end; then the replicas and proxies are killed."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.shutdown()
     with _lock:
         ctl = _controller_or_none()
         if ctl is None:
@@ -260,6 +279,9 @@ def _kill_processes(pids):
 
 
 def get_app_handle(name):
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_app_handle(name)
     ctl = context.get_controller()
     ingress = _core.get(ctl.ingress_of.remote(name))
     if ingress is None:
@@ -269,6 +291,9 @@ def get_app_handle(name):
 
 
 def get_deployment_handle(deployment_name, app_name=None):
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_deployment_handle(deployment_name, app_name)
     if app_name is None:
         try:
             app_name = context.get_replica_context().app_name
@@ -284,6 +309,9 @@ def _shared_handle(deployment_name, app_name):
 
 
 def get_replica_context():
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_replica_context()
     return context.get_replica_context()
 
 
