@@ -2,10 +2,11 @@
 local Ray; one worker is made "remote" so that the network transport of the
 queues is exercised beside shared memory."""
 import os
-import sys
 
 import cloudpickle
 import pytest
+
+from ray_helpers import ship_by_value, start_local_ray
 
 ray = pytest.importorskip("ray")
 
@@ -51,17 +52,13 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False)
-    # This module is not importable in Ray's workers: ship its classes by value.
-    # (the worker class travels with ray_lite's cloudpickle, the rest with Ray's).
-    picklers = (cloudpickle, ray.cloudpickle)
-    for pickler in picklers:
-        pickler.register_pickle_by_value(sys.modules[__name__])
+    start_local_ray(lambda: ray.init(num_cpus=2, include_dashboard=False))
+    # The worker class travels with ray_lite's cloudpickle, the rest with Ray's.
+    undo = ship_by_value(__name__, (cloudpickle, ray.cloudpickle))
     try:
         yield
     finally:
-        for pickler in picklers:
-            pickler.unregister_pickle_by_value(sys.modules[__name__])
+        undo()
         ray.shutdown()
 
 

@@ -5,10 +5,11 @@ multiplexing) deployed on Ray Serve when the Ray backend is active.
 One Ray and one Ray Serve for the whole module (each start takes seconds)."""
 import json
 import socket
-import sys
 import urllib.request
 
 import pytest
+
+from ray_helpers import ship_by_value, start_local_ray
 
 pytest.importorskip("ray.serve")
 fastapi = pytest.importorskip("fastapi")
@@ -67,9 +68,8 @@ class Front:
 @pytest.fixture(scope="module")
 def ray_serve_port():
     ray = pytest.importorskip("ray")
-    ray_lite.init(backend="ray", num_cpus=2, include_dashboard=False)
-    # The test module is not importable in Ray's workers: ship its classes by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    start_local_ray(lambda: ray_lite.init(backend="ray", num_cpus=2, include_dashboard=False))
+    undo = ship_by_value(__name__, (ray.cloudpickle,))
     try:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -80,7 +80,7 @@ def ray_serve_port():
         try:
             serve.shutdown()
         finally:
-            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+            undo()
             ray_lite.shutdown()
 
 

@@ -15,22 +15,19 @@ A worker that dies (its actor, its process, its node) fails the executor
 with :class:`WorkerDiedError`, as on one machine.
 """
 import asyncio
-import concurrent.futures
 import os
 import threading
 import time
 import types
-from collections import deque
 
 import cloudpickle
 
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
 from ray_lite._private import backend
-from ray_lite.exceptions import RayTaskError
 from ray_lite.message_queue import MessageQueue
 
 from . import _worker as proto
-from .multiproc import ExecutorShutdownError, WorkerDiedError
+from .multiproc import ExecutorCore, ExecutorShutdownError, WorkerDiedError
 
 __all__ = ["RayExecutor"]
 
@@ -75,58 +72,7 @@ class _RayWorker:
             self.replies.close()
 
 
-class _Call:
-    __slots__ = ("call_id", "method_name", "unique_reply_rank", "results", "missing", "error",
-                 "error_rank", "future")
-
-    def __init__(self, call_id, method_name, unique_reply_rank, world_size, future):
-        self.call_id = call_id
-        self.method_name = method_name
-        self.unique_reply_rank = unique_reply_rank
-        self.results = [None] * world_size
-        self.missing = world_size
-        self.error = None
-        self.error_rank = -1
-        self.future = future
-
-    def outcome(self):
-        if self.error is not None:
-            raise self.error
-        if self.unique_reply_rank is not None:
-            return self.results[self.unique_reply_rank]
-        return self.results
-
-
-class RayRpcFuture(concurrent.futures.Future):
-    """``collective_rpc(..., non_block=True)`` on Ray: ``result()`` reads the
-    replies on the calling thread."""
-
-    def __init__(self, executor, call):
-        super().__init__()
-        self._executor = executor
-        self._call = call
-        self.set_running_or_notify_cancel()
-
-    def cancel(self):
-        return False
-
-    def result(self, timeout=None):
-        if not self.done():
-            self._executor._drive(self._call, timeout)
-        return super().result(0)
-
-    def exception(self, timeout=None):
-        if not self.done():
-            try:
-                self._executor._drive(self._call, timeout)
-            except TimeoutError:
-                raise
-            except BaseException:
-                pass
-        return super().exception(0)
-
-
-class RayExecutor:
+class RayExecutor(ExecutorCore):
     """Run ``worker_cls(rank=r, world_size=n, **worker_kwargs)`` in ``world_size``
     Ray actors and call methods on all of them at once (the contract of
     :class:`MultiprocExecutor`).
@@ -146,15 +92,8 @@ class RayExecutor:
         world_size = int(world_size)
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
-        self.world_size = world_size
+        self._init_calls(world_size)
         self.shutdown_grace = shutdown_grace
-        self._lock = threading.RLock()
-        self._pending = deque()
-        self._calls = {}
-        self._next_call_id = 0
-        self._failure = None
-        self._failure_callbacks = []
-        self._is_shutdown = False
         self._actors = []
         self._run_refs = []
         self._replies = []
@@ -227,53 +166,13 @@ class RayExecutor:
 
     # ------------------------------------------------------------ calls
 
-    def collective_rpc(self, method, args=(), kwargs=None, timeout=None, non_block=False,
-                       unique_reply_rank=None):
-        """As :meth:`MultiprocExecutor.collective_rpc`."""
-        call = self._submit(method, args, kwargs, unique_reply_rank, non_block)
-        if non_block:
-            return call.future
-        self._drive(call, timeout)
-        return call.outcome()
-
     async def collective_rpc_async(self, method, args=(), kwargs=None, timeout=None,
                                    unique_reply_rank=None):
         """``collective_rpc`` for asyncio callers (replies read on a thread of
         the loop's default executor: the loop is never blocked)."""
-        call = self._submit(method, args, kwargs, unique_reply_rank, True)
+        fut = self._submit(method, args, kwargs, unique_reply_rank, True).future
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._drive, call, timeout)
-        return call.outcome()
-
-    def _submit(self, method, args, kwargs, unique_reply_rank, want_future):
-        if isinstance(method, str):
-            name = method
-        elif callable(method):
-            name = getattr(method, "__qualname__", None) or repr(method)
-        else:
-            raise TypeError(f"method must be a method name or a callable, got {type(method).__name__}")
-        if unique_reply_rank is not None and not 0 <= unique_reply_rank < self.world_size:
-            raise ValueError(f"unique_reply_rank must be in 0..{self.world_size - 1}")
-        with self._lock:
-            if self._failure is not None:
-                raise self._failure
-            if self._is_shutdown:
-                raise ExecutorShutdownError("the executor was shut down")
-            call_id = self._next_call_id
-            self._next_call_id += 1
-            call = _Call(call_id, name, unique_reply_rank, self.world_size, None)
-            if want_future:
-                call.future = RayRpcFuture(self, call)
-            self._pending.append(call)
-            self._calls[call_id] = call
-            msg = (proto.CALL, call_id, method, tuple(args), kwargs or None, unique_reply_rank)
-            try:
-                self._enqueue(msg)
-            except BaseException:
-                self._pending.remove(call)
-                self._calls.pop(call_id, None)
-                raise
-        return call
+        return await loop.run_in_executor(None, fut.result, timeout)
 
     def _enqueue(self, msg):
         while True:
@@ -282,63 +181,44 @@ class RayExecutor:
                 return
             except TimeoutError:
                 self._check_workers()   # a full queue: a worker lags, or died
+                if self._failure is not None:
+                    raise self._failure
             except (ChannelClosedError, PeerDiedError):
                 self._check_workers(wait_s=5.0)
                 raise self._failure or ExecutorShutdownError("the executor was shut down")
 
-    def _drive(self, call, timeout):
-        """Read replies until ``call`` completes; TimeoutError after ``timeout``."""
+    def _drive(self, done, timeout):
+        """Read replies on this thread until ``done()``; TimeoutError after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while call.missing:
+            while not done():
                 if self._failure is not None or self._is_shutdown:
-                    raise self._failure or ExecutorShutdownError("the executor was shut down")
+                    self._check_failed(done)
+                    return
                 # Each worker answers in call order: reading every rank's
                 # queue completes earlier calls first.
                 progressed = False
                 for rank in range(self.world_size):
                     progressed = self._read_reply(rank) or progressed
-                if call.missing and not progressed:
+                if progressed:
+                    self._resolve_ready()
+                elif not done():
                     self._check_workers()
                     if deadline is not None and time.monotonic() >= deadline:
                         raise TimeoutError(f"the executor's call did not complete within {timeout} s")
 
     def _read_reply(self, rank):
-        """One reply of ``rank`` if it comes within a short slice."""
+        """Take one reply of ``rank`` if it comes within a short slice."""
         try:
             reply = self._replies[rank].dequeue(timeout=_HEALTH_SLICE_S / self.world_size)
         except TimeoutError:
             return False
         except (ChannelClosedError, PeerDiedError):
             self._check_workers(wait_s=5.0)
-            self._worker_lost(rank, "its reply channel broke")
+            self._worker_lost(rank, "broke its reply channel")
             return False
-        call = self._calls.get(reply[0])
-        if call is None:
-            return True
-        status, payload = reply[1], reply[2]
-        if status == proto.OK:
-            call.results[rank] = payload
-        elif call.error is None or rank < call.error_rank:
-            exc, tb = payload
-            call.error = RayTaskError(f"{call.method_name} on rank {rank}", tb, exc,
-                                      self._pids[rank]).as_instanceof_cause()
-            call.error_rank = rank
-        call.missing -= 1
-        if call.missing == 0:
-            del self._calls[call.call_id]
-            self._resolve_ready()
+        self._on_reply(rank, reply)
         return True
-
-    def _resolve_ready(self):
-        pending = self._pending
-        while pending and pending[0].missing == 0:
-            call = pending.popleft()
-            if call.future is not None:
-                if call.error is not None:
-                    call.future.set_exception(call.error)
-                else:
-                    call.future.set_result(call.outcome())
 
     # ------------------------------------------------------------ health
 
@@ -359,45 +239,15 @@ class RayExecutor:
             return
 
     def _worker_lost(self, rank, why):
-        with self._lock:
-            if self._failure is not None or self._is_shutdown:
-                return
-            pid = self._pids[rank] if rank < len(self._pids) else None
-            err = WorkerDiedError(f"worker rank {rank} (pid {pid}) {why}; the executor has failed",
-                                  rank=rank, pid=pid, exitcode=None)
-            self._failure = err
-            pending, self._pending = self._pending, deque()
-            self._calls.clear()
-            for call in pending:
-                call.error = err
-                if call.future is not None and not call.future.done():
-                    call.future.set_exception(err)
-            callbacks, self._failure_callbacks = self._failure_callbacks, []
-        for cb in callbacks:
-            try:
-                cb()
-            except Exception:   # a failing callback must not hide the failure
-                import traceback
-                traceback.print_exc()
+        pid = self._pids[rank] if rank < len(self._pids) else None
+        self._fail_with(WorkerDiedError(f"worker rank {rank} (pid {pid}) {why}; the executor "
+                                        f"has failed", rank=rank, pid=pid, exitcode=None))
 
-    @property
-    def is_failed(self):
-        return self._failure is not None
+    def _look_for_failure(self):
+        self._check_workers()
 
-    def register_failure_callback(self, callback):
-        with self._lock:
-            if self._failure is None:
-                self._failure_callbacks.append(callback)
-                return
-        callback()
-
-    def check_health(self):
-        if self._failure is None and not self._is_shutdown:
-            self._check_workers()
-        if self._failure is not None:
-            raise self._failure
-        if self._is_shutdown:
-            raise ExecutorShutdownError("the executor was shut down")
+    def _pid_of(self, rank):
+        return self._pids[rank]
 
     @property
     def worker_pids(self):
@@ -414,9 +264,7 @@ class RayExecutor:
         self._teardown(graceful=True, grace=self.shutdown_grace if grace is None else grace)
 
     def _teardown(self, graceful, grace=0.0):
-        with self._lock:
-            self._is_shutdown = True
-            pending, self._pending = self._pending, deque()
+        self._is_shutdown = True
         try:
             import ray
         except ImportError:
@@ -443,17 +291,10 @@ class RayExecutor:
                 remove_placement_group(self._pg)
             except Exception:   # noqa: BLE001
                 pass
-        err = self._failure or ExecutorShutdownError(
-            "the executor was shut down before this call completed")
-        for call in pending:
-            if call.future is not None and not call.future.done():
-                call.future.set_exception(err)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
+        with self._lock:
+            if self._pending:
+                self._fail_all(self._failure or ExecutorShutdownError(
+                    "the executor was shut down before this call completed"))
 
     def __repr__(self):
         state = "failed" if self._failure else "shut down" if self._is_shutdown else "running"
