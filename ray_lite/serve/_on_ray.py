@@ -101,18 +101,8 @@ def _to_ray_app(app, seen):
     if done is not None:
         return done
 
-    def convert(x):
-        if isinstance(x, Application):
-            return _to_ray_app(x, seen)
-        if isinstance(x, list):
-            return [convert(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(convert(v) for v in x)
-        if isinstance(x, dict):
-            return {k: convert(v) for k, v in x.items()}
-        return x
-    ray_app = to_ray_deployment(app.deployment).bind(
-        *[convert(a) for a in app._args], **{k: convert(v) for k, v in app._kwargs.items()})
+    args, kwargs = app.bound_args(lambda bound: _to_ray_app(bound, seen))
+    ray_app = to_ray_deployment(app.deployment).bind(*args, **kwargs)
     seen[id(app)] = ray_app
     return ray_app
 

@@ -129,8 +129,7 @@ def _build(app, app_name):
         specs[name] = None
         handle = DeploymentHandle(name, app_name)
         seen[id(a)] = handle
-        args = [convert(x) for x in a._args]
-        kwargs = {k: convert(v) for k, v in a._kwargs.items()}
+        args, kwargs = a.bound_args(visit)
         args_blob = cloudpickle.dumps((args, kwargs))
         config = dep.full_config()
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
@@ -139,16 +138,6 @@ def _build(app, app_name):
                        "kwargs": kwargs, "args_blob": args_blob, "config": config}
         return handle
 
-    def convert(x):
-        if isinstance(x, Application):
-            return visit(x)
-        if isinstance(x, list):
-            return [convert(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(convert(v) for v in x)
-        if isinstance(x, dict):
-            return {k: convert(v) for k, v in x.items()}
-        return x
     ingress = visit(app)
     return ingress.deployment_name, specs
 
