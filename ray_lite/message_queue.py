@@ -85,6 +85,8 @@ class MessageQueue:
 
     def export_handle(self):
         """A picklable handle for ``attach``/``create_from_handle``."""
+        if not self.is_writer:
+            raise ValueError("export_handle() is the writer's: a reader has nothing to share")
         if self._net is None and self._local_ranks == list(range(len(self._local_ranks))):
             return self._shm.export_handle()  # the plain shared-memory handle
         return QueueHandle(None if self._shm is None else self._shm.export_handle(),
@@ -114,27 +116,21 @@ class MessageQueue:
     @classmethod
     def create_from_process_group(cls, pg, max_chunk_bytes, max_chunks, writer_rank=0, *,
                                   connect_ip=None):
-        """Collective over the torch.distributed group ``pg``: rank
-        ``writer_rank`` creates the queue (its readers are the other ranks of
-        the group; those on its machine read shared memory) and broadcasts
-        the handle; every rank returns its end, ready."""
-        import torch.distributed as dist
-        rank = dist.get_rank(pg)
-        world = dist.get_world_size(pg)
-        src = dist.get_process_group_ranks(pg)[writer_rank] if pg is not None else writer_rank
+        """Collective over the group ``pg`` (a torch.distributed group, or
+        vLLM's ``StatelessProcessGroup``): rank ``writer_rank`` creates the
+        queue (its readers are the other ranks of the group; those on its
+        machine read shared memory) and broadcasts the handle; every rank
+        returns its end, ready."""
+        rank, world, all_gather, broadcast = _group_ops(pg, writer_rank)
         # Which ranks share the writer's machine: each says its host name.
-        hosts = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname(), group=pg)
+        hosts = all_gather(socket.gethostname())
         if rank == writer_rank:
             local = [r for r in range(world) if r != writer_rank and hosts[r] == hosts[writer_rank]]
             queue = cls(world - 1, max_chunk_bytes, max_chunks, local_reader_ranks=local,
                         connect_ip=connect_ip)
-            box = [queue.export_handle()]
+            broadcast(queue.export_handle())
         else:
-            box = [None]
-        dist.broadcast_object_list(box, src=src, group=pg)
-        if rank != writer_rank:
-            queue = cls.create_from_handle(box[0], rank)
+            queue = cls.create_from_handle(broadcast(None), rank)
         queue.wait_until_ready()
         return queue
 
@@ -229,6 +225,29 @@ class MessageQueue:
         where = ("shared memory" if self._net is None else
                  "network" if self._shm is None else "shared memory + network")
         return f"<ray_lite.MessageQueue {role} over {where}>"
+
+
+def _group_ops(pg, writer_rank):
+    """``(rank, world_size, all_gather(obj), broadcast(obj))`` of ``pg`` from
+    ``writer_rank``: vLLM's ``StatelessProcessGroup`` has them, a
+    torch.distributed group (None: the default one) through ``torch.distributed``."""
+    if hasattr(pg, "broadcast_obj"):
+        return (pg.rank, pg.world_size, pg.all_gather_obj,
+                lambda obj: pg.broadcast_obj(obj, writer_rank))
+    import torch.distributed as dist
+    world = dist.get_world_size(pg)
+    src = dist.get_process_group_ranks(pg)[writer_rank] if pg is not None else writer_rank
+
+    def all_gather(obj):
+        out = [None] * world
+        dist.all_gather_object(out, obj, group=pg)
+        return out
+
+    def broadcast(obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=pg)
+        return box[0]
+    return dist.get_rank(pg), world, all_gather, broadcast
 
 
 def _node_ip():

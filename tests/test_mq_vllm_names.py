@@ -147,6 +147,55 @@ def test_a_rank_that_is_no_reader_is_refused():
     with MessageQueue(1, local_reader_ranks=[3]) as q:
         with pytest.raises(ValueError, match="not a reader"):
             MessageQueue.create_from_handle(q.export_handle(), 4)
+        reader = MessageQueue.create_from_handle(q.export_handle(), 3)
+        try:
+            with pytest.raises(ValueError, match="writer's"):
+                reader.export_handle()
+        finally:
+            reader.close()
+
+
+class _OneProcessGroup:
+    """vLLM's StatelessProcessGroup's collective names, for a group of the
+    writer alone and one remote reader played by this process too."""
+
+    def __init__(self, rank, box, published):
+        self.rank, self.world_size, self._box, self._published = rank, 2, box, published
+
+    def all_gather_obj(self, obj):
+        return ["writer-host", "reader-host"]    # two machines: the reader is remote
+
+    def broadcast_obj(self, obj, src):
+        if self.rank == src:
+            self._box.append(obj)
+            self._published.set()
+            return obj
+        assert self._published.wait(60)
+        return self._box[0]
+
+
+def test_create_from_process_group_with_vllms_stateless_group(monkeypatch):
+    box, published = [], threading.Event()
+    monkeypatch.setattr("ray_lite.message_queue._node_ip", lambda: "127.0.0.1")
+    # The writer's wait_until_ready needs the reader connected: run it on a thread.
+    made = {}
+    writer = threading.Thread(target=lambda: made.setdefault("q", MessageQueue.create_from_process_group(
+        _OneProcessGroup(0, box, published), 1 << 16, 4, writer_rank=0)))
+    writer.start()
+    try:
+        reader = MessageQueue.create_from_process_group(_OneProcessGroup(1, box, published),
+                                                        1 << 16, 4)
+        writer.join(60)
+        q = made["q"]
+        try:
+            assert reader.is_remote_reader
+            assert q.broadcast_object(("hello", 1)) == ("hello", 1)
+            assert reader.broadcast_object() == ("hello", 1)
+        finally:
+            reader.close()
+            q.close()
+    finally:
+        writer.join(60)
 
 
 _PG_PROGRAM = """
