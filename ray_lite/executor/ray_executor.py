@@ -16,7 +16,6 @@ with :class:`WorkerDiedError`, as on one machine.
 """
 import asyncio
 import os
-import threading
 import time
 import types
 
@@ -82,7 +81,9 @@ class RayExecutor(ExecutorCore):
     the address the TCP side of the queues binds (this node's address by
     default); ``network_ranks`` names ranks that use the network transport
     even on the driver's node.  ``env`` adds variables to the workers'
-    environment.
+    environment.  Options of :class:`MultiprocExecutor` that mean nothing
+    here (``reply_ring_bytes``) are accepted and ignored, so one call makes
+    either executor.
     """
 
     def __init__(self, worker_cls, world_size, worker_kwargs=None, *,
