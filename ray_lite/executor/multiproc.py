@@ -32,7 +32,7 @@ from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
 from . import _worker as proto
 from ._async_pump import AsyncPump
 
-__all__ = ["MultiprocExecutor", "RpcFuture", "WorkerDiedError", "ExecutorShutdownError"]
+__all__ = ["ExecutorCore", "MultiprocExecutor", "RpcFuture", "WorkerDiedError", "ExecutorShutdownError"]
 
 # A waiting caller spins, then yields, before it sleeps in poll(), with the
 # budget its workers have on the queue: the yield phase keeps a round trip in
@@ -118,7 +118,181 @@ def _exit_description(code):
     return f"exited with code {code}"
 
 
-class MultiprocExecutor:
+class ExecutorCore:
+    """What every executor shares: the calls in flight and their replies,
+    futures resolved in submission order, failure and its callbacks.
+
+    A subclass sends a call with ``_enqueue(msg)``, reads replies on the
+    caller's thread in ``_drive(done, timeout)`` (handing each to
+    ``_on_reply``, then calling ``_resolve_ready``), notices a dead worker in
+    ``_look_for_failure()`` and names a rank's process with ``_pid_of(rank)``.
+    """
+
+    def _init_calls(self, world_size):
+        self.world_size = world_size
+        self._lock = threading.RLock()
+        self._pending = deque()        # _Call, in submission order
+        self._calls = {}               # call_id -> _Call
+        self._next_call_id = 0
+        self._failure = None           # the error every call raises once failed
+        self._failure_callbacks = []
+        self._is_shutdown = False
+
+    def collective_rpc(self, method, args=(), kwargs=None, timeout=None, non_block=False,
+                       unique_reply_rank=None):
+        """Run ``method`` on every worker.
+
+        ``method`` is a method name of the worker class or a callable taking
+        the worker as first argument (sent with cloudpickle).  Returns the
+        results in rank order, the result of ``unique_reply_rank`` alone
+        when given (the others send back nothing but completion), or with
+        ``non_block=True`` an :class:`RpcFuture` for that.  A worker
+        exception raises ``RayTaskError`` (also an instance of the remote
+        exception's class, with the remote traceback); a dead worker
+        :class:`WorkerDiedError`; ``timeout`` ``TimeoutError`` (the call
+        still completes in the background and the executor stays usable).
+        """
+        call = self._submit(method, args, kwargs, unique_reply_rank, non_block)
+        if non_block:
+            return call.future
+        if not call.done:
+            self._drive(lambda: call.done, timeout)
+        return self._outcome(call)
+
+    def _submit(self, method, args, kwargs, unique_reply_rank, want_future):
+        if isinstance(method, str):
+            name = method
+        elif callable(method):
+            name = getattr(method, "__qualname__", None) or repr(method)
+        else:
+            raise TypeError(f"method must be a method name or a callable, got {type(method).__name__}")
+        if unique_reply_rank is not None and not 0 <= unique_reply_rank < self.world_size:
+            raise ValueError(f"unique_reply_rank must be in 0..{self.world_size - 1}")
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._is_shutdown:
+                raise ExecutorShutdownError("the executor was shut down")
+            call_id = self._next_call_id
+            self._next_call_id = call_id + 1
+            future = RpcFuture(self) if want_future else None
+            call = _Call(call_id, name, unique_reply_rank, self.world_size, future)
+            msg = (proto.CALL, call_id, method, tuple(args), kwargs or None, unique_reply_rank)
+            # Register first: a reply can only come after the broadcast.
+            self._pending.append(call)
+            self._calls[call_id] = call
+            try:
+                self._enqueue(msg)
+            except BaseException:
+                # Not sent (or the executor failed meanwhile, which already
+                # emptied the queue of calls).
+                if self._pending and self._pending[-1] is call:
+                    self._pending.pop()
+                self._calls.pop(call_id, None)
+                raise
+        return call
+
+    def _outcome(self, call):
+        if call.error is not None:
+            raise call.error
+        if call.unique_reply_rank is not None:
+            return call.results[call.unique_reply_rank]
+        return call.results
+
+    def _on_reply(self, rank, reply):
+        call = self._calls.get(reply[0])
+        if call is None:
+            return  # a call failed or abandoned already
+        status, payload = reply[1], reply[2]
+        if status == proto.OK:
+            call.results[rank] = payload
+        elif call.error is None or rank < call.error_rank:
+            exc, tb = payload
+            call.error = RayTaskError(f"{call.method_name} on rank {rank}", tb, exc,
+                                      self._pid_of(rank)).as_instanceof_cause()
+            call.error_rank = rank
+        call.missing -= 1
+        if call.missing == 0:
+            call.done = True
+            del self._calls[call.call_id]
+
+    def _resolve_ready(self):
+        # Futures resolve in submission order (replies complete calls in
+        # that order anyway: each worker runs them in order).
+        pending = self._pending
+        while pending and pending[0].done:
+            call = pending.popleft()
+            fut = call.future
+            if fut is not None:
+                if call.error is not None:
+                    fut.set_exception(call.error)
+                elif call.unique_reply_rank is not None:
+                    fut.set_result(call.results[call.unique_reply_rank])
+                else:
+                    fut.set_result(call.results)
+
+    def _check_failed(self, done):
+        if not done():
+            raise self._failure or ExecutorShutdownError("the executor was shut down")
+
+    def _fail_all(self, err):
+        self._failure = err
+        pending, self._pending = self._pending, deque()
+        self._calls.clear()
+        for call in pending:
+            call.error = err
+            call.done = True
+            if call.future is not None:
+                call.future.set_exception(err)
+
+    # ------------------------------------------------------------ health
+
+    @property
+    def is_failed(self):
+        return self._failure is not None
+
+    def register_failure_callback(self, callback):
+        """Call ``callback()`` (no arguments) once, when a worker dies.  Runs at
+        once if the executor has failed already."""
+        with self._lock:
+            if self._failure is None:
+                self._failure_callbacks.append(callback)
+                return
+        callback()
+
+    def check_health(self):
+        """Raise ``WorkerDiedError`` if a worker died (or had died), and
+        ``ExecutorShutdownError`` after shutdown; otherwise return None."""
+        if self._failure is None and not self._is_shutdown:
+            self._look_for_failure()
+        if self._failure is not None:
+            raise self._failure
+        if self._is_shutdown:
+            raise ExecutorShutdownError("the executor was shut down")
+
+    def _fail_with(self, err):
+        """Fail every call with ``err`` (unless failed or shut down already),
+        then run the failure callbacks once."""
+        with self._lock:
+            if self._failure is not None or self._is_shutdown:
+                return
+            self._fail_all(err)
+            callbacks, self._failure_callbacks = self._failure_callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:  # a failing callback must not hide the failure
+                import traceback
+                traceback.print_exc()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+class MultiprocExecutor(ExecutorCore):
     """Run ``worker_cls(rank=r, world_size=n, **worker_kwargs)`` in ``world_size``
     processes and call methods on all of them at once.
 
@@ -135,15 +309,8 @@ class MultiprocExecutor:
         world_size = int(world_size)
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
-        self.world_size = world_size
+        self._init_calls(world_size)
         self.shutdown_grace = shutdown_grace
-        self._lock = threading.RLock()
-        self._pending = deque()        # _Call, in submission order
-        self._calls = {}               # call_id -> _Call
-        self._next_call_id = 0
-        self._failure = None           # the error every call raises once failed
-        self._failure_callbacks = []
-        self._is_shutdown = False
         self._procs = []
         self._pidfds = []
         self._rings = []
@@ -228,27 +395,6 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------ calls
 
-    def collective_rpc(self, method, args=(), kwargs=None, timeout=None, non_block=False,
-                       unique_reply_rank=None):
-        """Run ``method`` on every worker.
-
-        ``method`` is a method name of the worker class or a callable taking
-        the worker as first argument (sent with cloudpickle).  Returns the
-        results in rank order, the result of ``unique_reply_rank`` alone
-        when given (the others send back nothing but completion), or with
-        ``non_block=True`` an :class:`RpcFuture` for that.  A worker
-        exception raises ``RayTaskError`` (also an instance of the remote
-        exception's class, with the remote traceback); a dead worker
-        :class:`WorkerDiedError`; ``timeout`` ``TimeoutError`` (the call
-        still completes in the background and the executor stays usable).
-        """
-        call = self._submit(method, args, kwargs, unique_reply_rank, non_block)
-        if non_block:
-            return call.future
-        if not call.done:
-            self._drive(lambda: call.done, timeout)
-        return self._outcome(call)
-
     async def collective_rpc_async(self, method, args=(), kwargs=None, timeout=None,
                                    unique_reply_rank=None):
         """``collective_rpc`` for asyncio callers: the running loop watches the
@@ -271,39 +417,6 @@ class MultiprocExecutor:
                     raise TimeoutError(f"collective_rpc_async timed out after {timeout} s") from None
         return fut.result(0)
 
-    def _submit(self, method, args, kwargs, unique_reply_rank, want_future):
-        if isinstance(method, str):
-            name = method
-        elif callable(method):
-            name = getattr(method, "__qualname__", None) or repr(method)
-        else:
-            raise TypeError(f"method must be a method name or a callable, got {type(method).__name__}")
-        if unique_reply_rank is not None and not 0 <= unique_reply_rank < self.world_size:
-            raise ValueError(f"unique_reply_rank must be in 0..{self.world_size - 1}")
-        with self._lock:
-            if self._failure is not None:
-                raise self._failure
-            if self._is_shutdown:
-                raise ExecutorShutdownError("the executor was shut down")
-            call_id = self._next_call_id
-            self._next_call_id = call_id + 1
-            future = RpcFuture(self) if want_future else None
-            call = _Call(call_id, name, unique_reply_rank, self.world_size, future)
-            msg = (proto.CALL, call_id, method, tuple(args), kwargs or None, unique_reply_rank)
-            # Register first: a reply can only come after the broadcast.
-            self._pending.append(call)
-            self._calls[call_id] = call
-            try:
-                self._enqueue(msg)
-            except BaseException:
-                # Not sent (or the executor failed meanwhile, which already
-                # emptied the queue of calls).
-                if self._pending and self._pending[-1] is call:
-                    self._pending.pop()
-                self._calls.pop(call_id, None)
-                raise
-        return call
-
     def _enqueue(self, msg):
         # A full queue means a worker lags behind; wait for it while
         # draining replies (a worker blocked on its full reply ring would
@@ -323,13 +436,6 @@ class MultiprocExecutor:
                 return
             except TimeoutError:
                 pass
-
-    def _outcome(self, call):
-        if call.error is not None:
-            raise call.error
-        if call.unique_reply_rank is not None:
-            return call.results[call.unique_reply_rank]
-        return call.results
 
     # ------------------------------------------------------------ replies
 
@@ -351,38 +457,6 @@ class MultiprocExecutor:
             if got:
                 self._resolve_ready()
             return got
-
-    def _on_reply(self, rank, reply):
-        call = self._calls.get(reply[0])
-        if call is None:
-            return  # a call failed or abandoned already
-        status, payload = reply[1], reply[2]
-        if status == proto.OK:
-            call.results[rank] = payload
-        elif call.error is None or rank < call.error_rank:
-            exc, tb = payload
-            call.error = RayTaskError(f"{call.method_name} on rank {rank}", tb, exc,
-                                      self._procs[rank].pid).as_instanceof_cause()
-            call.error_rank = rank
-        call.missing -= 1
-        if call.missing == 0:
-            call.done = True
-            del self._calls[call.call_id]
-
-    def _resolve_ready(self):
-        # Futures resolve in submission order (replies complete calls in
-        # that order anyway: each worker runs them in order).
-        pending = self._pending
-        while pending and pending[0].done:
-            call = pending.popleft()
-            fut = call.future
-            if fut is not None:
-                if call.error is not None:
-                    fut.set_exception(call.error)
-                elif call.unique_reply_rank is not None:
-                    fut.set_result(call.results[call.unique_reply_rank])
-                else:
-                    fut.set_result(call.results)
 
     def _drive(self, done, timeout):
         """Read replies on this thread until ``done()``; TimeoutError after ``timeout``."""
@@ -417,10 +491,6 @@ class MultiprocExecutor:
             if not got:
                 spin_s = yield_s = 0.0
 
-    def _check_failed(self, done):
-        if not done():
-            raise self._failure or ExecutorShutdownError("the executor was shut down")
-
     def _check_sentinels(self):
         for rank, proc in enumerate(self._procs):
             if proc.poll() is not None:
@@ -441,54 +511,18 @@ class MultiprocExecutor:
             err = WorkerDiedError(
                 f"worker rank {rank} (pid {proc.pid}) {_exit_description(code)}; "
                 f"the executor has failed", rank=rank, pid=proc.pid, exitcode=code)
-            self._fail_all(err)
-            callbacks, self._failure_callbacks = self._failure_callbacks, []
-        for cb in callbacks:
-            try:
-                cb()
-            except Exception:  # a failing callback must not hide the failure
-                import traceback
-                traceback.print_exc()
+        self._fail_with(err)
 
-    def _fail_all(self, err):
-        self._failure = err
-        pending, self._pending = self._pending, deque()
-        self._calls.clear()
-        for call in pending:
-            call.error = err
-            call.done = True
-            if call.future is not None:
-                call.future.set_exception(err)
-
-    # ------------------------------------------------------------ health
-
-    @property
-    def is_failed(self):
-        return self._failure is not None
-
-    def register_failure_callback(self, callback):
-        """Call ``callback()`` (no arguments) once, when a worker dies.  Runs at
-        once if the executor has failed already."""
-        with self._lock:
-            if self._failure is None:
-                self._failure_callbacks.append(callback)
-                return
-        callback()
-
-    def check_health(self):
-        """Raise ``WorkerDiedError`` if a worker died (or had died), and
-        ``ExecutorShutdownError`` after shutdown; otherwise return None."""
-        if self._failure is None and not self._is_shutdown:
-            self._poll_rings()
-            self._check_sentinels()
-        if self._failure is not None:
-            raise self._failure
-        if self._is_shutdown:
-            raise ExecutorShutdownError("the executor was shut down")
+    def _look_for_failure(self):
+        self._poll_rings()
+        self._check_sentinels()
 
     @property
     def worker_pids(self):
         return [p.pid for p in self._procs]
+
+    def _pid_of(self, rank):
+        return self._procs[rank].pid
 
     # ------------------------------------------------------------ shutdown
 
@@ -552,12 +586,6 @@ class MultiprocExecutor:
         for pump in list(self._async_pumps.values()):
             pump.stop()
         self._async_pumps.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
 
     def __del__(self):
         # Dropped without shutdown(): do not leave workers and segments behind.

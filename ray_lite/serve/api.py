@@ -6,6 +6,8 @@ import warnings
 
 import cloudpickle
 
+from ray_lite._private import backend
+
 from . import _core, _defaults, context
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
@@ -64,6 +66,10 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     ``controller_options``.  ``logging_config`` is accepted and not applied
     (Serve logs to standard error), with a warning.
     """
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.start(proxy_location, http_options, grpc_options, logging_config,
+                             tracing_config, controller_options, **kwargs)
     _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
                          kwargs)
     with _lock:
@@ -123,8 +129,7 @@ def _build(app, app_name):
         specs[name] = None
         handle = DeploymentHandle(name, app_name)
         seen[id(a)] = handle
-        args = [convert(x) for x in a._args]
-        kwargs = {k: convert(v) for k, v in a._kwargs.items()}
+        args, kwargs = a.bound_args(visit)
         args_blob = cloudpickle.dumps((args, kwargs))
         config = dep.full_config()
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
@@ -133,16 +138,6 @@ def _build(app, app_name):
                        "kwargs": kwargs, "args_blob": args_blob, "config": config}
         return handle
 
-    def convert(x):
-        if isinstance(x, Application):
-            return visit(x)
-        if isinstance(x, list):
-            return [convert(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(convert(v) for v in x)
-        if isinstance(x, dict):
-            return {k: convert(v) for k, v in x.items()}
-        return x
     ingress = visit(app)
     return ingress.deployment_name, specs
 
@@ -150,6 +145,10 @@ def _build(app, app_name):
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
         _local_testing_mode=False, external_scaling_enabled=False):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.run(target, blocking=blocking, name=name, route_prefix=route_prefix,
+                           logging_config=logging_config)
     if isinstance(target, Deployment):
         target = target.bind()
     if not isinstance(target, Application):
@@ -193,6 +192,9 @@ def _block_forever():
 
 def status():
     """The state of every application (``ServeStatus``)."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.status()
     ctl = _controller_or_none()
     if ctl is None:
         return ServeStatus({}, None, 0)
@@ -202,6 +204,9 @@ def status():
 
 def delete(name, _blocking=True):
     """Delete application ``name``, draining its requests (graceful_shutdown_timeout_s)."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.delete(name, _blocking)
     ctl = _controller_or_none()
     if ctl is None:
         return
@@ -213,6 +218,9 @@ def shutdown():
 
     Requests in flight get the longest ``graceful_shutdown_timeout_s`` of the
     deployments to end; then the replicas and proxies are killed."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.shutdown()
     with _lock:
         ctl = _controller_or_none()
         if ctl is None:
@@ -260,6 +268,9 @@ def _kill_processes(pids):
 
 
 def get_app_handle(name):
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_app_handle(name)
     ctl = context.get_controller()
     ingress = _core.get(ctl.ingress_of.remote(name))
     if ingress is None:
@@ -269,6 +280,9 @@ def get_app_handle(name):
 
 
 def get_deployment_handle(deployment_name, app_name=None):
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_deployment_handle(deployment_name, app_name)
     if app_name is None:
         try:
             app_name = context.get_replica_context().app_name
@@ -284,6 +298,9 @@ def _shared_handle(deployment_name, app_name):
 
 
 def get_replica_context():
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_replica_context()
     return context.get_replica_context()
 
 

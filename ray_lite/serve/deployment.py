@@ -140,6 +140,21 @@ class Application:
     def deployment(self):
         return self._deployment
 
+    def bound_args(self, replace):
+        """The constructor's ``(args, kwargs)`` with every bound deployment in
+        them (also inside lists, tuples and dicts) replaced by ``replace(app)``."""
+        def convert(x):
+            if isinstance(x, Application):
+                return replace(x)
+            if isinstance(x, list):
+                return [convert(v) for v in x]
+            if isinstance(x, tuple):
+                return tuple(convert(v) for v in x)
+            if isinstance(x, dict):
+                return {k: convert(v) for k, v in x.items()}
+            return x
+        return [convert(a) for a in self._args], {k: convert(v) for k, v in self._kwargs.items()}
+
     def __repr__(self):
         return f"Application({self._deployment.name})"
 

@@ -17,6 +17,8 @@ import contextvars
 import functools
 import inspect
 
+from ray_lite._private import backend
+
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 _MARK = "__serve_multiplexed__"
 
@@ -25,6 +27,9 @@ _model_id = contextvars.ContextVar("serve_multiplexed_model_id", default="")
 
 def get_multiplexed_model_id():
     """The model id of the request this replica is serving ("" if it has none)."""
+    if backend.RAY:
+        from ._on_ray import get_multiplexed_model_id as on_ray
+        return on_ray()
     return _model_id.get()
 
 

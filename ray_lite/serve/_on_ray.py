@@ -1,0 +1,158 @@
+"""``ray_lite.serve`` on Ray Serve (the Ray backend, ``ray_lite.backend() == "ray"``).
+
+A program's deployments are ray_lite ``Deployment`` objects built at import
+time; ``serve.run`` translates each one (once) into a Ray Serve deployment
+and deploys the application on Ray Serve.  Handles are Ray's
+(``.remote()``, ``.options(stream=True)``).  Inside a replica the Ray
+backend is switched on before the user's constructor runs, so whatever the
+replica calls in ray_lite (``get_multiplexed_model_id``, handles, tasks)
+works on Ray too.
+
+ray_lite's defaults that differ from Ray's hold unless the program sets
+them: a replica is not charged against ``num_cpus``
+(``ray_actor_options={"num_cpus": 0}``).
+"""
+import functools
+import inspect
+import weakref
+
+from ray_lite._private import backend
+
+from .deployment import Application, Deployment
+
+__all__ = ["run", "start", "status", "delete", "shutdown", "get_app_handle",
+           "get_deployment_handle", "get_replica_context", "get_multiplexed_model_id",
+           "to_ray_deployment"]
+
+# ray_lite Deployment -> its Ray Serve deployment (translated once).
+_translated = weakref.WeakKeyDictionary()
+
+# Options of ray_lite's http_options that Ray Serve's HTTPOptions knows.
+_HTTP_KEYS = ("host", "port", "root_path", "request_timeout_s", "keep_alive_timeout_s")
+
+
+def _serve():
+    backend.require_ray()
+    from ray import serve
+    return serve
+
+
+def _on_ray_class(cls):
+    """``cls`` whose replicas switch ray_lite to the Ray backend first."""
+    def __init__(self, *args, **kwargs):
+        _activate_in_replica()
+        cls.__init__(self, *args, **kwargs)
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__,
+                                       "__doc__": cls.__doc__})
+
+
+def _on_ray_function(fn):
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def call(*args, **kwargs):
+            _activate_in_replica()
+            return await fn(*args, **kwargs)
+    else:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            _activate_in_replica()
+            return fn(*args, **kwargs)
+    return call
+
+
+def _activate_in_replica():
+    if not backend.RAY:
+        backend.activate(backend.RAY_NAME)
+
+
+def _ray_options(dep, serve):
+    known = inspect.signature(serve.deployment).parameters
+    options = {k: v for k, v in dep._config.items() if k in known and k != "name"}
+    actor_options = dict(options.get("ray_actor_options") or {})
+    actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
+    options["ray_actor_options"] = actor_options
+    return options
+
+
+def to_ray_deployment(dep):
+    """The Ray Serve deployment of the ray_lite ``Deployment`` ``dep``."""
+    ray_dep = _translated.get(dep)
+    if ray_dep is not None:
+        return ray_dep
+    serve = _serve()
+    from ._asgi import _ASGI_ATTR
+    target = dep.func_or_class
+    if inspect.isclass(target):
+        app = target.__dict__.get(_ASGI_ATTR)
+        target = _on_ray_class(target)
+        if app is not None:
+            target = serve.ingress(app)(target)
+    else:
+        target = _on_ray_function(target)
+    ray_dep = serve.deployment(target, name=dep.name, **_ray_options(dep, serve))
+    _translated[dep] = ray_dep
+    return ray_dep
+
+
+def _to_ray_app(app, seen):
+    """The Ray Serve application of ray_lite's ``app`` (bound arguments too)."""
+    done = seen.get(id(app))
+    if done is not None:
+        return done
+
+    args, kwargs = app.bound_args(lambda bound: _to_ray_app(bound, seen))
+    ray_app = to_ray_deployment(app.deployment).bind(*args, **kwargs)
+    seen[id(app)] = ray_app
+    return ray_app
+
+
+def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
+        **_ray_lite_only):
+    if isinstance(target, Deployment):
+        target = target.bind()
+    if not isinstance(target, Application):
+        raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
+                        f"{type(target).__name__}")
+    return _serve().run(_to_ray_app(target, {}), blocking=blocking, name=name,
+                        route_prefix=route_prefix, logging_config=logging_config)
+
+
+def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
+          tracing_config=None, controller_options=None, **kwargs):
+    if http_options is not None and isinstance(http_options, dict):
+        # ray_lite's own keys (proxies, max_body_size) mean nothing to Ray Serve.
+        http_options = {k: v for k, v in http_options.items() if k in _HTTP_KEYS}
+    kwargs.pop("detached", None)
+    return _serve().start(proxy_location=proxy_location, http_options=http_options,
+                          grpc_options=grpc_options, logging_config=logging_config,
+                          tracing_config=tracing_config, controller_options=controller_options,
+                          **kwargs)
+
+
+def status():
+    return _serve().status()
+
+
+def delete(name, _blocking=True):
+    return _serve().delete(name, _blocking=_blocking)
+
+
+def shutdown():
+    return _serve().shutdown()
+
+
+def get_app_handle(name):
+    return _serve().get_app_handle(name)
+
+
+def get_deployment_handle(deployment_name, app_name=None):
+    return _serve().get_deployment_handle(deployment_name, app_name)
+
+
+def get_replica_context():
+    return _serve().get_replica_context()
+
+
+def get_multiplexed_model_id():
+    return _serve().get_multiplexed_model_id()
