@@ -231,33 +231,99 @@ def frozen_entry(value):
 
 class _StoredEntry(_FrozenEntry):
     """What ``put`` stores for a large value: its buffers live in a segment of
-    the object store (``object_store.py``), which this entry owns and unlinks
-    when it dies; a ref to it travels as the descriptor ``desc``."""
+    the object store (``object_store.py``), which this entry owns; a ref to it
+    travels as the descriptor ``desc``.
 
-    __slots__ = ("desc",)
+    The segment goes back to the store (its pool) once the entry is gone and
+    so are the views this process decoded from it (``get`` maps the segment
+    read-only on first use; that mapping dies with the last view): readers
+    elsewhere hold weight until their own views are gone.
+    """
+
+    __slots__ = ("desc", "_seg", "_views", "_lease")
 
     def __init__(self, node, frame, oob):
-        name, size, mm, offsets = object_store.write_segment(node, frame, oob)
-        sizes = [b.nbytes for b in oob]
-        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
-        self.desc = (name, size, offsets, sizes, len(frame))
+        seg = object_store.write_segment(node, frame, oob)
+        self.ready = True
+        self.error = None
+        self.callbacks = None
+        self.peer = None
+        self.frame = frame
+        self.refs = None
+        self._seg = seg
+        self._views = None
+        self._lease = _Lease(seg)
+        self.desc = (seg.name, seg.size, seg.offsets, [b.nbytes for b in oob], len(frame))
+
+    @property
+    def value(self):
+        views = self._views
+        if views is None:
+            views = self._views = self._map_views()
+        from ray_lite._fast import codec
+        return codec.decode(self.frame, views)     # no refs inside: nothing to thaw
+
+    def _map_views(self):
+        name, size, offsets, sizes, _ = self.desc
+        mm = object_store.map_segment(name, size)
+        lease = self._lease
+        with _lease_lock:
+            lease.holders += 1
+        weakref.finalize(mm, lease.drop).atexit = False
+        return object_store.views_of(mm, offsets, sizes)
 
     def __del__(self):
-        try:
-            name = self.desc[0]
-        except AttributeError:      # __init__ failed: nothing was stored
-            return
-        object_store.free(name)
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.drop()
+
+
+class _Lease:
+    """Who still uses a stored segment in its owner: the entry, and the read
+    mapping of the owner's own views; the last to go releases the segment."""
+
+    __slots__ = ("seg", "holders")
+
+    def __init__(self, seg):
+        self.seg = seg
+        self.holders = 1
+
+    def drop(self):
+        with _lease_lock:
+            self.holders -= 1
+            if self.holders:
+                return
+            seg, self.seg = self.seg, None
+        if seg is not None:
+            seg.release()
+
+
+_lease_lock = threading.RLock()
+
+
+class _MapHold:
+    """A reader's share of the owner's count for one stored object: given
+    back when the reader's mapping dies, i.e. when its entry and every view
+    decoded from it are gone (the owner must not reuse the segment before)."""
+
+    __slots__ = ("oid", "owner", "weight", "node")
+
+    def __init__(self, oid, owner, node):
+        self.oid = oid
+        self.owner = owner
+        self.weight = 0
+        self.node = node
 
 
 class _MappedEntry(_FrozenEntry):
     """A stored object another process owns, mapped read-only here.
 
     ``weight`` is this process's share of the owner's count: the owner keeps
-    the segment's name while any is out; it goes back when the entry dies.
+    the segment while any is out; it goes back when the mapping dies (the
+    entry and every view of it are gone).
     """
 
-    __slots__ = ("desc", "oid", "owner", "weight", "node")
+    __slots__ = ("desc", "oid", "owner", "hold")
 
     def __init__(self, oid, owner, desc, node):
         name, size, offsets, sizes, frame_len = desc
@@ -267,11 +333,16 @@ class _MappedEntry(_FrozenEntry):
         self.desc = desc
         self.oid = oid
         self.owner = owner
-        self.weight = 0
-        self.node = node
+        hold = self.hold = _MapHold(oid, owner, node)
+        weakref.finalize(mm, _give_weight_back, hold, True).atexit = False
 
-    def __del__(self):
-        _give_weight_back(self, True)
+    @property
+    def weight(self):
+        return self.hold.weight
+
+    @weight.setter
+    def weight(self, w):
+        self.hold.weight = w
 
 
 # A large ready value this process owns (a task's result, an immutable put)
@@ -295,15 +366,11 @@ def stored_form(ref):
         return e
     if t is not _Entry or e.error is not None:
         return None
+    stored = _promoted.get(e)
+    if stored is not None:
+        return stored
     value = e.value
-    vt = type(value)
-    if hasattr(vt, "nbytes"):          # numpy arrays, memoryviews, tensors
-        n = value.nbytes
-    elif vt is bytes or vt is bytearray:
-        n = len(value)
-    else:
-        return None
-    if type(n) is not int or n < object_store.STORE_THRESHOLD:
+    if not _is_large(value):
         return None
     node = state.node
     if node is None or ref._owner != node.id:
@@ -315,6 +382,56 @@ def stored_form(ref):
             if stored is not None:
                 _promoted[e] = stored
     return stored
+
+
+def _is_large(value):
+    """A cheap look: is ``value`` one large buffer (numpy array, tensor, bytes-like)?"""
+    vt = type(value)
+    if vt in _IMMUTABLE and vt is not bytes:
+        return False
+    if hasattr(vt, "nbytes"):          # numpy arrays, memoryviews, tensors
+        n = value.nbytes
+    elif vt is bytes or vt is bytearray:
+        n = len(value)
+    else:
+        return False
+    return type(n) is int and n >= object_store.STORE_THRESHOLD
+
+
+def stored_result(value):
+    """What a worker replies for a task's return ``value``: a large one is
+    stored here, by its producer, once (a segment of this process's pool,
+    warm after the first), and the reply carries its descriptor; the caller
+    maps it (``loaded``).  Anything else is returned as is."""
+    if not _is_large(value):
+        return value
+    node = state.node
+    if node is None:
+        return value
+    stored = _store_value(node, value)
+    if stored is None:
+        return value
+    return StoredValue(ObjectRef(node.new_oid(), node.id, stored))
+
+
+def loaded(ok, payload):
+    """``(ok, value, mapped entry)`` of a reply whose payload is a stored
+    value (``LoadedValue``): mapped, decoded; the entry is None when it failed."""
+    mapped = payload.entry()
+    if not ok:
+        return ok, payload, None
+    if mapped.error is not None:
+        return False, mapped.error, None
+    return True, mapped.value, mapped
+
+
+def adopt_stored(entry, mapped):
+    """``entry`` (this process's, a result) holds a value decoded from the
+    stored object ``mapped``: a ref to it travels as that object's
+    descriptor, so readers map the producer's one copy (no second store)."""
+    if type(entry) is _Entry and type(mapped) is _MappedEntry:
+        with _promote_lock:
+            _promoted[entry] = mapped
 
 
 def _store_value(node, value):
@@ -378,7 +495,7 @@ def probe_serialisable(value):
     """Raise what serialising ``value`` for another process would raise.
 
     Refs inside are not lent (the frame is thrown away) and large buffers
-    are not copied (they would travel out of band).
+    are not copied (they would travel out of band): returns their bytes.
     """
     from ray_lite._fast import codec
     from ray_lite._fast.errors import BufferTooSmallError
@@ -390,14 +507,33 @@ def probe_serialisable(value):
             buf = _local.scratch = bytearray(4096)
         while True:
             try:
-                codec.encode_into(value, buf, 0)
-                return
+                _, oob = codec.encode_into(value, buf, 0)
+                return sum(b.nbytes for b in oob) if oob else 0
             except BufferTooSmallError as exc:
                 buf = bytearray(max(exc.needed, 2 * len(buf)))
                 if len(buf) <= 1 << 20:
                     _local.scratch = buf
     finally:
         _local.freezing = outer
+
+
+def stored_by_value(node, values):
+    """``values`` (arguments passed by value) with each large one stored.
+
+    A value whose out-of-band buffers reach ``STORE_THRESHOLD`` goes into the
+    object store, once, and the call carries a ref to it, which the worker
+    resolves as any ref argument: it maps the one copy (read-only arrays, as
+    Ray's large arguments are), and the segment returns to its owner's pool
+    when the worker has dropped it.  Others (small, or holding refs) stay.
+    """
+    out = []
+    for a in values:
+        if type(a) is not ObjectRef and type(a) not in _IMMUTABLE:
+            e = frozen_entry(a)
+            if type(e) is _StoredEntry:
+                a = ObjectRef(node.new_oid(), node.id, e)
+        out.append(a)
+    return out
 
 
 def _thawed_ref(index):
