@@ -7,21 +7,28 @@ prefix>o<owner pid>_<random>``), the codec frame at its end.  A ref to it
 leaves the process as a *descriptor* (segment name, size, buffer offsets and
 sizes, frame length), never as the value: the receiver maps the segment
 read-only and decodes over the mapping, so numpy arrays come back as
-read-only views of the one copy, in every process, as in Ray.  A large value
-that arrived otherwise (a task's result, read off the ring) is stored the
-first time its owner sends its ref to another process (``refs.stored_form``),
-and a fetch of it is answered with the descriptor.  A large argument passed
-by value needs no store: the ring already writes it once into a side segment
-that the worker maps.  Buffers under the threshold stay on the ring, which is
-cheaper for them; nothing changes for small values.
+read-only views of the one copy, in every process, as in Ray.  The same
+path carries a large argument passed by value (the caller stores it and the
+call carries a ref, ``refs.stored_by_value``) and a task's large return
+value (the worker stores it, the reply carries the descriptor,
+``refs.stored_result``; the caller passes that same descriptor on).  A
+large value that arrived otherwise is stored the first time its owner sends
+its ref to another process (``refs.stored_form``), and a fetch of it is
+answered with the descriptor.  Buffers under the threshold stay on the
+ring, which is cheaper for them; nothing changes for small values.
 
-Lifetime.  The owner (the process that called ``put``) keeps the segment's
-name while a ref to it exists anywhere: each descriptor sent carries a weight
-of the owner's count (the weighted reference counting of ``refs.py``); a
-reader gives its weight back when its last ref is gone.  When the owner's own
-refs are gone too, its entry dies and unlinks the name.  A reader's mapping
-does not need the name: what it decoded stays valid until it drops its views
-(the memory goes with the last mapping).  So:
+Lifetime.  The owner (the process that stored it) keeps the segment while a
+ref to it *or a view of it* exists anywhere, as Ray pins an object while a
+deserialised array uses it: each descriptor sent carries a weight of the
+owner's count (the weighted reference counting of ``refs.py``); a reader
+gives its weight back when its mapping dies, i.e. when its refs and every
+array it decoded are gone.  When the owner's own refs and views are gone
+too, the segment is released: it joins this process's ``SegmentPool``
+(mapped, its pages touched) under a new name, and the next stored object of
+a fitting size is written into it at memory-copy speed, without the page
+fault and zeroing per page that a new file costs.  The new name makes a
+late descriptor of the old object fail (``ObjectLostError``) instead of
+mapping the next one's bytes.  So:
 
 - the owner dies while readers hold views: the driver unlinks the dead
   owner's objects, and the views keep working (a mapping of an unlinked
@@ -38,8 +45,9 @@ does not need the name: what it decoded stays valid until it drops its views
   owner is a worker (the driver relays its messages but does not report its
   death): its weight is lost and the segment lives until the owner exits or
   the runtime shuts down;
-- the runtime's shutdown unlinks every segment of its prefix, and the next
-  start removes those of a killed driver (``shm.cleanup_stale_segments``).
+- the runtime's shutdown unlinks every segment of its prefix (the pools'
+  too), and the next start removes those of a killed driver
+  (``shm.cleanup_stale_segments``).
 
 Capacity and spilling.  ``init(object_store_memory=...)`` (default: 30 % of
 the machine's memory, at most what ``/dev/shm`` can hold) bounds the bytes of
