@@ -300,11 +300,14 @@ class SegmentPool:
     Named ``<runtime prefix>p<pid>_<random>`` while free: not an object (the
     store's listing and capacity ignore them), removed by the runtime's
     shutdown and, for a dead process, by ``release_dead_owner``.  At most
-    ``MAX_SEGMENTS`` segments and ``max_bytes`` (a quarter of the capacity)
-    are kept; a segment is reused for an object of at least half its size.
+    ``MAX_SEGMENTS`` segments, together at most a quarter of the capacity,
+    are kept (the oldest goes first: kept memory is resident memory); a
+    segment is reused for an object of at least half its size.  Nothing
+    trims an idle pool: its segments go at shutdown or when a new object
+    needs their room.
     """
 
-    MAX_SEGMENTS = 4
+    MAX_SEGMENTS = 2
 
     def __init__(self):
         self._free = []             # StoredSegment, most recently freed last

@@ -3,13 +3,12 @@
 The owner's ``_StoredEntry`` (its segment, released to the store's pool once
 no ref or view of it is left anywhere), a reader's ``_MappedEntry`` (its
 mapping; its share of the owner's count goes back when the mapping dies),
-and how values take that path: ``put`` (``refs.frozen_entry``), large
-arguments passed by value (``stored_by_value``), a task's large result
-(``stored_result``, mapped by the caller with ``loaded``), a large value
+and how values take that path: ``put`` (``frozen_entry``), large
+arguments passed by value (``refs.stored_by_value``), a task's large result
+(``refs.stored_result``, mapped by the caller with ``loaded``), a large value
 first sent elsewhere (``stored_form``).  See ``object_store.py``.
-
-Imported by ``refs`` at its end, which re-exports these names: import them
-from ``refs``.
+``refs`` re-exports these names (and adds ``stored_result`` and
+``stored_by_value``, which make ``ObjectRef``s).
 """
 import threading
 import weakref
@@ -17,8 +16,9 @@ import weakref
 from ray_lite.exceptions import ObjectLostError
 
 from . import object_store, state
-from .refs import (ObjectRef, _Entry, _FrozenEntry, _IMMUTABLE, _give_weight_back, _local,
-                   error_entry, frozen_entry)
+from .entries import (_Entry, _FrozenEntry, _IMMUTABLE, _give_weight_back, _local, ready_entry,
+                      error_entry)
+
 
 class _StoredEntry(_FrozenEntry):
     """What ``put`` stores for a large value: its buffers live in a segment of
@@ -189,22 +189,6 @@ def _is_large(value):
     return type(n) is int and n >= object_store.STORE_THRESHOLD
 
 
-def stored_result(value):
-    """What a worker replies for a task's return ``value``: a large one is
-    stored here, by its producer, once (a segment of this process's pool,
-    warm after the first), and the reply carries its descriptor; the caller
-    maps it (``loaded``).  Anything else is returned as is."""
-    if not _is_large(value):
-        return value
-    node = state.node
-    if node is None:
-        return value
-    stored = _store_value(node, value)
-    if stored is None:
-        return value
-    return StoredValue(ObjectRef(node.new_oid(), node.id, stored))
-
-
 def loaded(ok, payload):
     """``(ok, value, mapped entry)`` of a reply whose payload is a stored
     value (``LoadedValue``): mapped, decoded; the entry is None when it failed."""
@@ -282,20 +266,33 @@ def map_stored(oid, owner, desc, node):
         return error_entry(exc)
 
 
-def stored_by_value(node, values):
-    """``values`` (arguments passed by value) with each large one stored.
 
-    A value whose out-of-band buffers reach ``STORE_THRESHOLD`` goes into the
-    object store, once, and the call carries a ref to it, which the worker
-    resolves as any ref argument: it maps the one copy (read-only arrays, as
-    Ray's large arguments are), and the segment returns to its owner's pool
-    when the worker has dropped it.  Others (small, or holding refs) stay.
-    """
-    out = []
-    for a in values:
-        if type(a) is not ObjectRef and type(a) not in _IMMUTABLE:
-            e = frozen_entry(a)
-            if type(e) is _StoredEntry:
-                a = ObjectRef(node.new_oid(), node.id, e)
-        out.append(a)
-    return out
+
+def frozen_entry(value):
+    """The entry ``put`` stores for ``value``: the value itself if immutable, else a snapshot."""
+    if type(value) in _IMMUTABLE:
+        return ready_entry(value)
+    from ray_lite._fast import codec
+    from ray_lite._fast.errors import BufferTooSmallError
+    refs = []
+    outer = getattr(_local, "freezing", None)
+    _local.freezing = refs
+    try:
+        buf = bytearray(512)
+        while True:
+            try:
+                end, oob = codec.encode_into(value, buf, 0)
+                break
+            except BufferTooSmallError as exc:
+                buf = bytearray(max(exc.needed, 2 * len(buf)))
+                refs.clear()      # the next attempt numbers them again
+    finally:
+        _local.freezing = outer
+    frame = bytes(memoryview(buf)[:end])
+    if oob and not refs and sum(b.nbytes for b in oob) >= object_store.STORE_THRESHOLD:
+        node = state.node
+        if node is not None:
+            return _StoredEntry(node, frame, oob)
+    # One copy of large buffers (numpy data...), as Ray's put copies into its
+    # store; ``get`` then decodes zero-copy views of these read-only bytes.
+    return _FrozenEntry(frame, [bytes(b) for b in oob], refs or None)
