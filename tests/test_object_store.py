@@ -429,3 +429,16 @@ def test_collective_rpc_writes_a_large_argument_once(monkeypatch):
         assert len(written) == 1 and BIG * 8 <= written[0] < 2 * BIG * 8
     finally:
         ex.shutdown()
+
+
+@ray.remote
+def sum_of_nested_result(seed):
+    # The result comes back through the driver (it forwards a nested task's
+    # reply): the descriptor must survive the relay.
+    arr = ray.get(make_big.remote(seed))
+    return float(arr[-1]), arr.flags.writeable
+
+
+def test_a_large_result_of_a_nested_task_reaches_its_caller(rt):
+    assert ray.get(sum_of_nested_result.remote(5)) == (5.0 * (BIG - 1), False)
+    assert wait_until(lambda: stored_segments(rt) == set())
