@@ -89,6 +89,18 @@ class Holder:
     def put_big(self, seed):
         return [ray.put(big_array(seed))]
 
+    def describe(self, arr):
+        return (*mapping_of(arr), arr.nbytes)
+
+
+@ray.remote
+def make_big(seed):
+    return big_array(seed)
+
+
+def pooled_segments(node):
+    return set(shm.list_segments(node.shm_prefix + "p"))
+
 
 def test_small_values_stay_off_the_store(rt):
     before = stored_segments(rt)
@@ -142,19 +154,24 @@ def test_segment_freed_when_the_last_ref_anywhere_is_gone(rt):
     assert wait_until(lambda: not os.path.exists(path))
 
 
-def test_a_view_outlives_the_freed_segment(rt):
+def test_a_view_keeps_the_object_until_it_is_dropped(rt):
     ref = ray.put(big_array(9))
     (name,) = stored_segments(rt)
+    path = shm.segment_path(name)
     h = Holder.remote()
     ray.get(h.keep.remote([ref]))
     del ref
     gc.collect()
-    # The actor drops its ref but keeps the array it decoded: the name goes,
-    # its mapping (and so its view) stays valid.
+    # The actor drops its ref but keeps the array it decoded: as in Ray, the
+    # object stays (its segment must not be reused under the view) ...
     assert ray.get(h.drop_ref.remote()) == 9.0 * (BIG - 1)
     ray.get(h.ping.remote())
-    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+    assert os.path.exists(path)
     assert ray.get(h.drop_ref.remote()) == 9.0 * (BIG - 1)
+    # ... until the view goes too.
+    assert ray.get(h.drop.remote())
+    ray.get(h.ping.remote())
+    assert wait_until(lambda: not os.path.exists(path))
 
 
 def test_dropping_the_only_ref_frees_at_once(rt):
@@ -268,12 +285,12 @@ def first_byte_and_len(data):
     return data[0], len(data)
 
 
-def test_a_task_result_is_stored_once_when_it_is_passed_on(rt):
+def test_a_task_result_is_stored_once_and_passed_on_as_is(rt):
     ref = make_big.remote(8)
     ray.get(ref)
-    assert stored_segments(rt) == set()          # nobody else reads it yet
+    (name,) = stored_segments(rt)                # stored by the worker that made it
     writeable, mapped, last, _ = ray.get(describe.remote(ref))
-    (name,) = stored_segments(rt)
+    assert stored_segments(rt) == {name}
     assert mapped == shm.segment_path(name) and not writeable and last == 8.0 * (BIG - 1)
     # Later readers (top level or nested) map the same segment: no new copy.
     assert ray.get(describe.remote(ref))[1] == mapped
@@ -330,3 +347,98 @@ def test_a_result_first_passed_inside_a_list_is_stored(rt):
     del ref
     gc.collect()
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_a_large_argument_by_value_is_stored_once_and_mapped(rt):
+    h = Holder.remote()
+    for seed in (6, 7):
+        writeable, mapped, last, nbytes = ray.get(h.describe.remote(big_array(seed)))
+        # The worker's array is a read-only view of an object segment, as in Ray.
+        assert writeable is False and last == seed * (BIG - 1.0) and nbytes == BIG * 8
+        assert mapped.startswith(shm.segment_path(rt.shm_prefix + "o"))
+    ray.get(h.ping.remote())           # its releases go out at its next drain
+    # No object is left once the calls are done: the segments went back to the pool.
+    assert wait_until(lambda: stored_segments(rt) == set())
+    assert 1 <= len(pooled_segments(rt)) <= object_store.SegmentPool.MAX_SEGMENTS
+
+
+def test_large_keyword_and_task_arguments_by_value(rt):
+    writeable, mapped, last, _ = ray.get(describe.remote(big_array(3)))
+    assert writeable is False and last == 3.0 * (BIG - 1)
+    assert mapped.startswith(shm.segment_path(rt.shm_prefix))
+    h = Holder.remote()
+    assert ray.get(h.describe.remote(arr=big_array(2)))[2] == 2.0 * (BIG - 1)
+
+
+def test_a_freed_segment_is_reused_under_a_new_name(rt):
+    ref = ray.put(big_array(1))
+    (first,) = stored_segments(rt)
+    inode = os.stat(shm.segment_path(first)).st_ino
+    del ref
+    gc.collect()
+    assert stored_segments(rt) == set()
+    ref = ray.put(big_array(2))
+    (second,) = stored_segments(rt)
+    # The same pages, warm, under a name the old object's descriptor cannot reach.
+    assert second != first and os.stat(shm.segment_path(second)).st_ino == inode
+    assert ray.get(ref)[-1] == 2.0 * (BIG - 1)
+
+
+def test_a_view_in_the_owner_keeps_its_segment_from_reuse(rt):
+    x = ray.get(ray.put(big_array(4)))       # the ref is gone at once, the view stays
+    gc.collect()
+    for seed in (5, 6, 7):
+        assert ray.get(ray.put(big_array(seed)))[-1] == seed * (BIG - 1.0)
+        gc.collect()
+    assert x[-1] == 4.0 * (BIG - 1) and np.array_equal(x, big_array(4))
+
+
+def test_a_large_task_result_is_stored_by_the_worker(rt):
+    for seed in (3, 4):
+        r = ray.get(make_big.remote(seed))
+        writeable, mapped, last = mapping_of(r)
+        assert writeable is False and last == seed * (BIG - 1.0)
+        assert mapped.startswith(shm.segment_path(rt.shm_prefix + "o"))
+        del r
+        gc.collect()
+    assert wait_until(lambda: stored_segments(rt) == set())
+
+
+class BroadcastReader:
+    def __init__(self, rank, world_size):
+        self.rank = rank
+
+    def last(self, arr):
+        return float(arr[-1]), arr.nbytes
+
+
+def test_collective_rpc_writes_a_large_argument_once(monkeypatch):
+    from ray_lite.executor import MultiprocExecutor
+    ex = MultiprocExecutor(BroadcastReader, world_size=2)
+    try:
+        written = []
+        create = shm.create_segment
+
+        def counting(size, *args, **kwargs):
+            written.append(size)
+            return create(size, *args, **kwargs)
+        monkeypatch.setattr(shm, "create_segment", counting)
+        arr = big_array(8)
+        assert ex.collective_rpc("last", args=(arr,)) == [(8.0 * (BIG - 1), BIG * 8)] * 2
+        # One segment for both workers, not one each.
+        assert len(written) == 1 and BIG * 8 <= written[0] < 2 * BIG * 8
+    finally:
+        ex.shutdown()
+
+
+@ray.remote
+def sum_of_nested_result(seed):
+    # The result comes back through the driver (it forwards a nested task's
+    # reply): the descriptor must survive the relay.
+    arr = ray.get(make_big.remote(seed))
+    return float(arr[-1]), arr.flags.writeable
+
+
+def test_a_large_result_of_a_nested_task_reaches_its_caller(rt):
+    assert ray.get(sum_of_nested_result.remote(5)) == (5.0 * (BIG - 1), False)
+    assert wait_until(lambda: stored_segments(rt) == set())

@@ -149,6 +149,7 @@ def shutdown():
             state.node = None
             interrupts.uninstall()
             object_store.remove_spill_dir(node)
+            object_store.clear_pool()
 
 
 def is_initialized():

@@ -7,21 +7,28 @@ prefix>o<owner pid>_<random>``), the codec frame at its end.  A ref to it
 leaves the process as a *descriptor* (segment name, size, buffer offsets and
 sizes, frame length), never as the value: the receiver maps the segment
 read-only and decodes over the mapping, so numpy arrays come back as
-read-only views of the one copy, in every process, as in Ray.  A large value
-that arrived otherwise (a task's result, read off the ring) is stored the
-first time its owner sends its ref to another process (``refs.stored_form``),
-and a fetch of it is answered with the descriptor.  A large argument passed
-by value needs no store: the ring already writes it once into a side segment
-that the worker maps.  Buffers under the threshold stay on the ring, which is
-cheaper for them; nothing changes for small values.
+read-only views of the one copy, in every process, as in Ray.  The same
+path carries a large argument passed by value (the caller stores it and the
+call carries a ref, ``refs.stored_by_value``) and a task's large return
+value (the worker stores it, the reply carries the descriptor,
+``refs.stored_result``; the caller passes that same descriptor on).  A
+large value that arrived otherwise is stored the first time its owner sends
+its ref to another process (``refs.stored_form``), and a fetch of it is
+answered with the descriptor.  Buffers under the threshold stay on the
+ring, which is cheaper for them; nothing changes for small values.
 
-Lifetime.  The owner (the process that called ``put``) keeps the segment's
-name while a ref to it exists anywhere: each descriptor sent carries a weight
-of the owner's count (the weighted reference counting of ``refs.py``); a
-reader gives its weight back when its last ref is gone.  When the owner's own
-refs are gone too, its entry dies and unlinks the name.  A reader's mapping
-does not need the name: what it decoded stays valid until it drops its views
-(the memory goes with the last mapping).  So:
+Lifetime.  The owner (the process that stored it) keeps the segment while a
+ref to it *or a view of it* exists anywhere, as Ray pins an object while a
+deserialised array uses it: each descriptor sent carries a weight of the
+owner's count (the weighted reference counting of ``refs.py``); a reader
+gives its weight back when its mapping dies, i.e. when its refs and every
+array it decoded are gone.  When the owner's own refs and views are gone
+too, the segment is released: it joins this process's ``SegmentPool``
+(mapped, its pages touched) under a new name, and the next stored object of
+a fitting size is written into it at memory-copy speed, without the page
+fault and zeroing per page that a new file costs.  The new name makes a
+late descriptor of the old object fail (``ObjectLostError``) instead of
+mapping the next one's bytes.  So:
 
 - the owner dies while readers hold views: the driver unlinks the dead
   owner's objects, and the views keep working (a mapping of an unlinked
@@ -38,8 +45,9 @@ does not need the name: what it decoded stays valid until it drops its views
   owner is a worker (the driver relays its messages but does not report its
   death): its weight is lost and the segment lives until the owner exits or
   the runtime shuts down;
-- the runtime's shutdown unlinks every segment of its prefix, and the next
-  start removes those of a killed driver (``shm.cleanup_stale_segments``).
+- the runtime's shutdown unlinks every segment of its prefix (the pools'
+  too), and the next start removes those of a killed driver
+  (``shm.cleanup_stale_segments``).
 
 Capacity and spilling.  ``init(object_store_memory=...)`` (default: 30 % of
 the machine's memory, at most what ``/dev/shm`` can hold) bounds the bytes of
@@ -55,11 +63,13 @@ spill directory's disk has no room either, ``ObjectStoreFullError`` says how
 many bytes were asked and are in use.  The spill directory goes at shutdown,
 a dead owner's files with it, and a killed driver's at the next start.
 """
+import ctypes
 import mmap
 import os
 import secrets
 import shutil
 import tempfile
+import threading
 
 from ray_lite._fast import shm
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
@@ -144,20 +154,45 @@ def layout(frame_len, sizes):
 
 
 def write_segment(node, frame, buffers):
-    """Create a segment holding ``buffers`` then ``frame``; return ``(name, size, mmap, offsets)``.
+    """Store ``buffers`` then ``frame`` in a segment; return its ``StoredSegment``.
 
-    Raises ``ObjectStoreFullError`` past the capacity or when ``/dev/shm`` is full.
+    A free segment of the process's pool (``SegmentPool``) is reused when one
+    fits: its pages are mapped and touched already, so the write runs at
+    memcpy speed instead of paying a page fault (and the kernel's zeroing)
+    per page of a new file.  Raises ``ObjectStoreFullError`` past the
+    capacity or when ``/dev/shm`` is full.
     """
     sizes = [b.nbytes for b in buffers]
     size, frame_off, offsets = layout(len(frame), sizes)
+    token = f"{os.getpid()}_{secrets.token_hex(8)}"
+    name = _store_prefix(node) + token
+    seg = _pool.take(node, size, name)
+    if seg is None:
+        seg = _new_segment(node, size, name, token)
+    try:
+        mm = seg.mm
+        for off, b, n in zip(offsets, buffers, sizes):
+            copy_into(mm, off, b, n)
+        mm[frame_off:frame_off + len(frame)] = frame
+    except BaseException:
+        seg.discard()
+        raise
+    seg.size = size
+    seg.offsets = offsets
+    return seg
+
+
+def _new_segment(node, size, name, token):
     capacity = capacity_of(node)
     used = bytes_in_use(node)
-    token = f"{os.getpid()}_{secrets.token_hex(8)}"
     # Checked rather than reserved (posix_fallocate costs a pass over the
-    # pages): writing past a full tmpfs would be a SIGBUS.
+    # pages): writing past a full tmpfs would be a SIGBUS.  The pool's free
+    # segments give way first.
+    if used + size > capacity or size > _room(shm.SHM_DIR):
+        _pool.clear()
     if used + size <= capacity and size <= _room(shm.SHM_DIR):
-        name = _store_prefix(node) + token
         path = shm.segment_path(name)
+        spilled = False
     else:
         spill = spill_dir(node)
         os.makedirs(spill, mode=0o700, exist_ok=True)
@@ -168,19 +203,183 @@ def write_segment(node, frame, buffers):
                 f"of its capacity of {capacity} bytes (init(object_store_memory=...)) and the "
                 f"spill directory {spill} has {room} bytes free")
         name = path = os.path.join(spill, "o" + token)
+        spilled = True
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, size)
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        for off, b, n in zip(offsets, buffers, sizes):
-            mm[off:off + n] = b
-        mm[frame_off:frame_off + len(frame)] = frame
     except BaseException:
         free(name)
         raise
     finally:
         os.close(fd)
-    return name, size, mm, offsets
+    return StoredSegment(name, size, mm, node.shm_prefix, spilled, capacity // 4)
+
+
+#: Below this many bytes a buffer is copied by the calling thread alone.
+_PARALLEL_COPY_MIN = 8 << 20
+
+
+def copy_into(mm, off, buf, n):
+    """Copy the ``n`` bytes of ``buf`` to ``mm[off:]``.
+
+    Large writable buffers (numpy arrays...) are copied in two halves at
+    once, by the caller and one helper thread (``ctypes.memmove`` releases
+    the GIL): one core rarely saturates the memory bus, which Ray's parallel
+    memcopy of large objects relies on too.
+    """
+    if n < _PARALLEL_COPY_MIN or _CPUS < 2:
+        mm[off:off + n] = buf
+        return
+    try:
+        src = (ctypes.c_char * n).from_buffer(buf)
+    except (TypeError, ValueError, BufferError):    # read-only or not contiguous
+        mm[off:off + n] = buf
+        return
+    dst = (ctypes.c_char * n).from_buffer(mm, off)
+    try:
+        d, s_ = ctypes.addressof(dst), ctypes.addressof(src)
+        half = (n // 2) & ~4095
+        done = _copier().submit(ctypes.memmove, d + half, s_ + half, n - half)
+        ctypes.memmove(d, s_, half)
+        done.result()
+    finally:
+        del dst, src       # the exports of both buffers end here
+
+
+_CPUS = os.cpu_count() or 1
+_copier_pool = None
+
+
+def _copier():
+    global _copier_pool
+    if _copier_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        # A thread that sleeps on its queue between copies (never spins).
+        _copier_pool = ThreadPoolExecutor(1, thread_name_prefix="ray_lite-store-copy")
+    return _copier_pool
+
+
+class StoredSegment:
+    """A segment holding one stored object, mapped writable by its owner.
+
+    ``release()`` (the object is freed everywhere: no ref, no reader's view)
+    gives it to the pool under a new name, so that a late descriptor of the
+    old object can never map the next one's bytes; ``discard()`` unlinks it.
+    """
+
+    __slots__ = ("name", "size", "mm", "prefix", "spilled", "offsets", "file_size", "pool_cap")
+
+    def __init__(self, name, size, mm, prefix, spilled, pool_cap):
+        self.name = name
+        self.pool_cap = pool_cap
+        self.size = size
+        self.file_size = size
+        self.mm = mm
+        self.prefix = prefix
+        self.spilled = spilled
+        self.offsets = ()
+
+    def release(self):
+        if self.spilled or not _pool.give(self):
+            self.discard()
+
+    def discard(self):
+        free(self.name)
+        mm, self.mm = self.mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:     # a view of it is still out: the GC unmaps it
+                pass
+
+
+class SegmentPool:
+    """The free segments of this process, mapped and touched, ready for reuse.
+
+    Named ``<runtime prefix>p<pid>_<random>`` while free: not an object (the
+    store's listing and capacity ignore them), removed by the runtime's
+    shutdown and, for a dead process, by ``release_dead_owner``.  At most
+    ``MAX_SEGMENTS`` segments, together at most a quarter of the capacity,
+    are kept (the oldest goes first: kept memory is resident memory); a
+    segment is reused for an object of at least half its size.  Nothing
+    trims an idle pool: its segments go at shutdown or when a new object
+    needs their room.
+    """
+
+    MAX_SEGMENTS = 2
+
+    def __init__(self):
+        self._free = []             # StoredSegment, most recently freed last
+        self._lock = threading.Lock()
+
+    def take(self, node, size, name):
+        """A free segment for ``size`` bytes, renamed ``name``; None when none fits."""
+        with self._lock:
+            best = None
+            for seg in self._free:
+                if seg.prefix == node.shm_prefix and size <= seg.file_size < 2 * size + 4096 \
+                        and (best is None or seg.file_size < best.file_size):
+                    best = seg
+            if best is None:
+                return None
+            self._free.remove(best)
+        try:
+            os.rename(shm.segment_path(best.name), shm.segment_path(name))
+        except OSError:             # removed under us (the runtime shut down)
+            best.discard()
+            return None
+        best.name = name
+        return best
+
+    def give(self, seg):
+        """Keep ``seg`` for reuse; False when the pool has no room for it."""
+        if seg.mm is None:
+            return False
+        cap = seg.pool_cap
+        with self._lock:
+            kept = sum(s.file_size for s in self._free)
+            if seg.file_size > cap:
+                return False
+            evicted = []
+            while self._free and (len(self._free) >= self.MAX_SEGMENTS
+                                  or kept + seg.file_size > cap):
+                old = self._free.pop(0)
+                kept -= old.file_size
+                evicted.append(old)
+            name = f"{seg.prefix}p{os.getpid()}_{secrets.token_hex(8)}"
+            try:
+                os.rename(shm.segment_path(seg.name), shm.segment_path(name))
+            except OSError:
+                self._free.extend(evicted)
+                return False
+            seg.name = name
+            self._free.append(seg)
+        for old in evicted:
+            old.discard()
+        return True
+
+    def clear(self, unlink=True):
+        """Drop every free segment (the runtime's shutdown; room for a new object)."""
+        with self._lock:
+            segs, self._free = self._free, []
+        for seg in segs:
+            if unlink:
+                seg.discard()
+
+    def bytes_kept(self):
+        with self._lock:
+            return sum(s.file_size for s in self._free)
+
+
+_pool = SegmentPool()
+# A forked child owns none of its parent's free segments.
+os.register_at_fork(after_in_child=lambda: _pool.clear(unlink=False))
+
+
+def clear_pool():
+    """Unlink and unmap this process's free segments (the runtime's shutdown)."""
+    _pool.clear()
 
 
 def _room(directory):
@@ -259,9 +458,9 @@ def release_dead_owner(node, pid):
     Readers that mapped them keep their views; later readers get
     ``ObjectLostError`` (the owner is gone, as in Ray).
     """
-    prefix = f"{_store_prefix(node)}{pid}_"
-    for name in shm.list_segments(prefix):
-        free(name)
+    for tag in ("o", "p"):      # its objects, and the free segments of its pool
+        for name in shm.list_segments(f"{node.shm_prefix}{tag}{pid}_"):
+            free(name)
     spill = spill_dir(node)
     try:
         spilled = os.listdir(spill)

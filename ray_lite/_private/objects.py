@@ -11,7 +11,8 @@ from ray_lite.exceptions import ObjectLostError
 from . import protocol as P
 from .object_store import HolderWeight
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
-                   error_entry, map_stored, stored_form)
+                   adopt_stored, error_entry, loaded, map_stored,
+                   stored_form)
 from .transport import LinkClosed
 
 
@@ -25,12 +26,17 @@ class ObjectsMixin:
 
     def _on_result(self, peer, msg):
         _, oid, ok, payload = msg
+        mapped = None
+        if type(payload) is LoadedValue:
+            ok, payload, mapped = loaded(ok, payload)
         fl = self.inflight.get(peer)
         if fl is not None:
             fl.pop(oid, None)
         target = self.pending.pop(oid, None)
         if target is None:
             return
+        if mapped is not None:
+            adopt_stored(target, mapped)
         if type(target) is list:
             if ok:
                 for e, v in zip(target, payload):
@@ -263,10 +269,8 @@ class ObjectsMixin:
         if fl is not None:
             fl.pop(oid, None)
         self.fetch_requested.discard(oid)
-        if ok and type(payload) is LoadedValue:
-            mapped = payload.entry()
-            ok = mapped.error is None
-            payload = mapped.value if ok else mapped.error
+        if type(payload) is LoadedValue:
+            ok, payload, _ = loaded(ok, payload)
         for e in self.fetching.pop(oid, ()):
             if ok:
                 e.set_value(payload)

@@ -24,361 +24,22 @@ An ``ObjectRefGenerator`` holds the owner's ``StreamTable`` for one stream:
 the owner records a report when it reads it off a link, so ``next()`` on a
 reported item is a table look-up that returns an already-ready ref.
 """
-import copy
 import threading
-import weakref
 
-from ray_lite.exceptions import ObjectLostError
-
-from . import object_store, state
+from . import state
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
-
-
-class _Entry:
-    """The value slot of one object, shared by every ref to it in this process."""
-
-    # ``peer``: the process expected to fill it (a hint for the waiting thread).
-    __slots__ = ("ready", "value", "error", "callbacks", "peer", "__weakref__")
-
-    def __init__(self, peer=None):
-        self.ready = False
-        self.value = None
-        self.error = None
-        self.callbacks = None
-        self.peer = peer
-
-    def set_value(self, value):
-        if self.ready:
-            return
-        self.value = value
-        self.ready = True
-        self._fire()
-
-    def set_error(self, error):
-        if self.ready:
-            return
-        self.error = error
-        self.ready = True
-        self._fire()
-
-    def _fire(self):
-        if self.callbacks:       # a peek without the lock: most entries have none
-            with _callbacks_lock:
-                cbs, self.callbacks = self.callbacks, None
-            if cbs:
-                if len(cbs) == 1:
-                    cbs[0](self)
-                    return
-                # One failing callback must not cost the others their call
-                # (they may be waiters that would then wait for ever).
-                first_error = None
-                for cb in cbs:
-                    try:
-                        cb(self)
-                    except BaseException as exc:   # re-raised below
-                        if first_error is None:
-                            first_error = exc
-                if first_error is not None:
-                    raise first_error
-
-    def add_callback(self, cb):
-        """Call ``cb(entry)`` once the entry is ready (at once if it is).
-
-        Safe against another thread filling the entry meanwhile (the driver's
-        service thread, a thread in ``get``): each callback runs exactly once.
-        """
-        if self.ready:
-            cb(self)
-            return
-        with _callbacks_lock:
-            if self.callbacks is None:
-                self.callbacks = [cb]
-            else:
-                self.callbacks.append(cb)
-        if self.ready:
-            # Filled between our look and the append: its _fire may have
-            # missed the callback.  Whichever _fire takes the list runs it.
-            self._fire()
-
-
-_callbacks_lock = threading.Lock()
-
-
-def raisable(error):
-    """A copy of the stored ``error`` to raise, as Ray's ``get`` raises a fresh
-    exception each time: raising the stored one would grow its traceback on
-    every ``get`` and tie it to the raising frame, whose locals hold the
-    entry that holds the error (a reference cycle per failed call)."""
-    try:
-        return copy.copy(error)
-    except Exception:   # noqa: BLE001 - an exception class copy cannot rebuild
-        return error.with_traceback(None)
-
-
-def ready_entry(value):
-    e = _Entry()
-    e.value = value
-    e.ready = True
-    return e
-
-
-def error_entry(error):
-    e = _Entry()
-    e.error = error
-    e.ready = True
-    return e
-
-
-class _BorrowedEntry(_Entry):
-    """The entry of an object another process owns, shared by this process's refs.
-
-    ``weight`` is this process's share of the owner's count (see the module
-    docstring); it goes back to the owner when the entry dies or is filled.
-    """
-
-    __slots__ = ("oid", "owner", "weight", "node")
-
-    def __init__(self, oid, owner, node):
-        _Entry.__init__(self, owner)
-        self.oid = oid
-        self.owner = owner
-        self.weight = 0
-        self.node = node        # ids are per runtime: never give back to another one
-
-    def __del__(self):
-        _give_weight_back(self, None)
-
-
-def _give_weight_back(entry, as_holder):
-    """``__del__`` of an entry holding weight of another owner's object: give it back.
-
-    ``as_holder``: the weight goes as an ``object_store.HolderWeight`` (a
-    reader of a stored object also tells the owner it holds nothing any more).
-    """
-    w = entry.weight
-    if w:
-        entry.weight = 0
-        node = entry.node
-        if node is not None and not node.closed:
-            # Only queued: __del__ may run inside a send or a drain.
-            node.release_later(entry.owner, entry.oid,
-                               w if as_holder is None else object_store.HolderWeight(w, False))
-
-
-# Immutable values that ``put`` can keep by reference (no copy needed).
-_IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
-_local = threading.local()
-
-
-class _FrozenEntry(_Entry):
-    """What ``put`` stores: a serialised snapshot, decoded afresh by each ``get``.
-
-    Refs inside the value are kept as refs (they stay alive with the entry)
-    instead of being exported: the snapshot never leaves this process.
-    """
-
-    __slots__ = ("frame", "buffers", "refs")
-
-    def __init__(self, frame, buffers, refs):
-        self.ready = True
-        self.error = None
-        self.callbacks = None
-        self.peer = None
-        self.frame = frame
-        self.buffers = buffers
-        self.refs = refs
-
-    @property
-    def value(self):
-        from ray_lite._fast import codec
-        outer = getattr(_local, "thawing", None)
-        _local.thawing = self.refs
-        try:
-            return codec.decode(self.frame, self.buffers)
-        finally:
-            _local.thawing = outer
-
-
-def frozen_entry(value):
-    """The entry ``put`` stores for ``value``: the value itself if immutable, else a snapshot."""
-    if type(value) in _IMMUTABLE:
-        return ready_entry(value)
-    from ray_lite._fast import codec
-    from ray_lite._fast.errors import BufferTooSmallError
-    refs = []
-    outer = getattr(_local, "freezing", None)
-    _local.freezing = refs
-    try:
-        buf = bytearray(512)
-        while True:
-            try:
-                end, oob = codec.encode_into(value, buf, 0)
-                break
-            except BufferTooSmallError as exc:
-                buf = bytearray(max(exc.needed, 2 * len(buf)))
-                refs.clear()      # the next attempt numbers them again
-    finally:
-        _local.freezing = outer
-    frame = bytes(memoryview(buf)[:end])
-    if oob and not refs and sum(b.nbytes for b in oob) >= object_store.STORE_THRESHOLD:
-        node = state.node
-        if node is not None:
-            return _StoredEntry(node, frame, oob)
-    # One copy of large buffers (numpy data...), as Ray's put copies into its
-    # store; ``get`` then decodes zero-copy views of these read-only bytes.
-    return _FrozenEntry(frame, [bytes(b) for b in oob], refs or None)
-
-
-class _StoredEntry(_FrozenEntry):
-    """What ``put`` stores for a large value: its buffers live in a segment of
-    the object store (``object_store.py``), which this entry owns and unlinks
-    when it dies; a ref to it travels as the descriptor ``desc``."""
-
-    __slots__ = ("desc",)
-
-    def __init__(self, node, frame, oob):
-        name, size, mm, offsets = object_store.write_segment(node, frame, oob)
-        sizes = [b.nbytes for b in oob]
-        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
-        self.desc = (name, size, offsets, sizes, len(frame))
-
-    def __del__(self):
-        try:
-            name = self.desc[0]
-        except AttributeError:      # __init__ failed: nothing was stored
-            return
-        object_store.free(name)
-
-
-class _MappedEntry(_FrozenEntry):
-    """A stored object another process owns, mapped read-only here.
-
-    ``weight`` is this process's share of the owner's count: the owner keeps
-    the segment's name while any is out; it goes back when the entry dies.
-    """
-
-    __slots__ = ("desc", "oid", "owner", "weight", "node")
-
-    def __init__(self, oid, owner, desc, node):
-        name, size, offsets, sizes, frame_len = desc
-        mm = object_store.map_segment(name, size)
-        frame = memoryview(mm)[size - frame_len:size]
-        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
-        self.desc = desc
-        self.oid = oid
-        self.owner = owner
-        self.weight = 0
-        self.node = node
-
-    def __del__(self):
-        _give_weight_back(self, True)
-
-
-# A large ready value this process owns (a task's result, an immutable put)
-# -> the _StoredEntry it travels as: stored on its first trip out, once.
-_promoted = weakref.WeakKeyDictionary()
-_promote_lock = threading.Lock()
-
-
-def stored_form(ref):
-    """The stored entry a ready ``ref`` travels as, or None when it travels with its value.
-
-    A large value that this process owns but did not store yet (the result
-    of a task, which arrived through the ring) is stored on its first trip to
-    another process: the one copy the ring would make, made once for every
-    later reader.  Values of other owners are never stored here (their owner
-    decides when they are freed).
-    """
-    e = ref._e
-    t = type(e)
-    if t is _StoredEntry or t is _MappedEntry:
-        return e
-    if t is not _Entry or e.error is not None:
-        return None
-    value = e.value
-    vt = type(value)
-    if hasattr(vt, "nbytes"):          # numpy arrays, memoryviews, tensors
-        n = value.nbytes
-    elif vt is bytes or vt is bytearray:
-        n = len(value)
-    else:
-        return None
-    if type(n) is not int or n < object_store.STORE_THRESHOLD:
-        return None
-    node = state.node
-    if node is None or ref._owner != node.id:
-        return None
-    with _promote_lock:
-        stored = _promoted.get(e)
-        if stored is None:
-            stored = _store_value(node, value)
-            if stored is not None:
-                _promoted[e] = stored
-    return stored
-
-
-def _store_value(node, value):
-    """A _StoredEntry holding ``value``, or None when it cannot be stored (it then travels as it did)."""
-    from ray_lite._fast import codec
-    outer = getattr(_local, "freezing", None)
-    refs = _local.freezing = []
-    try:
-        buf, end, oob = codec.encode_growing(value, bytearray(4096), codec.OOB_THRESHOLD)
-        if refs or sum(b.nbytes for b in oob) < object_store.STORE_THRESHOLD:
-            return None
-        return _StoredEntry(node, bytes(memoryview(buf)[:end]), oob)
-    except Exception:       # noqa: BLE001 - full store, unserialisable: the old path says why
-        return None
-    finally:
-        _local.freezing = outer
-
-
-class StoredValue:
-    """The value of a stored object in a message (a fetch's answer): it
-    travels as the object's descriptor and arrives as ``LoadedValue``."""
-
-    __slots__ = ("ref",)
-
-    def __init__(self, ref):
-        self.ref = ref
-
-    def __reduce__(self):
-        return (LoadedValue, (self.ref,))
-
-
-class LoadedValue:
-    """A fetched stored object, mapped on arrival: ``entry()`` is its mapped
-    entry (an error entry with ``ObjectLostError`` when it could not be mapped)."""
-
-    __slots__ = ("ref",)
-
-    def __init__(self, ref):
-        self.ref = ref
-
-    def entry(self):
-        return self.ref._e
-
-
-def travels_as_value(ref):
-    """True when a call may inline the value of the ready ``ref`` (stored objects travel as descriptors)."""
-    return stored_form(ref) is None
-
-
-def map_stored(oid, owner, desc, node):
-    """The entry of a stored object received from another process (an error entry when it is gone)."""
-    try:
-        return _MappedEntry(oid, owner, desc, node)
-    except (OSError, ValueError, ObjectLostError) as exc:
-        if not isinstance(exc, ObjectLostError):
-            exc = ObjectLostError(f"cannot map stored object {oid:x}: {exc}", oid)
-        return error_entry(exc)
+from .entries import (_BorrowedEntry, _Entry, _FrozenEntry, _IMMUTABLE,  # noqa: F401
+                      _give_weight_back, _local, error_entry, raisable, ready_entry)
+from .stored import (LoadedValue, StoredValue, _MappedEntry, _StoredEntry,  # noqa: F401
+                     _is_large, _store_value, adopt_stored, frozen_entry, loaded, map_stored,
+                     stored_form, travels_as_value)
 
 
 def probe_serialisable(value):
     """Raise what serialising ``value`` for another process would raise.
 
     Refs inside are not lent (the frame is thrown away) and large buffers
-    are not copied (they would travel out of band).
+    are not copied (they would travel out of band): returns their bytes.
     """
     from ray_lite._fast import codec
     from ray_lite._fast.errors import BufferTooSmallError
@@ -390,8 +51,8 @@ def probe_serialisable(value):
             buf = _local.scratch = bytearray(4096)
         while True:
             try:
-                codec.encode_into(value, buf, 0)
-                return
+                _, oob = codec.encode_into(value, buf, 0)
+                return sum(b.nbytes for b in oob) if oob else 0
             except BufferTooSmallError as exc:
                 buf = bytearray(max(exc.needed, 2 * len(buf)))
                 if len(buf) <= 1 << 20:
@@ -611,3 +272,38 @@ class ObjectRefGenerator:
 
 
 _main_thread_id = threading.main_thread().ident
+
+
+def stored_result(value):
+    """What a worker replies for a task's return ``value``: a large one is
+    stored here, by its producer, once (a segment of this process's pool,
+    warm after the first), and the reply carries its descriptor; the caller
+    maps it (``loaded``).  Anything else is returned as is."""
+    if not _is_large(value):
+        return value
+    node = state.node
+    if node is None:
+        return value
+    stored = _store_value(node, value)
+    if stored is None:
+        return value
+    return StoredValue(ObjectRef(node.new_oid(), node.id, stored))
+
+
+def stored_by_value(node, values):
+    """``values`` (arguments passed by value) with each large one stored.
+
+    A value whose out-of-band buffers reach ``STORE_THRESHOLD`` goes into the
+    object store, once, and the call carries a ref to it, which the worker
+    resolves as any ref argument: it maps the one copy (read-only arrays, as
+    Ray's large arguments are), and the segment returns to its owner's pool
+    when the worker has dropped it.  Others (small, or holding refs) stay.
+    """
+    out = []
+    for a in values:
+        if type(a) is not ObjectRef and type(a) not in _IMMUTABLE:
+            e = frozen_entry(a)
+            if type(e) is _StoredEntry:
+                a = ObjectRef(node.new_oid(), node.id, e)
+        out.append(a)
+    return out

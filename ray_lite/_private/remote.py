@@ -9,7 +9,9 @@ from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
 from .concurrency_groups import check_groups, check_method_groups
-from .refs import ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, travels_as_value
+from .object_store import STORE_THRESHOLD
+from .refs import (ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, stored_by_value,
+                   travels_as_value)
 from .restarts import reach, retained_calls
 from .runtime_env import EnvTask, env_vars_of
 from .scheduler import check_retry_exceptions, demand_of
@@ -116,8 +118,10 @@ def _check_method_options(opts, info=None):
 
 
 def _check_args_serialisable(args, kwargs, what):
-    # A value the codec cannot carry must fail here, at the call site, and not
-    # later when the scheduler sends the task.
+    """True when the arguments carry large buffers (see ``_by_value``).
+
+    A value the codec cannot carry fails here, at the call site, and not
+    later when the scheduler sends the task."""
     for a in args:
         if type(a) not in _SIMPLE_TYPES:
             break
@@ -130,13 +134,22 @@ def _check_args_serialisable(args, kwargs, what):
         else:
             return
     try:
-        probe_serialisable((args, kwargs))
+        return probe_serialisable((args, kwargs)) >= STORE_THRESHOLD
     except Exception as exc:
         raise TypeError(f"Could not serialize the arguments of {what}: {exc}") from exc
 
 
-def _prepare_args(args, kwargs, name):
-    _check_args_serialisable(args, kwargs, name)
+def _by_value(node, args, kwargs):
+    """The arguments with the large ones stored (``refs.stored_by_value``)."""
+    args = stored_by_value(node, args)
+    if kwargs:
+        kwargs = dict(zip(kwargs, stored_by_value(node, kwargs.values())))
+    return args, kwargs
+
+
+def _prepare_args(args, kwargs, name, node=None):
+    if _check_args_serialisable(args, kwargs, name) and node is not None:
+        args, kwargs = _by_value(node, args, kwargs)
     # Ready refs travel as their values; the others are resolved by the actor
     # (which fetches them from their owner).
     args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
@@ -272,7 +285,8 @@ class RemoteFunction:
         if node is None:
             node = state.get_node()
         name = plan.name
-        _check_args_serialisable(args, kwargs, name)
+        if _check_args_serialisable(args, kwargs, name):
+            args, kwargs = _by_value(node, args, kwargs)
         blob = self._blob
         if blob is None:
             blob = self._blob = ship(self._function)
@@ -297,7 +311,8 @@ class RemoteFunction:
         if plan.demand is not None and node.id == 0:
             with node._sched:
                 node.check_feasible(plan.demand, name)   # refused here, at the call
-        _check_args_serialisable(args, kwargs, name)
+        if _check_args_serialisable(args, kwargs, name):
+            args, kwargs = _by_value(node, args, kwargs)
         if plan.env_function is None:
             fn_id, blob = self._fn_id, self._blob
             if blob is None:
@@ -499,11 +514,11 @@ class ActorMethod:
         name = self._qualname
         method = self._name
         if kwargs:
-            args, kwargs = _prepare_args(args, kwargs, name)
+            args, kwargs = _prepare_args(args, kwargs, name, node)
         elif args:
             for a in args:
                 if type(a) not in _SIMPLE_TYPES:
-                    args, kwargs = _prepare_args(args, kwargs, name)
+                    args, kwargs = _prepare_args(args, kwargs, name, node)
                     break
             else:
                 args = list(args)     # plain values only (the common case)
@@ -581,7 +596,7 @@ class _RetryingActorMethod(ActorMethod):
         info = self._handle._info
         aid = info.actor_id
         name = self._qualname
-        args, kwargs = _prepare_args(args, kwargs, name)
+        args, kwargs = _prepare_args(args, kwargs, name, node)
         oid, target, result = _make_call_result(node, self._nret, False, self._bp, name, aid)
         node.pending[oid] = target
         group = self._options.get("concurrency_group")

@@ -22,7 +22,7 @@ from .errors import (ActorExit, make_task_error, running_task_cancelled, sendabl
                      unpicklable_task_error)
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .refs import ObjectRef, raisable
+from .refs import ObjectRef, raisable, stored_result
 from .shipping import unship
 from .transport import Link, LinkClosed
 
@@ -390,7 +390,7 @@ class WorkerNode(Node):
             if isinstance(exc, SystemExit):
                 raise
             return
-        self.reply(peer, (RESULT, oid, True, result), name)
+        self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
 
     @staticmethod
     def _split(result, nret):
@@ -603,7 +603,7 @@ class WorkerNode(Node):
                 except BaseException as exc:
                     self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
                     return
-                self.reply(peer, (RESULT, oid, True, result), name)
+                self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
             finally:
                 slots.release()
         finally:

@@ -10,6 +10,11 @@ B20  a task taking the same array by value (ms per task)
 B21  ``put`` of the array (GB/s), ``get`` of it in another process reading
      every byte (GB/s), and (ray_lite only) the array broadcast by
      ``MultiprocExecutor.collective_rpc`` to 2 workers (ms)
+readers10  memory of the whole program (the driver and every process under
+     it: workers, and Ray's raylet and object store) while 10 actors hold and
+     read the same 1 GB array: PSS summed over the processes (shared pages
+     counted once), RSS summed (shared pages counted per reader), and the
+     PSS before the array was made
 """
 import importlib
 import json
@@ -119,6 +124,74 @@ def b21():
     return out
 
 
+def _descendants(root):
+    """``root`` and every process under it (from /proc: no dependency)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _memory_mb():
+    """``(PSS, RSS)`` in MB summed over this process and its descendants."""
+    pss = rss = 0
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+        except OSError:
+            continue
+    return pss / 1024, rss / 1024
+
+
+@ray.remote(num_cpus=0)
+class _Holder:
+    def hold(self, refs):
+        self.kept = ray.get(refs[0])
+        return float(self.kept.sum())      # every page read
+
+    def drop(self):
+        self.kept = None
+        return True
+
+
+def readers10():
+    init()
+    try:
+        readers = [_Holder.remote() for _ in range(10)]
+        # All started and numpy imported in each: the baseline.
+        ray.get([r.hold.remote([ray.put(np.ones(8))]) for r in readers])
+        ray.get([r.drop.remote() for r in readers])
+        before_pss, _ = _memory_mb()
+        arr = np.ones(pick(1024, 256, 16) * (1 << 20) // 8, dtype=np.float64)
+        ref = ray.put(arr)
+        del arr                         # the program keeps the stored copy only
+        sums = ray.get([r.hold.remote([ref]) for r in readers])
+        pss, rss = _memory_mb()         # every reader holds its view now
+        assert len(set(sums)) == 1
+        ray.get([r.drop.remote() for r in readers])
+        return {"pss_mb": [pss], "rss_mb": [rss], "pss_before_mb": [before_pss],
+                "mb": pick(1024, 256, 16) * 1.048576}
+    finally:
+        ray.shutdown()
+
+
 if __name__ == "__main__":
-    result = {"b19": b19, "b20": b20, "b21": b21}[NAME]()
+    result = {"b19": b19, "b20": b20, "b21": b21, "readers10": readers10}[NAME]()
     print("RESULT " + json.dumps(result), flush=True)

@@ -23,7 +23,8 @@ WORKLOADS = os.path.join(_HERE, "_core_workloads.py")
 UTIL_WORKLOADS = os.path.join(_HERE, "_util_workloads.py")
 STORE_WORKLOADS = os.path.join(_HERE, "_store_workloads.py")
 _SCRIPT = {"b17": UTIL_WORKLOADS, "b18": UTIL_WORKLOADS, "actor_pool": UTIL_WORKLOADS,
-           "b19": STORE_WORKLOADS, "b20": STORE_WORKLOADS, "b21": STORE_WORKLOADS}
+           "b19": STORE_WORKLOADS, "b20": STORE_WORKLOADS, "b21": STORE_WORKLOADS,
+           "readers10": STORE_WORKLOADS}
 # B17: util.multiprocessing.Pool's map at least as fast as the standard
 # library's pool, measured in the same trials; B20: at most half Ray's time.
 CEILING_GOALS = {"B17": 1.0}
@@ -117,6 +118,19 @@ def _figures(res, impl, label, with_goals):
         if r.get("collective_rpc_2_workers_ms"):
             figs.append(_fig("B21", "the array to 2 workers by collective_rpc", impl, label,
                              "ms", r["collective_rpc_2_workers_ms"]))
+    if "readers10" in res:
+        r = res["readers10"]
+        # The goal: 1.2 GB for the full scale's 1 GiB array (one copy
+        # plus the processes); quick and smoke scale the array and the goal.
+        limit_gb = 1.2 * r["mb"] / 1073.741824
+        goal, met = g(f"<= {limit_gb:.2f} GB", lambda v: v <= limit_gb)
+        figs.append(_fig("B21", f"memory (PSS, all processes) while 10 workers read one "
+                                f"{r['mb'] / 1000:.2f} GB array", impl, label, "GB",
+                         [v / 1000 for v in r["pss_mb"]], goal, met,
+                         detail={"rss_sum_gb": r["rss_mb"][0] / 1000,
+                                 "pss_before_array_gb": r["pss_before_mb"][0] / 1000},
+                         note=f"RSS summed {r['rss_mb'][0] / 1000:.2f} GB; "
+                              f"{r['pss_before_mb'][0] / 1000:.2f} GB before the array"))
     if "actor_pool" in res:
         figs.append(_fig("util", "ActorPool.map over 2 actors", impl, label, "items/s",
                          res["actor_pool"]["items_per_s"]))
@@ -126,7 +140,7 @@ def _figures(res, impl, label, with_goals):
 def _measure(ctx, python, raymod, impl, label, with_goals):
     figs = []
     for name in ("b10", "b11", "b3", "b1", "b13", "b17", "b18", "actor_pool", "b19", "b20",
-                 "b21"):
+                 "b21", "readers10"):
         ctx.log(f"core: {name} on {label}")
         try:
             res = {name: _run(python, raymod, name, ctx.scale)}
