@@ -7,11 +7,16 @@ local runtime.  The choice is made once per ``init`` and cleared by
 ``shutdown``; until then ``current()`` reports what ``init()`` would choose.
 
 Hot paths test the module global ``RAY`` (a bool), one load and one branch.
+
+A process that Ray started to run a task or an actor (a Ray worker) runs on
+Ray from the moment it imports ray_lite: ``adopt_ray_worker`` below.
 """
+import sys
+
 from ray_lite import _config
 
 __all__ = ["LOCAL", "RAY_NAME", "current", "choose", "activate", "deactivate",
-           "require_ray", "RAY_INSTALL_HINT"]
+           "require_ray", "RAY_INSTALL_HINT", "AlsoRay", "RAY_TWINS"]
 
 LOCAL = "local"
 RAY_NAME = "ray"
@@ -68,3 +73,43 @@ def require_ray():
             f"the Ray backend needs Ray, which is not installed: {RAY_INSTALL_HINT} "
             f"(or pip install ray)") from exc
     return ray
+
+
+# ray_lite class -> Ray's class that stands for it while Ray is the backend
+# (filled by ray_lite._ray when it starts).
+RAY_TWINS = {}
+
+
+class AlsoRay(type):
+    """Metaclass of the classes whose objects Ray makes on the Ray backend
+    (``ObjectRef``, ``ObjectRefGenerator``, ``ActorHandle``): ``isinstance(x,
+    ray_lite.ObjectRef)`` holds for Ray's ``ObjectRef`` there.  ``isinstance``
+    of an exact instance never calls this (CPython checks the type first), so
+    the local backend pays nothing."""
+
+    def __instancecheck__(cls, obj):
+        if type.__instancecheck__(cls, obj):
+            return True
+        return RAY and isinstance(obj, RAY_TWINS.get(cls, ()))
+
+    def __subclasscheck__(cls, sub):
+        if type.__subclasscheck__(cls, sub):
+            return True
+        return RAY and issubclass(sub, RAY_TWINS.get(cls, ()))
+
+
+def adopt_ray_worker():
+    """In a process Ray started for a task or an actor, run on Ray: user code
+    there calls ``ray_lite.get`` etc. on Ray's objects.  (Ray is imported
+    already in such a process; in any other one, this costs a dict look-up.)"""
+    ray = sys.modules.get("ray")
+    if ray is None or _active is not None:
+        return
+    try:
+        from ray._private import worker as ray_worker
+        in_worker = ray_worker.global_worker.mode == ray_worker.WORKER_MODE
+    except (ImportError, AttributeError):
+        return
+    if in_worker:
+        from ray_lite import _ray
+        _ray.adopt()

@@ -31,6 +31,7 @@ import weakref
 from ray_lite.exceptions import ObjectLostError
 
 from . import object_store, state
+from .backend import AlsoRay
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 
 
@@ -404,7 +405,7 @@ def _thawed_ref(index):
     return _local.thawing[index]
 
 
-class ObjectRef:
+class ObjectRef(metaclass=AlsoRay):
     """A reference to an object that a task, an actor call or ``put`` produces.
 
     Hashable, comparable by id, awaitable in asyncio, and picklable: a ref
@@ -530,7 +531,7 @@ class _StreamState:
         self.released = False   # the generator object is gone: items are dropped
 
 
-class ObjectRefGenerator:
+class ObjectRefGenerator(metaclass=AlsoRay):
     """What a generator task or method returns: an iterator of ``ObjectRef``.
 
     ``next()`` returns the ref of the next item as soon as its report has been
