@@ -113,3 +113,19 @@ def adopt_ray_worker():
     if in_worker:
         from ray_lite import _ray
         _ray.adopt()
+
+
+def ray_counterpart(name):
+    """Class decorator: on the Ray backend, making an object of this class
+    makes Ray's counterpart ``ray_lite._ray.util.CLASSES[name]`` instead (a
+    subclass of it is left alone: it builds on the public API, which
+    dispatches)."""
+    def decorate(local_cls):
+        def __new__(cls, *args, **kwargs):
+            if RAY and cls is local_cls:
+                from ray_lite._ray.util import CLASSES
+                return CLASSES[name](*args, **kwargs)
+            return object.__new__(cls)
+        local_cls.__new__ = staticmethod(__new__)
+        return local_cls
+    return decorate

@@ -18,7 +18,7 @@ import ray.util.state
 
 from .exceptions import translate
 
-__all__ = ["ray_strategy", "RayQueue", "UTIL", "STATE"]
+__all__ = ["ray_strategy", "RayQueue", "UTIL", "STATE", "CLASSES"]
 
 # ray_lite.util's functions -> Ray's
 UTIL = {name: getattr(ray.util, name) for name in (
@@ -71,3 +71,10 @@ class RayQueue(ray.util.queue.Queue):
     get_async = _translating(ray.util.queue.Queue.get_async)
     get_nowait = _translating(ray.util.queue.Queue.get_nowait)
     get_nowait_batch = _translating(ray.util.queue.Queue.get_nowait_batch)
+
+
+# ray_lite.util's classes -> Ray's (``backend.ray_counterpart``)
+CLASSES = {"ActorPool": ray.util.ActorPool, "Queue": RayQueue,
+           "Pool": ray.util.multiprocessing.Pool,
+           "PlacementGroupSchedulingStrategy": ray_strategies.PlacementGroupSchedulingStrategy,
+           "NodeAffinitySchedulingStrategy": ray_strategies.NodeAffinitySchedulingStrategy}
