@@ -56,12 +56,18 @@ def activate(name):
     global _active, RAY
     _active = name
     RAY = name == RAY_NAME
+    if RAY:
+        AlsoRay.__instancecheck__ = _instancecheck
+        AlsoRay.__subclasscheck__ = _subclasscheck
 
 
 def deactivate():
     global _active, RAY
     _active = None
     RAY = False
+    for check in ("__instancecheck__", "__subclasscheck__"):
+        if check in AlsoRay.__dict__:
+            delattr(AlsoRay, check)
 
 
 def require_ray():
@@ -82,20 +88,19 @@ RAY_TWINS = {}
 
 class AlsoRay(type):
     """Metaclass of the classes whose objects Ray makes on the Ray backend
-    (``ObjectRef``, ``ObjectRefGenerator``, ``ActorHandle``): ``isinstance(x,
-    ray_lite.ObjectRef)`` holds for Ray's ``ObjectRef`` there.  ``isinstance``
-    of an exact instance never calls this (CPython checks the type first), so
-    the local backend pays nothing."""
+    (``ObjectRef``, ``ObjectRefGenerator``, ``ActorHandle``): while Ray is the
+    backend, ``isinstance(x, ray_lite.ObjectRef)`` holds for Ray's
+    ``ObjectRef`` (``RAY_TWINS``).  The checks are installed by ``activate``
+    and removed by ``deactivate``, so that on the local backend ``isinstance``
+    runs no Python code."""
 
-    def __instancecheck__(cls, obj):
-        if type.__instancecheck__(cls, obj):
-            return True
-        return RAY and isinstance(obj, RAY_TWINS.get(cls, ()))
 
-    def __subclasscheck__(cls, sub):
-        if type.__subclasscheck__(cls, sub):
-            return True
-        return RAY and issubclass(sub, RAY_TWINS.get(cls, ()))
+def _instancecheck(cls, obj):
+    return type.__instancecheck__(cls, obj) or isinstance(obj, RAY_TWINS.get(cls, ()))
+
+
+def _subclasscheck(cls, sub):
+    return type.__subclasscheck__(cls, sub) or issubclass(sub, RAY_TWINS.get(cls, ()))
 
 
 def adopt_ray_worker():

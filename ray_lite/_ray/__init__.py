@@ -42,6 +42,7 @@ def _activate(ray):
                               ActorHandle: ray.actor.ActorHandle})
     exceptions.register(ray.exceptions, [(ray_queue.Empty, rl_queue.Empty),
                                          (ray_queue.Full, rl_queue.Full)])
+    exceptions.translate_generator_errors(ray.ObjectRefGenerator)
     backend.activate(backend.RAY_NAME)
 
 

@@ -33,14 +33,21 @@ def ray_options(options):
     return {**options, "scheduling_strategy": ray_strategy(strategy)}
 
 
-def remote_function(rf):
-    """Ray's remote function for ``rf`` (a ``RemoteFunction``), made once."""
-    made = rf.__dict__.get("_ray_remote")
+def _made_on_ray(obj, target):
+    """Ray's remote function or actor class for ``obj`` (ray_lite's
+    ``RemoteFunction`` or ``ActorClass`` of ``target``), made on first use and
+    kept on ``obj``.  Options declared with ``ray_lite.method`` are already
+    under Ray's attribute names."""
+    made = obj.__dict__.get("_ray_remote")
     if made is None:
-        opts = ray_options(rf._options)
-        made = ray.remote(**opts)(rf._function) if opts else ray.remote(rf._function)
-        rf._ray_remote = made
+        opts = ray_options(obj._options)
+        made = ray.remote(**opts)(target) if opts else ray.remote(target)
+        obj._ray_remote = made
     return made
+
+
+def remote_function(rf):
+    return _made_on_ray(rf, rf._function)
 
 
 def function_options(rf, opts):
@@ -48,14 +55,7 @@ def function_options(rf, opts):
 
 
 def actor_class(ac):
-    """Ray's actor class for ``ac`` (an ``ActorClass``), made once.  Options
-    declared with ``ray_lite.method`` are already under Ray's attribute names."""
-    made = ac.__dict__.get("_ray_remote")
-    if made is None:
-        opts = ray_options(ac._options)
-        made = ray.remote(**opts)(ac._cls) if opts else ray.remote(ac._cls)
-        ac._ray_remote = made
-    return made
+    return _made_on_ray(ac, ac._cls)
 
 
 def actor_options(ac, opts):

@@ -17,16 +17,24 @@ Two ways remained:
   ``except ray.exceptions.X``, ``except ray_lite.exceptions.X`` and, for a
   task's error, ``except ValueError`` (the user's class; Ray's ``RayTaskError``
   is already a subclass of it) all catch it; its message, attributes and
-  pickling are Ray's.  Errors that Ray raises on its own paths (``await ref``
-  in an async actor, a direct ``ray.get``) are Ray's untranslated classes.
+  pickling are Ray's.  A streaming generator's ``next`` is Ray's own method
+  (the generators are Ray's objects, made by Ray's actor handles too): its
+  ``__next__``/``__anext__`` are wrapped once, in this process, to translate
+  likewise (``translate_generator_errors``); what they raise stays an
+  instance of Ray's class, so Ray code in the same process is unaffected.
+  Errors that Ray raises on its other paths (``await ref`` in an async
+  actor, a direct ``ray.get``) are Ray's untranslated classes.
 
-The counterpart of a Ray class is ray_lite's class of the same name nearest in
-its MRO (``ActorUnavailableError`` -> ``RayActorError``, ``OutOfMemoryError``
--> ``RayError``), so each Ray error maps to the most precise ray_lite class.
+The counterparts of a Ray class are ray_lite's classes of the same name in its
+MRO, the nearest of each line (``ActorUnavailableError`` -> ``RayActorError``,
+``OutOfMemoryError`` -> ``RayError``; a task's ``RayTaskError(Full)`` from
+Ray's queue -> ``RayTaskError`` and ``ray_lite.util.queue.Full``).
 """
+import functools
+import inspect
 from ray_lite import exceptions as _rl
 
-__all__ = ["translate", "register"]
+__all__ = ["translate", "register", "translate_generator_errors"]
 
 # Ray's class -> ray_lite's class it answers to (filled by ``register``).
 _COUNTERPARTS = {}
@@ -45,22 +53,24 @@ def register(ray_exceptions, extra=()):
         _COUNTERPARTS[ray_cls] = rl_cls
 
 
-def _counterpart(ray_cls):
+def _counterparts(ray_cls):
+    found = []
     for base in ray_cls.__mro__:
         rl_cls = _COUNTERPARTS.get(base)
-        if rl_cls is not None:
-            return rl_cls
-    return None
+        if rl_cls is not None and not issubclass(ray_cls, rl_cls) and \
+                not any(issubclass(f, rl_cls) for f in found):
+            found.append(rl_cls)
+    return tuple(found)
 
 
 def _dual(ray_cls):
     dual = _DUALS.get(ray_cls, False)
     if dual is False:
         dual = None
-        rl_cls = _counterpart(ray_cls)
-        if rl_cls is not None and not issubclass(ray_cls, rl_cls):
+        rl_classes = _counterparts(ray_cls)
+        if rl_classes:
             try:
-                dual = type(ray_cls.__name__, (ray_cls, rl_cls),
+                dual = type(ray_cls.__name__, (ray_cls, *rl_classes),
                             {"__module__": ray_cls.__module__,
                              "__qualname__": ray_cls.__qualname__,
                              "__reduce__": _reduce_dual})
@@ -92,3 +102,34 @@ def translate(error):
     new.__context__ = error.__context__
     new.__traceback__ = error.__traceback__
     return new
+
+
+def translate_generator_errors(generator_cls):
+    """Wrap ``generator_cls``'s ``__next__``/``__anext__`` (Ray's
+    ``ObjectRefGenerator``) to raise translated errors; once per process."""
+    if generator_cls.__dict__.get("_ray_lite_translates"):
+        return
+    import ray
+    errors = ray.exceptions.RayError
+
+    def sync(method):
+        @functools.wraps(method)
+        def call(self):
+            try:
+                return method(self)
+            except errors as exc:
+                raise translate(exc) from exc.__cause__
+        return call
+
+    def async_(method):
+        @functools.wraps(method)
+        async def call(self):
+            try:
+                return await method(self)
+            except errors as exc:
+                raise translate(exc) from exc.__cause__
+        return call
+    generator_cls.__next__ = sync(generator_cls.__next__)
+    anext = generator_cls.__anext__
+    generator_cls.__anext__ = async_(anext) if inspect.iscoroutinefunction(anext) else sync(anext)
+    generator_cls._ray_lite_translates = True
