@@ -193,3 +193,23 @@ def test_context_resources_and_util_are_rays(on_ray):
     pool = ray_lite.util.ActorPool([Counter.remote()])
     assert isinstance(pool, ray.util.ActorPool)
     assert list(pool.map(lambda a, _: a.incr.remote(), range(3))) == [1, 2, 3]
+
+
+@ray_lite.remote
+class Quitter:
+    def quit(self):
+        ray_lite.actor.exit_actor()
+
+    def ping(self):
+        return "pong"
+
+
+def test_exit_actor_and_resources_on_ray(on_ray):
+    q = Quitter.remote()
+    assert ray_lite.get(q.ping.remote(), timeout=T) == "pong"
+    with pytest.raises(RayActorError):
+        ray_lite.get(q.quit.remote(), timeout=T)
+    with pytest.raises(RayActorError):
+        ray_lite.get(q.ping.remote(), timeout=T)
+    assert ray_lite.get_gpu_ids() == []
+    assert 0 <= ray_lite.available_resources().get("CPU", 0) <= 2

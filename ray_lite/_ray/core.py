@@ -27,7 +27,8 @@ def ray_options(options):
     objects ray_lite made itself (a scheduling strategy built before Ray was
     the backend), rebuilt as Ray's."""
     strategy = options.get("scheduling_strategy")
-    if strategy is None or isinstance(strategy, str) or type(strategy).__module__.startswith("ray."):
+    if strategy is None or isinstance(strategy, str) or \
+            type(strategy).__module__.startswith("ray."):
         return options
     from .util import ray_strategy
     return {**options, "scheduling_strategy": ray_strategy(strategy)}

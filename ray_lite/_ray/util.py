@@ -14,19 +14,22 @@ import ray.util
 import ray.util.multiprocessing
 import ray.util.queue
 import ray.util.scheduling_strategies as ray_strategies
-import ray.util.state
 
 from .exceptions import translate
 
-__all__ = ["ray_strategy", "RayQueue", "UTIL", "STATE", "CLASSES"]
+__all__ = ["ray_strategy", "RayQueue", "UTIL", "state_function", "CLASSES"]
 
 # ray_lite.util's functions -> Ray's
 UTIL = {name: getattr(ray.util, name) for name in (
     "as_completed", "map_unordered", "get_node_ip_address", "inspect_serializability",
     "placement_group", "remove_placement_group", "get_placement_group",
     "placement_group_table", "get_current_placement_group")}
-STATE = {name: getattr(ray.util.state, name) for name in (
-    "list_actors", "list_tasks", "list_objects", "get_actor", "get_task")}
+
+
+def state_function(name):
+    """``ray.util.state.<name>`` (imported on first use: it takes ~0.7 s)."""
+    import ray.util.state
+    return getattr(ray.util.state, name)
 
 
 def ray_strategy(strategy):

@@ -112,7 +112,8 @@ def inspect_serializability(base_obj, name=None, depth=3, print_file=None):
     tries to ``print_file`` (stdout by default).
     """
     if _backend.RAY:
-        return _ray.util.UTIL["inspect_serializability"](base_obj, name=name, depth=depth, print_file=print_file)
+        return _ray.util.UTIL["inspect_serializability"](base_obj, name=name, depth=depth,
+                                                         print_file=print_file)
     report = _Report(print_file)
     title = f"Checking Serializability of {base_obj!r}"
     rule = "=" * min(len(title), 80)

@@ -31,7 +31,8 @@ def as_completed(refs, *, chunk_size=DEFAULT_CHUNK_SIZE, yield_obj_refs=False, *
     yields the refs instead of their values.
     """
     if _backend.RAY:
-        return _ray.util.UTIL["as_completed"](refs, chunk_size=chunk_size, yield_obj_refs=yield_obj_refs, **kwargs)
+        return _ray.util.UTIL["as_completed"](refs, chunk_size=chunk_size,
+                                              yield_obj_refs=yield_obj_refs, **kwargs)
     _check(chunk_size, kwargs)
     return _as_completed(list(refs), chunk_size, yield_obj_refs, kwargs)
 
@@ -51,8 +52,9 @@ def map_unordered(fn, items, *, backpressure_size=DEFAULT_BACKPRESSURE_SIZE,
     more.  ``kwargs`` go to ``wait``.
     """
     if _backend.RAY:
-        return _ray.util.UTIL["map_unordered"](fn, items, backpressure_size=backpressure_size, chunk_size=chunk_size,
-                                              yield_obj_refs=yield_obj_refs, **kwargs)
+        return _ray.util.UTIL["map_unordered"](fn, items, backpressure_size=backpressure_size,
+                                               chunk_size=chunk_size,
+                                               yield_obj_refs=yield_obj_refs, **kwargs)
     if backpressure_size is None:
         backpressure_size = float("inf")
     elif backpressure_size <= 0:

@@ -85,7 +85,8 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None,
     ``ValueError`` here, where Ray would leave it pending for ever.
     """
     if _backend.RAY:
-        return _ray.util.UTIL["placement_group"](bundles, strategy=strategy, name=name, lifetime=lifetime,
+        return _ray.util.UTIL["placement_group"](
+            bundles, strategy=strategy, name=name, lifetime=lifetime,
             _soft_target_node_id=_soft_target_node_id, bundle_label_selector=bundle_label_selector)
     if bundle_label_selector:
         raise ValueError("ray_lite does not support bundle_label_selector (one node)")
