@@ -48,3 +48,6 @@ def __getattr__(name):
         import importlib
         return importlib.import_module("ray_lite.util")
     raise AttributeError(f"module 'ray_lite' has no attribute {name!r}")
+
+# In a process Ray started for a task or an actor, ray_lite runs on Ray.
+_private.backend.adopt_ray_worker()

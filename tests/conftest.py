@@ -1,4 +1,13 @@
-"""Shared fixtures: the twin fixtures and the leak check every test gets."""
+"""Shared fixtures: the twin fixtures, the backend and the leak check every test gets.
+
+``--backend=ray`` (or ``RAY_LITE_BACKEND=ray`` in the environment) runs the
+tests marked ``both_backends`` on Ray instead of ray_lite's own runtime: one
+local Ray for the whole session (Ray takes seconds to start), which the core
+fixtures (``rt``) hand to the tests.  A test (or module) marked
+``both_backends`` uses only the public API; ``local_only`` inside such a
+module marks a test of what only ray_lite does (its internals, its own
+refusals).  Without Ray installed, ``--backend=ray`` skips them all.
+"""
 import importlib
 import os
 import signal
@@ -111,13 +120,80 @@ def twin_pair():
     return Twin("compiled").check(), Twin("python")
 
 
+# ------------------------------------------------------------------ backend
+RAY_NUM_CPUS = 2
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", choices=("local", "ray"), default=None,
+                     help="run the tests marked both_backends on this backend (default: "
+                          "RAY_LITE_BACKEND, else local)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_backends: uses only the public API; runs on Ray "
+                                       "too with --backend=ray")
+    config.addinivalue_line("markers", "local_only: tests what only ray_lite's own runtime "
+                                       "does (excluded from --backend=ray)")
+
+
+def backend_under_test(config):
+    """``"ray"`` or ``"local"``: what this session tests."""
+    return config.getoption("--backend") or os.environ.get("RAY_LITE_BACKEND") or "local"
+
+
+def pytest_collection_modifyitems(config, items):
+    if backend_under_test(config) != "ray":
+        return
+    keep, drop = [], []
+    for item in items:
+        neutral = item.get_closest_marker("both_backends") is not None \
+            and item.get_closest_marker("local_only") is None
+        (keep if neutral else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+
+
+@pytest.fixture(scope="session")
+def ray_session(request):
+    """The one Ray of a ``--backend=ray`` session (shut down at its end)."""
+    import ray_lite
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pytest.skip("--backend=ray: Ray is not installed (pip install 'ray_lite[ray]')")
+    # Ray's workers import the tests' modules (their functions travel by
+    # reference); they inherit the environment of the Ray that starts here.
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+    for attempt in range(3):
+        try:
+            ray_lite.init(backend="ray", num_cpus=RAY_NUM_CPUS, include_dashboard=False)
+            break
+        except Exception:   # noqa: BLE001 - Ray gives its raylet 30 s: a loaded machine needs more
+            ray_lite.shutdown()
+            if attempt == 2:
+                raise
+    yield
+    ray_lite.shutdown()
+
+
 @pytest.fixture
-def rt():
+def rt(request):
     """A fresh runtime for one test (init is fast, and the leak check is per
-    test); yields the driver's node for tests that look inside."""
+    test); yields the driver's node for tests that look inside.  On
+    ``--backend=ray``: the session's Ray, and None."""
     import ray_lite
     from ray_lite._private import state
 
+    if backend_under_test(request.config) == "ray":
+        request.getfixturevalue("ray_session")
+        yield None
+        return
     ray_lite.init(num_cpus=2)
     try:
         yield state.node
@@ -144,17 +220,34 @@ def child_pids():
     return pids
 
 
+def _is_ray_process(pid):
+    # Ray's own daemons (gcs_server, raylet, its Python helpers) run from its package.
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"/ray/" in cmdline or cmdline.startswith(b"ray::")
+
+
 @pytest.fixture(autouse=True)
-def leaves_nothing_behind():
+def leaves_nothing_behind(request):
     """Fail a test that leaves a child process or a ray_lite segment behind.
 
     What leaked is cleaned up (our own children, by PID; our segments) so one
-    leaking test does not make the following ones fail too.
+    leaking test does not make the following ones fail too.  On
+    ``--backend=ray``, Ray is started first: its processes (started with it,
+    or later by it) are not the test's.
     """
+    on_ray = backend_under_test(request.config) == "ray"
+    if on_ray:
+        request.getfixturevalue("ray_session")
     children_before = child_pids()
     segments_before = set(shm.list_segments())
     yield
     leaked_children = child_pids() - children_before
+    if on_ray:
+        leaked_children = {pid for pid in leaked_children if not _is_ray_process(pid)}
     leaked_segments = set(shm.list_segments()) - segments_before
     for pid in leaked_children:
         try:

@@ -8,6 +8,9 @@ import pytest
 import ray_lite as ray
 from ray_lite.exceptions import ActorDiedError, RayActorError
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 T = 60
 
 
@@ -67,6 +70,7 @@ def test_constructor_error_fails_every_call(rt):
         ray.get(b.f.remote(), timeout=T)
 
 
+@pytest.mark.local_only
 def test_named_actors_and_get_actor(rt):
     c = Counter.options(name="counter").remote(5)
     same = ray.get_actor("counter")
@@ -181,6 +185,7 @@ def test_await_ref_in_driver(rt):
     assert asyncio.run(asyncio.wait_for(main(), T)) == 5
 
 
+@pytest.mark.local_only
 def test_actor_options(rt):
     with pytest.raises(ValueError, match="detached"):
         Counter.options(lifetime="detached")
@@ -190,6 +195,7 @@ def test_actor_options(rt):
     assert ray.get(c.incr.remote(), timeout=T) == 1
 
 
+@pytest.mark.local_only
 def test_actor_calls_another_actor_over_its_own_link(rt):
     """No hop through the driver: the caller opens a link to the callee itself."""
     @ray.remote

@@ -9,6 +9,9 @@ import ray_lite as ray
 from ray_lite.exceptions import (GetTimeoutError, RayError, RayTaskError, TaskCancelledError,
                                  WorkerCrashedError)
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 T = 60  # bound on every wait: a bug fails the test instead of hanging it
 
 
@@ -49,6 +52,7 @@ def fail_unpicklable():
     raise UnpicklableError("odd", 1)
 
 
+@pytest.mark.local_only
 def test_init_shutdown_and_reinit():
     assert not ray.is_initialized()
     ray.init(num_cpus=1)
@@ -64,6 +68,7 @@ def test_init_shutdown_and_reinit():
     ray.shutdown()  # idempotent
 
 
+@pytest.mark.local_only
 def test_first_remote_starts_the_runtime():
     assert not ray.is_initialized()
     try:
@@ -74,6 +79,7 @@ def test_first_remote_starts_the_runtime():
         ray.shutdown()
 
 
+@pytest.mark.local_only
 def test_init_refuses_what_it_cannot_honour():
     with pytest.raises(ValueError, match="runtime_env"):
         ray.init(runtime_env={"pip": ["x"]})
@@ -107,6 +113,7 @@ def test_remote_function_cannot_be_called_directly():
         double(1)
 
 
+@pytest.mark.local_only
 def test_objectref_semantics(rt):
     r = ray.put({"a": [1, 2]})
     assert ray.get(r) == {"a": [1, 2]}
@@ -151,6 +158,7 @@ def test_nested_tasks_do_not_deadlock_the_pool(rt):
     assert ray.get(deep.remote(4), timeout=T) == 4
 
 
+@pytest.mark.local_only
 def test_task_error_is_the_user_exception_with_traceback(rt):
     with pytest.raises(ValueError, match="bad input") as info:
         ray.get(fail.remote("bad input"), timeout=T)
@@ -207,6 +215,7 @@ def test_cancel_queued_task(rt):
         ray.cancel(b, force=True)
 
 
+@pytest.mark.local_only
 def test_unserialisable_argument_and_result(rt):
     import threading
     with pytest.raises(TypeError, match="serialize"):
@@ -221,6 +230,7 @@ def test_unserialisable_argument_and_result(rt):
     assert ray.get([double.remote(i) for i in range(4)], timeout=T) == [0, 2, 4, 6]
 
 
+@pytest.mark.local_only
 def test_options_accepted_and_refused(rt):
     ok = double.options(num_cpus=1, num_gpus=0, resources={}, scheduling_strategy="SPREAD",
                         memory=10)
@@ -237,6 +247,7 @@ def test_options_accepted_and_refused(rt):
         double.options(not_an_option=3)
 
 
+@pytest.mark.local_only
 def test_options_are_made_once_per_set_of_options(rt):
     # f.options(...) per call must not cost a class each time: the same
     # options give back the same bound object, other options another one.
@@ -297,6 +308,7 @@ def test_large_numpy_round_trip(rt):
     assert out.shape == a.shape and float(out[-1]) == 2 * float(a[-1])
 
 
+@pytest.mark.local_only
 def test_worker_output_is_prefixed(capfd):
     ray.init(num_cpus=1)
     try:

@@ -8,6 +8,9 @@ from ray_lite.exceptions import ActorDiedError, RayActorError, RayTaskError
 
 from procs import wait_dead
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 T = 60
 
 
@@ -62,6 +65,7 @@ def test_static_num_returns_on_tasks(rt):
     assert returns.options(num_returns=0).remote(None) is None
 
 
+@pytest.mark.local_only
 def test_a_wrong_number_of_values_fails_every_ref_with_rays_error(rt):
     refs = returns.options(num_returns=2).remote([1, 2, 3])
     assert len(refs) == 2
@@ -90,6 +94,7 @@ def test_method_decorator_num_returns(rt):
     assert ray.get(m.two.options(num_returns=1).remote(), timeout=T) == ("a", "b")
 
 
+@pytest.mark.local_only
 def test_method_decorator_on_an_async_actor(rt):
     m = AsyncMethods.remote()
     a, b = m.two.remote()
@@ -99,6 +104,7 @@ def test_method_decorator_on_an_async_actor(rt):
             ray.get(r, timeout=T)
 
 
+@pytest.mark.local_only
 def test_concurrency_group_is_recorded_and_accepted(rt):
     assert Methods._cls.grouped.__ray_concurrency_group__ == "io"
     m = Methods.remote()
@@ -117,6 +123,7 @@ def test_method_decorator_refuses_bad_use():
     assert ray.actor.method is ray.method
 
 
+@pytest.mark.local_only
 def test_a_bad_declared_value_is_refused_when_the_actor_is_created(rt):
     @ray.remote
     class Bad:
@@ -193,6 +200,7 @@ def _exiting_class(kind, marker):
 
 
 @pytest.mark.parametrize("kind", ["sync", "threaded", "async"])
+@pytest.mark.local_only
 def test_exit_actor_ends_the_actor_gracefully(rt, kind, tmp_path):
     marker = tmp_path / "atexit"
     a = _exiting_class(kind, str(marker)).options(name=f"exiting-{kind}").remote()

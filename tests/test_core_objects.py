@@ -11,6 +11,9 @@ import ray_lite as ray
 from ray_lite._private import state
 from ray_lite.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 T = 60
 
 
@@ -102,6 +105,7 @@ def _drained(node):
     return node.wait_until(lambda: not node.exported, T)
 
 
+@pytest.mark.local_only
 def test_put_stores_a_copy(rt):
     value = {"a": [1, 2]}
     ref = ray.put(value)
@@ -129,6 +133,7 @@ def test_put_numpy_is_a_snapshot_read_zero_copy(rt):
     assert np.shares_memory(got, again)  # both views of the one stored copy
 
 
+@pytest.mark.local_only
 def test_put_keeps_refs_inside_alive(rt):
     inner = ray.put([1, 2, 3])
     entry = weakref.ref(inner._e)
@@ -151,6 +156,7 @@ def test_put_refuses_what_cannot_be_serialised(rt):
         ray.put(threading.Lock())
 
 
+@pytest.mark.local_only
 def test_objects_are_freed_with_their_last_ref(rt):
     node = rt
     entries = []
@@ -167,6 +173,7 @@ def test_objects_are_freed_with_their_last_ref(rt):
     assert node.object_table_size() == 0
 
 
+@pytest.mark.local_only
 def test_memory_stays_flat_over_a_long_put_get_loop(rt):
     node = rt
     gc.collect()
@@ -183,6 +190,7 @@ def test_memory_stays_flat_over_a_long_put_get_loop(rt):
     assert len(gc.get_objects()) - baseline < 500
 
 
+@pytest.mark.local_only
 def test_borrowers_give_their_share_back(rt):
     node = rt
     gate = Gate.remote()
@@ -203,6 +211,7 @@ def test_borrowers_give_their_share_back(rt):
     assert ray.get(refs, timeout=T) == [0, 1, 2, 3]
 
 
+@pytest.mark.local_only
 def test_actor_call_with_an_unready_ref_argument(rt):
     node = rt
     gate = Gate.remote()
@@ -214,6 +223,7 @@ def test_actor_call_with_an_unready_ref_argument(rt):
     assert _drained(node)
 
 
+@pytest.mark.local_only
 def test_borrower_without_a_link_gives_back_through_the_driver(rt):
     gate = Gate.remote()
     h = Holder.remote()
@@ -221,6 +231,7 @@ def test_borrower_without_a_link_gives_back_through_the_driver(rt):
     ray.get(gate.open.remote(), timeout=T)
 
 
+@pytest.mark.local_only
 def test_large_result_is_zero_copy(rt):
     np = pytest.importorskip("numpy")
     import mmap
@@ -237,6 +248,7 @@ def test_large_result_is_zero_copy(rt):
     assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
+@pytest.mark.local_only
 def test_large_stream_items_survive_the_producer_being_killed(rt):
     np = pytest.importorskip("numpy")
 
@@ -272,6 +284,7 @@ def test_owner_killed_during_get_of_a_large_object(rt):
     assert ray.get(identity.remote(3), timeout=T) == 3
 
 
+@pytest.mark.local_only
 def test_a_failing_ready_callback_does_not_cost_the_others_theirs():
     from ray_lite._private.refs import _Entry
     e = _Entry()

@@ -11,6 +11,9 @@ from ray_lite._private.refs import ObjectRefGenerator
 from ray_lite.exceptions import (RayActorError, RayTaskError, TaskCancelledError,
                                  WorkerCrashedError)
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 T = 60
 
 
@@ -88,6 +91,7 @@ def test_error_at_index_then_stop(rt):
             next(g)
 
 
+@pytest.mark.local_only
 def test_error_before_first_yield(rt):
     g = fail_at.remote(5, 0)
     with pytest.raises(ValueError):
@@ -98,6 +102,7 @@ def test_error_before_first_yield(rt):
         ray.get(g.completed(), timeout=T)
 
 
+@pytest.mark.local_only
 def test_ready_check_completed_and_finished(rt):
     s = Streamer.remote()
     g = s.gen.remote(5)
@@ -134,6 +139,7 @@ def test_wait_on_generators(rt):
     assert ray.get(next(g), timeout=T) == 0
 
 
+@pytest.mark.local_only
 def test_actor_death_mid_stream(rt):
     s = Streamer.remote()
     g = s.die_after.remote(3)
@@ -144,6 +150,7 @@ def test_actor_death_mid_stream(rt):
         next(g)
 
 
+@pytest.mark.local_only
 def test_worker_death_mid_stream(rt):
     @ray.remote(max_retries=0)
     def die_after(k):
@@ -159,6 +166,7 @@ def test_worker_death_mid_stream(rt):
         next(g)
 
 
+@pytest.mark.local_only
 def test_cancel_ends_stream_without_hanging(rt):
     s = Streamer.remote()
     g = s.endless.remote()
@@ -256,6 +264,7 @@ def test_dropped_generator_still_completes(rt):
     assert ray.get(done, timeout=T) is None
 
 
+@pytest.mark.local_only
 def test_generator_yielding_unserialisable_item(rt):
     import threading
 

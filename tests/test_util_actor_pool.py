@@ -8,6 +8,9 @@ import ray_lite
 from ray_lite.exceptions import RayActorError
 from ray_lite.util import ActorPool
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 
 @ray_lite.remote
 class Doubler:
@@ -109,6 +112,7 @@ def test_get_next_unordered_returns_the_ready_one_first(rt):
     assert pool.get_next_unordered(timeout=30) == "slow"
 
 
+@pytest.mark.local_only
 def test_get_next_unordered_ignore_if_timedout_drops_the_oldest(rt):
     gate = Gate.remote()
     pool = ActorPool([gate])
@@ -156,6 +160,7 @@ def test_push_takes_a_waiting_value_at_once(rt):
     assert pool.get_next(timeout=30) == 8
 
 
+@pytest.mark.local_only
 def test_calls_with_several_returns(rt):
     pool = ActorPool([Doubler.remote()])
     pool.submit(lambda a, v: a.pair.options(num_returns=2).remote(v), 3)
@@ -164,6 +169,7 @@ def test_calls_with_several_returns(rt):
     assert pool.get_next_unordered() == [4, -4]
 
 
+@pytest.mark.local_only
 def test_a_dead_actor_raises_and_leaves_the_pool(rt):
     doomed, survivor = Doubler.remote(), Doubler.remote()
     pool = ActorPool([survivor, doomed])    # submit takes the last idle actor first

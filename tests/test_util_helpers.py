@@ -14,6 +14,9 @@ from ray_lite.util import (as_completed, get_node_ip_address, inspect_serializab
                            map_unordered)
 from ray_lite.util.queue import Queue
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 
 @ray_lite.remote
 def echo(x):
@@ -120,6 +123,7 @@ def test_map_unordered_bad_arguments(rt):
         list(map_unordered(echo, [1], num_returns=2))
 
 
+@pytest.mark.local_only
 def test_node_ip_address():
     ip = get_node_ip_address()
     assert ipaddress.ip_address(ip).version == 4
@@ -143,6 +147,7 @@ def test_a_serializable_object_passes():
     assert "Checking Serializability" in out.getvalue()
 
 
+@pytest.mark.local_only
 def test_the_non_serializable_member_is_named():
     holder = Holder()
     ok, failures = inspect_serializability(holder, name="holder", print_file=io.StringIO())
@@ -153,6 +158,7 @@ def test_the_non_serializable_member_is_named():
     assert failure.parent is holder
 
 
+@pytest.mark.local_only
 def test_a_functions_non_serializable_global_is_named():
     # Defined here (not importable by name), so it is pickled by value, globals included.
     def uses_a_global_lock():
@@ -164,6 +170,7 @@ def test_a_functions_non_serializable_global_is_named():
     assert failure.parent is uses_a_global_lock
 
 
+@pytest.mark.local_only
 def test_a_closure_variable_is_named():
     lock = threading.Lock()
 

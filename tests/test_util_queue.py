@@ -10,6 +10,9 @@ import ray_lite
 from ray_lite.exceptions import RayActorError, RayError
 from ray_lite.util.queue import Empty, Full, Queue
 
+# Public API only: these run on Ray too (--backend=ray; see conftest.py).
+pytestmark = pytest.mark.both_backends
+
 
 @ray_lite.remote
 def put_all(q, items):
@@ -114,6 +117,7 @@ def test_negative_timeouts_are_refused(rt):
         q.get(timeout=-0.5)
 
 
+@pytest.mark.local_only
 def test_batches_go_in_and_out_whole(rt):
     q = Queue(maxsize=3)
     q.put_nowait_batch([1, 2])
@@ -176,6 +180,7 @@ def test_two_tasks_talk_through_it(rt):
     assert ray_lite.get(producer, timeout=30) == 20
 
 
+@pytest.mark.local_only
 def test_async_put_and_get_in_an_async_actor(rt):
     q = Queue(maxsize=1)
     user = AsyncUser.remote()
@@ -185,6 +190,7 @@ def test_async_put_and_get_in_an_async_actor(rt):
     assert ray_lite.get(user.put_full.remote(q), timeout=30) == "full"
 
 
+@pytest.mark.local_only
 def test_async_put_and_get_from_the_driver(rt):
     q = Queue()
 
@@ -201,6 +207,7 @@ def test_async_put_and_get_from_the_driver(rt):
     assert asyncio.run(main()) == ("a", "b")
 
 
+@pytest.mark.local_only
 def test_a_dead_owner_raises(rt):
     q = Queue()
     q.put(1)
@@ -213,6 +220,7 @@ def test_a_dead_owner_raises(rt):
         q.qsize()
 
 
+@pytest.mark.local_only
 def test_a_get_blocked_when_the_owner_dies_raises(rt):
     q = Queue()
     killer = kill_when_someone_waits.remote(q, 30)
@@ -221,6 +229,7 @@ def test_a_get_blocked_when_the_owner_dies_raises(rt):
     assert ray_lite.get(killer, timeout=30) is True
 
 
+@pytest.mark.local_only
 def test_a_task_blocked_when_the_owner_dies_fails(rt):
     q = Queue()
     consumer = get_n.remote(q, 1)
@@ -229,6 +238,7 @@ def test_a_task_blocked_when_the_owner_dies_fails(rt):
         ray_lite.get(consumer, timeout=60)
 
 
+@pytest.mark.local_only
 def test_shutdown_ends_the_owner(rt):
     q = Queue()
     q.put(1)
@@ -242,6 +252,7 @@ def test_shutdown_ends_the_owner(rt):
         forced.put(1)
 
 
+@pytest.mark.local_only
 def test_actor_options_reach_the_owner(rt):
     q = Queue(actor_options={"name": "shared-queue"})
     q.put("hello")

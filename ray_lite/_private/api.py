@@ -5,6 +5,7 @@ import os
 import threading
 import uuid
 
+from ray_lite import _ray
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
 from . import backend as _backend, interrupts, object_store, state
@@ -46,7 +47,6 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if state.node is not None:
             raise RuntimeError("ray_lite is already running on the local backend: "
                                "call ray_lite.shutdown() before init(backend='ray')")
-        from ray_lite import _ray
         _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
                   resources=resources, runtime_env=runtime_env,
                   object_store_memory=object_store_memory,
@@ -103,7 +103,7 @@ def preload(modules):
     have them loaded already (Serve does this for its replica and proxy code).
     Only the driver has a zygote; elsewhere, or before ``init``, a no-op."""
     node = state.node
-    if node is not None and node.id == 0:
+    if node is not None and node.id == 0 and not _backend.RAY:
         node.zygote.preload(modules)
 
 
@@ -115,6 +115,8 @@ def create_actors(actor_class, calls):
     the exception in place of each actor that could not be started."""
     if not isinstance(actor_class, ActorClass):
         raise TypeError(f"create_actors expects a @remote class, got {actor_class!r}")
+    if _backend.RAY:
+        return _ray.core.create_actors(actor_class, calls)
     opts = actor_class._options
     if opts.get("name") is not None:
         raise ValueError("create_actors creates unnamed actors")
@@ -134,7 +136,6 @@ def _shutdown_at_exit():
 def shutdown():
     """Stop every worker and actor and free the runtime's shared memory."""
     if _backend.RAY:
-        from ray_lite import _ray
         _ray.shutdown()
         return
     with _init_lock:
@@ -154,7 +155,6 @@ def shutdown():
 
 def is_initialized():
     if _backend.RAY:
-        from ray_lite import _ray
         return _ray.is_initialized()
     return state.node is not None
 
@@ -216,6 +216,8 @@ def get(object_refs, *, timeout=None):
     Raises the task's error (a ``RayTaskError`` that is also the user's
     exception class), or ``GetTimeoutError`` after ``timeout`` seconds.
     """
+    if _backend.RAY:
+        return _ray.core.get(object_refs, timeout)
     if type(object_refs) is ObjectRef:
         e = object_refs._e
         if not e.ready:
@@ -264,6 +266,8 @@ def put(value):
     maps; past ``init(object_store_memory=...)`` they spill to disk, and
     ``ObjectStoreFullError`` is raised when even that has no room.
     """
+    if _backend.RAY:
+        return _ray.core.put(value)
     if type(value) is ObjectRef:
         raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "
                         "do this, you can wrap the ObjectRef in a list and call 'put' on it.")
@@ -286,6 +290,8 @@ def _is_ready(x):
 
 def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     """``(ready, not_ready)``: the first ``num_returns`` ready refs (or generators)."""
+    if _backend.RAY:
+        return _ray.core.wait(object_refs, num_returns, timeout, fetch_local)
     if isinstance(object_refs, (ObjectRef, ObjectRefGenerator)):
         raise TypeError("wait() expects a list of ObjectRef or ObjectRefGenerator, got a "
                         "single one")
@@ -333,6 +339,8 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
 
 def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
+    if _backend.RAY:
+        return _ray.core.kill(actor, no_restart)
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
     node = state.get_node()
@@ -354,6 +362,8 @@ def cancel(ref, *, force=False, recursive=True):
     is cancelled (``asyncio.CancelledError`` in it), a running call of a sync
     or threaded actor completes normally; ``force=True`` is refused.
     """
+    if _backend.RAY:
+        return _ray.core.cancel(ref, force, recursive)
     node = state.get_node()
     if isinstance(ref, ObjectRefGenerator):
         s = ref._s
@@ -384,6 +394,8 @@ def cancel(ref, *, force=False, recursive=True):
 
 def get_actor(name, namespace=None):
     """The handle of the live actor registered under ``name``."""
+    if _backend.RAY:
+        return _ray.core.get_actor(name, namespace)
     if not isinstance(name, str) or not name:
         raise ValueError("Please supply a non-empty value to get_actor")
     node = state.get_node()

@@ -3,6 +3,9 @@ import os
 
 from ray_lite.exceptions import RaySystemError
 
+from ray_lite import _ray
+
+from . import backend as _backend
 from . import protocol as P
 from . import state
 from .ids import NODE_IP, node_id_hex
@@ -73,22 +76,30 @@ def node_table(driver):
 def cluster_resources():
     """Every resource of the machine: ``CPU`` (``init(num_cpus=...)``), ``memory``,
     ``object_store_memory`` and the node's ``node:<ip>`` keys."""
+    if _backend.RAY:
+        return _ray.core.ray.cluster_resources()
     return _ask()[0]
 
 
 def available_resources():
     """What is free now: as ``cluster_resources()``, less what running tasks and
     actors hold (a resource with nothing left is absent, as in Ray)."""
+    if _backend.RAY:
+        return _ray.core.ray.available_resources()
     return _ask()[1]
 
 
 def nodes():
     """The nodes of the cluster: this machine, alive."""
+    if _backend.RAY:
+        return _ray.core.ray.nodes()
     return _running().request(P.OP_INTROSPECT, "nodes")
 
 
 def get_gpu_ids():
     """The GPUs assigned to this worker: none (ray_lite schedules no GPU)."""
+    if _backend.RAY:
+        return _ray.core.ray.get_gpu_ids()
     _running()
     return []
 

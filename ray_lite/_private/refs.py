@@ -27,6 +27,7 @@ reported item is a table look-up that returns an already-ready ref.
 import threading
 
 from . import state
+from .backend import AlsoRay
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 from .entries import (_BorrowedEntry, _Entry, _FrozenEntry, _IMMUTABLE,  # noqa: F401
                       _give_weight_back, _local, error_entry, raisable, ready_entry)
@@ -65,7 +66,7 @@ def _thawed_ref(index):
     return _local.thawing[index]
 
 
-class ObjectRef:
+class ObjectRef(metaclass=AlsoRay):
     """A reference to an object that a task, an actor call or ``put`` produces.
 
     Hashable, comparable by id, awaitable in asyncio, and picklable: a ref
@@ -191,7 +192,7 @@ class _StreamState:
         self.released = False   # the generator object is gone: items are dropped
 
 
-class ObjectRefGenerator:
+class ObjectRefGenerator(metaclass=AlsoRay):
     """What a generator task or method returns: an iterator of ``ObjectRef``.
 
     ``next()`` returns the ref of the next item as soon as its report has been

@@ -5,6 +5,9 @@ import os
 
 from ray_lite.exceptions import ActorDiedError
 
+from ray_lite import _ray
+
+from . import backend as _backend
 from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
 from . import state
@@ -206,6 +209,23 @@ class _TaskPlan:
                         or env is not None)
 
 
+class _RefusedHere:
+    """The plan of a function whose options ray_lite refuses on one machine
+    (``num_gpus=1``, ``lifetime="detached"``...) while the program is to run
+    on Ray, where they mean what Ray says: the refusal is raised only if the
+    function is used on the local backend after all."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        if _backend.current() != _backend.RAY_NAME:
+            raise error
+        self.error = error
+
+    def __getattr__(self, name):
+        raise self.error
+
+
 # ``.options(...)`` is often called per call (``f.options(name=...).remote()``):
 # what it returns is made once per set of options and kept, up to this many.
 _MAX_BOUND = 64
@@ -251,13 +271,16 @@ class RemoteFunction:
             raise ValueError("'async def' should not be used for remote tasks. You can wrap "
                              "the async function with `asyncio.run(f())`. See more at:"
                              "https://docs.ray.io/en/latest/ray-core/actors/async_api.html ")
-        _check_options(options, "task")
         self._function = function
         self._options = options
         self._fn_id = os.urandom(8).hex()
         self._blob = None
         self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
-        self._plan = _TaskPlan(function, options, self._is_gen)
+        try:
+            _check_options(options, "task")
+            self._plan = _TaskPlan(function, options, self._is_gen)
+        except ValueError as exc:
+            self._plan = _RefusedHere(exc)
         self._bound = {}        # options -> _Bound (see _cached_bound)
         functools.update_wrapper(self, function)
 
@@ -267,9 +290,13 @@ class RemoteFunction:
                         f"'{name}()', try '{name}.remote()'.")
 
     def remote(self, *args, **kwargs):
+        if _backend.RAY:
+            return _ray.core.remote_function(self).remote(*args, **kwargs)
         return self._remote(self._plan, args, kwargs)
 
     def options(self, **opts):
+        if _backend.RAY:
+            return _ray.core.function_options(self, opts)
         bound, key = _cached_bound(self._bound, opts)
         if bound is None:
             merged = {**self._options, **opts}
@@ -364,7 +391,11 @@ class ActorClass:
     """A class whose instances live in their own process: ``C.remote(...)`` -> handle."""
 
     def __init__(self, cls, options):
-        _check_options(options, "actor")
+        try:
+            _check_options(options, "actor")
+            self._refused = None
+        except ValueError as exc:
+            self._refused = _RefusedHere(exc).error
         self._cls = cls
         self._options = options
         self._blob = None
@@ -383,9 +414,13 @@ class ActorClass:
                         f"use '{name}.remote()'.")
 
     def remote(self, *args, **kwargs):
+        if _backend.RAY:
+            return _ray.core.actor_class(self).remote(*args, **kwargs)
         return self._remote(self._options, args, kwargs)
 
     def options(self, **opts):
+        if _backend.RAY:
+            return _ray.core.actor_options(self, opts)
         bound, key = _cached_bound(self._bound, opts)
         if bound is None:
             merged = {**self._options, **opts}
@@ -419,6 +454,8 @@ class ActorClass:
         return req if extra is None else req + (extra,)
 
     def _remote(self, opts, args, kwargs):
+        if self._refused is not None and opts is self._options:
+            raise self._refused
         node = state.get_node()
         req = self._creation_request(node, opts, args, kwargs)
         return ActorHandle(node.request(P.OP_CREATE_ACTOR, *req))
@@ -444,7 +481,7 @@ def _rebuild_actor_class(cls, options):
     return ActorClass(cls, options)
 
 
-class ActorHandle:
+class ActorHandle(metaclass=_backend.AlsoRay):
     """A handle to an actor; picklable, so it can be passed to tasks and actors."""
 
     __slots__ = ("_info", "_cache", "__weakref__")

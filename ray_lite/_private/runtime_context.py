@@ -13,8 +13,10 @@ call: there ``get_task_id()`` is None.
 import logging
 import sys
 
+from ray_lite import _ray
 from ray_lite.exceptions import AsyncioActorExit
 
+from . import backend as _backend
 from . import protocol as P
 from . import state
 from .errors import ActorExit
@@ -202,7 +204,9 @@ _runtime_context = RuntimeContext()
 
 
 def get_runtime_context():
-    """The runtime context of this driver or worker."""
+    """The runtime context of this driver or worker (Ray's own on Ray)."""
+    if _backend.RAY:
+        return _ray.core.ray.get_runtime_context()
     return _runtime_context
 
 
@@ -211,6 +215,8 @@ def exit_actor():
     """End the current actor gracefully: the calls running on it finish, the
     queued ones and every later one fail with ``RayActorError``, ``atexit``
     handlers run.  Outside an actor: ``TypeError``, as in Ray."""
+    if _backend.RAY:
+        return _ray.core.ray.actor.exit_actor()
     node = state.node
     if not _is_actor(node):
         mode = SCRIPT_MODE if node is None or node.id == 0 else WORKER_MODE

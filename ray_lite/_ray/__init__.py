@@ -2,10 +2,14 @@
 
 Nothing here is imported unless a program chooses Ray (see
 ``ray_lite/_private/backend.py``), so ``import ray_lite`` never imports Ray.
+``core`` holds the core API's Ray branches, ``exceptions`` the translation of
+Ray's errors, ``util`` the ``ray_lite.util`` names' Ray counterparts; they are
+imported when Ray becomes the backend (``_activate``), and the public
+functions reach them as ``ray_lite._ray.core`` etc. from then on.
 """
 from ray_lite._private import backend
 
-__all__ = ["init", "shutdown", "is_initialized"]
+__all__ = ["init", "shutdown", "is_initialized", "adopt"]
 
 
 def init(*, address, num_cpus, namespace, resources, runtime_env, object_store_memory,
@@ -17,6 +21,28 @@ def init(*, address, num_cpus, namespace, resources, runtime_env, object_store_m
     ray.init(address=address, num_cpus=num_cpus, namespace=namespace, resources=resources,
              runtime_env=runtime_env, object_store_memory=object_store_memory,
              ignore_reinit_error=ignore_reinit_error, **kwargs)
+    _activate(ray)
+
+
+def adopt():
+    """Run on Ray in a process that Ray started (a Ray worker): it is
+    connected already (``backend.adopt_ray_worker``)."""
+    _activate(backend.require_ray())
+
+
+def _activate(ray):
+    from ray_lite._private.refs import ObjectRef, ObjectRefGenerator
+    from ray_lite._private.remote import ActorHandle
+    from ray_lite.util import queue as rl_queue
+    from ray.util import queue as ray_queue
+
+    from . import core, exceptions, util  # noqa: F401 - reached as ray_lite._ray.<module>
+    backend.RAY_TWINS.update({ObjectRef: ray.ObjectRef,
+                              ObjectRefGenerator: ray.ObjectRefGenerator,
+                              ActorHandle: ray.actor.ActorHandle})
+    exceptions.register(ray.exceptions, [(ray_queue.Empty, rl_queue.Empty),
+                                         (ray_queue.Full, rl_queue.Full)])
+    exceptions.translate_generator_errors(ray.ObjectRefGenerator)
     backend.activate(backend.RAY_NAME)
 
 

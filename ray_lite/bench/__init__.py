@@ -131,6 +131,8 @@ def _parser():
                         help=f"suites to run (default: {' '.join(DEFAULT_SUITES)}); see --list")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: the micro suite finishes well under a minute (CI smoke run)")
+    parser.add_argument("--only", metavar="IDS", type=lambda s: s.split(","),
+                        help="only these benchmarks of the suites, e.g. B11,B3,B1")
     parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine as JSON")
     parser.add_argument("--compare-ray", metavar="PYTHON",
                         help="an interpreter with Ray installed: run the suites' Ray workloads with it")
@@ -182,7 +184,7 @@ def main(argv=None):
         return 2
     smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
     scale = "smoke" if smoke else ("quick" if args.quick else "full")
-    ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err)
+    ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err, only=args.only)
     result = run_suites(names, ctx)
     print(format_result(result), flush=True)
     if args.json:

@@ -159,10 +159,12 @@ class Context:
     minute) or "smoke" (tests: as small as still exercises every code path).
     """
 
-    def __init__(self, scale="full", compare_ray=None, log=None):
+    def __init__(self, scale="full", compare_ray=None, log=None, only=None):
         self.scale = scale
         self.compare_ray = compare_ray
         self._log = log
+        # The benchmark ids to run (upper case, "B11"), None: all of them.
+        self.only = None if only is None else {b.strip().upper() for b in only}
 
     @property
     def quick(self):

@@ -36,7 +36,9 @@ def pick(full, quick, smoke):
 
 
 def init():
-    extra = {"include_dashboard": False, "log_to_driver": False} if RAYMOD == "ray" else {}
+    # On Ray (--compare-ray, or ray_lite on its Ray backend) as Ray is measured: no dashboard.
+    on_ray = RAYMOD == "ray" or os.environ.get("RAY_LITE_BACKEND") == "ray"
+    extra = {"include_dashboard": False, "log_to_driver": False} if on_ray else {}
     ray.init(num_cpus=2, **extra)
 
 

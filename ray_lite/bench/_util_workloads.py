@@ -25,7 +25,9 @@ def pick(scale, full, quick, smoke):
 
 
 def init():
-    extra = {"include_dashboard": False, "log_to_driver": False} if ON_RAY else {}
+    # On Ray (--compare-ray, or ray_lite on its Ray backend) as Ray is measured: no dashboard.
+    on_ray = ON_RAY or os.environ.get("RAY_LITE_BACKEND") == "ray"
+    extra = {"include_dashboard": False, "log_to_driver": False} if on_ray else {}
     ray.init(num_cpus=2, **extra)
 
 

@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 
-from ._harness import ERROR, Figure, missing, summarize_trials
+from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
 
 DESCRIPTION = ("core runtime: streaming throughput, ready-check, init, round trips, worker "
                "memory; util: Pool.map, Queue, ActorPool")
@@ -137,10 +137,27 @@ def _figures(res, impl, label, with_goals):
     return figs
 
 
+# Workloads that measure what only ray_lite's own runtime has (B21 broadcasts
+# through the executor's shared-memory queue): not run on the Ray backend.
+RAY_LITE_ONLY = {"b21", "readers10"}
+
+
+def _ray_backend():
+    from ray_lite import _config
+    return _config.BACKEND == "ray"
+
+
 def _measure(ctx, python, raymod, impl, label, with_goals):
     figs = []
+    on_ray_backend = raymod == "ray_lite" and _ray_backend()
     for name in ("b10", "b11", "b3", "b1", "b13", "b17", "b18", "actor_pool", "b19", "b20",
                  "b21", "readers10"):
+        if ctx.only is not None and name.upper() not in ctx.only:
+            continue
+        if on_ray_backend and name in RAY_LITE_ONLY:
+            figs.append(missing(name.upper(), name, impl, label, "", UNAVAILABLE,
+                                "ray_lite-only: skipped on the Ray backend (RAY_LITE_BACKEND=ray)"))
+            continue
         ctx.log(f"core: {name} on {label}")
         try:
             res = {name: _run(python, raymod, name, ctx.scale)}
@@ -154,7 +171,8 @@ def _measure(ctx, python, raymod, impl, label, with_goals):
 def run(ctx):
     from ray_lite import _fast
     impl = "compiled" if _fast.USING_EXTENSIONS else "python"
-    return _measure(ctx, sys.executable, "ray_lite", impl, f"ray_lite ({impl})", True)
+    label = f"ray_lite ({impl})" if not _ray_backend() else f"ray_lite ({impl}) on Ray"
+    return _measure(ctx, sys.executable, "ray_lite", impl, label, True)
 
 
 def compare_ray(ctx, python):

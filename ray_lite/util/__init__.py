@@ -10,6 +10,9 @@ where they are submodules too.
 import importlib
 import socket
 
+from ray_lite import _ray
+from ray_lite._private import backend as _backend
+
 from ray_lite.util.actor_pool import ActorPool
 from ray_lite.util.check_serialize import inspect_serializability
 from ray_lite.util.helpers import as_completed, map_unordered
@@ -39,6 +42,8 @@ def get_node_ip_address(address="8.8.8.8:53"):
     address routes there.  Without a route (an offline machine) the node is
     reached at the loopback address, ``127.0.0.1``.
     """
+    if _backend.RAY:
+        return _ray.util.UTIL["get_node_ip_address"](address)
     host, _, port = address.rpartition(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -2,6 +2,7 @@
 import collections
 
 import ray_lite
+from ray_lite._private import backend as _backend
 from ray_lite.exceptions import ActorDiedError
 
 __all__ = ["ActorPool"]
@@ -19,6 +20,7 @@ def _probe(future):
     return future[0] if isinstance(future, list) else future
 
 
+@_backend.ray_counterpart("ActorPool")
 class ActorPool:
     """Runs ``fn(actor, value)`` calls on whichever actor of ``actors`` is idle.
 

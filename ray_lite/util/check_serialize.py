@@ -10,6 +10,9 @@ import sys
 
 import cloudpickle
 
+from ray_lite import _ray
+from ray_lite._private import backend as _backend
+
 __all__ = ["inspect_serializability", "FailureTuple"]
 
 
@@ -108,6 +111,9 @@ def inspect_serializability(base_obj, name=None, depth=3, print_file=None):
     The search goes ``depth`` levels into the object and prints what it
     tries to ``print_file`` (stdout by default).
     """
+    if _backend.RAY:
+        return _ray.util.UTIL["inspect_serializability"](base_obj, name=name, depth=depth,
+                                                         print_file=print_file)
     report = _Report(print_file)
     title = f"Checking Serializability of {base_obj!r}"
     rule = "=" * min(len(title), 80)

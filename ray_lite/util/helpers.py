@@ -1,5 +1,7 @@
 """``as_completed`` and ``map_unordered``: results as they become ready."""
 import ray_lite
+from ray_lite import _ray
+from ray_lite._private import backend as _backend
 
 __all__ = ["as_completed", "map_unordered"]
 
@@ -28,6 +30,9 @@ def as_completed(refs, *, chunk_size=DEFAULT_CHUNK_SIZE, yield_obj_refs=False, *
     go to ``wait`` (``timeout``, ``fetch_local``); ``yield_obj_refs=True``
     yields the refs instead of their values.
     """
+    if _backend.RAY:
+        return _ray.util.UTIL["as_completed"](refs, chunk_size=chunk_size,
+                                              yield_obj_refs=yield_obj_refs, **kwargs)
     _check(chunk_size, kwargs)
     return _as_completed(list(refs), chunk_size, yield_obj_refs, kwargs)
 
@@ -46,6 +51,10 @@ def map_unordered(fn, items, *, backpressure_size=DEFAULT_BACKPRESSURE_SIZE,
     past it, the iterator waits for ``chunk_size`` of them before submitting
     more.  ``kwargs`` go to ``wait``.
     """
+    if _backend.RAY:
+        return _ray.util.UTIL["map_unordered"](fn, items, backpressure_size=backpressure_size,
+                                               chunk_size=chunk_size,
+                                               yield_obj_refs=yield_obj_refs, **kwargs)
     if backpressure_size is None:
         backpressure_size = float("inf")
     elif backpressure_size <= 0:

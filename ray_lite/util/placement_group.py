@@ -1,6 +1,8 @@
 """Placement groups on one node (Ray's API): reserve bundles of resources, then
 schedule tasks and actors into them.  The driver keeps them
 (``ray_lite/_private/placement.py``)."""
+from ray_lite import _ray
+from ray_lite._private import backend as _backend
 from ray_lite._private import protocol as P
 from ray_lite._private import state
 
@@ -82,6 +84,10 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None,
     (more than its resources, or STRICT_SPREAD over several bundles) raises
     ``ValueError`` here, where Ray would leave it pending for ever.
     """
+    if _backend.RAY:
+        return _ray.util.UTIL["placement_group"](
+            bundles, strategy=strategy, name=name, lifetime=lifetime,
+            _soft_target_node_id=_soft_target_node_id, bundle_label_selector=bundle_label_selector)
     if bundle_label_selector:
         raise ValueError("ray_lite does not support bundle_label_selector (one node)")
     if _soft_target_node_id is not None and not isinstance(_soft_target_node_id, str):
@@ -94,6 +100,8 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None,
 
 def remove_placement_group(placement_group):
     """Remove ``placement_group``: its resources are free again, its actors die."""
+    if _backend.RAY:
+        return _ray.util.UTIL["remove_placement_group"](placement_group)
     if not isinstance(placement_group, PlacementGroup):
         raise TypeError(f"remove_placement_group expects a PlacementGroup, got "
                         f"{placement_group!r}")
@@ -102,6 +110,8 @@ def remove_placement_group(placement_group):
 
 def get_placement_group(placement_group_name):
     """The live placement group named ``placement_group_name``."""
+    if _backend.RAY:
+        return _ray.util.UTIL["get_placement_group"](placement_group_name)
     if not isinstance(placement_group_name, str) or not placement_group_name:
         raise ValueError("Please supply a non-empty value to get_placement_group")
     pg_id, specs = state.get_node().request(P.OP_PG_GET, placement_group_name)
@@ -110,12 +120,16 @@ def get_placement_group(placement_group_name):
 
 def placement_group_table(placement_group=None):
     """The state of one group (a dict), or of every group ({id: dict})."""
+    if _backend.RAY:
+        return _ray.util.UTIL["placement_group_table"](placement_group)
     pg_id = None if placement_group is None else placement_group.id
     return state.get_node().request(P.OP_PG_TABLE, pg_id)
 
 
 def get_current_placement_group():
     """None: ray_lite does not capture child tasks into their parent's group."""
+    if _backend.RAY:
+        return _ray.util.UTIL["get_current_placement_group"]()
     return None
 
 

@@ -15,6 +15,7 @@ import queue as _stdlib_queue
 from collections.abc import Iterable
 
 import ray_lite
+from ray_lite._private import backend as _backend
 
 __all__ = ["Queue", "Empty", "Full"]
 
@@ -32,6 +33,7 @@ def _check_timeout(timeout):
         raise ValueError("'timeout' must be a non-negative number")
 
 
+@_backend.ray_counterpart("Queue")
 class Queue:
     """A FIFO queue of at most ``maxsize`` items (0: unbounded).
 

@@ -1,6 +1,9 @@
-"""Scheduling strategies (Ray's names), for the one node of ray_lite."""
+"""Scheduling strategies (Ray's names), for the one node of ray_lite (Ray's own on Ray)."""
+from ray_lite._private import backend as _backend
 
 
+
+@_backend.ray_counterpart("PlacementGroupSchedulingStrategy")
 class PlacementGroupSchedulingStrategy:
     """Run a task or actor in ``placement_group``, taking its resources from
     bundle ``placement_group_bundle_index`` (-1: any bundle with room)."""
@@ -16,6 +19,7 @@ class PlacementGroupSchedulingStrategy:
                 f"{self.placement_group_bundle_index})")
 
 
+@_backend.ray_counterpart("NodeAffinitySchedulingStrategy")
 class NodeAffinitySchedulingStrategy:
     """Run on node ``node_id``.  ray_lite has one node: its own id runs there;
     another id is refused unless ``soft=True`` (then it runs here, as Ray runs

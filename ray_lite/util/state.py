@@ -7,6 +7,8 @@ names; a record reads both as a dict (``a["state"]``) and by attribute
 about what has finished: actors that died, tasks and calls that returned and
 objects that were freed are not listed.
 """
+from ray_lite import _ray
+from ray_lite._private import backend as _backend
 from ray_lite._private import protocol as P
 from ray_lite._private import state as _state
 
@@ -57,6 +59,9 @@ def list_actors(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, det
                 raise_on_missing_output=True, _explain=False):
     """The live actors: ``actor_id``, ``class_name``, ``state`` ("ALIVE"),
     ``name``, ``pid``, ``ray_namespace``, ``job_id``, ``node_id``..."""
+    if _backend.RAY:
+        return _ray.util.state_function("list_actors")(address, filters, limit, timeout, detail,
+                                                   raise_on_missing_output, _explain)
     return _list("list_actors", filters, limit, detail, raise_on_missing_output)
 
 
@@ -64,6 +69,9 @@ def list_tasks(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, deta
                raise_on_missing_output=True, _explain=False):
     """Tasks waiting or running (``task_id``, ``name``, ``state``, ``type``,
     ``worker_pid``...) and the actor calls the driver waits for."""
+    if _backend.RAY:
+        return _ray.util.state_function("list_tasks")(address, filters, limit, timeout, detail,
+                                                   raise_on_missing_output, _explain)
     return _list("list_tasks", filters, limit, detail, raise_on_missing_output)
 
 
@@ -71,16 +79,23 @@ def list_objects(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, de
                  raise_on_missing_output=True, _explain=False):
     """Objects the driver owns that are still being computed or that other
     processes borrow (``object_id``, ``task_status``, ``pid``...)."""
+    if _backend.RAY:
+        return _ray.util.state_function("list_objects")(address, filters, limit, timeout, detail,
+                                                   raise_on_missing_output, _explain)
     return _list("list_objects", filters, limit, detail, raise_on_missing_output)
 
 
 def get_actor(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
     """The record of the actor with this hex id, or None."""
+    if _backend.RAY:
+        return _ray.util.state_function("get_actor")(id, address, timeout, _explain)
     found = list_actors(filters=[("actor_id", "=", id)], limit=1)
     return found[0] if found else None
 
 
 def get_task(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
     """The record of the waiting or running task with this hex id, or None."""
+    if _backend.RAY:
+        return _ray.util.state_function("get_task")(id, address, timeout, _explain)
     found = list_tasks(filters=[("task_id", "=", id)], limit=1)
     return found[0] if found else None

@@ -31,6 +31,7 @@ from multiprocessing import TimeoutError
 import cloudpickle
 
 import ray_lite
+from ray_lite._private import backend as _backend
 from ray_lite.exceptions import RayActorError
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
@@ -350,6 +351,7 @@ class IMapIterator:
         return values[0]
 
 
+@_backend.ray_counterpart("Pool")
 class Pool:
     """A pool of ``processes`` workers (default: the CPUs ray_lite was started
     with), each an actor that runs ``initializer(*initargs)`` first.
