@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _memdebug, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._listen import free_port, shared_socket
@@ -377,6 +377,7 @@ class ProxyActor:
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
+        _memdebug.install(self.loop, "proxy")
         version, routes = await self.controller.listen_routes.remote(self.index, -1)
         await self._apply(version, routes)
         self.server = await self.loop.create_server(lambda: HttpConnection(self),
