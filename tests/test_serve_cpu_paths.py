@@ -50,3 +50,62 @@ def test_a_busy_proxy_touches_a_bounded_number_of_shared_pages(serve_port):
     grown = _proxy_shared_kb() - before
     # 2 replicas x 2 rings x HOT_BYTES (64 kB) at most; without the bound, ~4 MB.
     assert grown < 1024, f"the proxy's shared pages grew by {grown} kB"
+
+
+# ------------------------------------------------------------- spin policy
+def test_spin_policy_spins_only_while_most_waits_are_short():
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0.001)
+    assert not p.worth_it()                 # nothing learnt yet: no spin
+    for _ in range(20):
+        p.observe(0.0001)
+    assert p.worth_it()
+    p.observe(0.01)                         # one long wait: still mostly short
+    assert p.worth_it()
+    for _ in range(10):
+        p.observe(0.01)
+    assert not p.worth_it()
+
+
+def test_a_preempted_spin_stops_spinning_until_short_waits_come_again():
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0.001)
+    for _ in range(20):
+        p.observe(0.0001)
+    p.spun(True, 0.0001)                    # caught it
+    p.spun(False, 0.0011)                   # ran its budget out: a miss, no verdict
+    assert p.worth_it()
+    p.spun(False, 0.0002)                   # gave up early, empty-handed: a busy CPU
+    assert not p.worth_it()
+    for _ in range(20):
+        p.observe(0.0001)
+    assert p.worth_it()
+
+
+def test_a_zero_budget_never_spins():
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0)
+    for _ in range(20):
+        p.observe(0.0)
+    assert not p.worth_it()
+
+
+# ------------------------------------------------------ the breakdown tool
+class _Done:
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_breakdown_attributes_each_sample_to_its_innermost_stage(tmp_path):
+    from ray_lite.bench import serve_cpu
+    raw = tmp_path / "spy.txt"
+    raw.write_text(
+        "main (a.py:1);HttpConnection.data_received (p.py:2);"
+        "HttpConnection.on_message_complete (p.py:3);ProxyActor._send (p.py:4);"
+        "Link.send (t.py:5) 6\n"
+        "main (a.py:1);HttpConnection.data_received (p.py:2) 2\n"
+        "main (a.py:1) 2\n")
+    shares = serve_cpu._stage_shares([(_Done(), str(raw))], serve_cpu.PROXY_STAGES)
+    assert shares == {"ring send (encode, publish, wake)": 0.6, "HTTP parse": 0.2,
+                      "event loop (uvloop, tasks, epoll), other": 0.2}
+    assert not raw.exists()

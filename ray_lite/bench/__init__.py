@@ -41,6 +41,7 @@ SUITES = {
     "core": "ray_lite.bench.core_suite",
     "executor": "ray_lite.bench.executor_suite",
     "serve": "ray_lite.bench.serve_suite",
+    "serve_cpu": "ray_lite.bench.serve_cpu",
     "soak": "ray_lite.bench.soak_suite",
 }
 
