@@ -109,3 +109,12 @@ def test_breakdown_attributes_each_sample_to_its_innermost_stage(tmp_path):
     assert shares == {"ring send (encode, publish, wake)": 0.6, "HTTP parse": 0.2,
                       "event loop (uvloop, tasks, epoll), other": 0.2}
     assert not raw.exists()
+
+
+def test_the_stage_costs_run_the_real_paths():
+    # The in-process stages drive the proxy's connection and the replica's
+    # handle_http themselves: they must keep working as those change.
+    from ray_lite.bench import serve_cpu
+    assert serve_cpu.proxy_http_us(200) > 0
+    assert serve_cpu.ring_round_trip_us(200) > 0
+    assert serve_cpu.replica_http_us(50) > 0

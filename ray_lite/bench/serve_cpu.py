@@ -309,6 +309,143 @@ def format_report(r):
     return "\n".join(lines)
 
 
+# ------------------------------------------------ stages measured in-process
+class _Transport:
+    """What the proxy's connection writes to, counted instead of sent."""
+
+    def __init__(self):
+        self.written = 0
+
+    def write(self, data):
+        self.written += 1
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 1) if name == "peername" else None
+
+    def close(self):
+        pass
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+
+class _AnsweringProxy:
+    """The proxy's side of a connection with the replica taken out: each
+    request is answered at once with the reply a replica gives to "hi"."""
+
+    def __init__(self):
+        self.conns = set()
+        self.idle_sweep = 1
+        self.max_body = 1 << 20
+
+    def dispatch(self, conn, req):
+        conn.respond(req, 200, b"content-type: text/plain; charset=utf-8\r\n"
+                               b"content-length: 2\r\n", b"hi")
+
+
+def _best_us(fn, n, rounds=5):
+    """The least thread CPU time per call of ``fn`` over ``rounds`` of ``n``:
+    other processes slow a round down, never speed it up."""
+    best = None
+    for _ in range(rounds):
+        t = time.thread_time()
+        fn(n)
+        us = (time.thread_time() - t) * 1e6 / n
+        best = us if best is None or us < best else best
+    return best
+
+
+def proxy_http_us(n=20000):
+    """The proxy's HTTP work per request (parse with httptools, the request
+    object, the status line and one write), without the replica."""
+    from ray_lite.serve._proxy import HttpConnection
+    conn = HttpConnection(_AnsweringProxy())
+    transport = _Transport()
+    conn.connection_made(transport)
+    request = b"GET / HTTP/1.1\r\nHost: localhost:8000\r\nUser-Agent: wrk\r\n\r\n"
+
+    def run(k):
+        feed = conn.data_received
+        for _ in range(k):
+            feed(request)
+    us = _best_us(run, n)
+    assert transport.written >= n
+    return us
+
+
+def replica_http_us(n=5000):
+    """The replica's work per HTTP request in ``handle_http`` (ASGI scope,
+    Starlette request, the handler, the reply tuple), without the ring."""
+    import asyncio
+
+    import cloudpickle
+
+    from ray_lite.serve._replica import ServeReplica
+    from ray_lite.serve._spin import SpinPolicy
+
+    class Hi:
+        async def __call__(self, request):
+            return "hi"
+
+    async def main():
+        rep = ServeReplica(None, "app", "Hi", "r0", cloudpickle.dumps(Hi), (), {}, {})
+        rep._spin = SpinPolicy(0)     # no links to spin on here (and no runtime)
+        handle = rep.handle_http
+        headers = b"host:localhost:8000\r\nuser-agent:wrk"
+
+        async def batch(k):
+            for _ in range(k):
+                await handle("GET", "/", b"", headers, b"", "127.0.0.1:1", "", "1.1",
+                             "127.0.0.1:8000")
+        await batch(100)
+        best = None
+        for _ in range(5):
+            t = time.thread_time()
+            await batch(n)
+            us = (time.thread_time() - t) * 1e6 / n
+            best = us if best is None or us < best else best
+        return best
+    return asyncio.run(main())
+
+
+def ring_round_trip_us(n=20000):
+    """A request-sized message put and taken on a ring, and the reply-sized
+    one back (both ends in this thread: the ring's own cost, no wake-up)."""
+    from ray_lite._fast.ring import ShmRing
+    pair = []
+    for _ in range(2):
+        p = ShmRing.create(1 << 20, side="producer")
+        pair.append((p, ShmRing.attach(p.name, side="consumer")))
+    (req_tx, req_rx), (rep_tx, rep_rx) = pair
+    msg = ("call", 12345, 7, "handle_http", ("GET", "/", b"", b"host:localhost:8000\r\nuser-agent:wrk",
+                                             b"", "127.0.0.1:50000", "", "1.1", "127.0.0.1:8000"))
+    reply = ("result", 12345, (200, b"content-type: text/plain; charset=utf-8\r\n"
+                                    b"content-length: 2\r\n", b"hi", 0))
+
+    def run(k):
+        for _ in range(k):
+            req_tx.put(msg)
+            req_rx.get_nowait()
+            rep_tx.put(reply)
+            rep_rx.get_nowait()
+    try:
+        return _best_us(run, n)
+    finally:
+        for p, c in pair:
+            c.close()
+            p.close()
+
+
+def stage_costs():
+    """{stage: us per request} of the parts measurable in one process."""
+    return {"proxy HTTP (parse, request object, status line, write call)": proxy_http_us(),
+            "ring hop both ways (encode, publish, read, decode; no wake-up)": ring_round_trip_us(),
+            "replica handle_http (scope, Starlette request, handler, reply)": replica_http_us()}
+
+
 # ------------------------------------------------------------------ running
 def _server(replicas):
     from .serve_suite import _Server
@@ -333,7 +470,7 @@ def breakdown(replicas=48, conns=(100,), seconds=5, profile=False, beside_hog=Fa
 
 def run(ctx):
     """The suite: B16's CPU per request broken down by role, quiet and
-    beside a CPU hog, at -c100 and -c8."""
+    beside a CPU hog, at -c100, -c8 and -c4."""
     if not shutil.which("wrk"):
         return [missing("B16a", "CPU per request by role", "ray_lite", "ray_lite", "us",
                         UNAVAILABLE, "wrk not found: apt-get install -y wrk")]
@@ -341,7 +478,7 @@ def run(ctx):
     seconds = ctx.pick(5, 3, 1)
     for hog in (False, True):
         try:
-            reports = breakdown(ctx.pick(48, 48, 4), (100, 8), seconds, beside_hog=hog)
+            reports = breakdown(ctx.pick(48, 48, 4), (100, 8, 4), seconds, beside_hog=hog)
         except Exception as exc:   # noqa: BLE001
             figs.append(missing("B16a", "CPU per request by role", "ray_lite", "ray_lite", "us",
                                 ERROR, f"{type(exc).__name__}: {exc}"))
@@ -367,8 +504,14 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="py-spy stages (a second load)")
     p.add_argument("--beside-hog", action="store_true",
                    help="one CPU-bound process at normal priority during the loads")
+    p.add_argument("--stages", action="store_true",
+                   help="only the in-process stage costs (no server, no load)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    if args.stages:
+        for stage, us in stage_costs().items():
+            print(f"{us:7.2f} us  {stage}")
+        return 0
     conns = [int(c) for c in args.connections.split(",")]
     reports = breakdown(args.replicas, conns, int(args.seconds), args.profile, args.beside_hog)
     for r in reports:
