@@ -6,6 +6,7 @@ lap of a ring touching the next of its 256 pages.  A ring whose consumer
 keeps up now stays in its first pages (``_ring_py.HOT_BYTES``); these tests
 count those pages (``RssShmem``: pages, not timings) across thousands of
 requests."""
+import os
 import socket
 
 from starlette.requests import Request
@@ -118,3 +119,16 @@ def test_the_stage_costs_run_the_real_paths():
     assert serve_cpu.proxy_http_us(200) > 0
     assert serve_cpu.ring_round_trip_us(200) > 0
     assert serve_cpu.replica_http_us(50) > 0
+
+
+def test_the_cpu_hog_burns_until_ended_by_its_pid():
+    import ray_lite.bench as bench
+    from ray_lite.bench import serve_cpu
+    assert bench._parser().parse_args(["serve", "--beside-hog"]).beside_hog
+    hog = serve_cpu.start_hog()
+    try:
+        assert hog.poll() is None
+        assert os.getpriority(os.PRIO_PROCESS, hog.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        serve_cpu.stop_hog(hog)
+    assert hog.returncode is not None

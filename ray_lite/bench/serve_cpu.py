@@ -207,13 +207,13 @@ def _wrk(port, seconds, conns):
     return int(n.group(1))
 
 
-def _start_hog():
-    """One CPU-bound process at normal priority (ended with ``_stop_hog``)."""
+def start_hog():
+    """One CPU-bound process at normal priority (ended by its PID with ``stop_hog``)."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
-def _stop_hog(hog):
+def stop_hog(hog):
     if hog is not None and hog.poll() is None:
         os.kill(hog.pid, signal.SIGKILL)
         hog.wait(10)
@@ -461,10 +461,10 @@ def breakdown(replicas=48, conns=(100,), seconds=5, profile=False, beside_hog=Fa
     hog = None
     try:
         if beside_hog:
-            hog = _start_hog()
+            hog = start_hog()
         return [measure(srv.port, srv.proc.pid, c, seconds, profile) for c in conns]
     finally:
-        _stop_hog(hog)
+        stop_hog(hog)
         srv.stop()
 
 
