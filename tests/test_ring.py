@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ray_lite._fast import _wait_py, shm
+from ray_lite._fast._ring_py import HOT_BYTES
 from ray_lite._fast.errors import (
     ChannelClosedError,
     DecodeError,
@@ -120,6 +121,35 @@ def test_wraps_around_many_times_with_random_sizes(pair):
                 got.append(consumer.get_nowait())
     got.extend(drain(consumer))
     assert got == expected
+
+
+@pytest.mark.parametrize("put", ["put", "put_bytes"])
+def test_a_ring_whose_consumer_keeps_up_stays_in_its_first_pages(ring_impl, put):
+    """Past HOT_BYTES with nothing unread, a record starts over at the
+    beginning: a busy link touches a few pages, not its whole area (the
+    soak's growing proxy memory was 2 x 1 MB of shared pages per replica)."""
+    hot = HOT_BYTES
+    producer = ring_impl.ShmRing.create(1 << 20, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    try:
+        msg = b"r" * 300
+        highest = 0
+        for i in range(20000):       # ~6 MB: six laps of the area without the rule
+            getattr(producer, put)(msg + i.to_bytes(4, "little"), timeout=0)
+            highest = max(highest, producer.offset)
+            assert consumer.get_nowait() == msg + i.to_bytes(4, "little")
+        assert highest < hot + 400
+        assert consumer.offset == producer.offset
+        # With records left unread, the producer goes on past the window
+        # (and wraps at the end of the area as before): nothing is lost.
+        sent = [i.to_bytes(4, "little") * 100 for i in range(600)]
+        for m in sent:
+            getattr(producer, put)(m, timeout=0)
+        assert producer.offset > hot
+        assert drain(consumer) == sent
+    finally:
+        producer.close()
+        consumer.close()
 
 
 def test_full_ring_put_times_out_and_the_ring_stays_consistent(pair):

@@ -211,6 +211,17 @@ cdef int rl_ring_wait_ready(RingEnd* e, int64_t deadline_ns, bint spin) noexcept
     return st
 
 
+# The producer's early wrap: see HOT_BYTES in _ring_py.
+cdef uint64_t HOT_BYTES = _spec.HOT_BYTES
+
+
+cdef inline bint _empty(RingEnd* e) noexcept nogil:
+    """The consumer has read every record (producer side)."""
+    if e.cache != e.pos:
+        e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
+    return e.cache == e.pos
+
+
 cdef inline Py_ssize_t _contiguous_room(RingEnd* e, char** slot) noexcept nogil:
     """Payload room at the write position without waiting or wrapping; -1 if the ring is full.
 
@@ -219,8 +230,16 @@ cdef inline Py_ssize_t _contiguous_room(RingEnd* e, char** slot) noexcept nogil:
     """
     cdef uint64_t off = e.pos & e.mask
     cdef uint64_t to_end = e.capacity - off
-    cdef uint64_t free = e.capacity - (e.pos - e.cache)
+    cdef uint64_t free
     cdef uint64_t room
+    if off >= HOT_BYTES and _empty(e):
+        (<uint64_t*>(e.data + off))[0] = (<uint64_t>KIND_WRAP) << 32
+        e.pending_hdr = 0
+        e.pending_skip = to_end
+        slot[0] = e.data + 8
+        room = off - 8
+        return <Py_ssize_t>(room if room < e.inline_limit else e.inline_limit)
+    free = e.capacity - (e.pos - e.cache)
     if free < to_end and free < e.inline_limit + 8:
         e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
         free = e.capacity - (e.pos - e.cache)
@@ -293,7 +312,7 @@ cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** pay
         if e.capacity - (e.pos - e.cache) < need:
             e.cache = rl_load_acquire_u64(_u64(e, H_READ_POS))
         if e.capacity - (e.pos - e.cache) >= need:
-            if rec <= to_end:
+            if rec <= to_end and not (off >= HOT_BYTES and rec <= off and _empty(e)):
                 e.pending_hdr = off
                 e.pending_skip = 0
                 payload[0] = e.data + off + 8
@@ -498,6 +517,12 @@ cdef class ShmRing:
     @property
     def max_message_size(self):
         return self.end.max_message
+
+    @property
+    def offset(self):
+        """This end's offset in the data area: where its next record goes
+        (producer) or the next one to read (consumer)."""
+        return self.end.pos & self.end.mask
 
     @property
     def closed(self):

@@ -260,6 +260,14 @@ MAX_CAPACITY = 1 << 32
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 31
 SIDE_ALIGN = 64             # entries of a side segment: cache-line (and SIMD) aligned
 FIFO_SUFFIX = ".fifo"
+# A producer that finds the ring empty with its write offset at or past this
+# many bytes starts its record at the beginning of the area (after a WRAP):
+# a ring whose consumer keeps up then touches only its first pages, instead
+# of every page of the area lap after lap.  With a proxy linked to 48
+# replicas by 2 x 1 MB rings each, the laps grew its resident memory by up
+# to ~100 MB of shared pages, and each lap walked the caches and the TLB
+# through a megabyte per ring.
+HOT_BYTES = 1 << 16
 
 
 _U64 = (1 << 64) - 1
@@ -549,6 +557,12 @@ class ShmRing:
         return self._max_message
 
     @property
+    def offset(self):
+        """This end's offset in the data area: where its next record goes
+        (producer) or the next one to read (consumer)."""
+        return self._pos & self._mask
+
+    @property
     def closed(self):
         return self._closed
 
@@ -741,7 +755,7 @@ class ShmRing:
                     self._wait(H_PRODUCER_SLEEPING, self._space_ready(need), deadline)
                     self._check_producer()
                     continue
-            if rec <= to_end:
+            if rec <= to_end and not (off >= HOT_BYTES and rec <= off and self._empty()):
                 self._pending_hdr = off
                 self._pending_skip = 0
                 return off + 8
@@ -760,6 +774,11 @@ class ShmRing:
         cap = self._capacity
         while True:
             off = self._pos & self._mask
+            if off >= HOT_BYTES and self._empty():
+                self._d64[off >> 3] = KIND_WRAP << 32
+                self._pending_hdr = 0
+                self._pending_skip = cap - off
+                return 8, min(off, self._inline_limit + 8) - 8
             free = cap - (self._pos - self._cache)
             if free < min(cap - off, self._inline_limit + 8):
                 self._cache = self._h64[H_READ_POS // 8]
@@ -770,6 +789,12 @@ class ShmRing:
                 return off + 8, min(cap - off, free) - 8
             self._wait(H_PRODUCER_SLEEPING, self._space_ready(16), deadline)
             self._check_producer()
+
+    def _empty(self):
+        """The consumer has read every record (``HOT_BYTES``)."""
+        if self._cache != self._pos:
+            self._cache = self._h64[H_READ_POS // 8]
+        return self._cache == self._pos
 
     def _room_after_reserve(self, payload_off):
         cap = self._capacity

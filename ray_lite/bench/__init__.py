@@ -41,6 +41,7 @@ SUITES = {
     "core": "ray_lite.bench.core_suite",
     "executor": "ray_lite.bench.executor_suite",
     "serve": "ray_lite.bench.serve_suite",
+    "serve_cpu": "ray_lite.bench.serve_cpu",
     "soak": "ray_lite.bench.soak_suite",
 }
 
@@ -141,6 +142,8 @@ def _parser():
                              "(needs matplotlib: pip install 'ray_lite[plot]')")
     parser.add_argument("--from-json", metavar="FILE",
                         help="run nothing: show (and --plot) the result a --json run wrote")
+    parser.add_argument("--beside-hog", action="store_true",
+                        help="serve: run the HTTP loads beside one CPU-bound process (normal priority)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     # The unit tests' size, smaller than --quick (also RAY_LITE_BENCH_SMOKE=1).
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -185,6 +188,7 @@ def main(argv=None):
     smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
     scale = "smoke" if smoke else ("quick" if args.quick else "full")
     ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err, only=args.only)
+    ctx.beside_hog = args.beside_hog
     result = run_suites(names, ctx)
     print(format_result(result), flush=True)
     if args.json:

@@ -42,6 +42,7 @@ import urllib.request
 if __package__:
     from .._private.boot import python_argv
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
+    from .serve_cpu import start_hog, stop_hog
 
 # Goals relative to bare uvicorn, the ceiling measured in the same run (with
 # --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time, B14
@@ -387,7 +388,11 @@ def _http_figures(ctx, app=None):
                 srv = _Server(python, raymod, replicas, app)
                 srv.wait_up(600)
                 srv.wait_ready(600)
-                rounds[raymod].append(app.one_round(srv, sz, have_ab, have_wrk))
+                hog = start_hog() if getattr(ctx, "beside_hog", False) else None
+                try:
+                    rounds[raymod].append(app.one_round(srv, sz, have_ab, have_wrk))
+                finally:
+                    stop_hog(hog)
             except Exception as exc:   # noqa: BLE001 - a row, not a crash
                 errors[raymod] = f"{type(exc).__name__}: {exc}"
             finally:

@@ -22,27 +22,29 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _memdebug, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
+from ._spin import SpinPolicy
 from .multiplex import MODEL_ID_HEADER, header_value
 
 # While a proxy has a single client and a single request in flight, its loop
 # has nothing else to do: it spins (bounded) for the replica's answer rather
 # than sleeping in epoll.  On a VM, a wake-up from epoll costs the replica a
 # descriptor write and the proxy tens of microseconds, a large part of a
-# request's latency at low load.  It spins only for a route whose recent
-# answers came within the budget, so a slow deployment costs no CPU.
-# RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
+# request's latency at low load.  It spins only for a route most of whose
+# recent answers came within the budget, and not while its spins get
+# preempted (see _spin.SpinPolicy), so a slow deployment or a busy CPU costs
+# no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "reply_time", "multiplexed")
+                 "max_queued", "waiting", "spin", "multiplexed")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -54,7 +56,7 @@ class _Route:
         self.max_ongoing = max_ongoing
         self.max_queued = max_queued
         self.waiting = collections.deque()
-        self.reply_time = 0.0   # moving average of answers with nothing else in flight
+        self.spin = SpinPolicy(SPIN_BUDGET_S)   # learns from answers with nothing else in flight
         self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
 
     def matches(self, path):
@@ -378,6 +380,7 @@ class ProxyActor:
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
+        _memdebug.install(self.loop, "proxy")
         version, routes = await self.controller.listen_routes.remote(self.index, -1)
         await self._apply(version, routes)
         self.server = await self.loop.create_server(lambda: HttpConnection(self),
@@ -557,14 +560,16 @@ class ProxyActor:
         _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
             req.sent = _monotonic()
-            if route.reply_time < SPIN_BUDGET_S and len(self.conns) == 1:
+            if route.spin.worth_it() and len(self.conns) == 1:
                 # After this callback: the request's bytes are on the ring
                 # (and the replica woken) already.
                 self.loop.call_soon(self._wait_for_reply, req)
 
     def _wait_for_reply(self, req):
         if self.inflight == 1 and len(self.conns) == 1 and not req.finished:
-            _core.wait_briefly(req.ref, SPIN_BUDGET_S)
+            start = _monotonic()
+            came = _core.wait_briefly(req.ref, SPIN_BUDGET_S)
+            req.route.spin.spun(came, _monotonic() - start)
 
     def release(self, req):
         rep = req.rep
@@ -614,8 +619,7 @@ class ProxyActor:
         if req.finished:
             return
         if req.sent:
-            route = req.route
-            route.reply_time += (_monotonic() - req.sent - route.reply_time) * 0.25
+            req.route.spin.observe(_monotonic() - req.sent)
         r = _core.peek(req.ref)
         if r[0]:
             status, headers, body, token = r[1]

@@ -25,6 +25,7 @@ from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
 from ._http import TEXT as _TEXT
 from ._http import sized as _sized
+from ._spin import SpinPolicy
 
 logger = logging.getLogger("ray_lite.serve")
 
@@ -37,14 +38,15 @@ logger = logging.getLogger("ray_lite.serve")
 # turns it off.
 _NICE = SERVE_REPLICA_NICE
 
-# A replica whose HTTP requests come in quick succession (each arriving
-# within this long of the previous one's answer, on a moving average) spins,
-# bounded, for the next one after answering, instead of sleeping in epoll:
-# on a VM, waking a sleeping process and its idle CPU costs tens of
-# microseconds on each side, which at low load was half of a request's
-# latency.  It spins on the thread that waits and yields the CPU every few
-# microseconds; a replica whose requests come further apart never spins.
-# RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
+# A replica whose HTTP requests come in quick succession (most arriving
+# within this long of the previous one's answer) spins, bounded, for the
+# next one after answering, instead of sleeping in epoll: on a VM, waking a
+# sleeping process and its idle CPU costs tens of microseconds on each side,
+# which at low load was half of a request's latency.  It spins on the thread
+# that waits and yields the CPU every few microseconds; a replica whose
+# requests come further apart, or whose spins get preempted (a busy CPU),
+# does not spin (see _spin.SpinPolicy).  RAY_LITE_SERVE_REPLICA_SPIN_US=0
+# turns it off.
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
 _COROUTINE = types.CoroutineType
@@ -113,7 +115,7 @@ class ServeReplica:
         self._inflight = 0
         self._idle = None
         self._idle_since = 0.0      # when _inflight last fell to 0 (see _SPIN_S)
-        self._idle_gap = None       # moving average of the idle time before a request
+        self._spin = SpinPolicy(_SPIN_S)    # learns from the idle time before each request
         self._streams = {}
         self._stream_seq = 0
         self._port_host = None
@@ -316,10 +318,8 @@ class ServeReplica:
         # case): with dozens of replicas sharing two cores, each request's
         # Python work is most of what a replica costs.
         if self._idle_since:
-            gap = _monotonic() - self._idle_since
+            self._spin.observe(_monotonic() - self._idle_since)
             self._idle_since = 0.0
-            avg = self._idle_gap
-            self._idle_gap = gap if avg is None else avg + (gap - avg) * 0.25
         self._inflight += 1
         slots = self._slots
         if slots.free > 0 and not slots.waiters:
@@ -372,13 +372,15 @@ class ServeReplica:
             self._leave()
             if self._inflight == 0 and _SPIN_S > 0:
                 self._idle_since = _monotonic()
-                if self._idle_gap is not None and self._idle_gap < _SPIN_S:
+                if self._spin.worth_it():
                     # After this step, which sends the answer.
                     asyncio.get_running_loop().call_soon(self._spin_for_next)
 
     def _spin_for_next(self):
         if self._inflight == 0:
-            _core.spin_for_messages(_SPIN_S)
+            start = _monotonic()
+            came = _core.spin_for_messages(_SPIN_S)
+            self._spin.spun(came, _monotonic() - start)
 
     async def _to_http(self, r, scope, receive):
         """The reply for a result other than str or bytes (handled inline)."""
