@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ray_lite.bench import serve_suite
+from ray_lite.bench import _procs, serve_suite
 
 # Burns CPU until its own clock shows 0.2 s, says so, then waits for stdin to close.
 BURNER = """
@@ -17,7 +17,7 @@ sys.stdin.read()
 
 
 def test_the_cpu_of_a_process_tree_counts_its_descendants():
-    before = serve_suite._process_tree_cpu_s(os.getpid())
+    before = _procs.tree_cpu_s(os.getpid())
     # A grandchild: the tree is followed past the first level.
     proc = subprocess.Popen(
         [sys.executable, "-c",
@@ -26,14 +26,14 @@ def test_the_cpu_of_a_process_tree_counts_its_descendants():
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "burnt\n"
-        during = serve_suite._process_tree_cpu_s(os.getpid())
-        alone = serve_suite._process_tree_cpu_s(proc.pid)
+        during = _procs.tree_cpu_s(os.getpid())
+        alone = _procs.tree_cpu_s(proc.pid)
     finally:
         proc.stdin.close()
         proc.wait(60)
     assert during - before >= 0.19      # the grandchild's 0.2 s, to a clock tick
     assert alone >= 0.19
-    assert serve_suite._process_tree_cpu_s(proc.pid) == 0.0   # gone: nothing to count
+    assert _procs.tree_cpu_s(proc.pid) == 0.0   # gone: nothing to count
 
 
 def test_a_figure_of_rounds_is_their_median_with_min_and_max():

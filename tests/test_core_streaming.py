@@ -139,15 +139,20 @@ def test_wait_on_generators(rt):
     assert ray.get(next(g), timeout=T) == 0
 
 
+def assert_items_then_error(gen, items, error):
+    """``gen`` yields ``items``, then a ref that raises ``error``, then ends."""
+    assert [ray.get(next(gen), timeout=T) for _ in items] == items
+    with pytest.raises(error):
+        ray.get(next(gen), timeout=T)
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
 @pytest.mark.local_only
 def test_actor_death_mid_stream(rt):
     s = Streamer.remote()
     g = s.die_after.remote(3)
-    assert [ray.get(next(g), timeout=T) for _ in range(3)] == [0, 1, 2]
-    with pytest.raises(RayActorError):
-        ray.get(next(g), timeout=T)
-    with pytest.raises(StopIteration):
-        next(g)
+    assert_items_then_error(g, [0, 1, 2], RayActorError)
 
 
 @pytest.mark.local_only
@@ -159,11 +164,7 @@ def test_worker_death_mid_stream(rt):
         os.kill(os.getpid(), signal.SIGKILL)
         yield -1
     g = die_after.remote(2)
-    assert [ray.get(next(g), timeout=T) for _ in range(2)] == [0, 1]
-    with pytest.raises(WorkerCrashedError):
-        ray.get(next(g), timeout=T)
-    with pytest.raises(StopIteration):
-        next(g)
+    assert_items_then_error(g, [0, 1], WorkerCrashedError)
 
 
 @pytest.mark.local_only

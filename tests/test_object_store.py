@@ -139,14 +139,20 @@ def test_an_actor_maps_a_ref_it_receives(rt):
     assert ray.get(Holder.remote().keep.remote([ref])) == 5.0 * (BIG - 1)
 
 
-def test_segment_freed_when_the_last_ref_anywhere_is_gone(rt):
-    ref = ray.put(big_array())
-    (name,) = stored_segments(rt)
-    path = shm.segment_path(name)
+def put_and_hand_to_an_actor(node, value):
+    """``put`` a large value, give its ref to a new ``Holder`` and drop ours:
+    the segment's path and the holder."""
+    ref = ray.put(value)
+    (name,) = stored_segments(node)
     h = Holder.remote()
     ray.get(h.keep.remote([ref]))
     del ref
     gc.collect()
+    return shm.segment_path(name), h
+
+
+def test_segment_freed_when_the_last_ref_anywhere_is_gone(rt):
+    path, h = put_and_hand_to_an_actor(rt, big_array())
     assert ray.get(h.ping.remote())
     assert os.path.exists(path)                     # the actor still holds it
     assert ray.get(h.drop.remote())
@@ -155,13 +161,7 @@ def test_segment_freed_when_the_last_ref_anywhere_is_gone(rt):
 
 
 def test_a_view_keeps_the_object_until_it_is_dropped(rt):
-    ref = ray.put(big_array(9))
-    (name,) = stored_segments(rt)
-    path = shm.segment_path(name)
-    h = Holder.remote()
-    ray.get(h.keep.remote([ref]))
-    del ref
-    gc.collect()
+    path, h = put_and_hand_to_an_actor(rt, big_array(9))
     # The actor drops its ref but keeps the array it decoded: as in Ray, the
     # object stays (its segment must not be reused under the view) ...
     assert ray.get(h.drop_ref.remote()) == 9.0 * (BIG - 1)

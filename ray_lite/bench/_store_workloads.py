@@ -24,6 +24,11 @@ import time
 
 import numpy as np
 
+# A sibling file, standalone too: this script runs as a file, not in the
+# package, and PYTHONSAFEPATH may keep its folder off sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procs import descendants  # noqa: E402
+
 RAYMOD = os.environ.get("RAYMOD", "ray_lite")
 ray = importlib.import_module(RAYMOD)
 
@@ -126,30 +131,10 @@ def b21():
     return out
 
 
-def _descendants(root):
-    """``root`` and every process under it (from /proc: no dependency)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
-
-
 def _memory_mb():
     """``(PSS, RSS)`` in MB summed over this process and its descendants."""
     pss = rss = 0
-    for pid in _descendants(os.getpid()):
+    for pid in descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:

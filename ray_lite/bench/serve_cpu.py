@@ -38,6 +38,7 @@ import time
 
 if __package__:
     from ._harness import ERROR, UNAVAILABLE, Figure, missing
+    from ._procs import descendants, stat_fields
 
 DESCRIPTION = "Serve: CPU, sleeps and system calls per HTTP request, by process role"
 ROLES = ("proxy", "replica", "other")
@@ -81,9 +82,9 @@ REPLICA_STAGES = (
 # ------------------------------------------------------------ the processes
 def _stat(pid):
     """(utime, stime) in clock ticks, (voluntary, involuntary) switches."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
+    fields = stat_fields(pid)
+    if fields is None:
+        raise OSError(f"process {pid} is gone")
     vol = invol = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -97,9 +98,9 @@ def _stat(pid):
 def _roles(root, port):
     """{pid: role}: the proxies hold the listening socket, replicas are the
     actors that answer (found by their CPU under load: see ``_split``)."""
-    from .soak_suite import _holds, _listening_inodes, _tree
+    from .soak_suite import _holds, _listening_inodes
     inodes = _listening_inodes(port)
-    return {pid: ("proxy" if _holds(pid, inodes) else "other") for pid in _tree(root)}
+    return {pid: ("proxy" if _holds(pid, inodes) else "other") for pid in descendants(root)}
 
 
 def _counters(pids):

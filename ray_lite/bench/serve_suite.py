@@ -41,6 +41,7 @@ import urllib.request
 
 if __package__:
     from .._private.boot import python_argv
+    from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
     from .serve_cpu import start_hog, stop_hog
 
@@ -116,34 +117,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="h
 """
 
 
-def _process_tree_cpu_s(root_pid):
-    """User + system CPU seconds of ``root_pid`` and every live descendant
-    (``/proc/<pid>/stat``): the whole server, its zygote, replicas, proxies."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2:].split()
-        # after "pid (comm) ": state ppid ... utime (14th field) stime (15th)
-        stats[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-    children = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total / ticks
-
-
 class _Server:
     """An app (``_App``; the hi app by default) served by ray_lite's CLI, Ray
     Serve or bare uvicorn, until stopped."""
@@ -213,9 +186,13 @@ class _Server:
         return self._read(self.err).decode(errors="replace")
 
     def cpu_s(self):
-        return _process_tree_cpu_s(self.proc.pid)
+        return tree_cpu_s(self.proc.pid)
 
     def stop(self):
+        # Ray's GCS, raylet and workers are this server's descendants: end
+        # them by PID if the server's own shutdown left any (never `ray stop`,
+        # which ends every Ray on the machine, other users' too).
+        tree = tree_snapshot(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT if self.raymod == "ray" else signal.SIGTERM)
             try:
@@ -223,10 +200,7 @@ class _Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        if self.raymod == "ray":
-            ray_bin = os.path.join(os.path.dirname(self.proc.args[0]), "ray")
-            if os.path.exists(ray_bin):
-                subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        kill_survivors(tree)
         self.stderr_lines = self.stderr_text().splitlines()
         self.out.close()
         self.err.close()

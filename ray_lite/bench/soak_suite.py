@@ -22,6 +22,7 @@ import time
 
 if __package__:
     from ._harness import ERROR, UNAVAILABLE, Figure, missing
+    from ._procs import descendants
 
 DESCRIPTION = "Serve soak: wrk -c100 on the 48-replica hi app beside a slow-reader stream, RSS growth"
 CHUNK_BYTES = 65536
@@ -50,30 +51,6 @@ def model(args):
 
 
 # ------------------------------------------------------------ the processes
-def _children_of():
-    kids = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
-    return kids
-
-
-def _tree(root):
-    kids = _children_of()
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += kids.get(pid, [])
-    return out
-
-
 def _listening_inodes(port):
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -118,7 +95,7 @@ def _snapshot(root, port):
     """``{pid: (role, rss kB)}`` of the server's processes."""
     inodes = _listening_inodes(port)
     out = {}
-    for pid in _tree(root):
+    for pid in descendants(root):
         rss = _rss_kb(pid)
         if rss is None:
             continue

@@ -55,34 +55,37 @@ def _list(what, filters, limit, detail, raise_on_missing_output):
     return out
 
 
+def _listing(name, address, filters, limit, timeout, detail, raise_on_missing_output,
+             _explain):
+    # Ray's own listing on the Ray backend, the driver's tables here.
+    if _backend.RAY:
+        return _ray.util.state_function(name)(address, filters, limit, timeout, detail,
+                                              raise_on_missing_output, _explain)
+    return _list(name, filters, limit, detail, raise_on_missing_output)
+
+
 def list_actors(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
                 raise_on_missing_output=True, _explain=False):
     """The live actors: ``actor_id``, ``class_name``, ``state`` ("ALIVE"),
     ``name``, ``pid``, ``ray_namespace``, ``job_id``, ``node_id``..."""
-    if _backend.RAY:
-        return _ray.util.state_function("list_actors")(address, filters, limit, timeout, detail,
-                                                   raise_on_missing_output, _explain)
-    return _list("list_actors", filters, limit, detail, raise_on_missing_output)
+    return _listing("list_actors", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
 
 
 def list_tasks(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
                raise_on_missing_output=True, _explain=False):
     """Tasks waiting or running (``task_id``, ``name``, ``state``, ``type``,
     ``worker_pid``...) and the actor calls the driver waits for."""
-    if _backend.RAY:
-        return _ray.util.state_function("list_tasks")(address, filters, limit, timeout, detail,
-                                                   raise_on_missing_output, _explain)
-    return _list("list_tasks", filters, limit, detail, raise_on_missing_output)
+    return _listing("list_tasks", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
 
 
 def list_objects(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
                  raise_on_missing_output=True, _explain=False):
     """Objects the driver owns that are still being computed or that other
     processes borrow (``object_id``, ``task_status``, ``pid``...)."""
-    if _backend.RAY:
-        return _ray.util.state_function("list_objects")(address, filters, limit, timeout, detail,
-                                                   raise_on_missing_output, _explain)
-    return _list("list_objects", filters, limit, detail, raise_on_missing_output)
+    return _listing("list_objects", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
 
 
 def get_actor(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
