@@ -22,9 +22,10 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _websocket, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
-from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
+from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, control_answer, status_line, \
+    text_answer
 from ._listen import free_port, shared_socket
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, slots_for
@@ -207,7 +208,8 @@ class HttpConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
             if isinstance(exc, _HttpParserUpgrade):
-                self.end_after_answers()
+                if not _websocket.took_over(self, data, exc):
+                    self.end_after_answers()
                 return
             status = 400
             cause = exc.__cause__ or exc.__context__
@@ -263,6 +265,8 @@ class HttpConnection(asyncio.Protocol):
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
         self._reset()
+        if p.should_upgrade() and _websocket.take(self, req):
+            return
         if self.current is None and not self.queue and not self.in_next:
             # The common case (no pipelining): straight to a replica.
             self.current = req
@@ -474,6 +478,7 @@ class ProxyActor:
         self.stopping = True
         if self.server is not None:
             self.server.close()
+        _websocket.close_all()
         for conn in list(self.conns):
             if conn.closed:
                 continue
@@ -509,6 +514,9 @@ class ProxyActor:
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
+        if path[:3] == "/-/" and control_answer(self, path) is not None:
+            conn.respond(req, *control_answer(self, path))   # /-/healthz, /-/routes
+            return
         self.route_request(conn, req, path, query)
 
     def route_request(self, conn, req, path, query):

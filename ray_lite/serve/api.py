@@ -7,6 +7,7 @@ import warnings
 import cloudpickle
 
 from . import _core, _defaults, context
+from ._http import HTTPOptions
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from .multiplex import is_multiplexed
@@ -100,8 +101,9 @@ def _http_options(http_options):
         return {}
     if isinstance(http_options, dict):
         return dict(http_options)
-    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s",
-                                                  "keep_alive_timeout_s")
+    if isinstance(http_options, HTTPOptions):
+        return http_options.to_dict()
+    return {k: getattr(http_options, k) for k in HTTPOptions.FIELDS
             if getattr(http_options, k, None) is not None}
 
 
