@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, _websocket, context
+from . import _core, _defaults, _metrics, _websocket, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, control_answer, status_line, \
     text_answer
@@ -72,7 +72,7 @@ def _choose_for_model(route, req):
 
 class _Req:
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
-                 "route", "rep", "finished", "timer", "sent")
+                 "route", "rep", "finished", "timer", "sent", "t0")   # t0: see _metrics
 
     def __init__(self, method, url, headers, body, keep_alive, version):
         self.method = method
@@ -378,13 +378,18 @@ class ProxyActor:
             self.port = free_port(family, self.host, self.port)
         self.sock = shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
+        self.observer = _metrics.observe_proxy(self, index, options)   # None: not asked for
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
         version, routes = await self.controller.listen_routes.remote(self.index, -1)
         await self._apply(version, routes)
-        self.server = await self.loop.create_server(lambda: HttpConnection(self),
+        conn_cls = HttpConnection if self.observer is None else \
+            self.observer.connection_class(HttpConnection)
+        self.server = await self.loop.create_server(lambda: conn_cls(self),
                                                     sock=self.sock, backlog=4096)
+        if self.observer is not None:
+            await self.observer.start()
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
 

@@ -19,7 +19,7 @@ import cloudpickle
 
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 
-from . import _core, _defaults, _websocket, context
+from . import _core, _defaults, _metrics, _websocket, context
 from ._core import ObjectRef
 from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
@@ -157,6 +157,7 @@ class ServeReplica:
         uc = config.get("user_config")
         if async_init is not None or self._asgi is not None or uc is not None:
             self._init_task = asyncio.ensure_future(self._start(async_init, uc))
+        self._metrics = _metrics.observe_replica(self)   # None unless Serve exports metrics
 
     # ------------------------------------------------------------ control
     async def ready(self):

@@ -6,7 +6,7 @@ import warnings
 
 import cloudpickle
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _metrics, context
 from ._http import HTTPOptions
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
@@ -46,6 +46,7 @@ def _ensure_controller(http_options=None):
         from .exceptions import RayServeException
         raise RayServeException("Serve is not running; start it from the driver")
     _core.preload(_WORKER_MODULES)
+    _metrics.prepare(http_options)
     from ._controller import ServeController
     cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
@@ -70,6 +71,7 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     with _lock:
         opts = _http_options(http_options)
         ctl = _ensure_controller(opts)
+        _metrics.prepare(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
         _core.get(ctl.start_proxies.remote(opts))
@@ -244,6 +246,7 @@ def shutdown():
         except Exception:   # noqa: BLE001
             pass
         context.clear_controller()
+        _metrics.remove()
 
 
 def _kill_processes(pids):
