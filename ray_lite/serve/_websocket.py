@@ -302,6 +302,13 @@ class _Relay(asyncio.Protocol):
             self.close_timer = None
         self._tell_replica(1006)
         self._wake()
+        # The replica's side ends too (its app hears of the disconnect first).
+        gen = self.req.gen
+        if gen is not None:
+            try:
+                _core.cancel(gen)
+            except Exception:   # noqa: BLE001 - it has ended already
+                pass
 
     def pause_writing(self):
         self.write_paused = True
