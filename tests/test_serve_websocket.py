@@ -155,3 +155,45 @@ def test_a_deployment_without_an_asgi_app_answers_upgrades_as_plain_http(serve_p
                           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"hello")
     assert out.count(b"HTTP/1.1") == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="fastapi is not installed")
+def test_fastapi_websocket_routes_in_the_class_and_at_module_level(serve_port):
+    import websockets
+    from fastapi import FastAPI, WebSocket
+
+    from ray_lite import serve
+
+    app = FastAPI()
+
+    @app.websocket("/module")
+    async def module_level(websocket: WebSocket):
+        await websocket.accept()
+        await websocket.send_text("module:" + await websocket.receive_text())
+        await websocket.close()
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Chat:
+        def __init__(self):
+            self.greeting = "hello"
+
+        @app.websocket("/chat/{room}")
+        async def chat(self, websocket: WebSocket, room: str):
+            await websocket.accept()
+            async for text in websocket.iter_text():
+                await websocket.send_text(f"{self.greeting} {room}: {text}")
+
+    serve.run(Chat.bind(), route_prefix="/f")
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/f/chat/lobby") as ws:
+            await ws.send("hi")
+            first = await ws.recv()
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/f/module") as ws:
+            await ws.send("x")
+            second = await ws.recv()
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await ws.recv()
+        return first, second
+    assert _run(talk()) == ("hello lobby: hi", "module:x")
