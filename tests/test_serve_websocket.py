@@ -21,13 +21,19 @@ def _starlette_app():
     from starlette.routing import WebSocketRoute
     from starlette.websockets import WebSocketDisconnect
 
+    disconnects = []      # the codes of the clients' closes this replica saw
+
     async def echo(ws):
         await ws.accept(subprotocol=(ws.scope["subprotocols"] or [None])[0])
         try:
             while True:
                 msg = await ws.receive()
                 if msg["type"] == "websocket.disconnect":
+                    disconnects.append(msg["code"])
                     return
+                if msg.get("text") == "disconnects":
+                    await ws.send_text(",".join(map(str, disconnects)))
+                    continue
                 if msg.get("text") == "close-4001":
                     await ws.close(code=4001, reason="asked")
                     return
@@ -197,3 +203,24 @@ def test_fastapi_websocket_routes_in_the_class_and_at_module_level(serve_port):
                 await ws.recv()
         return first, second
     assert _run(talk()) == ("hello lobby: hi", "module:x")
+
+
+def test_a_close_from_the_client_reaches_the_app_with_its_code(serve_port):
+    import websockets
+    _deploy()
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+            await ws.send("a")
+            await ws.recv()
+            await ws.close(code=4321)
+        seen = ""
+        for _ in range(200):     # the first socket's disconnect reaches the app in its time
+            async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+                await ws.send("disconnects")
+                seen = await ws.recv()
+            if "4321" in seen:
+                break
+            await asyncio.sleep(0.05)
+        return seen
+    assert _run(talk()).split(",")[0] == "4321"
