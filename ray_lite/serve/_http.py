@@ -89,10 +89,17 @@ NO_ROUTES = "Route table is not populated yet."
 DRAINING = "This node is being drained."
 
 
-def control_answer(proxy, path):
-    """``(status, header block, body)`` for the proxy's ``/-/healthz`` and
-    ``/-/routes`` as Ray answers them, or None for any other path (which
-    then goes to the applications like every other)."""
+def control_answer(proxy, conn, req, path):
+    """Answer the proxy's ``/-/healthz`` and ``/-/routes`` as Ray does (True);
+    False for any other path, which goes to the applications like every other."""
+    answer = _control_answer(proxy, path)
+    if answer is None:
+        return False
+    conn.respond(req, *answer)
+    return True
+
+
+def _control_answer(proxy, path):
     if path == "/-/healthz":
         if proxy.stopping:
             return (503,) + text_answer(503, DRAINING)

@@ -30,6 +30,7 @@ per request to standard error: client, method, path, status, latency in ms.
 import asyncio
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -130,8 +131,21 @@ class ProxyObserver:
         proxy.dispatch = timed_dispatch
         proxy._stream = observed_stream
 
-    def connection_class(self, base):
-        """``base`` (the proxy's HttpConnection) recording each answer."""
+    def start(self, base):
+        """The proxy starts serving: the first one serves the metrics of all of
+        Serve's processes; the class of its connections is ``base`` (its
+        HttpConnection) recording each answer."""
+        if self.dir is not None and self.index == 0:
+            # Bound now: a scrape right after serve.start() waits in the backlog.
+            host = self.proxy.host
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            try:
+                sock = socket.create_server((host, int(self.port)), family=family)
+            except OSError as exc:
+                print(f"Serve: cannot serve metrics on port {self.port}: {exc}",
+                      file=sys.stderr, flush=True)
+            else:
+                self.proxy.loop.create_task(self._serve_metrics(sock))
         done = self.done
 
         class ObservedConnection(base):
@@ -174,17 +188,8 @@ class ProxyObserver:
             self.deployment_errors.labels(dep, str(status), method, prefix, app).inc()
 
     # ------------------------------------------------------- the exporter
-    async def start(self):
-        """The first proxy serves the metrics of all of Serve's processes."""
-        if self.dir is None or self.index != 0:
-            return
-        self.exporter = await asyncio.start_server(self._scrape, self.proxy.host,
-                                                   int(self.port), reuse_address=True)
-
-    def stop(self):
-        if self.exporter is not None:
-            self.exporter.close()
-            self.exporter = None
+    async def _serve_metrics(self, sock):
+        self.exporter = await asyncio.start_server(self._scrape, sock=sock)
 
     async def _scrape(self, reader, writer):
         try:

@@ -384,12 +384,9 @@ class ProxyActor:
         self.loop = asyncio.get_running_loop()
         version, routes = await self.controller.listen_routes.remote(self.index, -1)
         await self._apply(version, routes)
-        conn_cls = HttpConnection if self.observer is None else \
-            self.observer.connection_class(HttpConnection)
+        conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
         self.server = await self.loop.create_server(lambda: conn_cls(self),
                                                     sock=self.sock, backlog=4096)
-        if self.observer is not None:
-            await self.observer.start()
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
 
@@ -519,9 +516,8 @@ class ProxyActor:
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
-        if path[:3] == "/-/" and control_answer(self, path) is not None:
-            conn.respond(req, *control_answer(self, path))   # /-/healthz, /-/routes
-            return
+        if path[:3] == "/-/" and control_answer(self, conn, req, path):
+            return      # /-/healthz or /-/routes
         self.route_request(conn, req, path, query)
 
     def route_request(self, conn, req, path, query):
