@@ -224,3 +224,38 @@ def test_a_close_from_the_client_reaches_the_app_with_its_code(serve_port):
             await asyncio.sleep(0.05)
         return seen
     assert _run(talk()).split(",")[0] == "4321"
+
+
+def test_a_flood_from_the_client_to_a_slow_app_arrives_whole_and_in_order(serve_port):
+    """The proxy stops reading from a client whose app has not taken what
+    came (the replica answers its calls only when there is room): nothing
+    is lost or reordered on the way."""
+    import websockets
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from ray_lite import serve
+
+    async def slow_sum(ws):
+        await ws.accept()
+        got = []
+        while len(got) < 500:
+            got.append(int(await ws.receive_text()))
+            if len(got) % 50 == 0:
+                await asyncio.sleep(0)      # lets the proxy's calls queue up
+        await ws.send_text("ok" if got == list(range(500)) else f"bad {got[:10]}")
+        await ws.close()
+
+    @serve.deployment
+    @serve.ingress(Starlette(routes=[WebSocketRoute("/", slow_sum)]))
+    class Slow:
+        pass
+
+    serve.run(Slow.bind())
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/") as ws:
+            for i in range(500):
+                await ws.send(str(i))
+            return await ws.recv()
+    assert _run(talk()) == "ok"

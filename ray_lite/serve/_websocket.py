@@ -35,6 +35,11 @@ from ._routing import least_loaded
 CLOSE_WAIT_S = 5.0
 # An app that has not returned this long after its client left is cancelled.
 APP_EXIT_GRACE_S = 5.0
+# Messages from the client not yet taken by the app: beyond this many the
+# replica does not answer the proxy's calls, and beyond PUSH_AHEAD calls
+# unanswered the proxy stops reading from the client (TCP holds it back).
+INBOX_AHEAD = 16
+PUSH_AHEAD = 32
 
 _keys = itertools.count(1)
 
@@ -124,6 +129,8 @@ class _Relay(asyncio.Protocol):
         self.close_timer = None
         self.released = False
         self.push = rep.handle.websocket_receive
+        self.unanswered = 0        # pushes the replica has not answered yet
+        self.reading_paused = False
 
     # ------------------------------------------------- replica -> client
     async def run(self, route):
@@ -283,9 +290,20 @@ class _Relay(asyncio.Protocol):
 
     def _push(self, kind, data):
         try:
-            self.push.remote(self.key, kind, data)
+            ref = self.push.remote(self.key, kind, data)
         except Exception:   # noqa: BLE001 - the replica is gone: its stream says so
-            pass
+            return
+        self.unanswered += 1
+        _core.on_ready(ref, self._answered)
+        if self.unanswered >= PUSH_AHEAD and not self.reading_paused and not self.gone:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _answered(self, _entry):
+        self.unanswered -= 1
+        if self.reading_paused and self.unanswered <= PUSH_AHEAD // 2 and not self.gone:
+            self.reading_paused = False
+            self.transport.resume_reading()
 
     def _tell_replica(self, code):
         if not self.told_replica:
@@ -333,11 +351,30 @@ class _ReplicaSocket:
 
     def __init__(self, loop):
         self.inbox = asyncio.Queue()
+        self.room = None           # a waiter for the app to take from a full inbox
         self.outbox = asyncio.Queue()
         self.accepted = False
         self.closed = False        # the app sent its close (or its denial)
         self.disconnected = False  # the app was told the client left
         self.denial = None         # a websocket.http.response's parts
+
+    async def take(self):
+        """The app's ``receive``."""
+        msg = await self.inbox.get()
+        self._wake_room()
+        return msg
+
+    def _wake_room(self):
+        room, self.room = self.room, None
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def has_room(self):
+        """Until the app has taken enough of what came (or the client left)."""
+        while self.inbox.qsize() >= INBOX_AHEAD and not self.disconnected:
+            if self.room is None:
+                self.room = asyncio.get_running_loop().create_future()
+            await self.room
 
     def deliver(self, kind, data):
         if self.disconnected:
@@ -349,6 +386,7 @@ class _ReplicaSocket:
         else:
             self.disconnected = True
             self.inbox.put_nowait({"type": "websocket.disconnect", "code": int(data)})
+            self._wake_room()
 
     async def send(self, msg):
         t = msg["type"]
@@ -436,7 +474,7 @@ async def serve(rep, key, path, query, headers, client, root_path, http_version,
         "subprotocols": protocols, "state": asgi._state.copy(),
     }
     sock.inbox.put_nowait({"type": "websocket.connect"})
-    task = loop.create_task(asgi._app(scope, sock.inbox.get, sock.send))
+    task = loop.create_task(asgi._app(scope, sock.take, sock.send))
 
     def app_ended(t):
         failed = not t.cancelled() and t.exception() is not None
@@ -473,4 +511,5 @@ async def receive(rep, key, kind, data):
     sock = _sockets.get(key)
     if sock is not None:
         sock.deliver(kind, data)
+        await sock.has_room()     # the answer is the proxy's permit to read on
 
