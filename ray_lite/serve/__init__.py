@@ -21,6 +21,7 @@ from .api import (
     status,
 )
 from ._asgi import ingress
+from ._http import HTTPOptions
 from .batching import batch
 from .deployment import Application, Deployment, deployment
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
@@ -30,5 +31,5 @@ __all__ = [
     "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
     "ingress", "multiplexed", "get_multiplexed_model_id",
-    "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
+    "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",
 ]

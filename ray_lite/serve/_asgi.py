@@ -89,15 +89,15 @@ def _class_functions(cls):
 
 def _bind_class_routes(app, cls):
     from fastapi import APIRouter, Depends
-    from fastapi.routing import APIRoute
+    from fastapi.routing import APIRoute, APIWebSocketRoute
 
     methods = _class_functions(cls)
     routes = app.routes if isinstance(app, APIRouter) else app.router.routes
-    init_params = [p for p in inspect.signature(APIRoute.__init__).parameters
-                   if p not in ("self", "path", "endpoint")]
     for i, route in enumerate(routes):
-        if not isinstance(route, APIRoute) or route.endpoint not in methods:
+        if not isinstance(route, (APIRoute, APIWebSocketRoute)) or route.endpoint not in methods:
             continue
+        init_params = [p for p in inspect.signature(type(route).__init__).parameters
+                       if p not in ("self", "path", "endpoint")]
         fn = route.endpoint
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())

@@ -38,3 +38,78 @@ def text_answer(status, text=None):
     """``(header block, body)`` of a plain-text answer (the reason phrase by default)."""
     body = (text or REASONS.get(status, "Error")).encode()
     return sized(TEXT, body), body
+
+
+# ------------------------------------------------------------ HTTPOptions
+class HTTPOptions:
+    """Ray Serve's ``HTTPOptions`` (``serve.start(http_options=HTTPOptions(...))``
+    or the same keys in a dict).  Ray's fields: ``host``, ``port``,
+    ``request_timeout_s`` (a request not answered by then gets 408 and is
+    cancelled in its replica), ``keep_alive_timeout_s``.  ray_lite's own:
+    ``proxies`` (processes sharing the port), ``max_body_size``,
+    ``metrics_export_port`` (Prometheus text on that port, as Ray's
+    ``--metrics-export-port``) and ``access_log`` (a line per request on
+    standard error)."""
+
+    FIELDS = ("host", "port", "request_timeout_s", "keep_alive_timeout_s", "proxies",
+              "max_body_size", "metrics_export_port", "access_log")
+
+    def __init__(self, host=None, port=None, request_timeout_s=None,
+                 keep_alive_timeout_s=None, proxies=None, max_body_size=None,
+                 metrics_export_port=None, access_log=None, **ray_only):
+        # Ray's fields that mean nothing on one machine (location, num_cpus,
+        # root_url, middlewares...) are accepted and ignored.
+        from ._defaults import HTTP_HOST, HTTP_PORT, KEEP_ALIVE_TIMEOUT_S
+        self.host = HTTP_HOST if host is None else host
+        self.port = HTTP_PORT if port is None else int(port)
+        self.request_timeout_s = request_timeout_s
+        self.keep_alive_timeout_s = (KEEP_ALIVE_TIMEOUT_S if keep_alive_timeout_s is None
+                                     else keep_alive_timeout_s)
+        self.proxies = proxies
+        self.max_body_size = max_body_size
+        self.metrics_export_port = metrics_export_port
+        self.access_log = access_log
+        for name in ray_only:
+            if name not in _RAY_ONLY_FIELDS:
+                raise TypeError(f"HTTPOptions got an unexpected field {name!r}")
+
+    def to_dict(self):
+        return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
+
+    def __repr__(self):
+        return f"HTTPOptions({self.to_dict()!r})"
+
+
+_RAY_ONLY_FIELDS = ("location", "num_cpus", "root_url", "root_path", "middlewares",
+                    "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs")
+
+
+# --------------------------------------------- the proxy's own /-/ paths
+NO_ROUTES = "Route table is not populated yet."
+DRAINING = "This node is being drained."
+
+
+def control_answer(proxy, conn, req, path):
+    """Answer the proxy's ``/-/healthz`` and ``/-/routes`` as Ray does (True);
+    False for any other path, which goes to the applications like every other."""
+    answer = _control_answer(proxy, path)
+    if answer is None:
+        return False
+    conn.respond(req, *answer)
+    return True
+
+
+def _control_answer(proxy, path):
+    if path == "/-/healthz":
+        if proxy.stopping:
+            return (503,) + text_answer(503, DRAINING)
+        if not proxy.routes:
+            return (503,) + text_answer(503, NO_ROUTES)
+        return (200,) + text_answer(200, "success")
+    if path == "/-/routes":
+        if proxy.version < 0:
+            return (503,) + text_answer(503, NO_ROUTES)
+        import json
+        body = json.dumps({r.prefix: r.app for r in proxy.routes}).encode()
+        return 200, sized(JSON, body), body
+    return None

@@ -22,9 +22,10 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, _memdebug, context
+from . import _core, _defaults, _memdebug, _metrics, _websocket, context
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
-from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
+from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, control_answer, status_line, \
+    text_answer
 from ._listen import free_port, shared_socket
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
@@ -73,7 +74,7 @@ def _choose_for_model(route, req):
 
 class _Req:
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
-                 "route", "rep", "finished", "timer", "sent")
+                 "route", "rep", "finished", "timer", "sent", "t0")   # t0: see _metrics
 
     def __init__(self, method, url, headers, body, keep_alive, version):
         self.method = method
@@ -209,7 +210,8 @@ class HttpConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
             if isinstance(exc, _HttpParserUpgrade):
-                self.end_after_answers()
+                if not _websocket.took_over(self, data, exc):
+                    self.end_after_answers()
                 return
             status = 400
             cause = exc.__cause__ or exc.__context__
@@ -265,6 +267,8 @@ class HttpConnection(asyncio.Protocol):
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
         self._reset()
+        if p.should_upgrade() and _websocket.take(self, req):
+            return
         if self.current is None and not self.queue and not self.in_next:
             # The common case (no pipelining): straight to a replica.
             self.current = req
@@ -377,13 +381,15 @@ class ProxyActor:
             self.port = free_port(family, self.host, self.port)
         self.sock = shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
+        self.observer = _metrics.observe_proxy(self, index, options)   # None: not asked for
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
         _memdebug.install(self.loop, "proxy")
         version, routes = await self.controller.listen_routes.remote(self.index, -1)
         await self._apply(version, routes)
-        self.server = await self.loop.create_server(lambda: HttpConnection(self),
+        conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
+        self.server = await self.loop.create_server(lambda: conn_cls(self),
                                                     sock=self.sock, backlog=4096)
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
@@ -478,6 +484,7 @@ class ProxyActor:
         self.stopping = True
         if self.server is not None:
             self.server.close()
+        _websocket.close_all()
         for conn in list(self.conns):
             if conn.closed:
                 continue
@@ -513,6 +520,8 @@ class ProxyActor:
             # absolute-form request targets ("http://host/path").
             i = path.find("/", path.find("//") + 2) if "//" in path else -1
             path = path[i:] if i >= 0 else "/"
+        if path[:3] == "/-/" and control_answer(self, conn, req, path):
+            return      # /-/healthz or /-/routes
         self.route_request(conn, req, path, query)
 
     def route_request(self, conn, req, path, query):

@@ -19,7 +19,7 @@ import cloudpickle
 
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _metrics, _websocket, context
 from ._core import ObjectRef
 from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
@@ -159,6 +159,7 @@ class ServeReplica:
         uc = config.get("user_config")
         if async_init is not None or self._asgi is not None or uc is not None:
             self._init_task = asyncio.ensure_future(self._start(async_init, uc))
+        self._metrics = _metrics.observe_replica(self)   # None unless Serve exports metrics
 
     # ------------------------------------------------------------ control
     async def ready(self):
@@ -309,6 +310,10 @@ class ServeReplica:
         _model_id.set(model_id)     # this call's own task: nothing to reset
         async for item in self.handle_request_streaming(method, args, kwargs):
             yield item
+
+    # WebSockets (see _websocket): a streamed call each way.
+    handle_websocket = _websocket.serve
+    websocket_receive = _websocket.receive
 
     # -------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,

@@ -8,7 +8,8 @@ import cloudpickle
 
 from ray_lite._private import backend
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _metrics, context
+from ._http import HTTPOptions
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from .multiplex import is_multiplexed
@@ -47,6 +48,7 @@ def _ensure_controller(http_options=None):
         from .exceptions import RayServeException
         raise RayServeException("Serve is not running; start it from the driver")
     _core.preload(_WORKER_MODULES)
+    _metrics.prepare(http_options)
     from ._controller import ServeController
     cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
@@ -75,6 +77,7 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     with _lock:
         opts = _http_options(http_options)
         ctl = _ensure_controller(opts)
+        _metrics.prepare(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
         _core.get(ctl.start_proxies.remote(opts))
@@ -106,8 +109,9 @@ def _http_options(http_options):
         return {}
     if isinstance(http_options, dict):
         return dict(http_options)
-    return {k: getattr(http_options, k) for k in ("host", "port", "request_timeout_s",
-                                                  "keep_alive_timeout_s")
+    if isinstance(http_options, HTTPOptions):
+        return http_options.to_dict()
+    return {k: getattr(http_options, k) for k in HTTPOptions.FIELDS
             if getattr(http_options, k, None) is not None}
 
 
@@ -250,6 +254,7 @@ def shutdown():
         except Exception:   # noqa: BLE001
             pass
         context.clear_controller()
+        _metrics.remove()
 
 
 def _kill_processes(pids):

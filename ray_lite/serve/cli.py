@@ -32,6 +32,10 @@ def _parser():
     r.add_argument("--proxies", type=int, default=0,
                    help="HTTP proxy processes sharing the port (default: one per core)")
     r.add_argument("--num-cpus", type=int, default=None, help="ray_lite.init(num_cpus=...)")
+    r.add_argument("--metrics-export-port", "--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (default: none)")
+    r.add_argument("--access-log", action="store_true",
+                   help="a line per request on standard error")
     return p
 
 
@@ -106,6 +110,10 @@ def main(argv=None):
         opts = {"host": args.host, "port": args.port}
         if args.proxies:
             opts["proxies"] = args.proxies
+        if args.metrics_export_port is not None:
+            opts["metrics_export_port"] = args.metrics_export_port
+        if args.access_log:
+            opts["access_log"] = True
         from .api import _ensure_controller, _http_port
         prefix = None if args.route_prefix in ("None", "none", "") else args.route_prefix
         if prefix is None:

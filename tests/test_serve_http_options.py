@@ -1,0 +1,74 @@
+"""``HTTPOptions`` and the proxy's own paths as Ray Serve answers them:
+``/-/healthz`` (503 until an application has a route, then 200 "success"),
+``/-/routes`` ({route_prefix: app name}), ``request_timeout_s`` (408, the
+proxy keeps serving), ``keep_alive_timeout_s``."""
+import asyncio
+import json
+
+import pytest
+from starlette.requests import Request
+
+from ray_lite import serve
+
+from serve_helpers import http
+
+
+@serve.deployment
+def hello(request: Request):
+    return "hello"
+
+
+@serve.deployment(max_ongoing_requests=10)
+class Sleepy:
+    async def __call__(self, request: Request):
+        if request.query_params.get("sleep"):
+            await asyncio.sleep(float(request.query_params["sleep"]))
+        return "awake"
+
+
+def test_http_options_fields_and_defaults():
+    opts = serve.HTTPOptions(port=0, request_timeout_s=2.5)
+    assert (opts.host, opts.port, opts.request_timeout_s) == ("127.0.0.1", 0, 2.5)
+    assert opts.keep_alive_timeout_s == 90
+    assert opts.to_dict()["request_timeout_s"] == 2.5
+    serve.HTTPOptions(location="EveryNode")      # Ray's, meaningless here: accepted
+    with pytest.raises(TypeError, match="hots"):
+        serve.HTTPOptions(hots="x")
+
+
+def test_healthz_and_routes_follow_the_route_table(serve_runtime):
+    from ray_lite.serve.api import _http_port
+    serve.start(http_options=serve.HTTPOptions(port=0, proxies=1))
+    port = _http_port()
+    status, hdrs, body = http(port, "GET", "/-/healthz")
+    assert (status, body) == (503, b"Route table is not populated yet.")
+    assert http(port, "GET", "/-/routes")[1:] == (
+        {"content-type": "application/json", "content-length": "2"}, b"{}")
+
+    serve.run(hello.bind(), name="nohttp", route_prefix=None)
+    assert http(port, "GET", "/-/healthz")[0] == 503     # no route yet: still not ready
+
+    serve.run(hello.bind(), name="app1", route_prefix="/a")
+    serve.run(hello.bind(), name="app2", route_prefix="/b/c")
+    status, hdrs, body = http(port, "GET", "/-/healthz")
+    assert (status, body) == (200, b"success")
+    assert hdrs["content-type"].startswith("text/plain")
+    status, hdrs, body = http(port, "GET", "/-/routes")
+    assert status == 200 and hdrs["content-type"] == "application/json"
+    assert json.loads(body) == {"/a": "app1", "/b/c": "app2"}
+
+    # An application at "/" does not hide them; other /-/ paths are its own.
+    serve.run(hello.bind(), name="root", route_prefix="/")
+    assert json.loads(http(port, "GET", "/-/routes")[2])["/"] == "root"
+    assert http(port, "GET", "/-/other")[2] == b"hello"
+
+
+def test_request_timeout_gives_408_and_the_proxy_keeps_serving(serve_runtime):
+    from ray_lite.serve.api import _http_port
+    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 0.5})
+    port = _http_port()
+    serve.run(Sleepy.bind())
+    status, hdrs, _ = http(port, "GET", "/?sleep=30")
+    assert status == 408 and hdrs["connection"] == "close"
+    for _ in range(3):
+        assert http(port, "GET", "/")[::2] == (200, b"awake")

@@ -1,0 +1,179 @@
+"""Serve's metrics in Prometheus text format on the port the user chose
+(``http_options["metrics_export_port"]``), with Ray Serve's names: the
+counts match the requests sent (errors included), latency histograms per
+route and deployment, requests in flight per replica, replica starts; and
+the access log (one line per request)."""
+import importlib.util
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+from starlette.requests import Request
+
+from ray_lite import serve
+
+from serve_helpers import http
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None,
+                                reason="prometheus_client is not installed")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port):
+    from prometheus_client.parser import text_string_to_metric_families
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def _value(samples, name, **labels):
+    return sum(v for lab, v in samples.get(name, ())
+               if all(lab.get(k) == want for k, want in labels.items()))
+
+
+def _until(check, timeout=60):
+    end = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > end:
+            return got
+        time.sleep(0.05)
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=10)
+class App:
+    def __init__(self, flag):
+        self.flag = flag
+
+    async def __call__(self, request: Request):
+        import asyncio
+        what = request.query_params.get("do", "")
+        if what == "fail":
+            raise ValueError("asked to fail")
+        if what == "wait":
+            end = asyncio.get_running_loop().time() + 60
+            while not os.path.exists(self.flag) and asyncio.get_running_loop().time() < end:
+                await asyncio.sleep(0.02)
+        if what == "pid":
+            return str(os.getpid())
+        return "ok"
+
+
+@pytest.fixture
+def metrics_serve(serve_runtime):
+    from ray_lite.serve.api import _http_port
+    mport = _free_port()
+    serve.start(http_options=serve.HTTPOptions(port=0, proxies=1, metrics_export_port=mport,
+                                               access_log=True))
+    yield _http_port(), mport
+
+
+def test_request_counts_errors_and_latency_match_what_was_sent(metrics_serve, tmp_path):
+    port, mport = metrics_serve
+    serve.run(App.bind(str(tmp_path / "flag")), name="app", route_prefix="/app")
+    for _ in range(7):
+        assert http(port, "GET", "/app/")[0] == 200
+    for _ in range(3):
+        assert http(port, "GET", "/app/?do=fail")[0] == 500
+    assert http(port, "POST", "/app/")[0] == 200
+    assert http(port, "GET", "/nowhere")[0] == 404
+
+    s = _scrape(mport)
+    total = "ray_serve_num_http_requests_total"
+    assert _value(s, total, route="/app", application="app", method="GET",
+                  status_code="200") == 7
+    assert _value(s, total, route="/app", method="GET", status_code="500") == 3
+    assert _value(s, total, route="/app", method="POST", status_code="200") == 1
+    assert _value(s, total, route="", status_code="404") == 1
+    assert _value(s, "ray_serve_num_http_error_requests_total", route="/app",
+                  error_code="500", application="app") == 3
+    assert _value(s, "ray_serve_num_http_error_requests_total", error_code="404") == 1
+    assert _value(s, "ray_serve_num_deployment_http_error_requests_total",
+                  deployment="App", error_code="500") == 3
+    # The latency histogram: one observation per request, in Ray's buckets.
+    assert _value(s, "ray_serve_http_request_latency_ms_count", route="/app") == 11
+    assert _value(s, "ray_serve_http_request_latency_ms_bucket", route="/app", le="+Inf",
+                  status_code="200", method="GET") == 7
+    # The replica's side: the same requests, per deployment.
+    assert _value(s, "ray_serve_deployment_request_counter_total", deployment="App",
+                  application="app") == 11
+    assert _value(s, "ray_serve_deployment_processing_latency_ms_count",
+                  deployment="App") == 11
+    assert _value(s, "ray_serve_deployment_error_counter_total", deployment="App") == 3
+    assert _value(s, "ray_serve_deployment_replica_starts_total", deployment="App") == 1
+
+
+
+def test_requests_in_flight_per_replica_and_replica_restarts(metrics_serve, tmp_path):
+    port, mport = metrics_serve
+    flag = tmp_path / "flag"
+    serve.run(App.bind(str(flag)), name="app", route_prefix="/app")
+    got = {}
+    waiting = threading.Thread(target=lambda: got.update(r=http(port, "GET", "/app/?do=wait")))
+    waiting.start()
+    try:
+        assert _until(lambda: _value(_scrape(mport), "ray_serve_replica_processing_queries",
+                                     deployment="App") == 1)
+    finally:
+        flag.write_text("go")
+        waiting.join(60)
+    assert got["r"][0] == 200
+    assert _until(lambda: _value(_scrape(mport), "ray_serve_replica_processing_queries",
+                                 deployment="App") == 0)
+
+    pid = int(http(port, "GET", "/app/?do=pid")[2])
+    os.kill(pid, signal.SIGKILL)
+
+    def replaced():
+        status, _, body = http(port, "GET", "/app/?do=pid")
+        return status == 200 and body != str(pid).encode()
+    assert _until(replaced)
+    s = _scrape(mport)
+    assert _value(s, "ray_serve_deployment_replica_starts_total", deployment="App") == 2
+    # The dead replica's requests in flight are no longer counted.
+    assert len([1 for lab, _ in s["ray_serve_replica_processing_queries"]
+                if lab["deployment"] == "App"]) == 1
+
+
+def test_without_metrics_nothing_is_exported_or_wrapped(serve_port):
+    serve.run(App.bind("/nonexistent"), name="app", route_prefix="/app")
+    assert http(serve_port, "GET", "/app/")[0] == 200
+    from ray_lite.serve import _metrics
+    assert not os.path.isdir(_metrics.metrics_dir())
+
+
+def test_cli_metrics_export_port_and_access_log(tmp_path):
+    from test_serve_cli import _start, _stop, _wait_port
+    mport = _free_port()
+    proc = _start(tmp_path, "cli_app_mod:app", "--metrics-export-port", str(mport),
+                  "--access-log")
+    port, out = _wait_port(proc)
+    try:
+        for _ in range(4):
+            assert http(port, "GET", "/x?y=1")[2] == b"hi"
+        assert http(port, "POST", "/")[0] == 200
+        s = _scrape(mport)
+        assert _value(s, "ray_serve_num_http_requests_total", route="/",
+                      application="default", status_code="200") == 5
+        assert _value(s, "ray_serve_deployment_replica_starts_total",
+                      deployment="TestDeployment") == 2
+    finally:
+        code, rest = _stop(proc, signal.SIGTERM)
+    assert code == 0
+    # One line per request: method, path (without the query), status, latency.
+    lines = (out + rest).decode(errors="replace").splitlines()
+    assert sum(bool(re.search(r" GET /x 200 \d+\.\dms$", line)) for line in lines) == 4
+    assert sum(bool(re.search(r" POST / 200 \d+\.\dms$", line)) for line in lines) == 1

@@ -1,0 +1,261 @@
+"""WebSockets through the HTTP proxy to an ``@serve.ingress`` app (issue 12):
+echo with a real client, close codes both ways, subprotocols, a route
+without a websocket (403), a replica that dies (1011), and a deployment
+without an ASGI app (answered as plain HTTP, as before)."""
+import asyncio
+import importlib.util
+import os
+import signal
+
+import pytest
+
+from serve_helpers import http, raw
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("websockets", "wsproto", "starlette")),
+    reason="websockets, wsproto or starlette is not installed")
+
+
+def _starlette_app():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocketDisconnect
+
+    disconnects = []      # the codes of the clients' closes this replica saw
+
+    async def echo(ws):
+        await ws.accept(subprotocol=(ws.scope["subprotocols"] or [None])[0])
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    disconnects.append(msg["code"])
+                    return
+                if msg.get("text") == "disconnects":
+                    await ws.send_text(",".join(map(str, disconnects)))
+                    continue
+                if msg.get("text") == "close-4001":
+                    await ws.close(code=4001, reason="asked")
+                    return
+                if msg.get("text") == "pid":
+                    await ws.send_text(str(os.getpid()))
+                elif msg.get("text") is not None:
+                    await ws.send_text("echo:" + msg["text"])
+                else:
+                    await ws.send_bytes(msg["bytes"][::-1])
+        except WebSocketDisconnect:
+            return
+
+    async def refuse(ws):
+        await ws.close()
+
+    return Starlette(routes=[WebSocketRoute("/ws", echo), WebSocketRoute("/refuse", refuse)])
+
+
+def _deploy():
+    from ray_lite import serve
+
+    @serve.deployment
+    @serve.ingress(_starlette_app())
+    class Sockets:
+        pass
+
+    serve.run(Sockets.bind(), route_prefix="/app")
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_echo_text_and_bytes_and_close_from_the_client(serve_port):
+    import websockets
+    _deploy()
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws",
+                                      subprotocols=["chat"]) as ws:
+            assert ws.subprotocol == "chat"
+            out = []
+            for i in range(20):
+                await ws.send(f"m{i}")
+                out.append(await ws.recv())
+            await ws.send(b"\x01\x02\x03")
+            out.append(await ws.recv())
+            big = "x" * 300_000      # several frames' worth, one message
+            await ws.send(big)
+            assert await ws.recv() == "echo:" + big
+            return out
+    out = _run(talk())
+    assert out == [f"echo:m{i}" for i in range(20)] + [b"\x03\x02\x01"]
+    # The connection's replica slot came back: plain HTTP still goes through.
+    assert http(serve_port, "GET", "/-/healthz")[0] == 200
+
+
+def test_close_from_the_app_reaches_the_client_with_its_code(serve_port):
+    import websockets
+    _deploy()
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+            await ws.send("close-4001")
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+            return ws.close_code, ws.close_reason
+    assert _run(talk()) == (4001, "asked")
+
+
+def test_a_path_without_a_websocket_route_is_refused_with_403(serve_port):
+    import websockets
+    _deploy()
+
+    async def connect(path):
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with websockets.connect(f"ws://127.0.0.1:{serve_port}{path}"):
+                pass
+        return info.value.response.status_code
+    assert _run(connect("/app/refuse")) == 403
+    assert _run(connect("/app/nowhere")) == 403     # Starlette's answer for no route
+    assert _run(connect("/elsewhere")) == 404       # no application there
+
+
+def test_a_replica_that_dies_closes_the_socket_with_1011(serve_port):
+    import websockets
+    _deploy()
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+            await ws.send("pid")
+            pid = int(await ws.recv())
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+            return ws.close_code
+    assert _run(talk()) == 1011
+
+
+def test_a_bad_handshake_is_answered_as_plain_http_then_the_connection_ends(serve_port):
+    _deploy()
+    base = (b"GET /app/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+            b"Upgrade: websocket\r\n")
+    for rest in (b"Sec-WebSocket-Version: 13\r\n\r\n",           # no key
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"Sec-WebSocket-Version: 8\r\n\r\n"):             # not RFC 6455's
+        out = raw(serve_port, base + rest)
+        # Starlette's answer to HTTP on a websocket-only path; no 101.
+        assert out.startswith(b"HTTP/1.1 404 "), out
+        assert out.count(b"HTTP/1.1") == 1
+
+
+def test_a_deployment_without_an_asgi_app_answers_upgrades_as_plain_http(serve_port):
+    from starlette.requests import Request
+
+    from ray_lite import serve
+
+    @serve.deployment
+    def hello(request: Request):
+        return "hello"
+
+    serve.run(hello.bind())
+    out = raw(serve_port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                          b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"hello")
+    assert out.count(b"HTTP/1.1") == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="fastapi is not installed")
+def test_fastapi_websocket_routes_in_the_class_and_at_module_level(serve_port):
+    import websockets
+    from fastapi import FastAPI, WebSocket
+
+    from ray_lite import serve
+
+    app = FastAPI()
+
+    @app.websocket("/module")
+    async def module_level(websocket: WebSocket):
+        await websocket.accept()
+        await websocket.send_text("module:" + await websocket.receive_text())
+        await websocket.close()
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Chat:
+        def __init__(self):
+            self.greeting = "hello"
+
+        @app.websocket("/chat/{room}")
+        async def chat(self, websocket: WebSocket, room: str):
+            await websocket.accept()
+            async for text in websocket.iter_text():
+                await websocket.send_text(f"{self.greeting} {room}: {text}")
+
+    serve.run(Chat.bind(), route_prefix="/f")
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/f/chat/lobby") as ws:
+            await ws.send("hi")
+            first = await ws.recv()
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/f/module") as ws:
+            await ws.send("x")
+            second = await ws.recv()
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await ws.recv()
+        return first, second
+    assert _run(talk()) == ("hello lobby: hi", "module:x")
+
+
+def test_a_close_from_the_client_reaches_the_app_with_its_code(serve_port):
+    import websockets
+    _deploy()
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+            await ws.send("a")
+            await ws.recv()
+            await ws.close(code=4321)
+        seen = ""
+        for _ in range(200):     # the first socket's disconnect reaches the app in its time
+            async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+                await ws.send("disconnects")
+                seen = await ws.recv()
+            if "4321" in seen:
+                break
+            await asyncio.sleep(0.05)
+        return seen
+    assert _run(talk()).split(",")[0] == "4321"
+
+
+def test_a_flood_from_the_client_to_a_slow_app_arrives_whole_and_in_order(serve_port):
+    """The proxy stops reading from a client whose app has not taken what
+    came (the replica answers its calls only when there is room): nothing
+    is lost or reordered on the way."""
+    import websockets
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from ray_lite import serve
+
+    async def slow_sum(ws):
+        await ws.accept()
+        got = []
+        while len(got) < 500:
+            got.append(int(await ws.receive_text()))
+            if len(got) % 50 == 0:
+                await asyncio.sleep(0)      # lets the proxy's calls queue up
+        await ws.send_text("ok" if got == list(range(500)) else f"bad {got[:10]}")
+        await ws.close()
+
+    @serve.deployment
+    @serve.ingress(Starlette(routes=[WebSocketRoute("/", slow_sum)]))
+    class Slow:
+        pass
+
+    serve.run(Slow.bind())
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/") as ws:
+            for i in range(500):
+                await ws.send(str(i))
+            return await ws.recv()
+    assert _run(talk()) == "ok"
