@@ -359,3 +359,28 @@ def test_a_driver_thread_reaching_a_new_actor_while_another_thread_waits_gets_th
         assert ray.get(mailbox.take.remote(), timeout=T) == 7
     finally:
         t.join(T)
+
+
+def test_an_actor_waiting_for_resources_starts_when_another_thread_frees_them(rt):
+    # Creating an actor that does not fit waits (asleep in poll, driving the
+    # links) until resources are free; freed by another thread (a placement
+    # group removed), they came with no message: nothing woke the wait.
+    from ray_lite.util.placement_group import placement_group, remove_placement_group
+
+    @ray.remote(num_cpus=2)
+    class Big:
+        def ping(self):
+            return "pong"
+
+    group = placement_group([{"CPU": 2}])
+    ray.get(group.ready(), timeout=T)
+    answers = []
+
+    def start_big():
+        answers.append(ray.get(Big.remote().ping.remote(), timeout=T))
+    t = threading.Thread(target=start_big)
+    t.start()
+    _until_the_links_sleep(rt)
+    remove_placement_group(group)
+    t.join(T)
+    assert answers == ["pong"]

@@ -11,10 +11,12 @@ How a wait sleeps: when the waited-for object names the process expected to
 fill it (``_Entry.peer``: the worker running the task, the actor called),
 the wait first sleeps on that peer's ring alone for up to ``HINT_BUDGET_S``
 (the ring's own spin-then-futex wait: the fastest wake-up), after draining
-the others; a process with a single link (a pool worker, an actor called by
-the driver only) always waits that way.  Otherwise it arms every link's
-descriptor and sleeps in ``poll`` with the peers' pidfds
-(``ring.wait_rings_or_fds``).
+the others; a process with a single link and no other thread (a pool
+worker, an actor called by the driver only) always waits that way.
+Otherwise it arms every link's descriptor and sleeps in ``poll`` with the
+peers' pidfds (``ring.wait_rings_or_fds``) and an eventfd that a thread
+adding or removing a link writes (``links_changed``): the sleep then takes
+the new set of links, on which that thread may wait for an answer.
 """
 import itertools
 import operator
@@ -243,12 +245,18 @@ class DrivingMixin:
         """A link or sentinel was added or removed: a wait asleep in ``_poll``
         on the old set wakes to take the new one (the driver's service
         thread, asleep on its own set, too)."""
+        self.wake_poll()
+        self._kick()
+
+    def wake_poll(self):
+        """End a sleep in ``_poll`` (if one is on): this thread changed what
+        that wait may wait for, the links or a state that no message will
+        tell it about (resources freed, say: see ``resources_freed``)."""
         if self._polling:
             try:
                 os.eventfd_write(self._relink_fd, 1)
             except OSError:
                 pass        # closed by shutdown meanwhile: nothing waits any more
-        self._kick()
 
     def close_relink_fd(self):
         fd, self._relink_fd = self._relink_fd, -1
