@@ -11,13 +11,17 @@ How a wait sleeps: when the waited-for object names the process expected to
 fill it (``_Entry.peer``: the worker running the task, the actor called),
 the wait first sleeps on that peer's ring alone for up to ``HINT_BUDGET_S``
 (the ring's own spin-then-futex wait: the fastest wake-up), after draining
-the others; a process with a single link (a pool worker, an actor called by
-the driver only) always waits that way.  Otherwise it arms every link's
-descriptor and sleeps in ``poll`` with the peers' pidfds
-(``ring.wait_rings_or_fds``).
+the others; a process with a single link and no other thread (a pool
+worker, an actor called by the driver only) always waits that way.
+Otherwise it arms every link's descriptor and sleeps in ``poll`` with the
+peers' pidfds (``ring.wait_rings_or_fds``) and an eventfd that a thread
+adding or removing a link writes (``links_changed``): the sleep then takes
+the new set of links, on which that thread may wait for an answer.
 """
 import itertools
 import operator
+import os
+import threading
 import time
 
 from ray_lite._fast import ring as _ring
@@ -35,6 +39,14 @@ _call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 
 HINT_BUDGET_S = 0.002
 _wait_rings_or_fds = sleep_point(_ring.wait_rings_or_fds)   # a Ctrl-C ends its sleep
 _LINK_SPIN_S = ns_to_s(LINK_SPIN_NS)
+_thread_count = threading.active_count
+
+
+def _clear_eventfd(fd):
+    try:
+        os.eventfd_read(fd)
+    except OSError:     # read already (BlockingIOError), or closed by shutdown
+        pass
 
 
 class DrivingMixin:
@@ -43,6 +55,8 @@ class DrivingMixin:
     _interrupt = None
     _cancel_signalled = False
     _bridge_waiting = False     # some bridge may be waiting (see _release_drive)
+    _relink_fd = -1             # eventfd: ends a sleep in _poll (see links_changed)
+    _polling = False            # a wait sleeps (or is about to) in _poll
 
     def _release_drive(self):
         """Release the drive lock; wake who waits for it (threads, event loops)."""
@@ -178,11 +192,16 @@ class DrivingMixin:
     def _poll(self, timeout):
         if self._drain() or timeout == 0:
             return
-        if self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1:
+        if (self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1
+                and _thread_count() == 1):
             # One peer (a worker's driver, an actor's only caller): wait on
             # its ring directly; the ring notices the peer's death itself.
-            # No other thread can add a link meanwhile (single_waiter), so
-            # the wait needs no time limit of its own.
+            # No other thread can add a link meanwhile, so the wait needs no
+            # time limit of its own: the runtime starts none (single_waiter),
+            # and the user's code has none now.  One it started (an actor's
+            # background loop) may reach a new peer while we sleep here,
+            # where nothing but this ring can wake us: it would wait for its
+            # answer, on the new link, until this ring's next message.
             for peer, link in self.links.items():
                 try:
                     msg = link.recv_wait(timeout)
@@ -194,14 +213,55 @@ class DrivingMixin:
                     # is probably what the caller waits for.
                     self.handlers[msg[0]](peer, msg)
                 return
-        sentinel_fds = list(self.sentinels)
         # Sleeping arms and then disarms the links' descriptors, which the
         # service thread (if listening) relies on: it must re-arm them.
         self._fds_touched = True
-        fired = _wait_rings_or_fds([link._rx for link in self.links.values()], sentinel_fds,
-                                   timeout, _LINK_SPIN_S)
+        wake_fd = self._relink_fd
+        if wake_fd < 0:
+            wake_fd = self._relink_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # This sleep watches the links and sentinels there are now; another
+        # thread may add one meanwhile (a thread of a threaded actor reaching
+        # a new peer), and the answer it then waits for comes on that link.
+        # That thread cannot drive (we hold the drive lock), so unless this
+        # sleep ends, nobody reads the answer: the call hangs until some
+        # other link happens to wake us (with no timeout: for ever).  So the
+        # flag goes up before the snapshot, and ``links_changed`` (after any
+        # change) writes ``wake_fd`` while it is up: a link added before the
+        # snapshot is in it, one added after it wakes the sleep.
+        self._polling = True
+        try:
+            fds = list(self.sentinels)
+            fds.append(wake_fd)
+            fired = _wait_rings_or_fds([e[1]._rx for e in self._drain_list[0]], fds,
+                                       timeout, _LINK_SPIN_S)
+        finally:
+            self._polling = False
+        if wake_fd in fired:
+            _clear_eventfd(wake_fd)
         self._drain()
         self.on_sentinels_fired(fired)
+
+    def links_changed(self):
+        """A link or sentinel was added or removed: a wait asleep in ``_poll``
+        on the old set wakes to take the new one (the driver's service
+        thread, asleep on its own set, too)."""
+        self.wake_poll()
+        self._kick()
+
+    def wake_poll(self):
+        """End a sleep in ``_poll`` (if one is on): this thread changed what
+        that wait may wait for, the links or a state that no message will
+        tell it about (resources freed, say: see ``resources_freed``)."""
+        if self._polling:
+            try:
+                os.eventfd_write(self._relink_fd, 1)
+            except OSError:
+                pass        # closed by shutdown meanwhile: nothing waits any more
+
+    def close_relink_fd(self):
+        fd, self._relink_fd = self._relink_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def on_sentinels_fired(self, fired):
         """The deaths of the peers whose sentinels are among ``fired`` (readable a

@@ -648,6 +648,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                     pass
             self.sentinels.clear()
             self.close_bridges()
+            self.close_relink_fd()
             try:
                 for name in shm.list_segments(self.shm_prefix):
                     shm.unlink_segment(name)

@@ -73,9 +73,10 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self._kick_fd = -1
         self._bridges = {}       # loop -> _LoopBridge
         self.closed = False
-        # Only this thread ever drives (no service thread, no loop, no pool
-        # of method threads): a wait may block in one ring without missing
-        # a link another thread adds meanwhile.
+        # The runtime starts no other thread that drives (no service thread,
+        # no loop, no pool of method threads): while the user's code starts
+        # none either, a wait may block in one ring without missing a link
+        # another thread adds meanwhile (see DrivingMixin._poll).
         self.single_waiter = False
         # tag -> bound handler (see protocol.py); subclasses add theirs.
         self.handlers = {
@@ -112,7 +113,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         else:
             for bridge in list(self._bridges.values()):
                 bridge.watch(link, None)
-        self._kick()
+        self.links_changed()
 
     def remove_peer(self, peer):
         link = self.links.pop(peer, None)
@@ -128,7 +129,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
                 bridge.unwatch_fd(link.fileno())
             link.close()
         self.peer_pids.pop(peer, None)
-        self._kick()
+        self.links_changed()
 
     def _index_links(self):
         # What _drain walks: a snapshot (handlers may add or remove links

@@ -324,6 +324,10 @@ class ResourcesMixin:
             for w in waiters:
                 if not w():
                     self.res_waiters.append(w)
+        # A thread waiting for resources to start an actor may sleep in poll
+        # (``_req_create_actor``); freed by another thread (a placement group
+        # removed), they come with no message that would wake it.
+        self.wake_poll()
 
     # ----------------------------------------------------------- actors
     def actor_fits(self, demand):

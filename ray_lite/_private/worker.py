@@ -546,6 +546,11 @@ class WorkerNode(Node):
             if self.cancelled:
                 self.cancelled.discard(oid)
             self.live.discard(oid)
+            if self.actor_init_error is not None and not self.live:
+                # An exiting threaded actor's exit thread waits for the last
+                # call to end, maybe asleep in poll (driving the links): no
+                # message tells it (``actor_exit._exit_when_idle``).
+                self.wake_poll()
 
     async def _resolve_async(self, args, kwargs):
         if any(type(a) is ObjectRef for a in args):
