@@ -114,6 +114,13 @@ def _exit_of(proc, why, timeout=60):
     return proc.returncode, out
 
 
+def _reap(proc):
+    """Kill ``proc`` if a failed test left it running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
 def _stop(proc, sig):
     proc.send_signal(sig)
     return _exit_of(proc, "after a signal")
@@ -342,9 +349,7 @@ def test_config_run_status_deploy_and_shutdown(tmp_path):
         assert code == 0, out
         code, out = _exit_of(proc, "after serve shutdown")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+        _reap(proc)
     assert code == 0, out.decode(errors="replace")
     assert b"shut down" in out
     assert not os.path.exists(sock)
@@ -370,9 +375,7 @@ def test_serve_start_then_deploy(tmp_path):
         proc.send_signal(signal.SIGTERM)
         code, out = _exit_of(proc, "after SIGTERM")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+        _reap(proc)
     assert code == 0, out.decode(errors="replace")
 
 

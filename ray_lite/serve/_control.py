@@ -22,6 +22,8 @@ import threading
 
 import msgpack
 
+from ._core import recv_exact
+
 _LEN = struct.Struct(">I")
 MAX_MESSAGE = 16 * 1024 * 1024
 
@@ -87,21 +89,14 @@ def _send(sock, msg):
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("the connection closed mid-message")
-        buf += chunk
-    return bytes(buf)
-
-
 def _recv(sock):
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n > MAX_MESSAGE:
-        raise ConnectionError(f"a control message of {n} bytes (limit {MAX_MESSAGE})")
-    return msgpack.unpackb(_recv_exact(sock, n), raw=False)
+    try:
+        (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
+        if n > MAX_MESSAGE:
+            raise ConnectionError(f"a control message of {n} bytes (limit {MAX_MESSAGE})")
+        return msgpack.unpackb(recv_exact(sock, n), raw=False)
+    except EOFError:
+        raise ConnectionError("the connection closed mid-message") from None
 
 
 def request(address, msg, timeout=None):
