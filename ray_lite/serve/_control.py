@@ -181,5 +181,5 @@ class ControlServer:
                 os.unlink(self.address)
         except OSError:
             pass
-        if self._thread is not threading.current_thread():
-            self._thread.join(5.0)
+        # Not joined: its thread may be answering a shutdown request, which
+        # completes after this returns (the thread ends by itself then).
