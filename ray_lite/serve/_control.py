@@ -181,5 +181,10 @@ class ControlServer:
                 os.unlink(self.address)
         except OSError:
             pass
-        # Not joined: its thread may be answering a shutdown request, which
-        # completes after this returns (the thread ends by itself then).
+        # Not joined here: its thread may be answering a shutdown request,
+        # which completes after this returns (see ``join``).
+
+    def join(self, timeout=5.0):
+        """Wait until the thread has sent its last answer (after ``close``)."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -294,6 +294,7 @@ def _run(args):
             ray.shutdown()
             if shutdown_reply is not None:
                 shutdown_reply.set_result({"ok": True})
+                server.join()       # the answer is sent before this process exits
         _say("shut down")
     return code
 
