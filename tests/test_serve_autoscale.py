@@ -2,6 +2,7 @@
 controller scaling a deployment up under load and back down when idle,
 draining the replicas it removes without losing a request."""
 import asyncio
+import concurrent.futures
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import ray_lite as ray
 from ray_lite import serve
 from ray_lite.serve import _autoscaler
 from ray_lite.serve.config import ConfigError, normalize_autoscaling
+from serve_helpers import http
 
 T = 60
 
@@ -150,6 +152,8 @@ class Gated:
         self.gate = gate
 
     async def __call__(self, i):
+        if not isinstance(i, int):              # over HTTP: a Request
+            i = int(i.query_params["i"])
         await self.gate.enter.remote()
         return i
 
@@ -169,9 +173,9 @@ def _states(app, dep):
     return d.replica_states, d.status
 
 
-def test_scales_up_under_load_and_down_when_idle_without_losing_requests(serve_runtime):
+def test_scales_up_under_load_and_down_when_idle_without_losing_requests(serve_port):
     gate = Gate.remote()
-    h = serve.run(Gated.bind(gate), name="gated", route_prefix=None)
+    h = serve.run(Gated.bind(gate), name="gated", route_prefix="/gated")
     assert _states("gated", "Gated")[0] == {"RUNNING": 1}
     calls = [h.remote(i) for i in range(6)]
     # Two requests in flight per replica against a target of one: up to max_replicas.
@@ -186,10 +190,15 @@ def test_scales_up_under_load_and_down_when_idle_without_losing_requests(serve_r
     assert sorted(c.result(timeout_s=T) for c in calls) == list(range(6))
     _wait_for("one replica, none stopping",
               lambda: _states("gated", "Gated") == ({"RUNNING": 1}, "HEALTHY"))
-    # Still serving.
-    more = [h.remote(i) for i in range(2)]
-    ray.get(gate.release.remote(2), timeout=T)
-    assert sorted(c.result(timeout_s=T) for c in more) == [0, 1]
+    # Still serving (over HTTP: the proxies route by the list they acknowledged
+    # before any replica was drained).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        more = [pool.submit(http, serve_port, "GET", f"/gated?i={i}") for i in range(2)]
+        _wait_for("two requests in flight",
+                  lambda: ray.get(gate.num_waiting.remote(), timeout=T) == 2)
+        ray.get(gate.release.remote(2), timeout=T)
+        assert sorted((r.result(timeout=T)[0], r.result(timeout=T)[2]) for r in more) == \
+            [(200, b"0"), (200, b"1")]
 
 
 def test_fewer_replicas_drain_the_requests_they_run(serve_runtime):

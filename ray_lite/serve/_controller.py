@@ -401,9 +401,6 @@ class ServeController:
                 await _quiet(asyncio.wait_for(h.drain.remote(timeout), timeout + 1.0))
         finally:
             self._kill(h)
-            # Gone from the status (and so "done") only once the runtime knows
-            # it is dead: a handle holding an older list then skips it.
-            await _quiet(asyncio.wait_for(h.wait_forever.remote(), 10.0))
             dep.draining.pop(rid, None)
             self._bump()
 
