@@ -50,20 +50,25 @@ APP = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path, *args, port=0, ignore_sigint=False):
+def _start(tmp_path, *args, port=0, ignore_sigint=False, command="run"):
     (tmp_path / "cli_app_mod.py").write_text(APP)
     cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
-           "serve", "run", *args, "--app-dir", str(tmp_path), "--port", str(port), "--proxies", "1",
+           "serve", command, *args, "--app-dir", str(tmp_path), "--port", str(port), "--proxies", "1",
            "--num-cpus", "1"]
-    # The child imports the ray_lite this test imported (installed or a checkout).
-    import ray_lite
-    root = os.path.dirname(os.path.dirname(os.path.abspath(ray_lite.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = _child_env()
     # ignore_sigint: as a shell script's background job starts it.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             cwd=str(tmp_path), env=env,
                             preexec_fn=_ignore_sigint if ignore_sigint else None)
+
+
+def _child_env():
+    """The environment of a child that imports the ray_lite this test imported
+    (installed or a checkout)."""
+    import ray_lite
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ray_lite.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
 
 
 def _ignore_sigint():
@@ -107,6 +112,13 @@ def _exit_of(proc, why, timeout=60):
         proc.communicate(timeout=10)
         pytest.fail(f"the CLI did not exit {why}")
     return proc.returncode, out
+
+
+def _reap(proc):
+    """Kill ``proc`` if a failed test left it running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=10)
 
 
 def _stop(proc, sig):
@@ -229,3 +241,158 @@ def test_sigterm_under_load_stops_within_the_graceful_timeout(tmp_path):
             t.join(60)
     assert code == 0, out.decode(errors="replace")
     assert b"shut down" in out
+
+
+# ------------------------------------------------ config files and the control socket
+CONFIG = textwrap.dedent("""
+    proxy_location: EveryNode
+    http_options: {host: 127.0.0.1, port: 0}
+    applications:
+      - name: first
+        route_prefix: /first
+        import_path: cli_app_mod:model
+        args: {word: from-config}
+        deployments:
+          - name: TestDeployment
+            num_replicas: 1
+""")
+
+CONFIG_UPDATED = CONFIG.replace("num_replicas: 1", "num_replicas: 3") + (
+    "  - name: second\n"
+    "    route_prefix: /second\n"
+    "    import_path: cli_app_mod.app\n")
+
+
+def _cli(*args, timeout=120):
+    """(exit code, output) of a one-shot ``ray-lite serve`` command."""
+    cmd = [sys.executable, "-c", "import sys; from ray_lite.scripts import main; sys.exit(main())",
+           "serve", *args]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(),
+                       timeout=timeout)
+    return r.returncode, r.stdout.decode(errors="replace")
+
+
+def _replicas(status_text, app):
+    """{deployment: RUNNING count} of ``app`` in ``serve status`` output."""
+    m = re.search(rf"^  {app}:\n((?:    .*\n)+)", status_text, re.M)
+    assert m, status_text
+    return {d: int(n) for d, n in re.findall(r"^      (\w+):\n(?:        .*\n)*?"
+                                              r"          RUNNING: (\d+)", m.group(1), re.M)}
+
+
+def _wait_status(sock, cond, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        code, out = _cli("status", "--address", sock)
+        assert code == 0, out
+        if cond(out):
+            return out
+        time.sleep(0.1)
+    pytest.fail(f"serve status never showed {what}:\n{out}")
+
+
+pytest.importorskip("yaml")
+
+
+def test_config_run_status_deploy_and_shutdown(tmp_path):
+    (tmp_path / "c1.yaml").write_text(CONFIG)
+    (tmp_path / "c2.yaml").write_text(CONFIG_UPDATED)
+    sock = str(tmp_path / "serve.sock")
+    proc = _start(tmp_path, str(tmp_path / "c1.yaml"), "--address", sock)
+    try:
+        m, out = _wait_line(proc, rb"running at http://127\.0\.0\.1:(\d+)")
+        assert b"proxy_location EveryNode is ignored" in out
+        port = int(m.group(1))
+        assert http(port, "GET", "/first")[2] == b"from-config"
+        assert os.stat(sock).st_mode & 0o777 == 0o600
+        code, status = _cli("status", "--address", sock)
+        assert code == 0, status
+        assert re.search(r"^applications:\n  first:\n    status: RUNNING\n", status, re.M)
+        assert "    route_prefix: /first\n" in status
+        assert "        status: HEALTHY\n" in status
+        assert _replicas(status, "first") == {"TestDeployment": 1}
+
+        # A bad file changes nothing and says what is wrong.
+        (tmp_path / "bad_key.yaml").write_text(CONFIG.replace("num_replicas", "num_replica"))
+        code, out = _cli("deploy", str(tmp_path / "bad_key.yaml"), "--address", sock)
+        assert code != 0 and "unknown key 'num_replica'" in out, out
+        (tmp_path / "bad_path.yaml").write_text(CONFIG_UPDATED.replace("cli_app_mod.app",
+                                                                       "no_such_mod.app"))
+        code, out = _cli("deploy", str(tmp_path / "bad_path.yaml"), "--address", sock,
+                         "--app-dir", str(tmp_path))
+        assert code != 0 and "no_such_mod.app" in out, out
+        assert "second" not in _cli("status", "--address", sock)[1]
+
+        # In place: more replicas of the first app, and a second app.
+        code, out = _cli("deploy", str(tmp_path / "c2.yaml"), "--address", sock,
+                         "--app-dir", str(tmp_path))
+        assert code == 0, out
+        status = _wait_status(sock, lambda s: _replicas(s, "first") == {"TestDeployment": 3},
+                              "three replicas")
+        assert _replicas(status, "second") == {"TestDeployment": 2}
+        assert http(port, "GET", "/second")[2] == b"hi"
+        assert http(port, "GET", "/first")[2] == b"from-config"
+        # Back to the first file: the second app goes, the replicas drain to one.
+        code, out = _cli("deploy", str(tmp_path / "c1.yaml"), "--address", sock,
+                         "--app-dir", str(tmp_path))
+        assert code == 0, out
+        _wait_status(sock, lambda s: "second" not in s and
+                     _replicas(s, "first") == {"TestDeployment": 1} and "STOPPING" not in s,
+                     "one app with one replica")
+        assert http(port, "GET", "/second")[0] == 404
+        assert http(port, "GET", "/first")[2] == b"from-config"
+
+        code, out = _cli("shutdown", "--address", sock)     # no -y, no terminal: refused
+        assert code != 0 and "-y" in out
+        code, out = _cli("shutdown", "-y", "--address", sock)
+        assert code == 0, out
+        code, out = _exit_of(proc, "after serve shutdown")
+    finally:
+        _reap(proc)
+    assert code == 0, out.decode(errors="replace")
+    assert b"shut down" in out
+    assert not os.path.exists(sock)
+    code, out = _cli("status", "--address", sock)
+    assert code != 0 and "no running Serve instance" in out
+
+
+def test_serve_start_then_deploy(tmp_path):
+    (tmp_path / "c2.yaml").write_text(CONFIG_UPDATED)
+    sock = str(tmp_path / "serve.sock")
+    proc = _start(tmp_path, "--address", sock, command="start")
+    try:
+        m, _ = _wait_line(proc, rb"Serve running at http://127\.0\.0\.1:(\d+)")
+        port = int(m.group(1))
+        code, status = _cli("status", "--address", sock)
+        assert code == 0 and "applications: {}" in status, status
+        code, out = _cli("deploy", str(tmp_path / "c2.yaml"), "--address", sock,
+                         "--app-dir", str(tmp_path))
+        assert code == 0, out
+        assert "http_options are set when Serve starts" in out
+        assert http(port, "GET", "/first")[2] == b"from-config"
+        assert http(port, "GET", "/second")[2] == b"hi"
+        proc.send_signal(signal.SIGTERM)
+        code, out = _exit_of(proc, "after SIGTERM")
+    finally:
+        _reap(proc)
+    assert code == 0, out.decode(errors="replace")
+
+
+def test_a_bad_config_file_fails_serve_run_naming_the_key(tmp_path):
+    (tmp_path / "bad.yaml").write_text(CONFIG.replace("route_prefix", "route_prefx"))
+    proc = _start(tmp_path, str(tmp_path / "bad.yaml"), "--address", str(tmp_path / "s.sock"))
+    code, out = _exit_of(proc, "on a bad config file")
+    assert code != 0 and b"unknown key 'route_prefx'" in out, out
+
+
+def test_the_control_directory_must_be_private(tmp_path, monkeypatch):
+    from ray_lite.serve import _control
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert _control.runtime_dir() == str(tmp_path / "ray_lite")
+    assert os.stat(tmp_path / "ray_lite").st_mode & 0o777 == 0o700
+    with pytest.raises(_control.ControlError, match="no running Serve instance"):
+        _control.find_address()
+    os.chmod(tmp_path / "ray_lite", 0o777)
+    with pytest.raises(_control.ControlError, match="not a private directory"):
+        _control.runtime_dir()

@@ -223,25 +223,6 @@ def test_an_actor_finds_its_own_name_in_its_constructor(serve_runtime):
     assert ray.get(h.same.remote("me"), timeout=60)
 
 
-def test_autoscaling_config_runs_a_fixed_count_and_says_so():
-    import warnings
-
-    from ray_lite import serve
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-
-        @serve.deployment(autoscaling_config={"min_replicas": 2, "max_replicas": 5})
-        class Scaled:
-            pass
-    assert any("does not autoscale" in str(w.message) for w in caught)
-    assert Scaled.num_replicas == 2
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert Scaled.options(num_replicas="auto",
-                              autoscaling_config={"initial_replicas": 3}).num_replicas == 3
-    assert any("does not autoscale" in str(w.message) for w in caught)
-
-
 def test_num_replicas_with_autoscaling_config_is_refused():
     from ray_lite import serve
     with pytest.raises(ValueError, match="num_replicas"):

@@ -20,7 +20,7 @@ import traceback
 
 from ray_lite.exceptions import RayActorError
 
-from . import _core, _defaults
+from . import _autoscaler, _core, _defaults
 from ._defaults import LISTEN_TIMEOUT_S
 
 
@@ -34,6 +34,9 @@ class _Dep:
         self.pids = {}                      # replica id -> its process id
         self.starting = 0
         self.stopping = set()
+        self.draining = {}                  # replica id -> handle: ending its requests
+        self.target = self.config["num_replicas"]   # what it should run (autoscaling moves it)
+        self.autoscaler = None              # the task sampling its load, when it autoscales
         self.status = "UPDATING"
         self.message = ""
         self.tasks = set()
@@ -266,7 +269,11 @@ class ServeController:
         errors = []
         dep.starting += n
         try:
-            handles = _core.create_actors(self._replica_class(), [
+            cls = self._replica_class()
+            renv = (dep.config.get("ray_actor_options") or {}).get("runtime_env")
+            if renv:
+                cls = cls.options(runtime_env=renv)     # env_vars: the app's and its own
+            handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
                   spec["kwargs"], dict(dep.config)), {}) for rid in rids])
 
@@ -296,15 +303,19 @@ class ServeController:
             dep.starting -= n
         return errors
 
-    def _watch(self, dep, rid, h):
-        t = asyncio.ensure_future(self._watch_replica(dep, rid, h))
+    @staticmethod
+    def _task(dep, coro):
+        """Run ``coro`` for ``dep`` (cancelled when the deployment stops)."""
+        t = asyncio.ensure_future(coro)
         dep.tasks.add(t)
         t.add_done_callback(dep.tasks.discard)
+        return t
+
+    def _watch(self, dep, rid, h):
+        self._task(dep, self._watch_replica(dep, rid, h))
         period = dep.config.get("health_check_period_s") or 0
         if period > 0:
-            t2 = asyncio.ensure_future(self._health_loop(dep, rid, h, period))
-            dep.tasks.add(t2)
-            t2.add_done_callback(dep.tasks.discard)
+            self._task(dep, self._health_loop(dep, rid, h, period))
 
     async def _watch_replica(self, dep, rid, h):
         try:
@@ -346,7 +357,7 @@ class ServeController:
         delay = 0.1
         while not self.shutting_down and app.deps.get(dep.name) is dep and \
                 self.apps.get(dep.app) is app:
-            missing = dep.config["num_replicas"] - len(dep.replicas) - dep.starting
+            missing = dep.target - len(dep.replicas) - dep.starting
             if missing <= 0:
                 return
             errors = await self._bring_up(dep, missing)
@@ -363,9 +374,85 @@ class ServeController:
         except Exception:   # noqa: BLE001 - already gone
             pass
 
+    def _drain_some(self, dep, n):
+        """Take the ``n`` newest replicas out of service and stop each once its
+        requests in flight have ended (``_drain_one``)."""
+        for rid, h in list(dep.replicas.items())[-n:]:
+            del dep.replicas[rid]
+            dep.pids.pop(rid, None)
+            dep.stopping.add(rid)
+            dep.draining[rid] = h
+            asyncio.ensure_future(self._drain_one(dep, rid, h))
+        self._bump()
+
+    async def _drain_one(self, dep, rid, h):
+        """Stop a replica taken out of service without losing its requests:
+        once every proxy routes without it, it gets
+        ``graceful_shutdown_wait_loop_s`` (Ray's wait before a replica checks
+        for work; a handle that had not yet seen the change may still send it
+        a request meanwhile), then up to ``graceful_shutdown_timeout_s`` for
+        its requests in flight to end."""
+        cfg = dep.config
+        timeout = cfg.get("graceful_shutdown_timeout_s") or 0
+        try:
+            await self._proxies_caught_up()
+            await asyncio.sleep(min(cfg.get("graceful_shutdown_wait_loop_s") or 0, timeout))
+            if timeout > 0:
+                await _quiet(asyncio.wait_for(h.drain.remote(timeout), timeout + 1.0))
+        finally:
+            self._kill(h)
+            dep.draining.pop(rid, None)
+            self._bump()
+
+    async def _autoscale(self, dep):
+        """Sample ``dep``'s requests in flight every ``metrics_interval_s`` and
+        apply the policy's decision (``_autoscaler``), while it autoscales."""
+        state = _autoscaler.ScalingState()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                cfg = dep.config.get("autoscaling_config")
+                if not cfg:
+                    return
+                await asyncio.sleep(cfg["metrics_interval_s"])
+                reps = list(dep.replicas.values())
+                if not reps or self.shutting_down:
+                    continue
+                counts = await asyncio.gather(*[asyncio.wait_for(
+                    h.num_ongoing.remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
+                    return_exceptions=True)
+                _autoscaler.record(state, cfg, loop.time(),
+                                   sum(c for c in counts if isinstance(c, int)))
+                self.scale(dep, _autoscaler.decide(cfg, state, loop.time(), len(reps),
+                                                   dep.target))
+        finally:
+            dep.autoscaler = None
+
+    def scale(self, dep, n):
+        """Run ``n`` replicas of ``dep`` from now on (the autoscaler's decision)."""
+        app = self.apps.get(dep.app)
+        if self.shutting_down or app is None or app.deps.get(dep.name) is not dep or \
+                n == dep.target:
+            return
+        print(f"Serve: scaling {dep.app}/{dep.name} from {dep.target} to {n} replicas",
+              file=sys.stderr, flush=True)
+        dep.target = n
+        missing = n - len(dep.replicas) - dep.starting
+        if missing > 0:
+            self._task(dep, self._bring_up_logged(dep, missing))
+        elif len(dep.replicas) > n:
+            self._drain_some(dep, len(dep.replicas) - n)
+
+    async def _bring_up_logged(self, dep, n):
+        errors = await self._bring_up(dep, n)
+        if errors:
+            dep.message = f"starting a replica failed: {_error_text(errors[0])}"
+            print(f"Serve: {dep.app}/{dep.name}: {dep.message}", file=sys.stderr, flush=True)
+        self._bump()
+
     async def _stop_replicas(self, dep):
         dep.status = "DELETING" if dep.status != "DELETING" else dep.status
-        items = list(dep.replicas.items())
+        items = list(dep.replicas.items()) + list(dep.draining.items())
         dep.stopping.update(rid for rid, _ in items)
         dep.replicas.clear()
         dep.pids.clear()
@@ -408,6 +495,7 @@ class ServeController:
                 if new_cfg.get("user_config") != dep.config.get("user_config"):
                     await asyncio.gather(*[h.reconfigure.remote(new_cfg.get("user_config"))
                                            for h in dep.replicas.values()])
+                dep.target = _kept_target(dep, new_cfg)
                 dep.config = new_cfg
                 app.deps[dname] = dep
             else:
@@ -419,18 +507,11 @@ class ServeController:
                     asyncio.ensure_future(self._stop_replicas(od))
         bring_ups = []
         for dep in app.deps.values():
-            have = len(dep.replicas)
-            want = dep.config["num_replicas"]
-            if have < want:
-                bring_ups.append(self._bring_up(dep, want - have))
-            elif have > want:
-                extra = list(dep.replicas.items())[want:]
-                for rid, _ in extra:
-                    del dep.replicas[rid]
-                    dep.pids.pop(rid, None)
-                tmp = _Dep(name, dep.name, dep.spec)
-                tmp.replicas = dict(extra)
-                asyncio.ensure_future(self._stop_replicas(tmp))
+            have = len(dep.replicas) + dep.starting
+            if have < dep.target:
+                bring_ups.append(self._bring_up(dep, dep.target - have))
+            elif len(dep.replicas) > dep.target:
+                self._drain_some(dep, len(dep.replicas) - dep.target)
         errors = [e for errs in await asyncio.gather(*bring_ups) for e in errs]
         if not errors:
             for dep in app.deps.values():
@@ -445,6 +526,9 @@ class ServeController:
             self._bump()
             raise RuntimeError(f"Deploying application {name!r} failed:\n{msg}")
         app.status = "RUNNING"
+        for dep in app.deps.values():
+            if dep.config.get("autoscaling_config") and dep.autoscaler is None:
+                dep.autoscaler = self._task(dep, self._autoscale(dep))
         self._bump()
         await self._proxies_caught_up()
         return True
@@ -507,9 +591,13 @@ class ServeController:
                     states["RUNNING"] = len(d.replicas)
                 if d.starting:
                     states["STARTING"] = d.starting
+                if d.draining:
+                    states["STOPPING"] = len(d.draining)
                 status = d.status
-                if status == "HEALTHY" and len(d.replicas) < d.config["num_replicas"]:
-                    status = "UPDATING"
+                if status == "HEALTHY" and len(d.replicas) != d.target:
+                    scaled = d.config.get("autoscaling_config") and app.status == "RUNNING"
+                    status = ("UPDATING" if not scaled else
+                              "UPSCALING" if len(d.replicas) < d.target else "DOWNSCALING")
                 deps[d.name] = {"status": status, "message": d.message,
                                 "replica_states": states}
             out[app.name] = {"status": app.status, "message": app.message,
@@ -538,10 +626,25 @@ async def _quiet(aw):
         return None
 
 
+# Options a running replica does not depend on: changing them (a config
+# file's num_replicas, say) updates the deployment in place, as Ray does.
+_IN_PLACE = ("user_config", "num_replicas", "autoscaling_config")
+
+
 def _same_code(a, b):
     return a["cls_blob"] == b["cls_blob"] and a["args_blob"] == b["args_blob"] and \
-        {k: v for k, v in a["config"].items() if k != "user_config"} == \
-        {k: v for k, v in b["config"].items() if k != "user_config"}
+        {k: v for k, v in a["config"].items() if k not in _IN_PLACE} == \
+        {k: v for k, v in b["config"].items() if k not in _IN_PLACE}
+
+
+def _kept_target(dep, new_cfg):
+    """The replica count of a deployment updated in place: an autoscaling one
+    keeps what it scaled to (within the new bounds), else the new count."""
+    auto = new_cfg.get("autoscaling_config")
+    if auto and dep.config.get("autoscaling_config"):
+        low, high = _autoscaler.bounds(auto)
+        return max(low, min(high, dep.target))
+    return new_cfg["num_replicas"]
 
 
 def _error_text(err):

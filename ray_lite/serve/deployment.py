@@ -28,13 +28,9 @@ def _check_config(cfg):
     if cfg.get("autoscaling_config") and n not in ("auto", None) and "num_replicas" in cfg:
         raise ValueError("Manually setting num_replicas is not allowed when "
                          "autoscaling_config is provided.")
-    if n == "auto" or cfg.get("autoscaling_config"):
-        # Accepted so that a Ray program runs unchanged, but said out loud:
-        # a fixed number of replicas is not what the program asked for.
-        import warnings
-        warnings.warn("ray_lite Serve does not autoscale: num_replicas='auto' / "
-                      "autoscaling_config run a fixed number of replicas "
-                      "(initial_replicas, else min_replicas, else 1)", stacklevel=3)
+    if cfg.get("autoscaling_config") is not None or n == "auto":
+        from .config import normalize_autoscaling
+        normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
     m = cfg.get("max_ongoing_requests", MAX_ONGOING_REQUESTS)
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"max_ongoing_requests must be a positive int, got {m!r}")
@@ -64,12 +60,25 @@ def _check_config(cfg):
             raise ValueError(f"user_config must be JSON-serializable: {exc}") from None
 
 
-def resolved_num_replicas(cfg):
+def autoscaling_of(cfg):
+    """The deployment's autoscaling config with Ray's defaults filled in, or
+    None when it runs a fixed number of replicas."""
     n = cfg.get("num_replicas", 1)
-    auto = cfg.get("autoscaling_config") or {}
-    if n == "auto" or n is None or auto:
-        return int(auto.get("initial_replicas") or auto.get("min_replicas") or 1)
-    return n
+    if cfg.get("autoscaling_config") is None and n != "auto":
+        return None
+    from .config import normalize_autoscaling
+    return normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
+
+
+def resolved_num_replicas(cfg):
+    """The replicas a deployment starts with: ``num_replicas``, or under
+    autoscaling ``initial_replicas`` else ``min_replicas`` (at least one:
+    ray_lite does not scale to zero)."""
+    auto = autoscaling_of(cfg)
+    if auto is None:
+        return 1 if cfg.get("num_replicas") is None else cfg.get("num_replicas", 1)
+    init = auto["initial_replicas"]
+    return max(1, auto["min_replicas"] if init is None else init)
 
 
 class Deployment:
@@ -108,7 +117,19 @@ class Deployment:
         cfg = dict(_DEFAULTS)
         cfg.update({k: v for k, v in self._config.items() if k in _DEFAULTS})
         cfg["num_replicas"] = resolved_num_replicas(self._config)
+        cfg["autoscaling_config"] = autoscaling_of(self._config)
         return cfg
+
+    def with_overrides(self, opts):
+        """A copy with a config file's options: its ``num_replicas`` or
+        ``autoscaling_config`` replaces how the code scales (as in Ray)."""
+        base = dict(self._config)
+        if "num_replicas" in opts or "autoscaling_config" in opts:
+            base.pop("num_replicas", None)
+            base.pop("autoscaling_config", None)
+        merged = {**base, **opts}
+        _check_config(merged)
+        return Deployment(self.func_or_class, self._name, merged)
 
     def options(self, **kwargs):
         """A copy with some options changed (``name=`` renames it)."""

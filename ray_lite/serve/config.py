@@ -1,0 +1,327 @@
+"""Ray Serve's config file (``serve run config.yaml`` / ``serve deploy``),
+checked as Ray's ``ServeDeploySchema`` checks it.
+
+    proxy_location: EveryNode          # accepted, ignored (one machine)
+    http_options: {host: 127.0.0.1, port: 8000, request_timeout_s: 30, keep_alive_timeout_s: 90}
+    applications:
+      - name: app1
+        route_prefix: /
+        import_path: module:app        # or module.app; a builder function gets ``args``
+        args: {word: hi}
+        runtime_env: {env_vars: {K: V}}
+        deployments:
+          - name: Model
+            num_replicas: 2            # or "auto"; or autoscaling_config: {...}
+            user_config: {...}
+
+A file with ``import_path`` at the top is one application (Ray's older
+single-application form).  An unknown key is refused naming where it is
+(``applications[0].deployments[1]: unknown key 'num_replica'``), and so is an
+import path that does not import.
+"""
+import importlib
+import os
+import sys
+
+from ._defaults import DEPLOYMENT_OPTIONS
+
+
+class ConfigError(ValueError):
+    """A config file that does not follow Serve's schema (the message says where)."""
+
+
+_TOP_KEYS = {"proxy_location", "http_options", "grpc_options", "logging_config",
+             "applications", "target_capacity"}
+_HTTP_KEYS = {"host", "port", "root_path", "request_timeout_s", "keep_alive_timeout_s"}
+_APP_KEYS = {"name", "route_prefix", "import_path", "args", "runtime_env", "deployments",
+             "logging_config", "host", "port", "external_scaler_enabled"}
+# A deployment's options a config file may override (Ray's DeploymentSchema).
+_DEPLOYMENT_KEYS = (set(DEPLOYMENT_OPTIONS) | {"name", "logging_config", "max_replicas_per_node",
+                                               "placement_group_bundles",
+                                               "placement_group_strategy",
+                                               "request_router_config"})
+# Ray's AutoscalingConfig fields (2.60), with its defaults.
+AUTOSCALING_DEFAULTS = {
+    "min_replicas": 1, "initial_replicas": None, "max_replicas": 1,
+    "target_ongoing_requests": 2.0, "metrics_interval_s": 10.0, "look_back_period_s": 30.0,
+    "smoothing_factor": 1.0, "upscale_smoothing_factor": None,
+    "downscale_smoothing_factor": None, "upscaling_factor": None, "downscaling_factor": None,
+    "downscale_delay_s": 600.0, "downscale_to_zero_delay_s": None, "upscale_delay_s": 30.0,
+    "aggregation_function": "mean",
+}
+# What num_replicas="auto" means, unless autoscaling_config says otherwise.
+AUTO_DEFAULTS = {"target_ongoing_requests": 2.0, "min_replicas": 1, "max_replicas": 100}
+
+
+def _unknown(where, given, allowed):
+    extra = sorted(str(k) for k in given if k not in allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} "
+                          f"{', '.join(repr(k) for k in extra)} (allowed: "
+                          f"{', '.join(sorted(allowed))})")
+
+
+def _mapping(where, value):
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _number(where, value, *, minimum=0.0, positive=False, integer=False):
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not ok or value < minimum or (positive and value <= 0):
+        kind = "an integer" if integer else "a number"
+        bound = "> 0" if positive else f">= {minimum}"
+        raise ConfigError(f"{where}: expected {kind} {bound}, got {value!r}")
+    return value
+
+
+def normalize_autoscaling(cfg, where="autoscaling_config", auto=False):
+    """``cfg`` (a dict or None) with Ray's defaults filled in and checked; with
+    ``auto`` (num_replicas="auto") the defaults of that mode first."""
+    given = dict(cfg or {})
+    _unknown(where, given, AUTOSCALING_DEFAULTS)
+    out = dict(AUTOSCALING_DEFAULTS)
+    if auto:
+        out.update(AUTO_DEFAULTS)
+    out.update(given)
+    for key in ("min_replicas", "max_replicas"):
+        _number(f"{where}.{key}", out[key], integer=True, positive=key == "max_replicas")
+    if out["initial_replicas"] is not None:
+        _number(f"{where}.initial_replicas", out["initial_replicas"], integer=True)
+    for key in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):
+        _number(f"{where}.{key}", out[key], positive=True)
+    for key in ("upscale_delay_s", "downscale_delay_s"):
+        _number(f"{where}.{key}", out[key])
+    for key in ("smoothing_factor", "upscale_smoothing_factor", "downscale_smoothing_factor",
+                "upscaling_factor", "downscaling_factor", "downscale_to_zero_delay_s"):
+        if out[key] is not None:
+            _number(f"{where}.{key}", out[key], positive=key != "downscale_to_zero_delay_s")
+    if out["min_replicas"] > out["max_replicas"]:
+        raise ConfigError(f"{where}: min_replicas ({out['min_replicas']}) is greater than "
+                          f"max_replicas ({out['max_replicas']})")
+    init = out["initial_replicas"]
+    if init is not None and not out["min_replicas"] <= init <= out["max_replicas"]:
+        raise ConfigError(f"{where}: initial_replicas ({init}) must be between min_replicas "
+                          f"and max_replicas")
+    if out["aggregation_function"] not in ("mean", "max", "min"):
+        raise ConfigError(f"{where}.aggregation_function: expected mean, max or min, got "
+                          f"{out['aggregation_function']!r}")
+    return out
+
+
+def _check_http_options(raw):
+    opts = dict(_mapping("http_options", raw))
+    _unknown("http_options", opts, _HTTP_KEYS)
+    if "port" in opts:
+        _number("http_options.port", opts["port"], integer=True)
+    for key in ("request_timeout_s", "keep_alive_timeout_s"):
+        if opts.get(key) is not None:
+            _number(f"http_options.{key}", opts[key], positive=True)
+    return opts
+
+
+def _check_deployment(where, raw):
+    d = dict(_mapping(where, raw))
+    _unknown(where, d, _DEPLOYMENT_KEYS)
+    if not isinstance(d.get("name"), str) or not d["name"]:
+        raise ConfigError(f"{where}: every deployment needs a name")
+    opts = {k: v for k, v in d.items() if k != "name"}
+    if "autoscaling_config" in opts and opts["autoscaling_config"] is not None:
+        opts["autoscaling_config"] = normalize_autoscaling(
+            opts["autoscaling_config"], f"{where}.autoscaling_config",
+            auto=opts.get("num_replicas") == "auto")
+    from .deployment import _check_config
+    try:
+        _check_config(opts)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} ({d['name']}): {exc}") from None
+    return d["name"], opts
+
+
+def _check_app(where, raw, single):
+    app = dict(_mapping(where, raw))
+    _unknown(where, app, _APP_KEYS)
+    path = app.get("import_path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where}: import_path is required (module:attribute)")
+    name = app.get("name", "default")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
+    prefix = app.get("route_prefix", "/")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix.startswith("/")):
+        raise ConfigError(f"{where}.route_prefix: must start with '/', got {prefix!r}")
+    args = app.get("args") or {}
+    _mapping(f"{where}.args", args)
+    env = app.get("runtime_env") or {}
+    _mapping(f"{where}.runtime_env", env)
+    _unknown(f"{where}.runtime_env", env, {"env_vars"})
+    env_vars = _mapping(f"{where}.runtime_env.env_vars", env.get("env_vars") or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+        raise ConfigError(f"{where}.runtime_env.env_vars: keys and values must be strings")
+    deps = {}
+    raw_deps = app.get("deployments") or []
+    if not isinstance(raw_deps, list):
+        raise ConfigError(f"{where}.deployments: expected a list")
+    for i, rd in enumerate(raw_deps):
+        dname, opts = _check_deployment(f"{where}.deployments[{i}]", rd)
+        if dname in deps:
+            raise ConfigError(f"{where}.deployments: {dname!r} is listed twice")
+        deps[dname] = opts
+    return {"name": name, "route_prefix": prefix, "import_path": path, "args": dict(args),
+            "env_vars": dict(env_vars), "deployments": deps}
+
+
+def parse(raw):
+    """The checked, normalized form of a config file's content:
+    ``{"http_options": {...}, "applications": [...], "notes": [...]}``."""
+    if raw is None:
+        raw = {}
+    _mapping("config", raw)
+    notes = []
+    if "import_path" in raw:       # one application at the top level
+        http = {k: raw[k] for k in ("host", "port") if k in raw}
+        app = {k: v for k, v in raw.items() if k not in ("host", "port")}
+        apps = [_check_app("config", app, True)]
+        return {"http_options": http, "applications": apps, "notes": notes}
+    _unknown("config", raw, _TOP_KEYS)
+    http = _check_http_options(raw.get("http_options") or {})
+    if raw.get("proxy_location") not in (None, "EveryNode", "HeadOnly", "Disabled"):
+        raise ConfigError(f"proxy_location: expected EveryNode, HeadOnly or Disabled, got "
+                          f"{raw['proxy_location']!r}")
+    if raw.get("proxy_location") is not None:
+        notes.append(f"proxy_location {raw['proxy_location']} is ignored: one machine, "
+                     f"the proxies share one port")
+    if raw.get("grpc_options"):
+        gopts = _mapping("grpc_options", raw["grpc_options"])
+        if gopts.get("grpc_servicer_functions"):
+            raise ConfigError("grpc_options.grpc_servicer_functions: ray_lite.serve has no "
+                              "gRPC ingress (HTTP only)")
+    if raw.get("target_capacity") is not None:
+        raise ConfigError("target_capacity: not supported by ray_lite.serve")
+    raw_apps = raw.get("applications") or []
+    if not isinstance(raw_apps, list):
+        raise ConfigError("applications: expected a list")
+    apps = [_check_app(f"applications[{i}]", a, False) for i, a in enumerate(raw_apps)]
+    seen_names, seen_prefixes = set(), set()
+    for a in apps:
+        if a["name"] in seen_names:
+            raise ConfigError(f"applications: the name {a['name']!r} is used twice")
+        seen_names.add(a["name"])
+        if a["route_prefix"] is not None:
+            if a["route_prefix"] in seen_prefixes:
+                raise ConfigError(f"applications: the route_prefix {a['route_prefix']!r} is "
+                                  f"used twice")
+            seen_prefixes.add(a["route_prefix"])
+    return {"http_options": http, "applications": apps, "notes": notes}
+
+
+def load(path):
+    """``parse`` of the YAML (or JSON) file at ``path``."""
+    return parse(read(path))
+
+
+def read(path):
+    """The content of the YAML (or JSON) file at ``path``, unchecked."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError("reading a config file needs PyYAML: pip install 'ray_lite[serve]'") \
+            from None
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return raw
+
+
+def import_attr(import_path, app_dir="."):
+    """What ``module:attr`` (or ``module.attr``) names; ``ConfigError`` naming
+    the path if it does not import."""
+    if ":" in import_path:
+        module_name, _, attr = import_path.partition(":")
+    else:
+        module_name, _, attr = import_path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"import_path {import_path!r}: expected module:attribute")
+    path = os.path.abspath(app_dir)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:   # noqa: BLE001 - the user's module: say what failed
+        raise ConfigError(f"import_path {import_path!r}: cannot import {module_name!r}: "
+                          f"{type(exc).__name__}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"import_path {import_path!r}: module {module_name!r} has no "
+                          f"attribute {attr!r}") from None
+
+
+def build_app(app_cfg, app_dir="."):
+    """The ``Application`` of one checked application entry, with its
+    deployments' options overridden as the file says."""
+    from .cli import application_of
+    from .deployment import Application
+    target = import_attr(app_cfg["import_path"], app_dir)
+    try:
+        app = application_of(target, app_cfg["args"], app_cfg["import_path"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"import_path {app_cfg['import_path']!r}: {exc}") from None
+    overrides = dict(app_cfg["deployments"])
+    env_vars = app_cfg["env_vars"]
+    rebuilt = {}
+
+    def visit(a):
+        if id(a) in rebuilt:
+            return rebuilt[id(a)]
+        dep = a.deployment
+        opts = dict(overrides.pop(dep.name, {}))
+        if env_vars:
+            rao = dict(opts.get("ray_actor_options", dep.ray_actor_options) or {})
+            renv = dict(rao.get("runtime_env") or {})
+            renv["env_vars"] = {**env_vars, **(renv.get("env_vars") or {})}
+            rao["runtime_env"] = renv
+            opts["ray_actor_options"] = rao
+        if opts:
+            dep = dep.with_overrides(opts)
+        new = Application(dep, tuple(convert(x) for x in a._args),
+                          {k: convert(v) for k, v in a._kwargs.items()})
+        rebuilt[id(a)] = new
+        return new
+
+    def convert(x):
+        if isinstance(x, Application):
+            return visit(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(convert(v) for v in x)
+        if isinstance(x, dict):
+            return {k: convert(v) for k, v in x.items()}
+        return x
+    out = visit(app)
+    if overrides:
+        raise ConfigError(f"application {app_cfg['name']!r}: no deployment named "
+                          f"{', '.join(repr(n) for n in sorted(overrides))} in "
+                          f"{app_cfg['import_path']}")
+    return out
+
+
+def apply(parsed, app_dir="."):
+    """Make the running Serve instance run what ``parsed`` says: every
+    application is imported first (a bad import path changes nothing), the
+    applications the file no longer lists are deleted, and each listed one is
+    deployed or updated in place (``serve.run``: a changed ``num_replicas``
+    adds or drains replicas).  The names of the applications deployed."""
+    from . import api
+    built = [(a, build_app(a, app_dir)) for a in parsed["applications"]]
+    wanted = {a["name"] for a in parsed["applications"]}
+    for name in list(api.status().applications):
+        if name not in wanted:
+            api.delete(name)
+    for a, app in built:
+        api.run(app, name=a["name"], route_prefix=a["route_prefix"])
+    return [a["name"] for a in parsed["applications"]]

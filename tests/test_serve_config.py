@@ -1,0 +1,176 @@
+"""Serve config files (Ray's ServeDeploySchema): what is accepted, what is
+refused (naming the key or the import path), and how a file's deployment
+options override the code's."""
+import textwrap
+
+import pytest
+
+from ray_lite.serve import config
+from ray_lite.serve.config import ConfigError
+
+yaml = pytest.importorskip("yaml")
+
+MODULE = textwrap.dedent("""
+    from ray_lite import serve
+
+    @serve.deployment(num_replicas=2, user_config={"k": 1})
+    class Inner:
+        def __call__(self):
+            return "inner"
+
+    @serve.deployment(autoscaling_config={"min_replicas": 1, "max_replicas": 4})
+    class Outer:
+        def __init__(self, inner, word="hi"):
+            self.inner, self.word = inner, word
+
+    def build(args):
+        return Outer.bind(Inner.bind(), args.get("word", "hi"))
+
+    app = Outer.bind(Inner.bind())
+    not_an_app = 42
+""")
+
+GOOD = textwrap.dedent("""
+    proxy_location: EveryNode
+    http_options:
+      host: 127.0.0.1
+      port: 0
+      request_timeout_s: 30
+      keep_alive_timeout_s: 5
+    applications:
+      - name: one
+        route_prefix: /one
+        import_path: cfg_mod:build
+        args: {word: hello}
+        runtime_env: {env_vars: {A: "1"}}
+        deployments:
+          - name: Inner
+            num_replicas: 3
+            user_config: {k: 2}
+            max_ongoing_requests: 7
+          - name: Outer
+            num_replicas: auto
+            autoscaling_config: {max_replicas: 6, upscale_delay_s: 1}
+      - name: two
+        route_prefix: /two
+        import_path: cfg_mod.app
+""")
+
+
+@pytest.fixture
+def cfg_dir(tmp_path):
+    (tmp_path / "cfg_mod.py").write_text(MODULE)
+    return tmp_path
+
+
+def _parse(text):
+    return config.parse(yaml.safe_load(text))
+
+
+def test_a_good_file_parses_with_ray_defaults():
+    parsed = _parse(GOOD)
+    assert parsed["http_options"] == {"host": "127.0.0.1", "port": 0, "request_timeout_s": 30,
+                                      "keep_alive_timeout_s": 5}
+    one, two = parsed["applications"]
+    assert (one["name"], one["route_prefix"], one["args"], one["env_vars"]) == \
+        ("one", "/one", {"word": "hello"}, {"A": "1"})
+    assert one["deployments"]["Inner"]["num_replicas"] == 3
+    auto = one["deployments"]["Outer"]["autoscaling_config"]
+    # num_replicas: auto, with the file's values over auto's defaults
+    assert (auto["max_replicas"], auto["target_ongoing_requests"], auto["upscale_delay_s"]) == \
+        (6, 2.0, 1)
+    assert (two["name"], two["route_prefix"], two["deployments"]) == ("two", "/two", {})
+    assert any("proxy_location" in n for n in parsed["notes"])
+
+
+def test_the_single_application_form():
+    parsed = _parse("import_path: cfg_mod:app\nroute_prefix: /x\nport: 0\n")
+    assert parsed["http_options"] == {"port": 0}
+    assert [(a["name"], a["route_prefix"]) for a in parsed["applications"]] == \
+        [("default", "/x")]
+
+
+@pytest.mark.parametrize("text,names", [
+    ("applicationz: []", "'applicationz'"),
+    ("http_options: {prot: 8000}", "http_options: unknown key 'prot'"),
+    ("applications: [{import_path: m:a, rout_prefix: /}]", "applications[0]: unknown key "
+                                                           "'rout_prefix'"),
+    ("applications: [{import_path: m:a, deployments: [{name: D, num_replica: 2}]}]",
+     "applications[0].deployments[0]: unknown key 'num_replica'"),
+    ("applications: [{import_path: m:a, deployments: [{name: D, autoscaling_config: "
+     "{max_replica: 2}}]}]", "applications[0].deployments[0].autoscaling_config: unknown "
+                             "key 'max_replica'"),
+    ("applications: [{import_path: m:a, deployments: [{num_replicas: 2}]}]", "needs a name"),
+    ("applications: [{import_path: m:a, deployments: [{name: D, num_replicas: -1}]}]",
+     "num_replicas"),
+    ("applications: [{import_path: m:a, deployments: [{name: D, num_replicas: 2, "
+     "autoscaling_config: {max_replicas: 3}}]}]", "autoscaling_config"),
+    ("applications: [{import_path: m:a, runtime_env: {pip: [x]}}]",
+     "applications[0].runtime_env: unknown key 'pip'"),
+    ("applications: [{name: a}]", "import_path is required"),
+    ("applications: [{import_path: m:a, route_prefix: x}]", "route_prefix"),
+    ("applications: [{import_path: m:a}, {import_path: m:b, route_prefix: /b}]",
+     "'default' is used twice"),
+    ("applications: [{import_path: m:a}, {name: b, import_path: m:b}]", "'/' is used twice"),
+    ("http_options: {port: http}", "http_options.port"),
+    ("target_capacity: 50", "target_capacity"),
+    ("[1, 2]", "expected a mapping"),
+])
+def test_bad_files_are_refused_naming_the_key(text, names):
+    with pytest.raises(ConfigError) as err:
+        _parse(text)
+    assert names in str(err.value)
+
+
+def test_load_reads_yaml_and_refuses_what_is_not(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    assert [a["name"] for a in config.load(str(good))["applications"]] == ["one", "two"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("applications: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(str(bad))
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(str(tmp_path / "missing.yaml"))
+
+
+def test_build_overrides_the_deployments_options(cfg_dir):
+    one, two = _parse(GOOD)["applications"]
+    app = config.build_app(one, str(cfg_dir))
+    outer = app.deployment
+    assert outer.name == "Outer" and app._args[1] == "hello"
+    assert outer.full_config()["autoscaling_config"]["max_replicas"] == 6
+    inner = app._args[0].deployment
+    cfg = inner.full_config()
+    assert (cfg["num_replicas"], cfg["user_config"], cfg["max_ongoing_requests"]) == \
+        (3, {"k": 2}, 7)
+    # the application's env_vars reach each deployment's replicas
+    assert cfg["ray_actor_options"]["runtime_env"] == {"env_vars": {"A": "1"}}
+    assert config.build_app(two, str(cfg_dir)).deployment.name == "Outer"
+
+
+def test_a_file_num_replicas_replaces_the_codes_autoscaling(cfg_dir):
+    app_cfg = _parse("applications: [{import_path: cfg_mod.app, deployments: "
+                     "[{name: Outer, num_replicas: 2}]}]")["applications"][0]
+    cfg = config.build_app(app_cfg, str(cfg_dir)).deployment.full_config()
+    assert cfg["num_replicas"] == 2 and cfg["autoscaling_config"] is None
+
+
+@pytest.mark.parametrize("path,names", [
+    ("nowhere_mod:app", "cannot import 'nowhere_mod'"),
+    ("cfg_mod:nothing", "has no attribute 'nothing'"),
+    ("cfg_mod:not_an_app", "not an Application"),
+    ("cfg_mod", "expected module:attribute"),
+])
+def test_a_bad_import_path_is_refused_naming_it(cfg_dir, path, names):
+    app_cfg = _parse(f"applications: [{{import_path: '{path}'}}]")["applications"][0]
+    with pytest.raises(ConfigError) as err:
+        config.build_app(app_cfg, str(cfg_dir))
+    assert path in str(err.value) and names in str(err.value)
+
+
+def test_overriding_a_deployment_the_app_lacks_is_refused(cfg_dir):
+    app_cfg = _parse("applications: [{import_path: cfg_mod.app, deployments: "
+                     "[{name: Missing, num_replicas: 2}]}]")["applications"][0]
+    with pytest.raises(ConfigError, match="no deployment named 'Missing'"):
+        config.build_app(app_cfg, str(cfg_dir))
