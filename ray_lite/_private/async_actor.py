@@ -21,6 +21,11 @@ _COROUTINE = types.CoroutineType
 _copy_context = contextvars.copy_context
 
 
+def _not_started(task):
+    coro = task.get_coro()
+    return coro.cr_frame is not None and not coro.cr_running and not coro.cr_suspended
+
+
 class AsyncActorMixin:
     """Part of ``WorkerNode``: running an async actor's calls."""
 
@@ -56,6 +61,9 @@ class AsyncActorMixin:
         if stream or slots.free <= 0 or slots.waiters or kwargs or \
                 self.actor_init_error is not None or not self._is_sync_method(method):
             return False
+        running = self.running
+        if running and _not_started(next(reversed(running.values()))):
+            return False        # the Tasks start in order: the last one made tells
         for a in args:
             if type(a) is ObjectRef:
                 return False
@@ -111,8 +119,6 @@ class AsyncActorMixin:
         # took the slot).
         _, oid, method, args, kwargs, nret, stream, bp = msg
         slots = self._sem
-        if pending is None:
-            self._unstarted_calls -= 1
         try:
             if pending is not None:
                 pass

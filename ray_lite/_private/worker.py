@@ -45,7 +45,6 @@ class WorkerNode(AsyncActorMixin, Node):
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
-        self._unstarted_calls = 0  # async actor calls whose Task has not started yet
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
         self.stream_acks = {}
@@ -221,10 +220,10 @@ class WorkerNode(AsyncActorMixin, Node):
     def _on_method(self, peer, msg):
         self.live.add(msg[1])
         if self.loop is not None:
-            if not self._unstarted_calls and self._run_method_now(peer, msg):
+            # (An async def method is known after its first call: no detour.)
+            if self._sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
                 return
             # Registered now, so that a cancel arriving before it starts finds it.
-            self._unstarted_calls += 1
             self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
