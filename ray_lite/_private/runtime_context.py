@@ -38,7 +38,7 @@ def _frames_running_calls(node):
     if _call_codes is None:
         cls = type(node)
         _call_codes = frozenset(f.__code__ for f in (
-            cls.run_pool_task, cls._run_method, cls._run_method_async))
+            cls.run_pool_task, cls._run_method, cls._run_method_async, cls._run_method_now))
     return _call_codes
 
 

@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 import traceback
-import types
 
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
                                  TaskCancelledError)
@@ -18,6 +17,7 @@ from .protocol import ITEM, RESULT   # per result and item: a global, not an att
 from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
+from .async_actor import AsyncActorMixin
 from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                      unpicklable_task_error)
 from .node import Node
@@ -26,11 +26,10 @@ from .refs import ObjectRef, raisable, stored_result
 from .shipping import unship
 from .transport import Link, LinkClosed
 
-_COROUTINE = types.CoroutineType
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 
-class WorkerNode(Node):
+class WorkerNode(AsyncActorMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
@@ -45,6 +44,7 @@ class WorkerNode(Node):
         self._task_thread = threading.get_ident()
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
+        self._sync_methods = {}    # method -> a plain def (async actors: run at once)
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
         self.stream_acks = {}
@@ -220,6 +220,9 @@ class WorkerNode(Node):
     def _on_method(self, peer, msg):
         self.live.add(msg[1])
         if self.loop is not None:
+            # (An async def method is known after its first call: no detour.)
+            if self._sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
+                return
             # Registered now, so that a cancel arriving before it starts finds it.
             self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
@@ -551,70 +554,6 @@ class WorkerNode(Node):
                 # call to end, maybe asleep in poll (driving the links): no
                 # message tells it (``actor_exit._exit_when_idle``).
                 self.wake_poll()
-
-    async def _resolve_async(self, args, kwargs):
-        if any(type(a) is ObjectRef for a in args):
-            args = [await a if type(a) is ObjectRef else a for a in args]
-        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
-            kwargs = {k: (await v if type(v) is ObjectRef else v) for k, v in kwargs.items()}
-        return args, kwargs
-
-    async def _run_method_async(self, peer, msg):
-        # At most max_concurrency calls run at once (Ray's default for async
-        # actors: 1000); the others wait here, in arrival order.  One flat
-        # coroutine per call: an actor serving many small calls (a Serve
-        # replica) spends most of its time on this path.
-        _, oid, method, args, kwargs, nret, stream, bp = msg
-        slots = self._sem
-        try:
-            if slots.free > 0 and not slots.waiters:
-                slots.free -= 1
-            else:
-                try:
-                    await slots.wait()
-                except asyncio.CancelledError:
-                    # Cancelled while waiting for a slot.
-                    self._send_failure(peer, oid, stream, TaskCancelledError(),
-                                       self._call_name(method))
-                    return
-            try:
-                name = self._call_name(method)
-                try:
-                    fn = self._method_for(msg)
-                    for a in args:
-                        if type(a) is ObjectRef:
-                            args, kwargs = await self._resolve_async(args, kwargs)
-                            break
-                    else:
-                        if kwargs:
-                            args, kwargs = await self._resolve_async(args, kwargs)
-                    result = fn(*args, **kwargs)
-                    if stream:
-                        if inspect.isasyncgen(result):
-                            await self._drain_async_gen(peer, oid, result, bp, name)
-                            return
-                        if inspect.isgenerator(result):
-                            self._drain_gen(peer, oid, result, bp, name)
-                            return
-                        raise TypeError(f"{name} was called with num_returns='streaming' but "
-                                        f"returned {type(result).__name__}, not a generator")
-                    if type(result) is _COROUTINE or inspect.isawaitable(result):
-                        result = await result
-                    if nret != 1:
-                        result = self._split(result, nret)
-                except asyncio.CancelledError:
-                    self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
-                    return
-                except BaseException as exc:
-                    self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
-                    return
-                self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
-            finally:
-                slots.release()
-        finally:
-            self.running.pop(oid, None)
-            self.cancelled.discard(oid)
-            self.live.discard(oid)
 
 
 def worker_main(spec):

@@ -1,7 +1,8 @@
 """``Queue``: a first-in, first-out queue that any task, actor or driver can use.
 
 The items live in an async actor (the queue's owner); every operation is one
-call to it, so a ``put`` or ``get`` costs one actor round trip.  A blocking
+call to it, so a ``put`` or ``get`` costs one actor round trip (one that the
+owner answers without an asyncio Task when it need not wait).  A blocking
 ``get`` or ``put`` waits *in the actor* (a future on its event loop, with a
 timer for the timeout), so a blocked caller sends nothing more until its
 answer arrives.  Passing the queue to a task or an actor passes its actor
@@ -223,7 +224,10 @@ class _QueueOwner:
                 break
         return item
 
-    async def put(self, item, timeout=None):
+    # put and get are plain methods: what they can answer at once is answered
+    # without an asyncio Task (the worker runs such calls directly); only a
+    # call that has to wait returns a coroutine, which the worker awaits.
+    def put(self, item, timeout=None):
         if not self.putters and self._room_for(1):
             self._deliver(item)
             return True
@@ -231,16 +235,27 @@ class _QueueOwner:
             return False
         fut = asyncio.get_running_loop().create_future()
         self.putters.append((fut, item))
-        return await _wait_for(fut, timeout, False)
+        return self._wait_for(fut, timeout, False)
 
-    async def get(self, timeout=None):
+    def get(self, timeout=None):
         if self.items:
             return True, self._take()
         if timeout == 0:
             return False, None
         fut = asyncio.get_running_loop().create_future()
         self.getters.append(fut)
-        return await _wait_for(fut, timeout, (False, None))
+        return self._wait_for(fut, timeout, (False, None))
+
+    # An async method (this one) makes the owner an async actor: its calls
+    # wait on its event loop, never blocking one another.
+    async def _wait_for(self, fut, timeout, timed_out_answer):
+        if timeout is None:
+            return await fut
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, fut, timed_out_answer)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
 
     def put_nowait_batch(self, items):
         """None when all were added, else the queue's size (nothing added)."""
@@ -259,16 +274,6 @@ class _QueueOwner:
 def _expire(fut, answer):
     if not fut.done():
         fut.set_result(answer)
-
-
-async def _wait_for(fut, timeout, timed_out_answer):
-    if timeout is None:
-        return await fut
-    timer = asyncio.get_running_loop().call_later(timeout, _expire, fut, timed_out_answer)
-    try:
-        return await fut
-    finally:
-        timer.cancel()
 
 
 # Made on first use: importing this module starts nothing and costs little.

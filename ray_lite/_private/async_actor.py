@@ -1,0 +1,175 @@
+"""The calls of an async actor: each runs on the actor's event loop.
+
+A call of a plain ``def`` method that can start at once runs directly from
+the handler of its message (``_run_method_now``: no asyncio Task, which is
+most of the cost of a small call); every other call runs in a Task of its
+own (``_run_method_async``), at most ``max_concurrency`` at once.
+"""
+import asyncio
+import contextvars
+import functools
+import inspect
+import types
+
+from ray_lite.exceptions import TaskCancelledError
+
+from .errors import running_task_cancelled
+from .protocol import RESULT
+from .refs import ObjectRef, stored_result
+
+_COROUTINE = types.CoroutineType
+_copy_context = contextvars.copy_context
+
+
+def _not_started(task):
+    coro = task.get_coro()
+    return coro.cr_frame is not None and not coro.cr_running and not coro.cr_suspended
+
+
+class AsyncActorMixin:
+    """Part of ``WorkerNode``: running an async actor's calls."""
+
+    async def _resolve_async(self, args, kwargs):
+        if any(type(a) is ObjectRef for a in args):
+            args = [await a if type(a) is ObjectRef else a for a in args]
+        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+            kwargs = {k: (await v if type(v) is ObjectRef else v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    def _is_sync_method(self, method):
+        sync = self._sync_methods.get(method)
+        if sync is None:
+            fn = getattr(type(self.actor), method, None)
+            sync = self._sync_methods[method] = (
+                callable(fn) and not inspect.iscoroutinefunction(fn)
+                and not inspect.isasyncgenfunction(fn) and not inspect.isgeneratorfunction(fn))
+        return sync
+
+    def _run_method_now(self, peer, msg):
+        """An async actor's call of a plain ``def`` method, run at once (no
+        asyncio Task): True when it was run.
+
+        Taken only when the call would start at once anyway (a slot free, no
+        one waiting for one, no ref among its arguments, not a stream) and
+        every call that came before it has started (calls start in order).  It
+        runs in a context of its own, as a Task would.  When the method
+        returns an awaitable, that is awaited by a Task (``_run_method_async``
+        with ``pending``), which also owns the slot taken here.
+        """
+        _, oid, method, args, kwargs, nret, stream, bp = msg
+        slots = self._sem
+        if stream or slots.free <= 0 or slots.waiters or kwargs or \
+                self.actor_init_error is not None or not self._is_sync_method(method):
+            return False
+        running = self.running
+        if running and _not_started(next(reversed(running.values()))):
+            return False        # the Tasks start in order: the last one made tells
+        for a in args:
+            if type(a) is ObjectRef:
+                return False
+        name = self._call_name(method)
+        try:
+            context = _copy_context()
+            try:
+                result = context.run(getattr(self.actor, method), *args)
+                if type(result) is _COROUTINE or inspect.isawaitable(result):
+                    slots.free -= 1
+                    task = self.loop.create_task(
+                        self._run_method_async(peer, msg, result), context=context)
+                    task.add_done_callback(functools.partial(
+                        self._unstarted_call_cancelled, peer, msg, result))
+                    self.running[oid] = task
+                    return True
+                if nret != 1:
+                    result = self._split(result, nret)
+            except asyncio.CancelledError:
+                self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
+                return True
+            except BaseException as exc:
+                self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+                return True
+            self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
+        finally:
+            if oid not in self.running:
+                self.cancelled.discard(oid)
+                self.live.discard(oid)
+        return True
+
+    def _unstarted_call_cancelled(self, peer, msg, pending, task):
+        # A Task cancelled before its first step never runs its coroutine
+        # (no finally either): answer and clean up for it here.
+        if not task.cancelled():
+            return
+        oid = msg[1]
+        if hasattr(pending, "close"):
+            pending.close()
+        self._sem.release()
+        self.running.pop(oid, None)
+        self.cancelled.discard(oid)
+        self.live.discard(oid)
+        name = self._call_name(msg[2])
+        self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
+
+    async def _run_method_async(self, peer, msg, pending=None):
+        # At most max_concurrency calls run at once (Ray's default for async
+        # actors: 1000); the others wait here, in arrival order.  One flat
+        # coroutine per call: an actor serving many small calls (a Serve
+        # replica) spends most of its time on this path.  ``pending``: what
+        # the method returned, to await (``_run_method_now`` called it and
+        # took the slot).
+        _, oid, method, args, kwargs, nret, stream, bp = msg
+        slots = self._sem
+        try:
+            if pending is not None:
+                pass
+            elif slots.free > 0 and not slots.waiters:
+                slots.free -= 1
+            else:
+                try:
+                    await slots.wait()
+                except asyncio.CancelledError:
+                    # Cancelled while waiting for a slot.
+                    self._send_failure(peer, oid, stream, TaskCancelledError(),
+                                       self._call_name(method))
+                    return
+            try:
+                name = self._call_name(method)
+                try:
+                    if pending is not None:
+                        result = pending
+                    else:
+                        fn = self._method_for(msg)
+                        for a in args:
+                            if type(a) is ObjectRef:
+                                args, kwargs = await self._resolve_async(args, kwargs)
+                                break
+                        else:
+                            if kwargs:
+                                args, kwargs = await self._resolve_async(args, kwargs)
+                        result = fn(*args, **kwargs)
+                    if stream:
+                        if inspect.isasyncgen(result):
+                            await self._drain_async_gen(peer, oid, result, bp, name)
+                            return
+                        if inspect.isgenerator(result):
+                            self._drain_gen(peer, oid, result, bp, name)
+                            return
+                        raise TypeError(f"{name} was called with num_returns='streaming' but "
+                                        f"returned {type(result).__name__}, not a generator")
+                    if type(result) is _COROUTINE or inspect.isawaitable(result):
+                        result = await result
+                    if nret != 1:
+                        result = self._split(result, nret)
+                except asyncio.CancelledError:
+                    self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
+                    return
+                except BaseException as exc:
+                    self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+                    return
+                self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
+            finally:
+                slots.release()
+        finally:
+            self.running.pop(oid, None)
+            self.cancelled.discard(oid)
+            self.live.discard(oid)
