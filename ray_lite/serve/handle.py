@@ -100,6 +100,22 @@ class Router:
             with self.lock:
                 self.listen_ref = ref
                 self._listening = False
+        if ref is not None and self.exists:
+            _core.on_ready(ref, self._on_listen_answer)
+
+    def _on_listen_answer(self, _x):
+        """Apply a change as it comes (on the thread that reads the links) and
+        listen again, so that a handle idle meanwhile routes its next call
+        with the replicas of now: with the set of its last call, it would send
+        it to a replica scaled down or replaced since, being stopped.  A
+        failed listen is not renewed here (the controller is gone or failing;
+        the next call tries again): renewing it would loop at once."""
+        ref = self.listen_ref
+        r = _core.peek(ref) if ref is not None else None
+        # Only with the controller's handle at hand: looking it up may wait
+        # for an answer, which this thread (the one reading the links) is.
+        if r is not None and r[0] and context._controller is not None:
+            self.poll_update()
 
     def refresh_blocking(self, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
         ctl = context.get_controller()
