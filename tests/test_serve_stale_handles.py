@@ -10,6 +10,7 @@ import pytest
 
 import ray_lite as ray
 from ray_lite import serve
+from ray_lite.serve import _core
 from ray_lite.serve.handle import get_router
 
 T = 60
@@ -100,3 +101,21 @@ def test_call_running_on_a_killed_replica_fails(serve_port, tmp_path):
         resp.result(timeout_s=T)
     # The replacement serves the next calls.
     assert h.pid.remote().result(timeout_s=T) != pid
+
+
+def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch):
+    # A handle whose set still holds a replica that died (the controller's
+    # update not in yet, nor the death in the set): the call it sends there
+    # fails at once, unseen by the replica, and goes to the other one.
+    h = serve.run(Pids.bind(), name="stale", route_prefix=None)
+    pids = _both_pids(h)
+    victim = min(pids)
+    router = get_router("stale", "Pids")
+    monkeypatch.setattr(router, "apply", lambda snap: None)     # the set stays as it is
+    ids = _replica_ids()
+    os.kill(victim, signal.SIGKILL)
+    _wait_until(lambda: ids & set(_core.dead_actor_ids()), "this process to see the death")
+    monkeypatch.setattr(_core, "dead_actor_ids", lambda: frozenset())
+    for _ in range(20):
+        assert h.pid.remote().result(timeout_s=T) != victim
+    assert len(_replica_ids()) == 1
