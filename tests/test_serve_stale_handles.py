@@ -24,6 +24,10 @@ class Pids:
     def pid(self):
         return os.getpid()
 
+    def pids(self, n):
+        for _ in range(n):
+            yield os.getpid()
+
     def hang(self, marker):
         # Tells the test it has started, then runs until the process is killed.
         with open(marker, "w") as f:
@@ -103,7 +107,8 @@ def test_call_running_on_a_killed_replica_fails(serve_port, tmp_path):
     assert h.pid.remote().result(timeout_s=T) != pid
 
 
-def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch):
+@pytest.mark.parametrize("stream", [False, True])
+def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch, stream):
     # A handle whose set still holds a replica that died (the controller's
     # update not in yet, nor the death in the set): the call it sends there
     # fails at once, unseen by the replica, and goes to the other one.
@@ -116,6 +121,10 @@ def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch)
     os.kill(victim, signal.SIGKILL)
     _wait_until(lambda: ids & set(_core.dead_actor_ids()), "this process to see the death")
     monkeypatch.setattr(_core, "dead_actor_ids", lambda: frozenset())
-    for _ in range(20):
-        assert h.pid.remote().result(timeout_s=T) != victim
+    if stream:
+        for _ in range(20):
+            assert victim not in list(h.options(stream=True).pids.remote(2))
+    else:
+        for _ in range(20):
+            assert h.pid.remote().result(timeout_s=T) != victim
     assert len(_replica_ids()) == 1

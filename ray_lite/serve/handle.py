@@ -408,8 +408,9 @@ class DeploymentHandle:
                             model_id, self._method, args, kwargs)
                     else:
                         gen = rep.stream.remote(self._method, args, kwargs)
-                    break
-                ref = _send_call(rep, model_id, self._method, args, kwargs)
+                    ref = gen.completed()     # fails at once, like a call's ref, if refused
+                else:
+                    ref = _send_call(rep, model_id, self._method, args, kwargs)
             except BaseException:
                 router.release(rep)
                 raise
@@ -419,7 +420,7 @@ class DeploymentHandle:
             # handle's set): certain not to have run it, so another may.
             router.drop(rep)
         if self._stream:
-            _core.on_ready(gen.completed(), lambda _x: router.release(rep))
+            _core.on_ready(ref, lambda _x: router.release(rep))
             return DeploymentResponseGenerator(gen)
         _core.on_ready(ref, lambda _x: router.release(rep))
         return DeploymentResponse(ref)
