@@ -589,6 +589,7 @@ class ActorMethod:
                 aid, P.method_msg(oid, self._name, args, kwargs, nret, stream, bp)):
             err = ActorDiedError(node.death_causes.get(aid) or f"The actor {info.class_name} "
                                  f"is dead: {name} cannot run.", actor_id=aid)
+            err.never_sent = True     # certain: the actor never saw this call (Serve retries it)
             if stream:
                 node.fail_stream(target, err)
             else:

@@ -78,6 +78,13 @@ def peek(ref):
     return (True, e.value)
 
 
+def never_sent(ref):
+    """True if the call behind ``ref`` failed at once because its actor was
+    dead when it was sent (the actor never saw it, so it may go elsewhere)."""
+    r = peek(ref)
+    return r is not None and not r[0] and getattr(r[1], "never_sent", False)
+
+
 def pending_ref():
     """A ref this process owns, filled later with ``set_value``/``set_error``."""
     n = _state.get_node()

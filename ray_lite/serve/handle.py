@@ -9,9 +9,11 @@ calls it fails with ``BackPressureError``, as in Ray: both limits are per
 caller.  Streaming calls are not held: the least loaded replica queues them.
 
 The replica set comes from the controller and is kept current by a long poll:
-one ``listen`` call is always outstanding, and each call first looks whether
-it has completed (a readiness check, no message), so the driver, a replica or
-a proxy all see changes without a background thread.
+one ``listen`` call is always outstanding, renewed from its answer's callback
+(on the thread that reads the links: the driver's service thread, a replica's
+event loop), so even an idle handle sees changes as they come, without a
+thread of its own.  A call that a replica refuses unseen (dead when it was
+sent) is sent to another; one it was running fails as in Ray.
 """
 import collections
 import threading
@@ -23,6 +25,9 @@ from ._routing import for_model, least_loaded, power_of_two, slots_for
 from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
 _SENDING = object()
+# Replicas a call may be sent to that turn out dead before seeing it (each
+# then leaves the handle's set) before its error is the caller's.
+_SEND_ATTEMPTS = 4
 
 
 class _Queued:
@@ -100,6 +105,22 @@ class Router:
             with self.lock:
                 self.listen_ref = ref
                 self._listening = False
+        if ref is not None and self.exists:
+            _core.on_ready(ref, self._on_listen_answer)
+
+    def _on_listen_answer(self, _x):
+        """Apply a change as it comes (on the thread that reads the links) and
+        listen again, so that a handle idle meanwhile routes its next call
+        with the replicas of now: with the set of its last call, it would send
+        it to a replica scaled down or replaced since, being stopped.  A
+        failed listen is not renewed here (the controller is gone or failing;
+        the next call tries again): renewing it would loop at once."""
+        ref = self.listen_ref
+        r = _core.peek(ref) if ref is not None else None
+        # Only with the controller's handle at hand: looking it up may wait
+        # for an answer, which this thread (the one reading the links) is.
+        if r is not None and r[0] and context._controller is not None:
+            self.poll_update()
 
     def refresh_blocking(self, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
         ctl = context.get_controller()
@@ -157,6 +178,15 @@ class Router:
             rep.inflight -= 1
         if self.queue:
             self.pump()
+
+    def drop(self, rep):
+        """``rep`` refused a call (it was dead when the call was sent): out of
+        this handle's set until the controller's next set, and released."""
+        with self.lock:
+            rep.inflight -= 1
+            if rep in self.replicas:
+                self.replicas = [r for r in self.replicas if r is not rep]
+        self.poll_update()
 
     # -------------------------------------------------------------- queue
     def enqueue(self, method, args, kwargs, model_id=""):
@@ -268,6 +298,16 @@ class Router:
     def _send_held(self, q, rep):
         try:
             ref = _send_call(rep, q.model_id, q.method, q.args, q.kwargs)
+            if _core.never_sent(ref):
+                # The replica died before it saw the call: hold it again, first.
+                self.drop(rep)
+                with self.lock:
+                    q.sent = None
+                    if not q.cancelled:
+                        self.queue.appendleft(q)
+                        return
+                _core.set_error(q.ref, RequestCancelledError("the request was cancelled"))
+                return
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
             _core.set_error(q.ref, exc)
             self.release(rep)
@@ -356,24 +396,31 @@ class DeploymentHandle:
         if kwargs:
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
         model_id = self._model_id
-        rep = router.reserve(not self._stream, model_id)
-        if rep is None:
-            q, ref = router.enqueue(self._method, args, kwargs, model_id)
-            return DeploymentResponse(ref, router, q)
-        try:
-            if self._stream:
-                if model_id:
-                    gen = rep.handle.handle_request_streaming_with_model.remote(
-                        model_id, self._method, args, kwargs)
+        for attempt in range(_SEND_ATTEMPTS):
+            rep = router.reserve(not self._stream, model_id)
+            if rep is None:
+                q, ref = router.enqueue(self._method, args, kwargs, model_id)
+                return DeploymentResponse(ref, router, q)
+            try:
+                if self._stream:
+                    if model_id:
+                        gen = rep.handle.handle_request_streaming_with_model.remote(
+                            model_id, self._method, args, kwargs)
+                    else:
+                        gen = rep.stream.remote(self._method, args, kwargs)
+                    ref = gen.completed()     # fails at once, like a call's ref, if refused
                 else:
-                    gen = rep.stream.remote(self._method, args, kwargs)
-            else:
-                ref = _send_call(rep, model_id, self._method, args, kwargs)
-        except BaseException:
-            router.release(rep)
-            raise
+                    ref = _send_call(rep, model_id, self._method, args, kwargs)
+            except BaseException:
+                router.release(rep)
+                raise
+            if attempt + 1 == _SEND_ATTEMPTS or not _core.never_sent(ref):
+                break
+            # Dead before it saw the call (its death not yet in this
+            # handle's set): certain not to have run it, so another may.
+            router.drop(rep)
         if self._stream:
-            _core.on_ready(gen.completed(), lambda _x: router.release(rep))
+            _core.on_ready(ref, lambda _x: router.release(rep))
             return DeploymentResponseGenerator(gen)
         _core.on_ready(ref, lambda _x: router.release(rep))
         return DeploymentResponse(ref)
