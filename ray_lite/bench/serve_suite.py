@@ -433,11 +433,15 @@ def run(ctx):
     are measured in the same interleaved rounds."""
     figs = []
     for app in (HI_APP, SSE_APP, FASTAPI_APP):
+        if not _wanted(ctx, app.rows(0)):
+            continue
         try:
             figs += _http_figures(ctx, app)
         except Exception as exc:   # noqa: BLE001
             figs.append(missing("-", f"HTTP {app.module}", "ray_lite", "ray_lite", "", ERROR,
                                 f"{type(exc).__name__}: {exc}"))
+    if not _wanted(ctx, {"B2": None}):
+        return figs
     try:
         figs += _b2(ctx, sys.executable, "ray_lite", "ray_lite", "ray_lite", True)
     except Exception as exc:   # noqa: BLE001
@@ -446,8 +450,17 @@ def run(ctx):
     return figs
 
 
+def _wanted(ctx, rows):
+    """Whether ``--only`` (``ctx.only``) keeps any of these benches; the hi
+    app's rows are B7-B10 and B16, always measured together."""
+    only = getattr(ctx, "only", None)
+    return only is None or any(bench in only for bench in rows)
+
+
 def compare_ray(ctx, python):
     """Ray Serve's B2 (its HTTP figures come with ``run``'s rounds)."""
+    if not _wanted(ctx, {"B2": None}):
+        return []
     try:
         return _b2(ctx, python, "ray", "anchor", "Ray Serve", False)
     except Exception as exc:   # noqa: BLE001
