@@ -333,10 +333,14 @@ def _http_servers(ctx):
     python = ctx.compare_ray
     if python:
         servers.append((python, "ray", "anchor", "Ray Serve", False))
-        probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
-                               capture_output=True, timeout=120)
-        if probe.returncode == 0:
-            servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
+    # The ceiling: from the Ray Python with --compare-ray, else from this one
+    # when it has uvicorn (pip install uvicorn), so that a run without Ray
+    # still measures ray_lite against one bare Python process.
+    python = python or sys.executable
+    probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
+                           capture_output=True, timeout=120)
+    if probe.returncode == 0:
+        servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
     return servers
 
 
