@@ -22,7 +22,7 @@ import sys
 import traceback
 
 from . import context
-from ._replica import _parse_headers, _Receive, _split_addr
+from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
 
 _ASGI_ATTR = "__serve_asgi_app__"
 _STREAM_AHEAD = 16               # body messages an app may send before the proxy takes them
@@ -216,7 +216,8 @@ class AsgiIngress:
                 raise
             if reply.stream is None:
                 body = b"".join(reply.body)
-                return (reply.status, _headers_block(reply.headers, len(body)), body, 0)
+                return stored_if_large((reply.status, _headers_block(reply.headers, len(body)),
+                                        body, 0))
             reply.stream.task = task
             return (reply.status, _headers_block(reply.headers, None), None,
                     rep._new_stream(reply.stream))

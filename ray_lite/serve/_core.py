@@ -9,6 +9,7 @@ this code runs in and the actors it talks to.
 """
 
 from ray_lite._private import state as _state
+from ray_lite._private.object_store import STORE_THRESHOLD as LARGE_BYTES  # noqa: F401
 from ray_lite._private.api import (  # noqa: F401 (Serve's calls into the core)
     cancel,
     create_actors,

@@ -262,7 +262,14 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self):
         p = self.parser
         body = self.body
-        body = b"" if body is None else body if type(body) is bytes else bytes(body)
+        if body is None:
+            body = b""
+        elif len(body) >= _core.LARGE_BYTES:
+            # A view, not bytes: the call stores it once in the object store
+            # (no bytes() copy, no trip through the ring); the replica maps it.
+            body = memoryview(body)
+        elif type(body) is not bytes:
+            body = bytes(body)
         req = _Req(p.get_method().decode("ascii", "replace"), self.url,
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
                    p.get_http_version())
@@ -338,7 +345,13 @@ class HttpConnection(asyncio.Protocol):
             head += CONNECTION_CLOSE
         if req.method == "HEAD":
             body = b""
-        self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
+        if body and len(body) >= _core.LARGE_BYTES:
+            # A large body (a view of the replica's stored reply): to the
+            # socket from where it is, not joined to the head first.
+            self.transport.write(head + b"\r\n")
+            self.transport.write(body)
+        else:
+            self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
         self.current = None
         if not keep:
             self.closed = True

@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import os
+import pickle
 import sys
 import traceback
 import types
@@ -90,8 +91,39 @@ class _Receive:
         body = self.body
         if body is not None:
             self.body = None
+            if type(body) is not bytes:
+                # A large body arrives as a read-only view of the proxy's
+                # stored copy; ASGI promises bytes: the one copy made here.
+                body = bytes(body)
             return {"type": "http.request", "body": body, "more_body": False}
         await asyncio.get_running_loop().create_future()   # until cancelled
+
+
+class StoredReply(tuple):
+    """An HTTP reply ``(status, header block, body, 0)`` whose whole body is
+    large: the core stores it in the object store as it does any large
+    result (its ``nbytes`` says it is one), the body as an out-of-band
+    buffer, and the proxy maps that one copy: the body arrives there as a
+    read-only memoryview, written to the socket from the mapping.  It
+    arrives as a plain tuple (the class does not travel)."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self):
+        return len(self[2])
+
+    def __reduce__(self):
+        status, head, body, token = self
+        return (tuple, ((status, head, pickle.PickleBuffer(body), token),))
+
+
+def stored_if_large(reply):
+    """``reply`` (a whole answer), as a ``StoredReply`` when its body is large."""
+    body = reply[2]
+    if body is not None and len(body) >= _core.LARGE_BYTES:
+        return StoredReply(reply)
+    return reply
 
 
 async def _resolve_args(args, kwargs):
@@ -362,8 +394,10 @@ class ServeReplica:
                     b = r.encode()
                     return (200, _TEXT + b"content-length: %d\r\n" % len(b), b, 0)
                 if t is bytes:
+                    if len(r) >= _core.LARGE_BYTES:
+                        return StoredReply((200, _sized(_OCTET, r), r, 0))
                     return (200, _OCTET + b"content-length: %d\r\n" % len(r), r, 0)
-                return await self._to_http(r, scope, receive)
+                return stored_if_large(await self._to_http(r, scope, receive))
             except asyncio.CancelledError:
                 raise
             except Exception:
