@@ -360,13 +360,39 @@ class ProxyActor:
             self.release(req)
             conn.respond(req, status, headers, body)
             return
+        err = r[1]
+        if getattr(err, "never_sent", False) and self._send_elsewhere(conn, req):
+            return
         req.finished = True
         self.release(req)
-        err = r[1]
         print(f"proxy: request to {req.route.app}/{req.route.deployment} failed: "
               f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
               file=sys.stderr, flush=True)
         conn.respond_text(req, 500, "Internal Server Error")
+
+    def _send_elsewhere(self, conn, req):
+        """The replica was dead when the request was sent to it (this proxy
+        not yet told): certain it never saw the request, drop it from the
+        route (until the controller's next set) and route the request again,
+        ``SEND_ATTEMPTS`` sends at most.  False when out of attempts."""
+        sends = getattr(req, "sends", 1)    # set on a resend only: no cost to the others
+        if sends >= _defaults.SEND_ATTEMPTS:
+            return False
+        req.sends = sends + 1
+        route, rep = req.route, req.rep
+        if rep in route.replicas:
+            route.replicas = [r for r in route.replicas if r is not rep]
+        self.release(req)
+        # On the next turn of the loop: a refused send fails at once, so this
+        # may run inside _send, which has not finished with the request.
+        self.loop.call_soon(self._route_again, conn, req)
+        return True
+
+    def _route_again(self, conn, req):
+        if not req.finished:    # (else its client left meanwhile)
+            req.ref = None
+            req.sent = 0.0
+            self.route_request(conn, req, *req.url)
 
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"

@@ -11,7 +11,8 @@ from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_an
 
 class _Req:
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
-                 "route", "rep", "finished", "timer", "sent", "t0")   # t0: see _metrics
+                 "route", "rep", "finished", "timer", "sent", "t0",   # t0: see _metrics
+                 "sends")     # set on a resend only (see _proxy._send_elsewhere)
 
     def __init__(self, method, url, headers, body, keep_alive, version):
         self.method = method
