@@ -17,6 +17,7 @@ import collections
 import os
 import socket
 import sys
+import uuid
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
@@ -24,7 +25,7 @@ from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD
-from ._http import CONNECTION_CLOSE, control_answer, status_line
+from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._proxy_conn import HttpConnection
 from ._routing import first_idle_else_power_of_two as _choose
@@ -41,6 +42,8 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # preempted (see _spin.SpinPolicy), so a slow deployment or a busy CPU costs
 # no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
+
+REQUEST_ID_HEADER = b"x-request-id"     # Ray's: names a request in a 408 answer
 
 
 class _Route:
@@ -340,10 +343,19 @@ class ProxyActor:
             pass
         self.release(req)
         if req.gen is None:
-            conn.respond_text(req, 408, "Request Timeout", close=True)
+            self._answer_timed_out(conn, req)
         elif not conn.closed:
             conn.closed = True
             conn.transport.close()
+
+    def _answer_timed_out(self, conn, req):
+        # Ray's answer, which names the request: by the client's x-request-id,
+        # else by an id made now (and told in the same header).
+        request_id = header_value(req.headers, REQUEST_ID_HEADER) or str(uuid.uuid4())
+        headers, body = text_answer(
+            408, f"Request {request_id} timed out after {self.request_timeout}s.")
+        headers += REQUEST_ID_HEADER + b": " + request_id.encode("latin-1") + b"\r\n"
+        conn.respond(req, 408, headers, body, close=True)
 
     def _on_reply(self, conn, req):
         if req.finished:
