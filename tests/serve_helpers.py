@@ -1,6 +1,7 @@
 """Shared helpers of the Serve tests (HTTP over loopback, raw sockets)."""
 import http.client as _httpc
 import socket
+import time
 
 
 def http(port, method, path, body=None, headers=None, timeout=30):
@@ -28,3 +29,22 @@ def raw(port, data, timeout=30):
     finally:
         s.close()
 
+
+
+def process_gone(pid):
+    """True once ``pid`` has exited (gone, or a zombie its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def wait_until(cond, what, timeout=60):
+    """Poll ``cond`` until true, ``timeout`` seconds at most.  It only polls
+    (drives no links of this process), so a handle's view of the replicas
+    stays as stale as a real idle one's."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

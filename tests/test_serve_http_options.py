@@ -1,6 +1,6 @@
 """``HTTPOptions`` and the proxy's own paths as Ray Serve answers them:
 ``/-/healthz`` (503 until an application has a route, then 200 "success"),
-``/-/routes`` ({route_prefix: app name}), ``request_timeout_s`` (408, the
+``/-/routes`` ({route_prefix: app name}), ``request_timeout_s`` (408 naming the request, the
 proxy keeps serving), ``keep_alive_timeout_s``."""
 import asyncio
 import json
@@ -68,7 +68,12 @@ def test_request_timeout_gives_408_and_the_proxy_keeps_serving(serve_runtime):
     serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 0.5})
     port = _http_port()
     serve.run(Sleepy.bind())
-    status, hdrs, _ = http(port, "GET", "/?sleep=30")
+    status, hdrs, body = http(port, "GET", "/?sleep=30")
     assert status == 408 and hdrs["connection"] == "close"
+    # Ray's text, naming the request by the id it answers with.
+    assert body.decode() == f"Request {hdrs['x-request-id']} timed out after 0.5s."
+    status, hdrs, body = http(port, "GET", "/?sleep=30", headers={"X-Request-ID": "abc-1"})
+    assert (status, hdrs["x-request-id"]) == (408, "abc-1")
+    assert body == b"Request abc-1 timed out after 0.5s."
     for _ in range(3):
         assert http(port, "GET", "/")[::2] == (200, b"awake")

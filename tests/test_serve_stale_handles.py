@@ -4,7 +4,6 @@ running on a replica that dies still fails with Ray's error."""
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -12,6 +11,8 @@ import ray_lite as ray
 from ray_lite import serve
 from ray_lite.serve import _core
 from ray_lite.serve.handle import get_router
+
+from serve_helpers import process_gone, wait_until
 
 T = 60
 
@@ -36,24 +37,6 @@ class Pids:
         return "finished"
 
 
-def _gone(pid):
-    """True once ``pid`` has exited (gone, or a zombie its parent has not reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
-def _wait_until(cond, what):
-    # Polls a condition this process can see without driving its links (so
-    # the handle's view of the replicas stays as stale as a real idle one's).
-    deadline = time.monotonic() + T
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def _replica_ids():
     """The replica ids the handles of this process route to now (no call made)."""
     return {r.actor_id for r in get_router("stale", "Pids").replicas}
@@ -74,9 +57,9 @@ def test_idle_handle_skips_a_replica_killed_meanwhile(serve_port):
     victim = min(pids)
     before = _replica_ids()
     os.kill(victim, signal.SIGKILL)
-    _wait_until(lambda: _gone(victim), "the killed replica to exit")
+    wait_until(lambda: process_gone(victim), "the killed replica to exit")
     # The controller's replacement reaches the idle handle without a call.
-    _wait_until(lambda: len(_replica_ids() - before) == 1 and len(_replica_ids()) == 2,
+    wait_until(lambda: len(_replica_ids() - before) == 1 and len(_replica_ids()) == 2,
                 "the handle to learn of the replacement")
     for _ in range(20):
         assert h.pid.remote().result(timeout_s=T) != victim
@@ -87,9 +70,9 @@ def test_idle_handle_skips_a_replica_scaled_down_meanwhile(serve_port):
     pids = _both_pids(h)
     serve.run(Pids.options(num_replicas=1).bind(), name="stale", route_prefix=None)
     # The idle handle learns of the drained replica before it stops.
-    _wait_until(lambda: len(_replica_ids()) == 1, "the handle to drop the drained replica")
-    _wait_until(lambda: any(_gone(p) for p in pids), "the drained replica to stop")
-    victim, = [p for p in pids if _gone(p)]
+    wait_until(lambda: len(_replica_ids()) == 1, "the handle to drop the drained replica")
+    wait_until(lambda: any(process_gone(p) for p in pids), "the drained replica to stop")
+    victim, = [p for p in pids if process_gone(p)]
     for _ in range(20):
         assert h.pid.remote().result(timeout_s=T) != victim
 
@@ -99,7 +82,7 @@ def test_call_running_on_a_killed_replica_fails(serve_port, tmp_path):
     pid = h.pid.remote().result(timeout_s=T)
     marker = str(tmp_path / "started")
     resp = h.hang.remote(marker)
-    _wait_until(lambda: os.path.exists(marker), "the call to start")
+    wait_until(lambda: os.path.exists(marker), "the call to start")
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ray.exceptions.ActorDiedError):
         resp.result(timeout_s=T)
@@ -119,7 +102,7 @@ def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch,
     monkeypatch.setattr(router, "apply", lambda snap: None)     # the set stays as it is
     ids = _replica_ids()
     os.kill(victim, signal.SIGKILL)
-    _wait_until(lambda: ids & set(_core.dead_actor_ids()), "this process to see the death")
+    wait_until(lambda: ids & set(_core.dead_actor_ids()), "this process to see the death")
     monkeypatch.setattr(_core, "dead_actor_ids", lambda: frozenset())
     if stream:
         for _ in range(20):

@@ -6,6 +6,9 @@ MAX_ONGOING_REQUESTS = 5            # Ray >= 2.32's default
 # Per caller, as in Ray: each HTTP proxy and each DeploymentHandle may hold
 # this many requests waiting for a replica (not one shared count).
 MAX_QUEUED_REQUESTS = -1            # -1: no limit
+# Sends of one call (handle) or HTTP request (proxy) refused by replicas that
+# were dead unbeknown to the sender, each then dropped from its set.
+SEND_ATTEMPTS = 4
 HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0

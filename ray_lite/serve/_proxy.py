@@ -2,8 +2,8 @@
 
 Each proxy is an async actor of the core runtime, so it reaches replicas
 over its own shared-memory links (no hop through the driver or another
-proxy).  HTTP/1.1 with keep-alive and pipelining is parsed by httptools
-(llhttp, in C); responses to pipelined requests go out in request order.
+proxy).  Its HTTP/1.1 connections (keep-alive, pipelining) are in
+_proxy_conn.
 Requests travel to the replica as str/bytes/int arguments (msgpack on the
 ring): nothing from the network is ever unpickled.
 
@@ -17,16 +17,17 @@ import collections
 import os
 import socket
 import sys
+import uuid
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, _memdebug, _metrics, _websocket, context
-from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED, STREAM_ITEMS_AHEAD
-from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, control_answer, status_line, \
-    text_answer
+from ._defaults import STREAM_ITEMS_AHEAD
+from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
+from ._proxy_conn import HttpConnection
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
@@ -41,6 +42,8 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # preempted (see _spin.SpinPolicy), so a slow deployment or a busy CPU costs
 # no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
+
+REQUEST_ID_HEADER = b"x-request-id"     # Ray's: names a request in a 408 answer
 
 
 class _Route:
@@ -70,298 +73,6 @@ def _choose_for_model(route, req):
     if model_id:
         return for_model(route.replicas, route.max_ongoing, model_id)
     return _choose(route.replicas, route.max_ongoing)
-
-
-class _Req:
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
-                 "route", "rep", "finished", "timer", "sent", "t0")   # t0: see _metrics
-
-    def __init__(self, method, url, headers, body, keep_alive, version):
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.version = version
-        self.ref = None
-        self.gen = None
-        self.route = None
-        self.rep = None
-        self.finished = False
-        self.timer = None
-        self.sent = 0.0         # when it left, if alone in flight (see SPIN_BUDGET_S)
-
-
-class _Reject(Exception):
-    pass
-
-
-_HttpRequestParser = None
-_HttpParserUpgrade = None
-
-
-def _load_parser():
-    # Imported by the proxy process only (not by whoever imports this module).
-    global _HttpRequestParser, _HttpParserUpgrade
-    from httptools import HttpParserUpgrade, HttpRequestParser
-    _HttpRequestParser = HttpRequestParser
-    _HttpParserUpgrade = HttpParserUpgrade
-    return HttpRequestParser
-
-
-# ``fail_status`` of a connection that ends, without an error, after the
-# answers it owes: the client asked to switch protocols (WebSocket, h2c) or
-# to tunnel (CONNECT), which this proxy does not do.
-_END_QUIETLY = -1
-
-
-class HttpConnection(asyncio.Protocol):
-    # One per TCP connection (with ab, per request): slots make it cheaper.
-    __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
-                 "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
-                 "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter")
-
-    def __init__(self, proxy):
-        self.proxy = proxy
-        self.parser = (_HttpRequestParser or _load_parser())(self)
-        self.transport = None
-        self.client = ""
-        self.queue = collections.deque()
-        self.current = None
-        self.closed = False
-        self.fail_status = 0
-        self.paused = False
-        self.in_next = False
-        self.idle_sweeps = 0     # sweeps that found it idle since it last received
-        self.write_paused = False   # the transport's buffer is over its high-water mark
-        self.write_waiter = None    # a streamed answer's wait for the client to read
-        self._reset()
-
-    def _reset(self):
-        self.url = b""
-        self.headers = []
-        self.header_bytes = 0
-        self.body = None
-        self.body_size = 0
-        self.expect_continue = False
-
-    # ---------------------------------------------------------- transport
-    def connection_made(self, transport):
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self.client = f"{peer[0]}:{peer[1]}"
-        self.proxy.conns.add(self)
-        if self.proxy.idle_sweep is None:
-            self.proxy.sweep_idle_later()
-
-    def connection_lost(self, exc):
-        self.closed = True
-        self.proxy.conns.discard(self)
-        req = self.current
-        if req is not None and not req.finished:
-            # The client left: cancel its request in the replica.
-            req.finished = True
-            target = req.gen if req.gen is not None else req.ref
-            if target is not None:
-                try:
-                    _core.cancel(target)
-                except Exception:   # noqa: BLE001 - already done
-                    pass
-                self.proxy.release(req)
-            elif req.route is not None:
-                try:
-                    req.route.waiting.remove((self, req))
-                except ValueError:
-                    pass
-        self.queue.clear()
-        self.body = None
-        self._wake_writer()
-
-    def pause_writing(self):
-        self.write_paused = True
-
-    def resume_writing(self):
-        self.write_paused = False
-        self._wake_writer()
-
-    def _wake_writer(self):
-        waiter, self.write_waiter = self.write_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def drained(self):
-        """Until the client has read enough of what was written (or left): a
-        streamed answer takes no more from the replica meanwhile, so a slow
-        reader holds the replica's generator back instead of filling memory."""
-        while self.write_paused and not self.closed:
-            self.write_waiter = self.proxy.loop.create_future()
-            await self.write_waiter
-
-    def data_received(self, data):
-        if self.closed or self.fail_status:
-            if not self.closed:
-                # Refused input (a body over the limit, say): what follows it
-                # is neither parsed nor kept, and is not read any more.
-                self.transport.pause_reading()
-            return
-        self.idle_sweeps = 0
-        try:
-            self.parser.feed_data(data)
-        except Exception as exc:    # noqa: BLE001 - httptools' errors, or _Reject
-            if isinstance(exc, _HttpParserUpgrade):
-                if not _websocket.took_over(self, data, exc):
-                    self.end_after_answers()
-                return
-            status = 400
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(exc, _Reject) or isinstance(cause, _Reject):
-                status = (exc if isinstance(exc, _Reject) else cause).args[0]
-            self.fail(status)
-
-    # ------------------------------------------------------------- parser
-    def on_url(self, url):
-        self.url += url
-        if len(self.url) > MAX_HEADER_BYTES:
-            raise _Reject(414)
-
-    def on_header(self, name, value):
-        self.header_bytes += len(name) + len(value)
-        if self.header_bytes > MAX_HEADER_BYTES:
-            raise _Reject(431)
-        name = name.lower()
-        if name == b"content-length":
-            try:
-                if int(value) > self.proxy.max_body:
-                    raise _Reject(413)
-            except ValueError:
-                raise _Reject(400) from None
-        elif name == b"expect" and value.strip().lower() == b"100-continue":
-            self.expect_continue = True
-        self.headers.append(name + b":" + value)
-
-    def on_headers_complete(self):
-        if self.expect_continue:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body):
-        self.body_size += len(body)
-        if self.body_size > self.proxy.max_body:
-            self.body = None    # let the refused part go at once
-            raise _Reject(413)
-        b = self.body
-        if b is None:
-            self.body = body    # most bodies arrive in one piece
-        else:
-            if type(b) is bytes:
-                # One growing buffer, not a list of pieces: a large body is
-                # one allocation, given back to the system whole when freed.
-                b = self.body = bytearray(b)
-            b += body
-
-    def on_message_complete(self):
-        p = self.parser
-        body = self.body
-        if body is None:
-            body = b""
-        elif len(body) >= _core.LARGE_BYTES:
-            # A view, not bytes: the call stores it once in the object store
-            # (no bytes() copy, no trip through the ring); the replica maps it.
-            body = memoryview(body)
-        elif type(body) is not bytes:
-            body = bytes(body)
-        req = _Req(p.get_method().decode("ascii", "replace"), self.url,
-                   b"\r\n".join(self.headers), body, p.should_keep_alive(),
-                   p.get_http_version())
-        self._reset()
-        if p.should_upgrade() and _websocket.take(self, req):
-            return
-        if self.current is None and not self.queue and not self.in_next:
-            # The common case (no pipelining): straight to a replica.
-            self.current = req
-            self.proxy.dispatch(self, req)
-            return
-        self.queue.append(req)
-        if len(self.queue) > MAX_PIPELINED and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        if self.current is None:
-            self.next()
-
-    # ---------------------------------------------------------- responses
-    def next(self):
-        if self.in_next:
-            return
-        self.in_next = True
-        try:
-            while self.current is None and self.queue and not self.closed:
-                req = self.current = self.queue.popleft()
-                self.proxy.dispatch(self, req)
-        finally:
-            self.in_next = False
-        if self.current is None and not self.queue:
-            if self.fail_status and not self.closed:
-                if self.fail_status == _END_QUIETLY:
-                    self.closed = True
-                    self.transport.close()
-                else:
-                    self._write_error_and_close(self.fail_status)
-            elif self.paused and not self.closed:
-                self.paused = False
-                self.transport.resume_reading()
-
-    def end_after_answers(self):
-        """Read no more: the last request (the one that asked to upgrade)
-        gets its answer, with ``connection: close``, then the connection ends."""
-        self.fail_status = _END_QUIETLY
-        last = self.queue[-1] if self.queue else self.current
-        if last is not None:
-            last.keep_alive = False
-        elif not self.closed:
-            self.closed = True
-            self.transport.close()
-
-    def fail(self, status):
-        """Malformed or refused input: answer the requests before it, then this, and close."""
-        self.fail_status = status
-        if self.current is None and not self.queue:
-            self._write_error_and_close(status)
-
-    def _write_error_and_close(self, status):
-        headers, body = text_answer(status)
-        self.transport.write(status_line(status) + headers + CONNECTION_CLOSE + b"\r\n" + body)
-        self.closed = True
-        self.transport.close()
-
-    def respond(self, req, status, headers, body, close=False):
-        if self.closed:
-            return
-        keep = req.keep_alive and not close
-        head = status_line(status) + headers
-        if keep:
-            if req.version != "1.1":
-                head += CONNECTION_KEEP_ALIVE    # HTTP/1.0 closes unless told
-        else:
-            head += CONNECTION_CLOSE
-        if req.method == "HEAD":
-            body = b""
-        if body and len(body) >= _core.LARGE_BYTES:
-            # A large body (a view of the replica's stored reply): to the
-            # socket from where it is, not joined to the head first.
-            self.transport.write(head + b"\r\n")
-            self.transport.write(body)
-        else:
-            self.transport.write(head + b"\r\n" + body if body else head + b"\r\n")
-        self.current = None
-        if not keep:
-            self.closed = True
-            self.transport.close()
-        else:
-            self.next()
-
-    def respond_text(self, req, status, text=None, close=False):
-        headers, body = text_answer(status, text)
-        self.respond(req, status, headers, body, close)
 
 
 class ProxyActor:
@@ -632,10 +343,19 @@ class ProxyActor:
             pass
         self.release(req)
         if req.gen is None:
-            conn.respond_text(req, 408, "Request Timeout", close=True)
+            self._answer_timed_out(conn, req)
         elif not conn.closed:
             conn.closed = True
             conn.transport.close()
+
+    def _answer_timed_out(self, conn, req):
+        # Ray's answer, which names the request: by the client's x-request-id,
+        # else by an id made now (and told in the same header).
+        request_id = header_value(req.headers, REQUEST_ID_HEADER) or str(uuid.uuid4())
+        headers, body = text_answer(
+            408, f"Request {request_id} timed out after {self.request_timeout}s.")
+        headers += REQUEST_ID_HEADER + b": " + request_id.encode("latin-1") + b"\r\n"
+        conn.respond(req, 408, headers, body, close=True)
 
     def _on_reply(self, conn, req):
         if req.finished:
@@ -652,13 +372,39 @@ class ProxyActor:
             self.release(req)
             conn.respond(req, status, headers, body)
             return
+        err = r[1]
+        if getattr(err, "never_sent", False) and self._send_elsewhere(conn, req):
+            return
         req.finished = True
         self.release(req)
-        err = r[1]
         print(f"proxy: request to {req.route.app}/{req.route.deployment} failed: "
               f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
               file=sys.stderr, flush=True)
         conn.respond_text(req, 500, "Internal Server Error")
+
+    def _send_elsewhere(self, conn, req):
+        """The replica was dead when the request was sent to it (this proxy
+        not yet told): certain it never saw the request, drop it from the
+        route (until the controller's next set) and route the request again,
+        ``SEND_ATTEMPTS`` sends at most.  False when out of attempts."""
+        sends = getattr(req, "sends", 1)    # set on a resend only: no cost to the others
+        if sends >= _defaults.SEND_ATTEMPTS:
+            return False
+        req.sends = sends + 1
+        route, rep = req.route, req.rep
+        if rep in route.replicas:
+            route.replicas = [r for r in route.replicas if r is not rep]
+        self.release(req)
+        # On the next turn of the loop: a refused send fails at once, so this
+        # may run inside _send, which has not finished with the request.
+        self.loop.call_soon(self._route_again, conn, req)
+        return True
+
+    def _route_again(self, conn, req):
+        if not req.finished:    # (else its client left meanwhile)
+            req.ref = None
+            req.sent = 0.0
+            self.route_request(conn, req, *req.url)
 
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"

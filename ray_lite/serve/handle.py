@@ -27,7 +27,7 @@ from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCa
 _SENDING = object()
 # Replicas a call may be sent to that turn out dead before seeing it (each
 # then leaves the handle's set) before its error is the caller's.
-_SEND_ATTEMPTS = 4
+_SEND_ATTEMPTS = _defaults.SEND_ATTEMPTS
 
 
 class _Queued:

@@ -1,0 +1,79 @@
+"""A proxy whose replica set still holds a replica that died (the
+controller's replacement not in yet): the request it sends there is refused
+at once, unseen by the replica, and goes to another replica instead of
+getting a 500."""
+import asyncio
+import os
+import signal
+
+import ray_lite as ray
+from ray_lite import serve
+from ray_lite.serve import _core, context
+from ray_lite.serve._proxy import ProxyActor
+
+from serve_helpers import http, process_gone, wait_until
+
+T = 60
+
+
+@serve.deployment(num_replicas=2, graceful_shutdown_wait_loop_s=0, graceful_shutdown_timeout_s=1)
+def pid(request):
+    return str(os.getpid())
+
+
+class _PinnedRoutes:
+    """A proxy's ``listen_routes``: the routes it was made with, then never a
+    change (the controller's replacement of a dead replica never arrives)."""
+
+    def __init__(self, routes):
+        self.routes = routes
+
+    def remote(self, index, known_version):
+        return self._answer(known_version)
+
+    async def _answer(self, known_version):
+        if known_version < 0:
+            return 0, self.routes
+        await asyncio.get_running_loop().create_future()
+
+
+class _PinnedController:
+    def __init__(self, routes):
+        self.listen_routes = _PinnedRoutes(routes)
+
+
+class _PinnedProxy(ProxyActor):
+    async def dead_replicas(self, actor_ids):
+        """How many of ``actor_ids`` this proxy's process knows to be dead."""
+        return len(set(actor_ids) & set(_core.dead_actor_ids()))
+
+    async def replica_count(self):
+        return len(self.routes[0].replicas)
+
+
+def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
+    serve.run(pid.bind(), name="stale", route_prefix="/")
+    _, routes = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
+    (_app, _dep, handles, *_), = routes.values()
+    assert len(handles) == 2
+    # A proxy (port 0: a free one) that keeps this set of replicas for good.
+    proxy = _core.remote(_PinnedProxy).remote(_PinnedController(routes), 0,
+                                              {"host": "127.0.0.1", "port": 0})
+    try:
+        port = ray.get(proxy.start.remote(), timeout=T)
+        # Idle, it sends every request to the same replica: the one to kill.
+        status, _, body = http(port, "GET", "/", timeout=T)
+        assert status == 200
+        victim = int(body)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: process_gone(victim), "the killed replica to exit")
+        ids = [_core.actor_id(h) for h in handles]
+        wait_until(lambda: ray.get(proxy.dead_replicas.remote(ids), timeout=T) == 1,
+                    "the proxy's process to see the death")
+        for _ in range(10):
+            status, _, body = http(port, "GET", "/", timeout=T)
+            assert status == 200 and int(body) != victim
+        assert ray.get(proxy.replica_count.remote(), timeout=T) == 1
+    finally:
+        ray.get(proxy.stop.remote(0), timeout=T)
+        ray.kill(proxy)
