@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import sys
 import types
 
 from ray_lite.exceptions import TaskCancelledError
@@ -21,10 +22,25 @@ _COROUTINE = types.CoroutineType
 _copy_context = contextvars.copy_context
 
 
-def _not_started(task):
-    coro = task.get_coro()
-    return coro.cr_frame is not None and not coro.cr_running and not coro.cr_suspended
+if sys.version_info >= (3, 11):
+    def _not_started(task):
+        coro = task.get_coro()
+        return coro.cr_frame is not None and not coro.cr_running and not coro.cr_suspended
+else:
+    def _not_started(task):
+        # (cr_suspended is 3.11's)
+        return inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED
 
+
+if sys.version_info >= (3, 11):
+    def _task_in(context, loop, coro):
+        """A Task of ``coro`` that runs in ``context`` (the call's own)."""
+        return loop.create_task(coro, context=context)
+else:
+    def _task_in(context, loop, coro):
+        # Python 3.10's Tasks take no context: one made inside ``context``
+        # runs in a copy of it, which holds all the call set so far.
+        return context.run(loop.create_task, coro)
 
 class AsyncActorMixin:
     """Part of ``WorkerNode``: running an async actor's calls."""
@@ -74,8 +90,8 @@ class AsyncActorMixin:
                 result = context.run(getattr(self.actor, method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):
                     slots.free -= 1
-                    task = self.loop.create_task(
-                        self._run_method_async(peer, msg, result), context=context)
+                    task = _task_in(context, self.loop,
+                                    self._run_method_async(peer, msg, result))
                     task.add_done_callback(functools.partial(
                         self._unstarted_call_cancelled, peer, msg, result))
                     self.running[oid] = task
