@@ -161,33 +161,27 @@ def ring_round_trips(ring_module, n, trials, warmup):
     pair = RingPair(ring_module, _children.ring_echo)
     try:
         put, get = pair.to_child.put_bytes, pair.to_parent.get
+        clock = time.perf_counter_ns
         timeout = MESSAGE_TIMEOUT_S
-        return timed_round_trips(lambda msg: put(msg, timeout), lambda: get(timeout),
-                                 n, trials, warmup)
+        msg = B4_MESSAGE
+        for _ in range(warmup):
+            put(msg, timeout)
+            get(timeout)
+        samples, p50s = [], []
+        for _ in range(trials):
+            settle()
+            trial = []
+            for _ in range(n):
+                t0 = clock()
+                put(msg, timeout)
+                get(timeout)
+                trial.append(clock() - t0)
+            p50s.append(statistics.median(trial))
+            samples.extend(trial)
+        return samples, p50s
     finally:
         pair.close()
 
-
-def timed_round_trips(send, receive, n, trials, warmup):
-    """``send(B4_MESSAGE)`` then ``receive()``, timed one by one: every
-    round trip's ns and each trial's median."""
-    clock = time.perf_counter_ns
-    msg = B4_MESSAGE
-    for _ in range(warmup):
-        send(msg)
-        receive()
-    samples, p50s = [], []
-    for _ in range(trials):
-        settle()
-        trial = []
-        for _ in range(n):
-            t0 = clock()
-            send(msg)
-            receive()
-            trial.append(clock() - t0)
-        p50s.append(statistics.median(trial))
-        samples.extend(trial)
-    return samples, p50s
 
 
 def pipe_round_trips(n, trials, warmup):
@@ -198,13 +192,28 @@ def pipe_round_trips(n, trials, warmup):
         child.start()
         child_end.close()
         send, recv = parent_end.send_bytes, parent_end.recv_bytes
-        send(B4_MESSAGE)
+        clock = time.perf_counter_ns
+        msg = B4_MESSAGE
+        send(msg)
         # The first answer waits for the child to start; later ones cannot
         # hang: a dead child makes recv raise EOFError.
         if not parent_end.poll(STARTUP_TIMEOUT_S):
             raise TimeoutError("the Pipe echo child did not answer")
         recv()
-        samples, p50s = timed_round_trips(send, recv, n, trials, warmup)
+        for _ in range(warmup):
+            send(msg)
+            recv()
+        samples, p50s = [], []
+        for _ in range(trials):
+            settle()
+            trial = []
+            for _ in range(n):
+                t0 = clock()
+                send(msg)
+                recv()
+                trial.append(clock() - t0)
+            p50s.append(statistics.median(trial))
+            samples.extend(trial)
         send(_children.STOP)
         return samples, p50s
     finally:
