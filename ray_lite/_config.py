@@ -19,6 +19,7 @@ __all__ = [
     "VARIABLES", "ConfigVar",
     "NO_EXTENSIONS", "SHM_PREFIX",
     "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE", "BACKEND",
+    "SERVE_MEMDEBUG",
 ]
 
 
@@ -75,6 +76,12 @@ def _backend(raw):
     return raw
 
 
+def _directory_or_off(raw):
+    if raw and not os.path.isabs(raw):
+        raise ValueError(raw)
+    return raw or None
+
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -106,6 +113,10 @@ VARIABLES = (
     ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "10", "an integer from 0 to 19",
               "the nice value Serve replicas lower their CPU priority by once "
               "started (0: not at all)", _nice),
+    ConfigVar("RAY_LITE_SERVE_MEMDEBUG", "", "an absolute directory path, or empty",
+              "a debugging aid: each Serve proxy writes the allocation sites that grew "
+              "and its object counts to this directory on SIGUSR2 (empty: off)",
+              _directory_or_off),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}
@@ -122,6 +133,7 @@ SHM_PREFIX = read("RAY_LITE_SHM_PREFIX")
 SERVE_PROXY_SPIN_S = read("RAY_LITE_SERVE_PROXY_SPIN_US")
 SERVE_REPLICA_SPIN_S = read("RAY_LITE_SERVE_REPLICA_SPIN_US")
 SERVE_REPLICA_NICE = read("RAY_LITE_SERVE_REPLICA_NICE")
+SERVE_MEMDEBUG = read("RAY_LITE_SERVE_MEMDEBUG")
 
 
 def markdown_table():

@@ -33,6 +33,8 @@ def test_unset_variables_take_their_defaults():
     ("RAY_LITE_SERVE_REPLICA_NICE", "20"),
     ("RAY_LITE_SERVE_REPLICA_NICE", "ten"),
     ("RAY_LITE_SHM_PREFIX", "../etc/"),
+    ("RAY_LITE_SERVE_MEMDEBUG", "relative/dir"),
+    ("RAY_LITE_BACKEND", "dask"),
 ])
 def test_bad_values_name_the_variable_and_what_it_accepts(name, raw):
     with pytest.raises(ValueError) as info:

@@ -10,12 +10,12 @@ import collections
 import gc
 import os
 
-ENV = "RAY_LITE_SERVE_MEMDEBUG"
+from ray_lite import _config
 
 
 def install(loop, role):
     """Start the probe in this process if asked for; True when it runs."""
-    out_dir = os.environ.get(ENV)
+    out_dir = _config.SERVE_MEMDEBUG
     if not out_dir:
         return False
     import signal
