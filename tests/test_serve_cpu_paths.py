@@ -8,6 +8,7 @@ count those pages (``RssShmem``: pages, not timings) across thousands of
 requests."""
 import os
 import socket
+import time
 
 from starlette.requests import Request
 
@@ -61,7 +62,10 @@ def test_spin_policy_spins_only_while_most_waits_are_short():
     for _ in range(20):
         p.observe(0.0001)
     assert p.worth_it()
-    p.observe(0.01)                         # one long wait: still mostly short
+    p.observe(0.01)                         # one long wait: a pause ...
+    assert not p.worth_it()
+    for _ in range(8):
+        p.observe(0.0001)                   # ... until short waits pull the mean back
     assert p.worth_it()
     for _ in range(10):
         p.observe(0.01)
@@ -81,6 +85,53 @@ def test_a_preempted_spin_stops_spinning_until_short_waits_come_again():
     for _ in range(20):
         p.observe(0.0001)
     assert p.worth_it()
+
+
+def test_a_long_tail_of_waits_stops_spinning_though_most_are_short():
+    # 48 replicas behind wrk -c100: most idle gaps are short, a tail is long.
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0.001)
+    for _ in range(5):
+        for _ in range(8):
+            p.observe(0.0001)
+        p.observe(0.05)
+        for _ in range(3):
+            p.observe(0.0001)
+    assert p.hits >= 0.75                    # the share alone would spin
+    assert not p.worth_it()
+
+
+def test_a_spin_switched_out_stops_spinning_even_when_it_caught_its_event():
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0.001)
+    for _ in range(20):
+        p.observe(0.0001)
+    p.spun(True, 0.0001, switched=False)
+    assert p.worth_it()
+    p.spun(True, 0.0001, switched=True)     # its yield let another thread run
+    assert not p.worth_it()
+
+
+def test_involuntary_switches_counts_a_yield_that_let_another_process_run():
+    import subprocess
+    import sys
+    from ray_lite.serve._spin import involuntary_switches
+    # A CPU-bound process pinned to this thread's CPU: a yield hands it the CPU.
+    cpu = next(iter(os.sched_getaffinity(0)))
+    old = os.sched_getaffinity(0)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        before = involuntary_switches()
+        deadline = time.monotonic() + 10
+        while involuntary_switches() == before and time.monotonic() < deadline:
+            os.sched_yield()
+        assert involuntary_switches() > before
+    finally:
+        os.sched_setaffinity(0, old)
+        hog.kill()
+        hog.wait(10)
 
 
 def test_a_zero_budget_never_spins():
