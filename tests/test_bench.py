@@ -254,3 +254,16 @@ def test_a_ceiling_goal_is_judged_on_the_factor_over_the_ceiling():
     assert fast.goal == ">= 1.0x bare uvicorn" and fast.goal_met is True
     assert latency.goal_met is True                     # less time than the ceiling
     assert "60x Ray Serve" in rate.note                 # the anchor is still related
+
+
+def test_the_machine_block_says_when_ray_lite_compiles_from_source(monkeypatch):
+    from ray_lite.bench import _harness
+    info = _harness.machine_info()
+    assert isinstance(info["bytecode_cached"], bool)
+    info["bytecode_cached"] = False
+    assert "compiles it from source" in _harness.machine_line(info)
+    info["bytecode_cached"] = True
+    assert "from source" not in _harness.machine_line(info)
+    # Without a cache file next to the module, it is not cached.
+    monkeypatch.setattr("importlib.util.cache_from_source", lambda path: path + ".missing")
+    assert _harness.bytecode_cached() is False
