@@ -49,6 +49,13 @@ class Echo:
                 for i in range(3):
                     yield f"g{i};"
             return gen()
+        if kind == "burst":
+            # Items yielded faster than the proxy writes them (they queue up
+            # and go out several per write), empty ones among them.
+            def gen():
+                for i in range(300):
+                    yield "" if i % 7 == 3 else f"{i};"
+            return gen()
         if kind == "fail":
             raise ValueError("secret detail")
         return "?"
@@ -82,6 +89,38 @@ def test_streaming_responses_are_chunked(serve_port):
     out = raw(serve_port, b"GET /?kind=stream HTTP/1.0\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200") and b"chunked" not in out.lower()
     assert out.endswith(b"chunk0;chunk1;chunk2;")
+
+
+def _dechunk(body):
+    """The chunks of a chunked body, checking its framing; the terminator must end it."""
+    chunks = []
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            assert body == b"\r\n", f"bytes after the last chunk: {body[:80]!r}"
+            return chunks
+        chunk, crlf, body = body[:size], body[size:size + 2], body[size + 2:]
+        assert len(chunk) == size and crlf == b"\r\n", "a chunk is cut or misframed"
+        chunks.append(chunk)
+
+
+def test_streamed_items_that_queue_up_arrive_whole_in_order_and_empty_ones_end_nothing(
+        serve_port):
+    serve.run(Echo.bind())
+    expected = "".join("" if i % 7 == 3 else f"{i};" for i in range(300)).encode()
+    out = raw(serve_port, b"GET /?kind=burst HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    chunks = _dechunk(body)
+    assert b"".join(chunks) == expected
+    assert all(chunks)          # an empty item is no chunk (it would end the body)
+    # HTTP/1.0: the raw bytes, in order, until the connection ends.
+    out = raw(serve_port, b"GET /?kind=burst HTTP/1.0\r\n\r\n")
+    assert out.partition(b"\r\n\r\n")[2] == expected
+    # HEAD: the head only, and the connection stays usable.
+    s, h, b = http(serve_port, "HEAD", "/?kind=burst")
+    assert s == 200 and b == b""
 
 
 def test_replica_exception_is_500_without_traceback(serve_port):

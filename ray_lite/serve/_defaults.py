@@ -38,6 +38,9 @@ PROXY_DRAIN_TIMEOUT_S = 5.0         # a stopping proxy lets requests in flight e
 # A streamed answer's chunks a replica may send ahead of what the proxy
 # wrote to its client (whose socket the proxy stops writing to while full).
 STREAM_ITEMS_AHEAD = 8
+# A proxy writes at most this many already-reported items of a streamed
+# response in one system call (see ``ProxyActor._stream``).
+STREAM_WRITE_BATCH = 16
 # A streamed answer no proxy asked for (its client left) is dropped after this.
 UNCLAIMED_STREAM_S = 60.0
 

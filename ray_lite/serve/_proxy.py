@@ -24,7 +24,7 @@ from urllib.parse import unquote
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, _memdebug, _metrics, _websocket, context
-from ._defaults import STREAM_ITEMS_AHEAD
+from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._proxy_conn import HttpConnection
@@ -421,17 +421,36 @@ class ProxyActor:
             write(head + b"\r\n")
             gen = req.gen = req.rep.handle.http_stream.options(
                 _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
+            head_only = req.method == "HEAD"
+            pending = []    # chunks read but not yet written
             async for ref in gen:
-                r = _core.peek(ref)
-                chunk = r[1] if r is not None and r[0] else await ref
+                # The items already reported go out in one write: a replica
+                # that yields faster than this proxy writes (many small
+                # events: server-sent events, tokens) costs one system call
+                # per batch instead of one per item.  Nothing waits for a
+                # batch to fill: it is what has come.
+                while True:
+                    r = _core.peek(ref)
+                    if r is not None and r[0]:
+                        chunk = r[1]
+                    else:
+                        if pending:
+                            write(b"".join(pending))
+                            pending.clear()
+                        chunk = await ref
+                    if conn.closed:
+                        break
+                    if not head_only and chunk:
+                        pending.append(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked
+                                       else chunk)
+                    if len(pending) >= STREAM_WRITE_BATCH or not gen.next_ready():
+                        break
+                    ref = next(gen)     # reported already: a look-up
                 if conn.closed:
                     break
-                if req.method == "HEAD":
-                    continue
-                if chunked:
-                    write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
-                else:
-                    write(chunk)
+                if pending:
+                    write(b"".join(pending) if len(pending) > 1 else pending[0])
+                    pending.clear()
                 if conn.write_paused:
                     await conn.drained()
             else:
