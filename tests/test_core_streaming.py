@@ -233,6 +233,41 @@ def test_backpressure_is_complete_and_bounded(rt):
     assert drain(g2) == list(range(30))
 
 
+def test_the_window_is_acknowledged_every_half_window_and_never_exceeded(rt):
+    @ray.remote
+    class Probe:
+        def __init__(self):
+            self.produced = 0
+
+        async def gen(self, n):
+            for i in range(n):
+                self.produced = i + 1
+                yield i
+
+        async def count(self):
+            return self.produced
+
+    p = Probe.remote()
+    g = p.gen.options(_generator_backpressure_num_objects=8).remote(100)
+
+    def held_at():
+        # Calls to count() run between the generator's steps: once three
+        # answers agree, the generator waits for an acknowledgement.
+        seen = []
+        while len(seen) < 3 or len(set(seen[-3:])) > 1:
+            assert len(seen) < 1000
+            seen.append(ray.get(p.count.remote(), timeout=T))
+        return seen[-1]
+
+    assert held_at() == 8                   # nothing taken: the whole window
+    for i in range(3):
+        assert ray.get(next(g), timeout=T) == i
+    assert held_at() == 8                   # 3 taken: not yet acknowledged (every 4)
+    assert ray.get(next(g), timeout=T) == 3
+    assert held_at() == 12                  # 4 taken: acknowledged
+    assert [ray.get(r, timeout=T) for r in g] == list(range(4, 100))
+
+
 def test_ten_concurrent_async_streams(rt):
     @ray.remote
     class Consumer:

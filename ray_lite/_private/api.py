@@ -285,7 +285,12 @@ def _is_ready(x):
     if type(x) is ObjectRef:
         return x._e.ready
     # A generator is ready when next() would not wait: an item, or its end.
-    return x._s.table.is_next_ready()
+    s = x._s
+    if s.table.is_next_ready():
+        return True
+    if s.bp > 0:
+        state.node.flush_stream_acks(s)     # what was taken, before waiting for more
+    return False
 
 
 def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):

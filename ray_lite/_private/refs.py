@@ -175,8 +175,8 @@ async def _await_ref(ref):
 class _StreamState:
     """Owner-side state of one stream: its table and who produces it."""
 
-    __slots__ = ("sid", "table", "peer", "done", "completed", "bp", "acked", "waiter",
-                 "cancelled", "name", "released", "__weakref__")
+    __slots__ = ("sid", "table", "peer", "done", "completed", "bp", "acked", "ack_every",
+                 "waiter", "cancelled", "name", "released", "__weakref__")
 
     def __init__(self, sid, peer, bp, name):
         self.sid = sid
@@ -186,6 +186,10 @@ class _StreamState:
         self.completed = _Entry()
         self.bp = bp
         self.acked = 0
+        # Consumption is acknowledged every half window (and before a wait:
+        # see Streams.next_item), not per item: an ack per item was a ring
+        # message, and often a wake-up of the producer, per item.
+        self.ack_every = max(1, bp // 2)
         self.waiter = None      # a callable woken when a report or the end arrives
         self.cancelled = False
         self.name = name
@@ -254,8 +258,13 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         """True when the next item is reported (``next()`` returns it at once);
         False while it is not, and once the stream is exhausted (as in Ray:
         ``is_finished()`` says that)."""
-        table = self._s.table
-        return table.is_next_ready() and not table.is_finished()
+        s = self._s
+        table = s.table
+        if table.is_next_ready():
+            return not table.is_finished()
+        if s.bp > 0 and state.node is not None:
+            state.node.flush_stream_acks(s)     # a poll may precede a wait
+        return False
 
     def is_finished(self):
         """True when the end is known and every item was taken."""

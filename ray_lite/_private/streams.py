@@ -85,6 +85,7 @@ class StreamsMixin:
         """Wait for the next item of ``s``; NOT_READY on timeout."""
         table = s.table
         if not table.is_next_ready():
+            self.flush_stream_acks(s)
             # As in get: a pool worker lends its CPU slot while it waits, so
             # that the task producing the stream can run on a full pool.
             self.block_begin()
@@ -103,6 +104,7 @@ class StreamsMixin:
                 raise StopAsyncIteration from None
             if item is not NOT_READY:
                 return item
+            self.flush_stream_acks(s)
             bridge = self.bridge_for_running_loop()
             fut = bridge.loop.create_future()
             s.waiter = bridge.waker(fut)
@@ -117,10 +119,22 @@ class StreamsMixin:
                 s.waiter = None
 
     def ack_stream(self, s):
+        """After an item of ``s`` was taken: acknowledge every half window."""
         consumed = s.table.num_consumed
-        if consumed > s.acked and not s.done:
+        if consumed - s.acked >= s.ack_every and not s.done:
             s.acked = consumed
             self.send(s.peer, P.ack_msg(s.sid, consumed))
+
+    def flush_stream_acks(self, s):
+        """Acknowledge everything taken from ``s``: before any wait for (or
+        look at) a next item that is not there, else a producer held back
+        by the window and a consumer waiting for its next item would wait
+        for each other."""
+        if s.bp > 0 and not s.done:
+            consumed = s.table.num_consumed
+            if consumed > s.acked:
+                s.acked = consumed
+                self.send(s.peer, P.ack_msg(s.sid, consumed))
 
     def _on_ack(self, peer, msg):
         """Back-pressure acks concern producers (WorkerNode); a late one is dropped."""
