@@ -101,14 +101,14 @@ def test_a_long_tail_of_waits_stops_spinning_though_most_are_short():
     assert not p.worth_it()
 
 
-def test_a_spin_switched_out_stops_spinning_even_when_it_caught_its_event():
+def test_a_spin_switched_out_stops_spinning_when_it_missed_its_event():
     from ray_lite.serve._spin import SpinPolicy
     p = SpinPolicy(0.001)
     for _ in range(20):
         p.observe(0.0001)
-    p.spun(True, 0.0001, switched=False)
+    p.spun(True, 0.0001, switched=True)     # yielded to another thread, still caught it
     assert p.worth_it()
-    p.spun(True, 0.0001, switched=True)     # its yield let another thread run
+    p.spun(False, 0.0011, switched=True)    # yielded, ran its budget out: contended
     assert not p.worth_it()
 
 

@@ -12,11 +12,13 @@ short but a long tail of them is not: the share alone kept dozens of
 replicas spinning at once on two cores, which took the CPU from the replicas
 that had requests and raised the p99 latency tenfold (20 -> 200 ms).
 
-A spin that was switched out (its ``sched_yield`` handed the CPU to another
-runnable thread: an involuntary context switch of this thread) or cut short
-empty-handed (its CPU went elsewhere, see ``ring.spin_any``) means the CPU
-is contended: spinning stops until short waits have been seen again, so
-beside a CPU-bound program the spins cost it (and us) nothing.
+A spin that came back empty-handed after being switched out (one of its
+``sched_yield`` handed the CPU to another runnable thread: an involuntary
+context switch of this thread) or cut short (its CPU went elsewhere, see
+``ring.spin_any``) means the CPU is contended: spinning stops until short
+waits have been seen again, so beside a CPU-bound program the spins cost it
+(and us) nothing.  A spin that yielded to another thread and still caught
+its event did what a spin should: it keeps going.
 """
 from resource import RUSAGE_THREAD, getrusage
 
@@ -54,5 +56,5 @@ class SpinPolicy:
     def spun(self, came, spent, switched=False):
         """After a spin of ``spent`` seconds: ``came`` if it caught its event,
         ``switched`` if this thread was switched out meanwhile."""
-        if switched or (not came and spent < self.budget * 0.5):
+        if not came and (switched or spent < self.budget * 0.5):
             self.hits = 0.0
