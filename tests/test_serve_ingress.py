@@ -235,6 +235,31 @@ def test_fastapi_route_that_raises_gives_500_and_the_replica_keeps_serving(serve
 
 
 @needs_fastapi
+def test_fastapi_sync_routes_reuse_the_replicas_worker_threads(serve_port):
+    # A sync endpoint runs in anyio's thread pool, whose threads live as
+    # long as the loop's root task: one must exist (else a thread per call).
+    import threading
+
+    from fastapi import FastAPI
+
+    from ray_lite import serve
+
+    app = FastAPI()
+
+    @serve.deployment(num_replicas=1)
+    @serve.ingress(app)
+    class Threads:
+        @app.get("/tid")
+        def tid(self):
+            return {"tid": threading.get_native_id(), "threads": threading.active_count()}
+
+    serve.run(Threads.bind())
+    seen = [_json(serve_port, "GET", "/tid")[2] for _ in range(20)]
+    assert len({s["tid"] for s in seen}) <= 2, seen     # one idle worker, reused
+    assert max(s["threads"] for s in seen) <= 4, seen
+
+
+@needs_fastapi
 def test_fastapi_methods_are_callable_through_a_handle(serve_runtime):
     from fastapi import FastAPI
 

@@ -56,6 +56,7 @@ class WorkerNode(AsyncActorMixin, Node):
         self.actor_name = None
         self.actor_init_error = None   # or why it exited: every call is refused with it
         self.loop = None
+        self.loop_done = None   # resolved to end an async actor's loop (worker_main)
         self.executor = None
         self._connect_lock = threading.Lock()
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
@@ -139,7 +140,14 @@ class WorkerNode(AsyncActorMixin, Node):
     def _on_exit(self, peer, msg):
         self.exiting = True
         if self.loop is not None:
-            self.loop.call_soon(self.loop.stop)
+            self.loop.call_soon(self._stop_loop)
+
+    def _stop_loop(self):
+        done = self.loop_done
+        if done is None:
+            self.loop.stop()        # still in boot()
+        elif not done.done():
+            done.set_result(None)
 
     def _on_cancel(self, peer, msg):
         oid = msg[1]
@@ -556,6 +564,10 @@ class WorkerNode(AsyncActorMixin, Node):
                 self.wake_poll()
 
 
+async def _until_done(fut):
+    await fut
+
+
 def worker_main(spec):
     if spec.get("env_vars"):
         os.environ.update(spec["env_vars"])     # runtime_env (the job's, the actor's)
@@ -587,7 +599,14 @@ def worker_main(spec):
             node.drive_nowait()
         loop.run_until_complete(boot())
         if not node.exiting:
-            loop.run_forever()
+            # The loop runs one long-lived task (not run_forever): libraries
+            # that look for the loop's root task find it.  anyio (under
+            # Starlette and FastAPI: run_in_threadpool, every sync endpoint)
+            # otherwise takes each call's own task for the root and ends its
+            # worker thread with it: a thread started per call, which cost a
+            # FastAPI replica more CPU than the endpoint itself (B15).
+            node.loop_done = loop.create_future()
+            loop.run_until_complete(_until_done(node.loop_done))
         return
     # Calls queue up while the constructor runs; they execute in order after.
     node.single_waiter = a["max_concurrency"] <= 1 and not a.get("concurrency_groups")
