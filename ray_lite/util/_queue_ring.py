@@ -53,8 +53,11 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 # read_pos, write_pos, count, overflow, getters, putters, closed
 _STATE = struct.Struct("<QQQQIII")
-_READ, _WRITE, _COUNT, _OVERFLOW, _GETTERS, _PUTTERS, _CLOSED, _CAPACITY = (
-    8, 16, 24, 32, 40, 44, 48, 56)
+_READ, _COUNT, _OVERFLOW, _GETTERS, _PUTTERS, _CLOSED, _CAPACITY = (
+    8, 24, 32, 40, 44, 48, 56)
+# read_pos, write_pos, count: stored by one pack_into, so that a process
+# killed inside an operation leaves them consistent with one another.
+_POSITIONS = struct.Struct("<QQQ")
 # What a client's spin before calling the owner looks at: count, overflow.
 _HINT = struct.Struct("<QQ")
 _SPIN_S = RING_SPIN_NS * 1e-9
@@ -151,6 +154,21 @@ class QueueRing:
             self._tlock.release()
             raise
 
+    def _lock_if_owner_alive(self):
+        """``lock()`` unless the owner process exited (then False, unlocked).
+        The poll happens under the thread lock: a poll object serves one
+        thread at a time."""
+        self._tlock.acquire()
+        if self._poller is not None and self._poller.poll(0):
+            self._tlock.release()
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._tlock.release()
+            raise
+        return True
+
     def unlock(self):
         try:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -166,15 +184,20 @@ class QueueRing:
 
     def owner_alive(self):
         """False once the owner process exited (a pidfd; always True without one)."""
-        return self._poller is None or not self._poller.poll(0)
+        if self._poller is None:
+            return True
+        with self._tlock:
+            return not self._poller.poll(0)
 
     # ------------------------------------------- fast paths (take the lock)
+    # A dead owner makes each of these answer "ask the owner", which raises.
     def try_put(self, data, maxsize):
         """Put ``data`` when the ring alone decides it; False: ask the owner."""
         if len(data) > self.item_limit:
             return False
         mm = self._mm
-        self.lock()
+        if not self._lock_if_owner_alive():
+            return False
         try:
             _, _, count, overflow, getters, putters, closed = _STATE.unpack_from(mm, _READ)
             if (getters or putters or overflow or closed
@@ -187,7 +210,8 @@ class QueueRing:
     def try_get(self):
         """The oldest item's bytes when the ring alone decides it, else None."""
         mm = self._mm
-        self.lock()
+        if not self._lock_if_owner_alive():
+            return None
         try:
             _, _, count, _, _, putters, closed = _STATE.unpack_from(mm, _READ)
             if not count or putters or closed:
@@ -197,8 +221,10 @@ class QueueRing:
             self.unlock()
 
     def size(self):
-        """Items in the queue (ring and owner), or None when closed."""
-        self.lock()
+        """Items in the queue (ring and owner), or None when closed (or the
+        owner exited)."""
+        if not self._lock_if_owner_alive():
+            return None
         try:
             _, _, count, overflow, _, _, closed = _STATE.unpack_from(self._mm, _READ)
         finally:
@@ -254,7 +280,7 @@ class QueueRing:
         if n > self.item_limit:
             return False
         mm, cap = self._mm, self.capacity
-        read, write, count = _STATE.unpack_from(mm, _READ)[:3]
+        read, write, count = _POSITIONS.unpack_from(mm, _READ)
         need = _record_size(n)
         off = write & self._mask
         tail = cap - off
@@ -268,14 +294,13 @@ class QueueRing:
         at = HEADER_SIZE + off
         _U32.pack_into(mm, at, n)
         mm[at + 8:at + 8 + n] = data
-        _U64.pack_into(mm, _WRITE, write + need)
-        _U64.pack_into(mm, _COUNT, count + 1)
+        _POSITIONS.pack_into(mm, _READ, read, write + need, count + 1)
         return True
 
     def pop(self):
         """Remove and return the oldest item's bytes (the ring holds one)."""
         mm = self._mm
-        read, _, count = _STATE.unpack_from(mm, _READ)[:3]
+        read, write, count = _POSITIONS.unpack_from(mm, _READ)
         off = read & self._mask
         n = _U32.unpack_from(mm, HEADER_SIZE + off)[0]
         if n == WRAP:
@@ -284,6 +309,5 @@ class QueueRing:
             n = _U32.unpack_from(mm, HEADER_SIZE)[0]
         at = HEADER_SIZE + off
         data = mm[at + 8:at + 8 + n]
-        _U64.pack_into(mm, _READ, read + _record_size(n))
-        _U64.pack_into(mm, _COUNT, count - 1)
+        _POSITIONS.pack_into(mm, _READ, read + _record_size(n), write, count - 1)
         return data

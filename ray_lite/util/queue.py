@@ -96,8 +96,9 @@ class Queue:
         return (_rebuild_queue, (self.maxsize, self.actor, self._ring_name, self._owner_pid))
 
     def _direct(self):
-        """The ring, when this process may use it without calling the owner
-        (the owner lives), else None."""
+        """The ring, when this process may use it without calling the owner,
+        else None.  (The ring's operations also check that the owner process
+        lives; this process may know sooner, from a ``kill`` it sent.)"""
         ring = self._ring
         if ring is None:
             ring = self._ring = _attach(self._ring_name, self._owner_pid)
@@ -105,8 +106,7 @@ class Queue:
             return None
         node = _state.node
         aid = self.actor._info.actor_id
-        if (node is None or aid in node.death_causes or aid in node.dead_peers
-                or not ring.owner_alive()):
+        if node is None or aid in node.death_causes or aid in node.dead_peers:
             return None
         return ring
 
