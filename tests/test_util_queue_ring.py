@@ -3,7 +3,6 @@ the owner, and what a dead owner leaves behind (ray_lite's runtime only)."""
 import os
 import pickle
 import threading
-import time
 
 import pytest
 
@@ -12,30 +11,16 @@ from ray_lite._fast import shm
 from ray_lite.exceptions import RayActorError, RayError
 from ray_lite.util._queue_ring import QueueRing
 from ray_lite.util.queue import Empty, Queue
+from test_ring import wait_until
+from test_util_queue import Consumer, put_all
 
 BIG = 400 * 1024        # over the ring's item limit (a quarter of 1 MiB)
-
-
-def _wait_until(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def _ring(q):
     ring = q._direct()
     assert ring is not None
     return ring
-
-
-@ray_lite.remote
-def put_all(q, items):
-    for item in items:
-        q.put(item)
-    return len(items)
 
 
 @ray_lite.remote
@@ -47,15 +32,6 @@ def get_nowait_in_a_task(q):
 def kill_owner(q):
     ray_lite.kill(q.actor)
     return True
-
-
-@ray_lite.remote
-class Consumer:
-    def __init__(self, q):
-        self.q = q
-
-    def take(self, n):
-        return [self.q.get(timeout=60) for _ in range(n)]
 
 
 # --------------------------------------------------------- the ring alone
@@ -217,12 +193,12 @@ def test_an_owner_killed_elsewhere_raises_and_its_ring_goes(rt):
     path = shm.segment_path(ring.name)
     assert os.path.exists(path)
     assert ray_lite.get(kill_owner.remote(q), timeout=30)
-    assert _wait_until(lambda: not ring.owner_alive())
+    wait_until(lambda: not ring.owner_alive())
     with pytest.raises(RayActorError):
         q.get_nowait()
     with pytest.raises(RayActorError):
         q.put(1)
-    assert _wait_until(lambda: not os.path.exists(path))
+    wait_until(lambda: not os.path.exists(path))
 
 
 def test_shutdown_closes_the_ring_for_every_copy(rt):
