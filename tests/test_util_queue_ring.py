@@ -1,7 +1,11 @@
 """util.queue.Queue's shared-memory ring: the direct path, what falls back to
 the owner, and what a dead owner leaves behind (ray_lite's runtime only)."""
+import fcntl
 import os
 import pickle
+import select
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -105,6 +109,33 @@ def test_a_mapping_unlinks_nothing_and_the_owner_unlinks_on_close():
     ring.close()
     ring.close()
     assert not os.path.exists(shm.segment_path(ring.name))
+
+
+HOLD_THE_LOCK = """
+import sys
+from ray_lite.util._queue_ring import QueueRing
+ring = QueueRing.attach(sys.argv[1], int(sys.argv[2]))
+ring.lock()
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_killed_holding_the_lock_blocks_nobody(small_ring):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, small_ring.name, str(os.getpid())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip() == "locked"
+        with pytest.raises(BlockingIOError):     # it does hold the lock
+            fcntl.flock(small_ring._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        proc.kill()
+        proc.wait(60)
+        proc.stdin.close()
+        proc.stdout.close()
+    assert small_ring.try_put(b"after", 0) and small_ring.try_get() == b"after"
 
 
 # ------------------------------------------------------ through the Queue
