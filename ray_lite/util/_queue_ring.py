@@ -148,6 +148,11 @@ class QueueRing:
     # ---------------------------------------------------------------- lock
     def lock(self):
         self._tlock.acquire()
+        self._flock()
+
+    def _flock(self):
+        """The segment's lock, once the thread lock is held (released if
+        this raises, e.g. a KeyboardInterrupt while waiting)."""
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
@@ -162,11 +167,7 @@ class QueueRing:
         if self._poller is not None and self._poller.poll(0):
             self._tlock.release()
             return False
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._tlock.release()
-            raise
+        self._flock()
         return True
 
     def unlock(self):
