@@ -100,6 +100,20 @@ def test_ring_fast_paths_defer_to_waiters_and_overflow(small_ring):
     assert ring.try_get() is None and ring.size() is None
 
 
+def test_ring_spins_answer_at_once_when_the_owner_must_decide(small_ring):
+    ring = small_ring
+    assert not ring.spin_until_items()          # nothing came: ask the owner
+    assert ring.spin_until_room(1)
+    assert ring.try_put(b"a", 1)
+    assert ring.spin_until_items() and not ring.spin_until_room(1)
+    with ring:
+        ring.set_overflow(1)
+    assert not ring.spin_until_room(5)          # the owner's items go first
+    with ring:
+        ring.pop()
+    assert not ring.spin_until_items()          # only the owner holds items
+
+
 def test_a_mapping_unlinks_nothing_and_the_owner_unlinks_on_close():
     ring = QueueRing.create(f"{shm.DEFAULT_PREFIX}test{os.getpid()}_", capacity=4096)
     other = QueueRing.attach(ring.name, os.getpid())

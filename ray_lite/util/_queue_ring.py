@@ -68,6 +68,20 @@ def _record_size(n):
     return 8 + ((n + 7) & ~7)
 
 
+def _has_items(count, overflow, _maxsize):
+    """What a blocked get spins on: True, False (ask the owner), None (wait)."""
+    if count:
+        return True
+    return False if overflow else None
+
+
+def _has_room(count, overflow, maxsize):
+    """What a blocked put spins on: True, False (ask the owner), None (wait)."""
+    if overflow:
+        return False
+    return True if count < maxsize else None
+
+
 class QueueRing:
     """One process's mapping of a queue's segment (see the module docstring)."""
 
@@ -233,18 +247,26 @@ class QueueRing:
         return None if closed else count + overflow
 
     def spin_until_items(self):
-        """Wait (a bounded spin, then a few yields; no lock) for the ring to
-        hold an item; False when it did not (or the owner holds items)."""
+        """Wait (no lock) for the ring to hold an item; False when none came
+        (or the owner holds items: the ring alone cannot decide then)."""
+        return self._spin(_has_items, 0)
+
+    def spin_until_room(self, maxsize):
+        """Wait (no lock) for the ring to have room under ``maxsize``; False
+        when none came (or the owner holds items)."""
+        return self._spin(_has_room, maxsize)
+
+    def _spin(self, ready, maxsize):
+        # A bounded spin, handing the CPU on now and then (the peer may be
+        # runnable on this CPU), then a few yields: the caller waits in the
+        # owner after that.
         mm, unpack = self._mm, _HINT.unpack_from
-        perf = perf_counter
-        start = last_yield = perf()
+        start = last_yield = perf_counter()
         while True:
-            count, overflow = unpack(mm, _COUNT)
-            if count:
-                return True
-            if overflow:
-                return False
-            now = perf()
+            answer = ready(*unpack(mm, _COUNT), maxsize)
+            if answer is not None:
+                return answer
+            now = perf_counter()
             if now - start > _SPIN_S:
                 break
             if now - last_yield > _YIELD_EVERY_S:
@@ -252,8 +274,9 @@ class QueueRing:
                 last_yield = now
         for _ in range(RING_YIELDS):
             os.sched_yield()
-            if unpack(mm, _COUNT)[0]:
-                return True
+            answer = ready(*unpack(mm, _COUNT), maxsize)
+            if answer is not None:
+                return answer
         return False
 
     # --------------------------------- with the lock held (owner and above)

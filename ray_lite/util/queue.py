@@ -8,11 +8,11 @@ caller's process (a few microseconds instead of an actor round trip).  The
 owner is called only when the ring alone cannot decide: the queue is empty
 or full and the call must wait, calls already wait in the owner (so that an
 item or a free place goes to the oldest waiter), or items too large for the
-ring wait in the owner.  A blocking ``get`` on an empty ring first polls it
-for a few microseconds (on the calling thread, then a few yields) before it
-asks the owner.  A blocked call waits *in the owner* (a future on its event
-loop, with a timer for the timeout), so it sends nothing more until its
-answer arrives.
+ring wait in the owner.  A blocking ``get`` on an empty ring (``put`` on a
+full one) first polls it for a few microseconds (on the calling thread, then
+a few yields) before it asks the owner.  A blocked call waits *in the owner*
+(a future on its event loop, with a timer for the timeout), so it sends
+nothing more until its answer arrives.
 
 Passing the queue to a task or an actor passes the owner's handle and the
 ring's name: every copy talks to the same owner and maps the same ring.  Every
@@ -36,9 +36,13 @@ from ray_lite.util._queue_ring import QueueRing
 
 __all__ = ["Queue", "Empty", "Full"]
 
-# Below this timeout a blocking get does not poll the ring before asking the
-# owner (the poll would outlast the timeout).
+# Below this timeout a blocked get or put does not poll the ring before it
+# asks the owner (the poll would outlast the timeout).
 _SPIN_MIN_TIMEOUT_S = 0.001
+
+
+def _may_spin(timeout):
+    return timeout is None or timeout >= _SPIN_MIN_TIMEOUT_S
 
 
 class Empty(_stdlib_queue.Empty):
@@ -143,8 +147,12 @@ class Queue:
             timeout = 0
         _check_timeout(timeout)
         ring = self._direct()
-        if ring is not None and ring.try_put(_codec.dumps(item), self.maxsize):
-            return None
+        if ring is not None:
+            data = _codec.dumps(item)
+            if ring.try_put(data, self.maxsize) or (
+                    self.maxsize > 0 and _may_spin(timeout)
+                    and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize)):
+                return None
         if not ray_lite.get(self.actor.put.remote(item, timeout)):
             raise Full
         return None
@@ -186,8 +194,7 @@ class Queue:
         ring = self._direct()
         if ring is not None:
             data = ring.try_get()
-            if (data is None and (timeout is None or timeout >= _SPIN_MIN_TIMEOUT_S)
-                    and ring.spin_until_items()):
+            if data is None and _may_spin(timeout) and ring.spin_until_items():
                 data = ring.try_get()
             if data is not None:
                 return _codec.loads(data)
