@@ -458,7 +458,7 @@ def release_dead_owner(node, pid):
     Readers that mapped them keep their views; later readers get
     ``ObjectLostError`` (the owner is gone, as in Ray).
     """
-    for tag in ("o", "p"):      # its objects, and the free segments of its pool
+    for tag in ("o", "p", "q"):  # its objects, the free segments of its pool, its queue rings
         for name in shm.list_segments(f"{node.shm_prefix}{tag}{pid}_"):
             free(name)
     spill = spill_dir(node)

@@ -1,24 +1,48 @@
 """``Queue``: a first-in, first-out queue that any task, actor or driver can use.
 
-The items live in an async actor (the queue's owner); every operation is one
-call to it, so a ``put`` or ``get`` costs one actor round trip (one that the
-owner answers without an asyncio Task when it need not wait).  A blocking
-``get`` or ``put`` waits *in the actor* (a future on its event loop, with a
-timer for the timeout), so a blocked caller sends nothing more until its
-answer arrives.  Passing the queue to a task or an actor passes its actor
-handle: every copy talks to the same owner.  If the owner dies, calls raise
+The queue belongs to an async actor (its owner), which creates a
+shared-memory ring for the items (``_queue_ring``).  The common operations
+skip the owner: a ``put`` that finds room copies the item into the ring, a
+``get`` that finds an item copies it out, each under the ring's lock, in the
+caller's process (a few microseconds instead of an actor round trip).  The
+owner is called only when the ring alone cannot decide: the queue is empty
+or full and the call must wait, calls already wait in the owner (so that an
+item or a free place goes to the oldest waiter), or items too large for the
+ring wait in the owner.  A blocking ``get`` on an empty ring (``put`` on a
+full one) first polls it for a few microseconds (on the calling thread, then
+a few yields) before it asks the owner.  A blocked call waits *in the owner*
+(a future on its event loop, with a timer for the timeout), so it sends
+nothing more until its answer arrives.
+
+Passing the queue to a task or an actor passes the owner's handle and the
+ring's name: every copy talks to the same owner and maps the same ring.  Every
+direct operation first checks that the owner lives (its pidfd, and whether
+this process saw it killed); once it is dead, calls go to the owner and raise
 the ``RayActorError`` the core raises for a dead actor, never hang.
 """
 import asyncio
 import collections
 import functools
+import os
 import queue as _stdlib_queue
+import weakref
 from collections.abc import Iterable
 
 import ray_lite
+from ray_lite._fast import codec as _codec
 from ray_lite._private import backend as _backend
+from ray_lite._private import state as _state
+from ray_lite.util._queue_ring import QueueRing
 
 __all__ = ["Queue", "Empty", "Full"]
+
+# Below this timeout a blocked get or put does not poll the ring before it
+# asks the owner (the poll would outlast the timeout).
+_SPIN_MIN_TIMEOUT_S = 0.001
+
+
+def _may_spin(timeout):
+    return timeout is None or timeout >= _SPIN_MIN_TIMEOUT_S
 
 
 class Empty(_stdlib_queue.Empty):
@@ -32,6 +56,26 @@ class Full(_stdlib_queue.Full):
 def _check_timeout(timeout):
     if timeout is not None and timeout < 0:
         raise ValueError("'timeout' must be a non-negative number")
+
+
+# This process's mappings of queue rings, one per ring whatever the number of
+# Queue copies (unpickled in each call that receives one) that use it.
+_ATTACHED = weakref.WeakValueDictionary()
+
+
+def _attach(name, owner_pid):
+    """This process's ``QueueRing`` called ``name``, or False when it cannot be
+    mapped (the owner is gone and its ring with it)."""
+    if name is None:
+        return False
+    ring = _ATTACHED.get(name)
+    if ring is None:
+        try:
+            ring = QueueRing.attach(name, owner_pid)
+        except (OSError, ValueError):
+            return False
+        _ATTACHED[name] = ring
+    return ring
 
 
 @_backend.ray_counterpart("Queue")
@@ -49,15 +93,37 @@ class Queue:
     def __init__(self, maxsize=0, actor_options=None):
         self.maxsize = maxsize
         self.actor = _queue_actor_class().options(**(actor_options or {})).remote(maxsize)
+        self._ring_name, self._owner_pid = ray_lite.get(self.actor.ring_info.remote())
+        self._ring = None       # mapped at first use; False when it cannot be
 
     def __reduce__(self):
-        return (_rebuild_queue, (self.maxsize, self.actor))
+        return (_rebuild_queue, (self.maxsize, self.actor, self._ring_name, self._owner_pid))
+
+    def _direct(self):
+        """The ring, when this process may use it without calling the owner,
+        else None.  (The ring's operations also check that the owner process
+        lives; this process may know sooner, from a ``kill`` it sent.)"""
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = _attach(self._ring_name, self._owner_pid)
+        if not ring:
+            return None
+        node = _state.node
+        aid = self.actor._info.actor_id
+        if node is None or aid in node.death_causes or aid in node.dead_peers:
+            return None
+        return ring
 
     def __len__(self):
         return self.size()
 
     def size(self):
         """The number of items in the queue."""
+        ring = self._direct()
+        if ring is not None:
+            n = ring.size()
+            if n is not None:
+                return n
         return ray_lite.get(self.actor.qsize.remote())
 
     def qsize(self):
@@ -65,10 +131,10 @@ class Queue:
         return self.size()
 
     def empty(self):
-        return ray_lite.get(self.actor.empty.remote())
+        return self.size() == 0
 
     def full(self):
-        return ray_lite.get(self.actor.full.remote())
+        return 0 < self.maxsize <= self.size()
 
     # ------------------------------------------------------------------ put
     def put(self, item, block=True, timeout=None):
@@ -80,6 +146,13 @@ class Queue:
         if not block:
             timeout = 0
         _check_timeout(timeout)
+        ring = self._direct()
+        if ring is not None:
+            data = _codec.dumps(item)
+            if ring.try_put(data, self.maxsize) or (
+                    self.maxsize > 0 and _may_spin(timeout)
+                    and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize)):
+                return None
         if not ray_lite.get(self.actor.put.remote(item, timeout)):
             raise Full
         return None
@@ -89,6 +162,9 @@ class Queue:
         if not block:
             timeout = 0
         _check_timeout(timeout)
+        ring = self._direct()
+        if ring is not None and ring.try_put(_codec.dumps(item), self.maxsize):
+            return
         if not await self.actor.put.remote(item, timeout):
             raise Full
 
@@ -115,6 +191,13 @@ class Queue:
         if not block:
             timeout = 0
         _check_timeout(timeout)
+        ring = self._direct()
+        if ring is not None:
+            data = ring.try_get()
+            if data is None and _may_spin(timeout) and ring.spin_until_items():
+                data = ring.try_get()
+            if data is not None:
+                return _codec.loads(data)
         found, item = ray_lite.get(self.actor.get.remote(timeout))
         if not found:
             raise Empty
@@ -125,6 +208,11 @@ class Queue:
         if not block:
             timeout = 0
         _check_timeout(timeout)
+        ring = self._direct()
+        if ring is not None:
+            data = ring.try_get()
+            if data is not None:
+                return _codec.loads(data)
         found, item = await self.actor.get.remote(timeout)
         if not found:
             raise Empty
@@ -161,48 +249,105 @@ class Queue:
                 ray_lite.wait([actor.qsize.remote()], timeout=grace_period_s)
             except Exception:   # already dead: nothing to wait for
                 pass
+        ring = self._direct()
+        if ring is not None:
+            # Copies in other processes stop using the ring at once, not
+            # only once they see the owner's process gone.
+            with ring:
+                ring.set_closed()
         ray_lite.kill(actor)
 
 
-def _rebuild_queue(maxsize, actor):
+def _rebuild_queue(maxsize, actor, ring_name=None, owner_pid=0):
     q = Queue.__new__(Queue)
     q.maxsize = maxsize
     q.actor = actor
+    q._ring_name = ring_name
+    q._owner_pid = owner_pid
+    q._ring = None
     return q
 
 
 class _QueueOwner:
-    """The actor that holds a ``Queue``'s items.
+    """The actor that owns a ``Queue``: its ring, what the ring cannot hold
+    (``overflow``, after the ring's items) and the calls that wait.
 
-    Invariant: callers wait in ``getters`` only while ``items`` is empty, and
-    in ``putters`` only while the queue is full, so an item or a free place
-    goes straight to the oldest waiter.  ``get`` answers ``(found, item)`` and
-    ``put`` answers whether it put: timing out is an answer, not an error
-    (an error would carry a traceback back for a routine outcome).
+    Invariant: callers wait in ``getters`` only while the queue is empty, and
+    in ``putters`` only while it is full, so an item or a free place goes
+    straight to the oldest waiter; the ring's header counts them so that the
+    other processes leave those cases to the owner.  Every method holds the
+    ring's lock while it looks at the queue.  ``get`` answers ``(found,
+    item)`` and ``put`` answers whether it put: timing out is an answer, not
+    an error (an error would carry a traceback back for a routine outcome).
     """
 
     def __init__(self, maxsize):
         self.maxsize = maxsize
-        self.items = collections.deque()
+        self.ring = QueueRing.create(_state.get_node().shm_prefix)
+        # (item, its encoding, or None when the ring can never take it)
+        self.overflow = collections.deque()
         self.getters = collections.deque()      # futures of blocked get calls
         self.putters = collections.deque()      # (future, item) of blocked put calls
 
+    def ring_info(self):
+        """``(ring name, owner pid)``: what a ``Queue`` needs to map the ring."""
+        return self.ring.name, os.getpid()
+
     def qsize(self):
-        return len(self.items)
+        with self.ring:
+            return self._size()
 
     def empty(self):
-        return not self.items
+        return self.qsize() == 0
 
     def full(self):
-        return 0 < self.maxsize <= len(self.items)
+        return 0 < self.maxsize <= self.qsize()
 
     def waiters(self):
         """``(blocked get calls, blocked put calls)``: what is waiting on the queue."""
         return (sum(1 for f in self.getters if not f.done()),
                 sum(1 for f, _ in self.putters if not f.done()))
 
+    # The helpers below run with the ring's lock held.
+    def _size(self):
+        return self.ring.state()[0] + len(self.overflow)
+
     def _room_for(self, n):
-        return self.maxsize <= 0 or len(self.items) + n <= self.maxsize
+        return self.maxsize <= 0 or self._size() + n <= self.maxsize
+
+    def _putters_wait(self):
+        putters = self.putters
+        while putters and putters[0][0].done():      # timed out or cancelled
+            putters.popleft()
+        return bool(putters)
+
+    def _append(self, item):
+        """``item`` at the tail: in the ring when nothing waits in ``overflow``."""
+        overflow = self.overflow
+        try:
+            data = _codec.dumps(item)
+        except Exception:       # came through a call, but may not encode again
+            data = None
+        if data is not None and len(data) > self.ring.item_limit:
+            data = None
+        if not overflow and data is not None and self.ring.push(data):
+            return
+        overflow.append((item, data))
+        self.ring.set_overflow(len(overflow))
+
+    def _refill(self):
+        """Move what waits in ``overflow`` into the ring while it has room, so
+        that the other processes can use the ring alone again."""
+        overflow = self.overflow
+        if not overflow:
+            return
+        ring = self.ring
+        while overflow:
+            data = overflow[0][1]
+            if data is None or not ring.push(data):
+                break
+            overflow.popleft()
+        ring.set_overflow(len(overflow))
 
     def _deliver(self, item):
         getters = self.getters
@@ -211,39 +356,60 @@ class _QueueOwner:
             if not fut.done():          # not timed out, not cancelled
                 fut.set_result((True, item))
                 return
-        self.items.append(item)
+        self._append(item)
 
     def _take(self):
-        item = self.items.popleft()
+        if self.ring.state()[0]:
+            item = _codec.loads(self.ring.pop())
+        else:
+            item = self.overflow.popleft()[0]
+            self.ring.set_overflow(len(self.overflow))
         putters = self.putters
         while putters:
             fut, waiting_item = putters.popleft()
             if not fut.done():
-                self.items.append(waiting_item)
+                self._append(waiting_item)
                 fut.set_result(True)
                 break
+        self._refill()
         return item
+
+    def _getter_done(self, _fut):
+        with self.ring:
+            self.ring.add_getters(-1)
+
+    def _putter_done(self, _fut):
+        with self.ring:
+            self.ring.add_putters(-1)
 
     # put and get are plain methods: what they can answer at once is answered
     # without an asyncio Task (the worker runs such calls directly); only a
     # call that has to wait returns a coroutine, which the worker awaits.
     def put(self, item, timeout=None):
-        if not self.putters and self._room_for(1):
-            self._deliver(item)
-            return True
-        if timeout == 0:
-            return False
-        fut = asyncio.get_running_loop().create_future()
-        self.putters.append((fut, item))
+        with self.ring:
+            self._refill()
+            if not self._putters_wait() and self._room_for(1):
+                self._deliver(item)
+                return True
+            if timeout == 0:
+                return False
+            fut = asyncio.get_running_loop().create_future()
+            self.putters.append((fut, item))
+            self.ring.add_putters(1)
+        fut.add_done_callback(self._putter_done)
         return self._wait_for(fut, timeout, False)
 
     def get(self, timeout=None):
-        if self.items:
-            return True, self._take()
-        if timeout == 0:
-            return False, None
-        fut = asyncio.get_running_loop().create_future()
-        self.getters.append(fut)
+        with self.ring:
+            self._refill()
+            if self._size():
+                return True, self._take()
+            if timeout == 0:
+                return False, None
+            fut = asyncio.get_running_loop().create_future()
+            self.getters.append(fut)
+            self.ring.add_getters(1)
+        fut.add_done_callback(self._getter_done)
         return self._wait_for(fut, timeout, (False, None))
 
     # An async method (this one) makes the owner an async actor: its calls
@@ -259,16 +425,21 @@ class _QueueOwner:
 
     def put_nowait_batch(self, items):
         """None when all were added, else the queue's size (nothing added)."""
-        if self.putters or not self._room_for(len(items)):
-            return len(self.items)
-        for item in items:
-            self._deliver(item)
+        with self.ring:
+            self._refill()
+            if self._putters_wait() or not self._room_for(len(items)):
+                return self._size()
+            for item in items:
+                self._deliver(item)
         return None
 
     def get_nowait_batch(self, num_items):
-        if num_items > len(self.items):
-            return False, len(self.items)
-        return True, [self._take() for _ in range(num_items)]
+        with self.ring:
+            self._refill()
+            size = self._size()
+            if num_items > size:
+                return False, size
+            return True, [self._take() for _ in range(num_items)]
 
 
 def _expire(fut, answer):
