@@ -2,6 +2,7 @@
 import gc
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -530,3 +531,14 @@ def test_views_in_the_owner_and_after_reuse_stay_read_only(rt):
     gc.collect()
     y = ray.get(ray.put(big_array(6)))      # the pooled segment again, mapped again
     assert not y.flags.writeable and np.array_equal(y, big_array(6))
+
+
+@pytest.mark.local_only
+def test_a_driver_using_numpy_has_its_zygote_import_it(rt):
+    # Workers forked after init share the zygote's numpy instead of each
+    # importing a private copy at its first array.  A spawn waits for the
+    # zygote's preload: once an actor answers, numpy is in the zygote.
+    assert "numpy" in sys.modules
+    assert ray.get(Reader.remote().mappings.remote()) == (0, 0)
+    with open(f"/proc/{rt.zygote.proc.pid}/maps") as f:
+        assert "_multiarray_umath" in f.read()

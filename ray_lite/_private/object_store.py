@@ -75,6 +75,7 @@ import mmap
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import weakref
@@ -116,11 +117,22 @@ def check_capacity(capacity):
 
 
 def configure(node, capacity):
-    """Set the runtime's capacity (the driver, at ``init``) and tell its workers."""
+    """Set the runtime's capacity (the driver, at ``init``) and tell its workers.
+
+    A driver that uses numpy has its zygote import it too: workers decode the
+    driver's arrays (a stored object maps as numpy arrays), and numpy imported
+    once before the fork keeps its ~10 MB of private pages shared by every
+    worker forked afterwards, where each worker would import a copy of its
+    own at its first array.  (Workers forked already, the initial pool, are
+    not helped; the zygote's import delays the next spawn by that import.)
+    """
     node.store_capacity = capacity
     path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
     with open(path, "w") as f:
         f.write(str(capacity))
+    zygote = getattr(node, "zygote", None)
+    if zygote is not None and "numpy" in sys.modules:
+        zygote.preload(["numpy"])
 
 
 def capacity_of(node):
