@@ -488,8 +488,8 @@ def map_segment(name, size):
         with _mappings_lock:
             m = _mappings.get(key)
             if m is not None and m.length >= size:
+                _idle.pop(key, None)        # first: what is idle has no window
                 m.windows += 1
-                _idle.pop(key, None)
             else:
                 m = None
         if m is None:
@@ -545,13 +545,21 @@ class _Mapping:
                 return
             _idle[self.key] = self
             while len(_idle) > MAX_IDLE_MAPPINGS:
-                old = _idle.pop(next(iter(_idle)))
-                del _mappings[old.key]
-                old._unmap()
+                _idle[next(iter(_idle))].evict()
+
+    def evict(self):
+        """Forget and unmap this idle mapping (under the lock).  Written to
+        bear a finalizer running inside it (a collection may start at any
+        allocation): every step checks what it undoes."""
+        _idle.pop(self.key, None)
+        if _mappings.get(self.key) is self:
+            del _mappings[self.key]
+        self._unmap()
 
     def _unmap(self):
-        _libc.munmap(self.addr, ctypes.sizeof(self.window_type))
-        self.addr = None
+        addr, self.addr = self.addr, None
+        if addr is not None:
+            _libc.munmap(addr, ctypes.sizeof(self.window_type))
 
 
 #: Mappings with no window kept by a process for the next object in their segment.
@@ -570,11 +578,8 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 def _drop_idle_mappings():
     with _mappings_lock:
-        idle = list(_idle.values())
-        _idle.clear()
-        for m in idle:
-            del _mappings[m.key]
-            m._unmap()
+        while _idle:
+            _idle[next(iter(_idle))].evict()
 
 
 def _lock_after_fork():
