@@ -2,6 +2,7 @@
 import gc
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -442,3 +443,102 @@ def sum_of_nested_result(seed):
 def test_a_large_result_of_a_nested_task_reaches_its_caller(rt):
     assert ray.get(sum_of_nested_result.remote(5)) == (5.0 * (BIG - 1), False)
     assert wait_until(lambda: stored_segments(rt) == set())
+
+
+def rss_kb_at(address):
+    """Resident kB of this process's mapping that holds ``address`` (its page tables' view)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise LookupError(f"no mapping holds {address:#x}")
+
+
+@ray.remote
+class Reader:
+    """Reads stored objects and drops them at once: what ``get`` leaves mapped."""
+
+    def read(self, refs):
+        arr = ray.get(refs[0])
+        return float(arr.sum()), data_address(arr), object_store.cached_mappings()
+
+    def mappings(self):
+        gc.collect()
+        return object_store.cached_mappings()
+
+    def rss_kb_at(self, address):
+        return rss_kb_at(address)
+
+
+@pytest.mark.local_only
+def test_a_reader_maps_the_next_object_of_a_segment_through_its_idle_mapping(rt):
+    r = Reader.remote()
+    ref = ray.put(big_array(2))
+    (first,) = stored_segments(rt)
+    total, addr, counts = ray.get(r.read.remote([ref]))
+    assert total == big_array(2).sum() and counts == (1, 0)
+    # Its view gone, the reader gives its weight back although it keeps the
+    # mapping: the segment is freed (and pooled) as before.
+    assert ray.get(r.mappings.remote()) == (1, 1)
+    del ref
+    assert wait_until(lambda: not stored_segments(rt))
+    ref = ray.put(big_array(3))                     # written into the pooled segment
+    (second,) = stored_segments(rt)
+    assert second != first
+    total, addr2, counts = ray.get(r.read.remote([ref]))
+    # The new object's bytes, through the same pages of the same mapping.
+    assert total == big_array(3).sum() and addr2 == addr and counts == (1, 0)
+
+
+@pytest.mark.local_only
+def test_a_reader_keeps_few_idle_mappings(rt):
+    r = Reader.remote()
+    refs = [ray.put(big_array(seed)) for seed in range(1, object_store.MAX_IDLE_MAPPINGS + 3)]
+    assert len(stored_segments(rt)) == len(refs)    # each in a segment of its own
+    for seed, ref in enumerate(refs, 1):
+        assert ray.get(r.read.remote([ref]))[0] == big_array(seed).sum()
+    n = object_store.MAX_IDLE_MAPPINGS
+    assert ray.get(r.mappings.remote()) == (n, n)
+
+
+@pytest.mark.local_only
+def test_an_idle_mapping_keeps_no_pages_of_a_discarded_segment(rt):
+    r = Reader.remote()
+    ref = ray.put(big_array(4))
+    _, addr, _ = ray.get(r.read.remote([ref]))
+    assert ray.get(r.rss_kb_at.remote(addr)) >= BIG * 8 // 1024    # every page was read
+    del ref
+    assert wait_until(lambda: not stored_segments(rt) and pooled_segments(rt))
+    object_store.clear_pool()            # the owner discards it (room, shutdown)
+    assert not pooled_segments(rt)
+    # Still mapped by the reader, idle, but its memory went with the segment.
+    assert ray.get(r.mappings.remote()) == (1, 1)
+    assert ray.get(r.rss_kb_at.remote(addr)) == 0
+
+
+def test_views_in_the_owner_and_after_reuse_stay_read_only(rt):
+    ref = ray.put(big_array(5))
+    x = ray.get(ref)
+    assert x.base is not None and not x.flags.writeable
+    with pytest.raises(ValueError):
+        x[0] = 1.0
+    del x, ref
+    gc.collect()
+    y = ray.get(ray.put(big_array(6)))      # the pooled segment again, mapped again
+    assert not y.flags.writeable and np.array_equal(y, big_array(6))
+
+
+@pytest.mark.local_only
+def test_a_driver_using_numpy_has_its_zygote_import_it(rt):
+    # Workers forked after init share the zygote's numpy instead of each
+    # importing a private copy at its first array.  A spawn waits for the
+    # zygote's preload: once an actor answers, numpy is in the zygote.
+    assert "numpy" in sys.modules
+    assert ray.get(Reader.remote().mappings.remote()) == (0, 0)
+    with open(f"/proc/{rt.zygote.proc.pid}/maps") as f:
+        assert "_multiarray_umath" in f.read()

@@ -21,18 +21,25 @@ Lifetime.  The owner (the process that stored it) keeps the segment while a
 ref to it *or a view of it* exists anywhere, as Ray pins an object while a
 deserialised array uses it: each descriptor sent carries a weight of the
 owner's count (the weighted reference counting of ``refs.py``); a reader
-gives its weight back when its mapping dies, i.e. when its refs and every
-array it decoded are gone.  When the owner's own refs and views are gone
+gives its weight back when its window on the segment dies, i.e. when its
+refs and every array it decoded are gone.  When the owner's own refs and views are gone
 too, the segment is released: it joins this process's ``SegmentPool``
 (mapped, its pages touched) under a new name, and the next stored object of
 a fitting size is written into it at memory-copy speed, without the page
 fault and zeroing per page that a new file costs.  The new name makes a
 late descriptor of the old object fail (``ObjectLostError``) instead of
-mapping the next one's bytes.  So:
+mapping the next one's bytes.  Readers likewise keep their mapping of a
+segment file once its object is gone (a few idle ones a process,
+``map_segment``): the next object in that segment is read through page
+tables filled already, so a ``get`` costs no page faults; a discarded
+segment's pages are freed by its owner (``StoredSegment.discard``), not
+kept by such idle mappings.  So:
 
 - the owner dies while readers hold views: the driver unlinks the dead
   owner's objects, and the views keep working (a mapping of an unlinked
-  file stays valid on Linux) until the readers drop them;
+  file stays valid on Linux) until the readers drop them (a reader's idle
+  mapping keeps such a segment's pages until it is evicted or the reader
+  exits);
   a ref that reaches a process only after the owner's death cannot be mapped
   any more and ``get`` raises ``ObjectLostError``, as in Ray;
 - a reader dies: the kernel drops its mappings, and the owner takes back
@@ -68,8 +75,10 @@ import mmap
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
+import weakref
 
 from ray_lite._fast import shm
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
@@ -108,11 +117,22 @@ def check_capacity(capacity):
 
 
 def configure(node, capacity):
-    """Set the runtime's capacity (the driver, at ``init``) and tell its workers."""
+    """Set the runtime's capacity (the driver, at ``init``) and tell its workers.
+
+    A driver that uses numpy has its zygote import it too: workers decode the
+    driver's arrays (a stored object maps as numpy arrays), and numpy imported
+    once before the fork keeps its ~10 MB of private pages shared by every
+    worker forked afterwards, where each worker would import a copy of its
+    own at its first array.  (Workers forked already, the initial pool, are
+    not helped; the zygote's import delays the next spawn by that import.)
+    """
     node.store_capacity = capacity
     path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
     with open(path, "w") as f:
         f.write(str(capacity))
+    zygote = getattr(node, "zygote", None)
+    if zygote is not None and "numpy" in sys.modules:
+        zygote.preload(["numpy"])
 
 
 def capacity_of(node):
@@ -285,8 +305,17 @@ class StoredSegment:
             self.discard()
 
     def discard(self):
-        free(self.name)
         mm, self.mm = self.mm, None
+        if mm is not None:
+            # Readers keep an idle mapping of a segment for its next object
+            # (``map_segment``): its pages are freed here, not when the last
+            # of them unmaps it.  Nothing reads them any more: no ref or view
+            # of the object is left (the dead-owner path only unlinks).
+            try:
+                mm.madvise(mmap.MADV_REMOVE)
+            except (OSError, ValueError, AttributeError):
+                pass
+        free(self.name)
         if mm is not None:
             try:
                 mm.close()
@@ -378,8 +407,10 @@ os.register_at_fork(after_in_child=lambda: _pool.clear(unlink=False))
 
 
 def clear_pool():
-    """Unlink and unmap this process's free segments (the runtime's shutdown)."""
+    """Unlink and unmap this process's free segments, and unmap its idle read
+    mappings (the runtime's shutdown: what it unlinked is not pinned here)."""
     _pool.clear()
+    _drop_idle_mappings()
 
 
 def _room(directory):
@@ -421,27 +452,149 @@ def cleanup_stale_spill_dirs():
             shutil.rmtree(os.path.join(_SPILL_ROOT, entry), ignore_errors=True)
 
 
-def views_of(mm, offsets, sizes):
-    """Read-only views of the buffers of a mapped segment (arrays decoded over them are read-only)."""
-    whole = memoryview(mm)
+def views_of(buf, offsets, sizes):
+    """Read-only byte views of the buffers of a mapped segment (arrays decoded over them are read-only)."""
+    whole = memoryview(buf)
+    if whole.format != "B":
+        whole = whole.cast("B")
     if not whole.readonly:
         whole = whole.toreadonly()
     return [whole[off:off + n] for off, n in zip(offsets, sizes)]
 
 
 def map_segment(name, size):
-    """Map a stored object's segment read-only; ``ObjectLostError`` when it is gone."""
+    """A read-only *window* on a stored object's segment; ``ObjectLostError`` when it is gone.
+
+    The window is a buffer over this process's one mapping of the segment
+    file (``_Mapping``): views of it keep it alive, and a
+    ``weakref.finalize`` on it tells when the last of them is gone.  The
+    mapping itself outlives the window: the next object its owner writes
+    into the same (pooled) segment is read through the page tables this
+    process filled already, instead of faulting in every page of a new
+    mapping again (a fresh map of 100 MB costs more than reading it).
+    """
     try:
         fd = os.open(_path_of(name), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ObjectLostError(
             f"stored object {name!r} is gone (its owner freed it or died)") from None
     try:
-        if os.fstat(fd).st_size < size:
+        st = os.fstat(fd)
+        if st.st_size < size:
             raise ObjectLostError(f"stored object {name!r} is truncated")
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        # The file's identity, not its name: a pooled segment changes its
+        # name with each object.  Sound while mapped: a mapped inode lives on.
+        key = (st.st_dev, st.st_ino)
+        with _mappings_lock:
+            m = _mappings.get(key)
+            if m is not None and m.length >= size:
+                _idle.pop(key, None)        # first: what is idle has no window
+                m.windows += 1
+            else:
+                m = None
+        if m is None:
+            m = _Mapping(fd, st.st_size, key)
+            with _mappings_lock:
+                if key not in _mappings:        # else one in use stays; this one is private
+                    _mappings[key] = m
     finally:
         os.close(fd)
+    window = m.window_type.from_address(m.addr)
+    weakref.finalize(window, m.window_closed).atexit = False
+    return window
+
+
+def _size_class(n):
+    """``n`` rounded up to one of 8 steps per power of two (a mapping's length:
+    ctypes keeps a type per array length for good, so lengths must be few)."""
+    if n <= 4096:
+        return 4096
+    step = 1 << max(n.bit_length() - 4, 12)
+    return (n + step - 1) // step * step
+
+
+class _Mapping:
+    """This process's read-only mapping of one segment file, shared by the
+    windows ``map_segment`` gives out over it.  Unmapped only when no window
+    is left and more than ``MAX_IDLE_MAPPINGS`` idle ones are kept (the
+    least recently used goes first).  An idle mapping keeps a file's pages
+    only until its owner discards it: ``StoredSegment.discard`` frees them
+    first; a dead owner's segments stay until the mapping is evicted."""
+
+    __slots__ = ("key", "addr", "length", "window_type", "windows")
+
+    def __init__(self, fd, file_size, key):
+        length = _size_class(file_size)     # past the file's end: never read, costs nothing
+        addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}")
+        self.key = key
+        self.addr = addr
+        self.length = file_size
+        self.window_type = ctypes.c_ubyte * length
+        self.windows = 1
+
+    def window_closed(self):
+        with _mappings_lock:
+            self.windows -= 1
+            if self.windows:
+                return
+            if _mappings.get(self.key) is not self:
+                self._unmap()
+                return
+            _idle[self.key] = self
+            while len(_idle) > MAX_IDLE_MAPPINGS:
+                _idle[next(iter(_idle))].evict()
+
+    def evict(self):
+        """Forget and unmap this idle mapping (under the lock).  Written to
+        bear a finalizer running inside it (a collection may start at any
+        allocation): every step checks what it undoes."""
+        _idle.pop(self.key, None)
+        if _mappings.get(self.key) is self:
+            del _mappings[self.key]
+        self._unmap()
+
+    def _unmap(self):
+        addr, self.addr = self.addr, None
+        if addr is not None:
+            _libc.munmap(addr, ctypes.sizeof(self.window_type))
+
+
+#: Mappings with no window kept by a process for the next object in their segment.
+MAX_IDLE_MAPPINGS = 2
+_mappings = {}          # (st_dev, st_ino) -> _Mapping
+_idle = {}              # the idle ones, least recently used first
+# Reentrant: a window's finalizer may run in a collection inside a locked block.
+_mappings_lock = threading.RLock()
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _drop_idle_mappings():
+    with _mappings_lock:
+        while _idle:
+            _idle[next(iter(_idle))].evict()
+
+
+def _lock_after_fork():
+    # The child's copy of the lock may be held by a thread that is not there.
+    global _mappings_lock
+    _mappings_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_lock_after_fork)
+
+
+def cached_mappings():
+    """``(mapped, idle)``: how many segment files this process maps (tests)."""
+    with _mappings_lock:
+        return len(_mappings), len(_idle)
 
 
 def free(name):

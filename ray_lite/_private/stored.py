@@ -56,12 +56,12 @@ class _StoredEntry(_FrozenEntry):
 
     def _map_views(self):
         name, size, offsets, sizes, _ = self.desc
-        mm = object_store.map_segment(name, size)
+        window = object_store.map_segment(name, size)
         lease = self._lease
         with _lease_lock:
             lease.holders += 1
-        weakref.finalize(mm, lease.drop).atexit = False
-        return object_store.views_of(mm, offsets, sizes)
+        weakref.finalize(window, lease.drop).atexit = False
+        return object_store.views_of(window, offsets, sizes)
 
     def __del__(self):
         lease = getattr(self, "_lease", None)
@@ -118,14 +118,15 @@ class _MappedEntry(_FrozenEntry):
 
     def __init__(self, oid, owner, desc, node):
         name, size, offsets, sizes, frame_len = desc
-        mm = object_store.map_segment(name, size)
-        frame = memoryview(mm)[size - frame_len:size]
-        _FrozenEntry.__init__(self, frame, object_store.views_of(mm, offsets, sizes), None)
+        window = object_store.map_segment(name, size)
+        views = object_store.views_of(window, [*offsets, size - frame_len], [*sizes, frame_len])
+        frame = views.pop()
+        _FrozenEntry.__init__(self, frame, views, None)
         self.desc = desc
         self.oid = oid
         self.owner = owner
         hold = self.hold = _MapHold(oid, owner, node)
-        weakref.finalize(mm, _give_weight_back, hold, True).atexit = False
+        weakref.finalize(window, _give_weight_back, hold, True).atexit = False
 
     @property
     def weight(self):
