@@ -17,7 +17,6 @@ import collections
 import os
 import socket
 import sys
-import uuid
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
@@ -27,7 +26,7 @@ from . import _core, _defaults, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
-from ._proxy_conn import HttpConnection
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
@@ -42,8 +41,6 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # preempted (see _spin.SpinPolicy), so a slow deployment or a busy CPU costs
 # no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
-
-REQUEST_ID_HEADER = b"x-request-id"     # Ray's: names a request in a 408 answer
 
 
 class _Route:
@@ -106,6 +103,7 @@ class ProxyActor:
         self.sock = shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
         self.observer = _metrics.observe_proxy(self, index, options)   # None: not asked for
+        self.new_request_id = request_id_maker()
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
@@ -349,12 +347,13 @@ class ProxyActor:
             conn.transport.close()
 
     def _answer_timed_out(self, conn, req):
-        # Ray's answer, which names the request: by the client's x-request-id,
-        # else by an id made now (and told in the same header).
-        request_id = header_value(req.headers, REQUEST_ID_HEADER) or str(uuid.uuid4())
+        # Ray's answer, which names the request (by the id its x-request-id
+        # header carries: the client's, else one made now).
+        if req.request_id is None:
+            req.request_id = self.new_request_id()
         headers, body = text_answer(
-            408, f"Request {request_id} timed out after {self.request_timeout}s.")
-        headers += REQUEST_ID_HEADER + b": " + request_id.encode("latin-1") + b"\r\n"
+            408, f"Request {req.request_id.decode('latin-1')} timed out after "
+                 f"{self.request_timeout}s.")
         conn.respond(req, 408, headers, body, close=True)
 
     def _on_reply(self, conn, req):
@@ -409,7 +408,8 @@ class ProxyActor:
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
-        head = status_line(status) + headers
+        head = status_line(status) + headers + REQUEST_ID_HEADER + b": " + (
+            req.request_id or self.new_request_id()) + b"\r\n"
         if chunked:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:
