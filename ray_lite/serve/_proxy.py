@@ -11,6 +11,9 @@ A request goes to a replica of the route's ingress deployment chosen by
 power of two choices on this proxy's in-flight counts, among replicas under
 ``max_ongoing_requests``; when all are at the limit it waits in the route's
 queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
+A deployment that autoscales is told how many wait (``_demand``); one scaled
+to zero gets its requests queued while the controller starts a replica.
+A request waits at most ``request_timeout_s`` from its arrival, queued or not.
 """
 import asyncio
 import collections
@@ -22,7 +25,7 @@ from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, _memdebug, _metrics, _websocket, context
+from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
@@ -45,7 +48,7 @@ SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "spin", "multiplexed")
+                 "max_queued", "waiting", "spin", "multiplexed", "report", "from_zero")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -59,6 +62,20 @@ class _Route:
         self.waiting = collections.deque()
         self.spin = SpinPolicy(SPIN_BUDGET_S)   # learns from answers with nothing else in flight
         self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
+        self.report = None      # a WaitingReport when the deployment autoscales
+        self.from_zero = False  # it may run no replica: requests wait for one
+
+    def set_scaling(self, autoscaling, from_zero):
+        if not autoscaling:
+            self.report = None
+        elif self.report is None or (self.report.app, self.report.deployment) != \
+                (self.app, self.deployment):
+            self.report = _demand.WaitingReport(self.app, self.deployment)
+        self.from_zero = from_zero
+
+    def waiting_changed(self):
+        if self.report is not None:
+            self.report.changed(len(self.waiting))
 
     def matches(self, path):
         p = self.prefix
@@ -141,7 +158,8 @@ class ProxyActor:
         known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
-        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed) in routes.items():
+        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed, autoscaling,
+                     from_zero) in routes.items():
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
@@ -153,6 +171,7 @@ class ProxyActor:
                 route.app, route.deployment, route.replicas = app, dep, reps
                 route.max_ongoing, route.max_queued = max_ongoing, max_queued
                 route.multiplexed = multiplexed
+            route.set_scaling(autoscaling, from_zero)
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -168,6 +187,7 @@ class ProxyActor:
                 # A route gone with requests waiting: each goes where its path
                 # leads now (another route, or a 404).
                 waiting, r.waiting = r.waiting, collections.deque()
+                r.waiting_changed()
                 for conn, req in waiting:
                     if not conn.closed:
                         self.route_request(conn, req, *req.url)
@@ -263,10 +283,14 @@ class ProxyActor:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
                 return
-            if not route.replicas:
+            if not route.replicas and not route.from_zero:
                 conn.respond_text(req, 503, "Service Unavailable: no replica")
                 return
             route.waiting.append((conn, req))
+            if self.request_timeout is not None and req.timer is None:
+                req.timer = self.loop.call_later(self.request_timeout, self._on_timeout,
+                                                 conn, req)
+            route.waiting_changed()
             return
         self._send(conn, req, route, rep)
 
@@ -286,7 +310,7 @@ class ProxyActor:
             conn.respond_text(req, 500, "Internal Server Error")
             return
         req.ref = ref
-        if self.request_timeout is not None:
+        if self.request_timeout is not None and req.timer is None:
             req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
         _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
@@ -317,6 +341,8 @@ class ProxyActor:
 
     def _pump(self, route):
         waiting = route.waiting
+        if not waiting:
+            return
         while waiting:
             conn, req = waiting[0]
             if conn.closed:
@@ -325,20 +351,28 @@ class ProxyActor:
             rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
                 _choose_for_model(route, req)
             if rep is None:
-                return
+                break
             waiting.popleft()
             self._send(conn, req, route, rep)
+        route.waiting_changed()
 
     def _on_timeout(self, conn, req):
         req.timer = None
-        if req.finished:
-            return
+        if req.finished or conn.current is not req:
+            return      # (answered meanwhile: a 503 or 404 after it waited, say)
         req.finished = True
         target = req.gen if req.gen is not None else req.ref
-        try:
-            _core.cancel(target)
-        except Exception:   # noqa: BLE001
-            pass
+        if target is not None:
+            try:
+                _core.cancel(target)
+            except Exception:   # noqa: BLE001
+                pass
+        elif req.route is not None:     # still waiting for a replica
+            try:
+                req.route.waiting.remove((conn, req))
+            except ValueError:
+                pass
+            req.route.waiting_changed()
         self.release(req)
         if req.gen is None:
             self._answer_timed_out(conn, req)

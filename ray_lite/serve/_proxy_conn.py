@@ -130,6 +130,7 @@ class HttpConnection(asyncio.Protocol):
                     req.route.waiting.remove((self, req))
                 except ValueError:
                     pass
+                req.route.waiting_changed()
         self.queue.clear()
         self.body = None
         self._wake_writer()
