@@ -197,10 +197,11 @@ LIVE_MODULE = textwrap.dedent("""
 """)
 
 
-def _live_file(n, user_config):
+def _live_file(n, user_config, **options):
     return config.parse({"applications": [{
         "name": "live", "route_prefix": None, "import_path": "live_mod:app",
-        "deployments": [{"name": "Live", "num_replicas": n, "user_config": user_config}]}]})
+        "deployments": [{"name": "Live", "num_replicas": n, "user_config": user_config,
+                         **options}]}]})
 
 
 def _answers(n=12):
@@ -228,7 +229,9 @@ def test_a_file_that_changes_only_options_updates_in_place(serve_runtime, tmp_pa
                         lambda *a, **k: imports.append(a) or real(*a, **k))
     calls = []
     monkeypatch.setattr(cli, "application_of", lambda *a: calls.append(a))   # never called
-    config.apply(_live_file(2, {"v": 2}), str(tmp_path))
+    config.apply(_live_file(2, {"v": 2}, max_queued_requests=50,
+                            graceful_shutdown_timeout_s=3, health_check_period_s=5),
+                 str(tmp_path))
     assert imports == [] and calls == []
     got = _answers()
     assert {pid for _, pid, _ in got} >= {first[1]}            # the first replica kept

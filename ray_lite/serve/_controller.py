@@ -341,11 +341,14 @@ class ServeController(Autoscaling):
         await self._replace(dep, rid, h, "died")
 
     async def _health_loop(self, dep, rid, h, period):
-        timeout = dep.config.get("health_check_timeout_s") or _defaults.HEALTH_CHECK_TIMEOUT_S
         while rid in dep.replicas:
             await asyncio.sleep(period)
             if rid not in dep.replicas:
                 return
+            # Read each time: a config file may change them in place.
+            period = dep.config.get("health_check_period_s") or period
+            timeout = dep.config.get("health_check_timeout_s") or \
+                _defaults.HEALTH_CHECK_TIMEOUT_S
             try:
                 await asyncio.wait_for(h.check_health.remote(), timeout)
             except asyncio.CancelledError:
@@ -594,9 +597,14 @@ async def _quiet(aw):
         return None
 
 
-# Options a running replica does not depend on: changing them (a config
-# file's num_replicas, say) updates the deployment in place, as Ray does.
-_IN_PLACE = ("user_config", "num_replicas", "autoscaling_config")
+# Options a running replica does not depend on (the controller, proxies and
+# handles apply them; user_config goes to the replicas' reconfigure):
+# changing them (a config file's num_replicas, say) updates the deployment in
+# place, as Ray does.  max_ongoing_requests is the replica's own limit: a
+# change of it starts new replicas.
+_IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_requests",
+             "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
+             "health_check_period_s", "health_check_timeout_s")
 
 
 def _same_code(a, b):
