@@ -66,11 +66,14 @@ class _Route:
         self.from_zero = False  # it may run no replica: requests wait for one
 
     def set_scaling(self, autoscaling, from_zero):
-        if not autoscaling:
-            self.report = None
-        elif self.report is None or (self.report.app, self.report.deployment) != \
-                (self.app, self.deployment):
-            self.report = _demand.WaitingReport(self.app, self.deployment)
+        report = self.report
+        if report is not None and (not autoscaling or (report.app, report.deployment) !=
+                                   (self.app, self.deployment)):
+            report.changed(0)       # what it told goes with it
+            report = None
+        if autoscaling and report is None:
+            report = _demand.WaitingReport(self.app, self.deployment)
+        self.report = report
         self.from_zero = from_zero
 
     def waiting_changed(self):
