@@ -356,7 +356,11 @@ class ProxyActor:
             if rep is None:
                 break
             waiting.popleft()
-            self._send(conn, req, route, rep)
+            ws_headers = getattr(req, "ws_headers", None)
+            if ws_headers is None:
+                self._send(conn, req, route, rep)
+            else:       # a WebSocket that waited for a replica (scaled to zero)
+                _websocket.start(self, conn, req, route, rep, ws_headers)
         route.waiting_changed()
 
     def _on_timeout(self, conn, req):

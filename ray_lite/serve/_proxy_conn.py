@@ -15,7 +15,8 @@ class _Req:
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
                  "route", "rep", "finished", "timer", "sent", "t0",   # t0: see _metrics
                  "sends",     # set on a resend only (see _proxy._send_elsewhere)
-                 "request_id")
+                 "request_id",
+                 "ws_headers")    # set on a WebSocket waiting for a replica only (_websocket)
 
     def __init__(self, method, url, headers, body, keep_alive, version, request_id):
         self.method = method

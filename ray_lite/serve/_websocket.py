@@ -70,21 +70,36 @@ def take(conn, req):
     if "%" in path:
         path = unquote(path)
     route = proxy.match(path)
-    if route is None or not route.replicas:
+    if route is None or not (route.replicas or route.from_zero):
         return False      # 404 / 503 as for any request
     if not _valid_handshake(req, headers):
         return False      # answered as plain HTTP, as a server without WebSockets does
     conn.current = req
     req.t0 = _monotonic()               # its latency in the metrics: its whole life
     conn.transport.pause_reading()     # until the app accepts: then frames follow
-    rep = _choose(route.replicas, route.max_ongoing) or least_loaded(route.replicas)
+    req.route, req.url = route, (path, query)
+    if not route.replicas:
+        # Scaled to zero: it waits in the route's queue, as a request does,
+        # while a replica starts; the proxy's pump then calls ``start``.
+        req.ws_headers = headers
+        proxy.route_request(conn, req, path, query)
+        return True
+    start(proxy, conn, req, route,
+          _choose(route.replicas, route.max_ongoing) or least_loaded(route.replicas), headers)
+    return True
+
+
+def start(proxy, conn, req, route, rep, headers):
+    """Relay the WebSocket ``req`` asks for to ``rep``, one of ``route``'s replicas."""
+    if req.timer is not None:       # (set while it waited: the relay has no deadline)
+        req.timer.cancel()
+        req.timer = None
     rep.inflight += 1
     proxy.inflight += 1
-    req.route, req.rep, req.url = route, rep, (path, query)
+    req.rep = rep
     relay = _Relay(proxy, conn, req, rep, headers)
     _relays.add(relay)
     proxy.loop.create_task(relay.run(route))
-    return True
 
 
 def _valid_handshake(req, headers):
