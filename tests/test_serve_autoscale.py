@@ -215,3 +215,132 @@ def test_fewer_replicas_drain_the_requests_they_run(serve_runtime):
     assert sorted(c.result(timeout_s=T) for c in calls) == [0, 1]
     _wait_for("the drained replica gone",
               lambda: _states("fixed", "Gated")[0] == {"RUNNING": 1})
+
+
+# ------------------------------------------------- scale to zero (policy)
+def test_policy_cold_start_skips_the_upscale_delay():
+    cfg = _cfg(min_replicas=0, upscale_delay_s=60)
+    # No replica runs and a request waits: one starts at once.
+    assert _decide(cfg, 1, 0, 0) == 1
+    assert _decide(_cfg(min_replicas=0, upscaling_factor=2.5), 1, 0, 0) == 3
+    # Nothing waits: none starts; one already starting is not started twice.
+    assert _decide(cfg, 0, 0, 0) == 0
+    assert _decide(cfg, 5, 0, 1) == 1
+
+
+def test_policy_goes_to_zero_only_from_one_after_its_delay():
+    cfg = _cfg(min_replicas=0, downscale_delay_s=5)
+    state = _autoscaler.ScalingState()
+    _autoscaler.record(state, cfg, 0.0, 0)
+    assert _autoscaler.decide(cfg, state, 0.0, 3, 3) == 3
+    _autoscaler.record(state, cfg, 5.0, 0)
+    assert _autoscaler.decide(cfg, state, 5.0, 3, 3) == 1        # not straight to zero
+    state = _autoscaler.ScalingState()
+    _autoscaler.record(state, cfg, 0.0, 0)
+    assert _autoscaler.decide(cfg, state, 0.0, 1, 1) == 1
+    _autoscaler.record(state, cfg, 5.0, 0)
+    assert _autoscaler.decide(cfg, state, 5.0, 1, 1) == 0
+    # downscale_to_zero_delay_s, when set, is the last step's delay.
+    cfg = _cfg(min_replicas=0, downscale_delay_s=5, downscale_to_zero_delay_s=20)
+    state = _autoscaler.ScalingState()
+    for now in (0.0, 5.0, 19.0):
+        _autoscaler.record(state, cfg, now, 0)
+        assert _autoscaler.decide(cfg, state, now, 1, 1) == 1
+    _autoscaler.record(state, cfg, 20.0, 0)
+    assert _autoscaler.decide(cfg, state, 20.0, 1, 1) == 0
+
+
+def test_min_replicas_zero_starts_with_initial_replicas():
+    @serve.deployment(autoscaling_config={"min_replicas": 0, "max_replicas": 2})
+    class Cold:
+        pass
+    assert Cold.num_replicas == 0
+    assert Cold.options(autoscaling_config={"min_replicas": 0, "max_replicas": 2,
+                                            "initial_replicas": 1}).num_replicas == 1
+
+
+# --------------------------------------------- queued requests count (controller)
+# Gated, one request at a time per replica, scaling up only.
+OneAtATime = Gated.options(
+    name="OneAtATime", max_ongoing_requests=1,
+    autoscaling_config=dict(Gated.full_config()["autoscaling_config"], downscale_delay_s=600))
+
+
+@pytest.mark.parametrize("caller", ["handle", "http"])
+def test_requests_queued_at_callers_count_and_scale_up(serve_port, caller):
+    # Each replica runs one request at a time (max_ongoing_requests=1): the
+    # others wait at the caller.  Counting only those running would see one
+    # request per replica, at the target: it would never scale up.
+    gate = Gate.remote()
+    h = serve.run(OneAtATime.bind(gate), name="q", route_prefix="/q")
+    pool = concurrent.futures.ThreadPoolExecutor(6)
+    try:
+        if caller == "handle":
+            calls = [h.remote(i) for i in range(6)]
+        else:
+            calls = [pool.submit(http, serve_port, "GET", f"/q?i={i}") for i in range(6)]
+        _wait_for("three replicas", lambda: _states("q", "OneAtATime")[0].get("RUNNING") == 3)
+        _wait_for("three requests in flight",
+                  lambda: ray.get(gate.num_waiting.remote(), timeout=T) == 3)
+        ray.get(gate.release.remote(6), timeout=T)
+        if caller == "handle":
+            got = sorted(c.result(timeout_s=T) for c in calls)
+        else:
+            got = sorted(int(c.result(timeout=T)[2]) for c in calls)
+        assert got == list(range(6))
+    finally:
+        ray.get(gate.release.remote(6), timeout=T)
+        pool.shutdown(wait=True)
+
+
+# ----------------------------------------------- scale to zero (controller)
+@serve.deployment(graceful_shutdown_wait_loop_s=0.1, graceful_shutdown_timeout_s=5,
+                  autoscaling_config={"min_replicas": 0, "max_replicas": 2,
+                                      "target_ongoing_requests": 1,
+                                      "metrics_interval_s": 0.1, "look_back_period_s": 0.3,
+                                      "upscale_delay_s": 60, "downscale_delay_s": 0.5})
+class Cold:
+    def __init__(self, gate):
+        if gate is not None:
+            ray.get(gate.enter.remote())      # a slow start, until the test allows it
+
+    async def __call__(self, request=None):
+        import os
+        return f"warm {os.getpid()}"
+
+
+def test_scale_to_zero_and_back_on_a_request(serve_port):
+    h = serve.run(Cold.bind(None), name="cold", route_prefix="/cold")
+    assert _states("cold", "Cold") == ({}, "HEALTHY")      # min_replicas 0: none yet
+    # An HTTP request starts one (no upscale delay from zero) and gets its answer.
+    status, _, body = http(serve_port, "GET", "/cold")
+    assert status == 200 and body.startswith(b"warm ")
+    assert _states("cold", "Cold")[0].get("RUNNING") == 1
+    # No traffic for downscale_delay_s: back to zero.
+    _wait_for("zero replicas", lambda: _states("cold", "Cold") == ({}, "HEALTHY"))
+    # A handle call starts one too.
+    assert h.remote().result(timeout_s=T).startswith("warm ")
+    _wait_for("zero replicas again", lambda: _states("cold", "Cold") == ({}, "HEALTHY"))
+
+
+def test_initial_replicas_is_honoured_with_min_replicas_zero(serve_port):
+    warm = Cold.options(autoscaling_config=dict(
+        Cold.full_config()["autoscaling_config"], initial_replicas=1))
+    serve.run(warm.bind(None), name="warm", route_prefix="/warm")
+    assert _states("warm", "Cold")[0] == {"RUNNING": 1}
+    _wait_for("zero replicas", lambda: _states("warm", "Cold") == ({}, "HEALTHY"))
+
+
+def test_a_request_waiting_for_a_cold_start_is_bounded_by_the_request_timeout(
+        serve_runtime):
+    from ray_lite.serve.api import _http_port
+    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 1})
+    port = _http_port()
+    gate = Gate.remote()
+    serve.run(Cold.bind(gate), name="slow", route_prefix="/slow")
+    # The replica it started is still in its __init__: 408 after the timeout.
+    status, hdrs, body = http(port, "GET", "/slow")
+    assert status == 408 and body.startswith(b"Request ")
+    ray.get(gate.release.remote(1), timeout=T)
+    _wait_for("the replica up", lambda: _states("slow", "Cold")[0].get("RUNNING") == 1)
+    assert http(port, "GET", "/slow")[0] == 200

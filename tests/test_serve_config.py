@@ -174,3 +174,81 @@ def test_overriding_a_deployment_the_app_lacks_is_refused(cfg_dir):
                      "[{name: Missing, num_replicas: 2}]}]")["applications"][0]
     with pytest.raises(ConfigError, match="no deployment named 'Missing'"):
         config.build_app(app_cfg, str(cfg_dir))
+
+
+# ------------------------------------------- applied again: in place or rolled
+LIVE_MODULE = textwrap.dedent("""
+    import os
+    from ray_lite import serve
+
+    @serve.deployment
+    class Live:
+        def __init__(self):
+            self.cfg = None
+
+        def reconfigure(self, cfg):
+            self.cfg = cfg
+
+        def __call__(self):
+            return (WORD, os.getpid(), repr(self.cfg))
+
+    WORD = "first"
+    app = Live.bind()
+""")
+
+
+def _live_file(n, user_config, **options):
+    return config.parse({"applications": [{
+        "name": "live", "route_prefix": None, "import_path": "live_mod:app",
+        "deployments": [{"name": "Live", "num_replicas": n, "user_config": user_config,
+                         **options}]}]})
+
+
+def _answers(n=12):
+    from ray_lite import serve
+    h = serve.get_app_handle("live")
+    return {tuple(h.remote().result(timeout_s=60)) for _ in range(n)}
+
+
+def test_a_file_that_changes_only_options_updates_in_place(serve_runtime, tmp_path,
+                                                           monkeypatch):
+    # Ray's lightweight update: same import path, args and code -> not
+    # imported again, replicas kept, user_config to their reconfigure,
+    # num_replicas scaled; edited code -> imported anew, replicas rolled.
+    from ray_lite import serve
+    from ray_lite.serve import cli
+    serve.start(http_options={"port": 0, "proxies": 1})
+    (tmp_path / "live_mod.py").write_text(LIVE_MODULE)
+    config.apply(_live_file(1, {"v": 1}), str(tmp_path))
+    (first,) = _answers(1)
+    assert first[0] == "first" and first[2] == repr({"v": 1})
+
+    imports = []
+    real = config.import_attr
+    monkeypatch.setattr(config, "import_attr",
+                        lambda *a, **k: imports.append(a) or real(*a, **k))
+    calls = []
+    monkeypatch.setattr(cli, "application_of", lambda *a: calls.append(a))   # never called
+    config.apply(_live_file(2, {"v": 2}, max_queued_requests=50,
+                            graceful_shutdown_timeout_s=3, health_check_period_s=5),
+                 str(tmp_path))
+    assert imports == [] and calls == []
+    got = _answers()
+    assert {pid for _, pid, _ in got} >= {first[1]}            # the first replica kept
+    assert len({pid for _, pid, _ in got}) == 2                # and one more
+    assert {(w, c) for w, _, c in got} == {("first", repr({"v": 2}))}
+    monkeypatch.undo()
+
+    # The code edited (a different length: not the same file to the bytecode cache).
+    (tmp_path / "live_mod.py").write_text(LIVE_MODULE.replace('"first"', '"second!"'))
+    config.apply(_live_file(2, {"v": 2}), str(tmp_path))
+    got = _answers()
+    assert {w for w, _, _ in got} == {"second!"}
+    assert first[1] not in {pid for _, pid, _ in got}
+    # An import path's change rolls them too (the same class by another name).
+    (tmp_path / "live_alias.py").write_text("from live_mod import app\n")
+    before = {pid for _, pid, _ in got}
+    cfg = _live_file(2, {"v": 2})
+    cfg["applications"][0]["import_path"] = "live_alias:app"
+    config.apply(cfg, str(tmp_path))
+    assert not before & {pid for _, pid, _ in _answers()}

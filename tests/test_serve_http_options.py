@@ -42,8 +42,9 @@ def test_healthz_and_routes_follow_the_route_table(serve_runtime):
     port = _http_port()
     status, hdrs, body = http(port, "GET", "/-/healthz")
     assert (status, body) == (503, b"Route table is not populated yet.")
-    assert http(port, "GET", "/-/routes")[1:] == (
-        {"content-type": "application/json", "content-length": "2"}, b"{}")
+    status, hdrs, body = http(port, "GET", "/-/routes")
+    hdrs.pop("x-request-id")
+    assert (hdrs, body) == ({"content-type": "application/json", "content-length": "2"}, b"{}")
 
     serve.run(hello.bind(), name="nohttp", route_prefix=None)
     assert http(port, "GET", "/-/healthz")[0] == 503     # no route yet: still not ready
@@ -77,3 +78,35 @@ def test_request_timeout_gives_408_and_the_proxy_keeps_serving(serve_runtime):
     assert body == b"Request abc-1 timed out after 0.5s."
     for _ in range(3):
         assert http(port, "GET", "/")[::2] == (200, b"awake")
+
+
+@serve.deployment
+class Streamer:
+    def __call__(self, request: Request):
+        from starlette.responses import StreamingResponse
+
+        def parts():
+            yield b"a"
+            yield b"b"
+        return StreamingResponse(parts(), media_type="text/plain")
+
+
+def test_every_answer_carries_an_x_request_id(serve_runtime):
+    # Ray's proxy names each request in its answer: the client's
+    # x-request-id when it sent one, else a fresh id (one per request).
+    from ray_lite.serve.api import _http_port
+    serve.start(http_options={"port": 0, "proxies": 1})
+    port = _http_port()
+    serve.run(hello.bind(), name="hello", route_prefix="/hello")
+    serve.run(Streamer.bind(), name="stream", route_prefix="/stream")
+    seen = set()
+    for path in ("/hello", "/stream", "/nowhere", "/-/healthz", "/hello"):
+        status, hdrs, body = http(port, "GET", path)
+        assert status in (200, 404), (path, status)
+        assert hdrs.get("x-request-id"), (path, hdrs)
+        seen.add(hdrs["x-request-id"])
+    assert len(seen) == 5                   # fresh each time
+    assert http(port, "GET", "/stream")[2] == b"ab"
+    for path in ("/hello", "/stream", "/nowhere"):
+        hdrs = http(port, "GET", path, headers={"X-Request-ID": "client-7"})[1]
+        assert hdrs["x-request-id"] == "client-7", path

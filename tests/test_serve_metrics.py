@@ -148,6 +148,95 @@ def test_requests_in_flight_per_replica_and_replica_restarts(metrics_serve, tmp_
                 if lab["deployment"] == "App"]) == 1
 
 
+def _socket_app():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocketDisconnect
+
+    async def chat(ws):
+        await ws.accept()
+        try:
+            while True:
+                text = await ws.receive_text()
+                if text == "close-4001":
+                    await ws.close(code=4001)
+                    return
+                await ws.send_text(text)
+        except WebSocketDisconnect:
+            return
+
+    async def refuse(ws):
+        await ws.close()
+    return Starlette(routes=[WebSocketRoute("/chat", chat), WebSocketRoute("/refuse", refuse)])
+
+
+def _vanish_after_handshake(port, path):
+    """Open a WebSocket, then drop the TCP connection without a close frame."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 101"), got
+    s.close()
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("websockets", "wsproto")),
+                    reason="websockets or wsproto is not installed")
+def test_websockets_count_as_requests_with_their_close_codes(metrics_serve):
+    # Ray's proxy counts a WebSocket as a request of method "WS" whose status
+    # is its close code; any code but 1000/1001 is an error.
+    import asyncio
+
+    import websockets
+    port, mport = metrics_serve
+
+    @serve.deployment
+    @serve.ingress(_socket_app())
+    class Sockets:
+        pass
+    serve.run(Sockets.bind(), name="ws", route_prefix="/ws")
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws/chat") as ws:
+            await ws.send("hi")
+            assert await ws.recv() == "hi"
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws/chat") as ws:
+            await ws.send("close-4001")
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+        with pytest.raises(websockets.InvalidStatus if hasattr(websockets, "InvalidStatus")
+                           else websockets.InvalidStatusCode):
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws/refuse"):
+                pass
+    asyncio.run(asyncio.wait_for(talk(), 60))
+    _vanish_after_handshake(port, "/ws/chat")
+
+    total = "ray_serve_num_http_requests_total"
+    errors = "ray_serve_num_http_error_requests_total"
+
+    def counted():
+        s = _scrape(mport)
+        return s if _value(s, total, route="/ws", method="WS") == 4 else None
+    s = _until(counted)
+    assert s, _scrape(mport).get(total)
+    for code in ("1000", "4001", "1006", "403"):
+        assert _value(s, total, route="/ws", application="ws", method="WS",
+                      status_code=code) == 1, code
+    assert _value(s, errors, route="/ws", method="WS") == 3
+    assert _value(s, errors, route="/ws", error_code="1000") == 0
+    assert _value(s, errors, route="/ws", error_code="4001") == 1
+    assert _value(s, errors, route="/ws", error_code="1006") == 1
+    assert _value(s, "ray_serve_num_deployment_http_error_requests_total",
+                  deployment="Sockets", error_code="4001") == 1
+    assert _value(s, "ray_serve_http_request_latency_ms_count", route="/ws",
+                  method="WS") == 4
+
+
 def test_without_metrics_nothing_is_exported_or_wrapped(serve_port):
     serve.run(App.bind("/nonexistent"), name="app", route_prefix="/app")
     assert http(serve_port, "GET", "/app/")[0] == 200

@@ -52,10 +52,10 @@ def _starlette_app():
     return Starlette(routes=[WebSocketRoute("/ws", echo), WebSocketRoute("/refuse", refuse)])
 
 
-def _deploy():
+def _deploy(**options):
     from ray_lite import serve
 
-    @serve.deployment
+    @serve.deployment(**options)
     @serve.ingress(_starlette_app())
     class Sockets:
         pass
@@ -259,3 +259,21 @@ def test_a_flood_from_the_client_to_a_slow_app_arrives_whole_and_in_order(serve_
                 await ws.send(str(i))
             return await ws.recv()
     assert _run(talk()) == "ok"
+
+
+def test_a_websocket_to_a_deployment_scaled_to_zero_waits_for_its_replica(serve_port):
+    import websockets
+    from ray_lite import serve
+    _deploy(autoscaling_config={"min_replicas": 0, "max_replicas": 1,
+                                "metrics_interval_s": 0.1, "look_back_period_s": 0.3,
+                                "downscale_delay_s": 600})
+    deps = serve.status().applications["default"].deployments
+    assert deps["Sockets"].replica_states == {}
+
+    async def talk():
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+            await ws.send("cold")
+            return await ws.recv()
+    assert _run(talk()) == "echo:cold"
+    deps = serve.status().applications["default"].deployments
+    assert deps["Sockets"].replica_states == {"RUNNING": 1}

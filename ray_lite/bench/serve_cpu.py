@@ -341,6 +341,8 @@ class _AnsweringProxy:
         self.conns = set()
         self.idle_sweep = 1
         self.max_body = 1 << 20
+        from ray_lite.serve._proxy_conn import request_id_maker
+        self.new_request_id = request_id_maker()     # as the proxy's: every answer names one
 
     def dispatch(self, conn, req):
         conn.respond(req, 200, b"content-type: text/plain; charset=utf-8\r\n"

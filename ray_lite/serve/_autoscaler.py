@@ -1,7 +1,9 @@
 """Ray Serve's default autoscaling policy, as a pure function of samples.
 
-The controller samples the requests in flight at each replica (a counter the
-replica keeps anyway) every ``metrics_interval_s``, records the deployment's
+The controller samples, every ``metrics_interval_s``, the requests running
+at each replica (a counter the replica keeps anyway) and adds those its
+callers (proxies, handles) hold waiting for a replica (each tells the
+controller as its count changes: ``_demand``), records the deployment's
 total here, and asks ``decide`` for the number of replicas it should run.
 The rule is Ray's ``replica_queue_length_autoscaling_policy``:
 
@@ -14,10 +16,11 @@ The rule is Ray's ``replica_queue_length_autoscaling_policy``:
 - it is bounded by ``min_replicas`` / ``max_replicas``;
 - it is applied only after the decision has pointed the same way for
   ``upscale_delay_s`` / ``downscale_delay_s`` (Ray counts control-loop
-  periods of 0.1 s; the same span of time here).
-
-ray_lite keeps at least one replica (no scale to zero: it would need the
-callers' queues, which only the callers know).
+  periods of 0.1 s; the same span of time here);
+- scale to zero (``min_replicas: 0``): only the last replica may go, after
+  ``downscale_to_zero_delay_s`` (else ``downscale_delay_s``); from zero, a
+  request waiting anywhere starts ``ceil(upscaling_factor)`` replicas at
+  once, without the upscale delay (Ray's cold start).
 """
 import collections
 import math
@@ -44,7 +47,12 @@ def downscaling_factor(cfg):
 
 def bounds(cfg):
     """(lowest, highest) replica count the policy may choose."""
-    return max(1, cfg["min_replicas"]), max(1, cfg["max_replicas"])
+    return cfg["min_replicas"], max(1, cfg["max_replicas"])
+
+
+def cold_start_replicas(cfg, target):
+    """The replicas to start at once for requests waiting while none runs."""
+    return max(min(bounds(cfg)[1], math.ceil(upscaling_factor(cfg))), target, 1)
 
 
 def record(state, cfg, now, total):
@@ -84,9 +92,11 @@ def desired_replicas(cfg, total_requests, running):
 
 def decide(cfg, state, now, running, target):
     """The replica count to run from now on (``target`` when unchanged)."""
-    low, high = bounds(cfg)
     if running <= 0:
-        return max(low, min(high, target))
+        state.direction, state.since = 0, None
+        if load(state, cfg) > 0:
+            return cold_start_replicas(cfg, target)
+        return target
     desired = desired_replicas(cfg, load(state, cfg), running)
     direction = (desired > target) - (desired < target)
     if direction == 0:
@@ -94,7 +104,15 @@ def decide(cfg, state, now, running, target):
         return target
     if direction != state.direction:
         state.direction, state.since = direction, now
-    delay = cfg["upscale_delay_s"] if direction > 0 else cfg["downscale_delay_s"]
+    if direction > 0:
+        delay = cfg["upscale_delay_s"]
+    elif target == 1:       # the last replica: to zero
+        delay = cfg.get("downscale_to_zero_delay_s")
+        if delay is None:
+            delay = cfg["downscale_delay_s"]
+    else:
+        delay = cfg["downscale_delay_s"]
+        desired = max(1, desired)       # zero only from one
     if now - state.since >= delay:
         state.direction, state.since = 0, None
         return desired

@@ -16,11 +16,12 @@ still starts.
 import asyncio
 import itertools
 import sys
-import traceback
 
 from ray_lite.exceptions import RayActorError
 
 from . import _autoscaler, _core, _defaults
+from ._controller_scaling import Autoscaling
+from ._controller_scaling import error_text as _error_text
 from ._defaults import LISTEN_TIMEOUT_S
 
 
@@ -37,6 +38,7 @@ class _Dep:
         self.draining = {}                  # replica id -> handle: ending its requests
         self.target = self.config["num_replicas"]   # what it should run (autoscaling moves it)
         self.autoscaler = None              # the task sampling its load, when it autoscales
+        self.waiting = {}                   # caller key -> requests it holds (see _demand)
         self.status = "UPDATING"
         self.message = ""
         self.tasks = set()
@@ -52,7 +54,7 @@ class _App:
         self.message = ""
 
 
-class ServeController:
+class ServeController(Autoscaling):
     def __init__(self, http_options):
         from . import context
         self._self_handle = _core.get_actor(context.CONTROLLER_NAME,
@@ -91,28 +93,38 @@ class ServeController:
         except asyncio.TimeoutError:
             pass
 
-    def _dep_snapshot(self, app_name, dep_name):
+    def _dep(self, app_name, dep_name):
         app = self.apps.get(app_name)
-        dep = app.deps.get(dep_name) if app is not None else None
+        return app.deps.get(dep_name) if app is not None else None
+
+    def _dep_snapshot(self, app_name, dep_name):
+        dep = self._dep(app_name, dep_name)
         if dep is None:
             return (self.version, False, [], {})
         cfg = dep.config
+        auto = cfg.get("autoscaling_config")
         return (self.version, True, list(dep.replicas.values()),
                 {"max_ongoing_requests": cfg["max_ongoing_requests"],
-                 "max_queued_requests": cfg["max_queued_requests"]})
+                 "max_queued_requests": cfg["max_queued_requests"],
+                 "autoscaling": bool(auto), "from_zero": _from_zero(auto)})
 
     async def listen_deployment(self, app_name, dep_name, known_version):
         await self._changed(known_version, LISTEN_TIMEOUT_S)
         return self._dep_snapshot(app_name, dep_name)
 
     async def wait_replicas(self, app_name, dep_name, known_version,
-                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S):
-        """A snapshot with at least one replica (or the deployment gone), or after timeout."""
+                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S, held=False):
+        """A snapshot with at least one replica (or the deployment gone), or after
+        timeout.  A deployment scaled to zero starts one; a caller that can
+        hold its call (``held``) gets the snapshot at once, without a replica."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
+        dep = self._dep(app_name, dep_name)
+        if dep is not None and not dep.replicas:
+            self._cold_start(dep)
         while True:
             snap = self._dep_snapshot(app_name, dep_name)
-            if snap[2] or not snap[1] or loop.time() >= end:
+            if snap[2] or not snap[1] or loop.time() >= end or (held and snap[3]["from_zero"]):
                 if not snap[1]:
                     from .exceptions import RayServeException
                     raise RayServeException(f"Deployment {dep_name!r} of application "
@@ -131,12 +143,14 @@ class ServeController:
                 # the ingress's first one (until then: 404, not 503).
                 continue
             cfg = dep.config
+            auto = cfg.get("autoscaling_config")
             # Each proxy gets the whole max_queued_requests and enforces it on
             # its own queue: Ray Serve's limit is per caller (each proxy or
             # DeploymentHandle), not one shared count.
             routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
                                         cfg["max_ongoing_requests"], cfg["max_queued_requests"],
-                                        cfg.get("multiplexed", False))
+                                        cfg.get("multiplexed", False), bool(auto),
+                                        _from_zero(auto))
         return routes
 
     async def listen_routes(self, proxy_index, known_version):
@@ -327,11 +341,14 @@ class ServeController:
         await self._replace(dep, rid, h, "died")
 
     async def _health_loop(self, dep, rid, h, period):
-        timeout = dep.config.get("health_check_timeout_s") or _defaults.HEALTH_CHECK_TIMEOUT_S
         while rid in dep.replicas:
             await asyncio.sleep(period)
             if rid not in dep.replicas:
                 return
+            # Read each time: a config file may change them in place.
+            period = dep.config.get("health_check_period_s") or period
+            timeout = dep.config.get("health_check_timeout_s") or \
+                _defaults.HEALTH_CHECK_TIMEOUT_S
             try:
                 await asyncio.wait_for(h.check_health.remote(), timeout)
             except asyncio.CancelledError:
@@ -403,52 +420,6 @@ class ServeController:
             self._kill(h)
             dep.draining.pop(rid, None)
             self._bump()
-
-    async def _autoscale(self, dep):
-        """Sample ``dep``'s requests in flight every ``metrics_interval_s`` and
-        apply the policy's decision (``_autoscaler``), while it autoscales."""
-        state = _autoscaler.ScalingState()
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                cfg = dep.config.get("autoscaling_config")
-                if not cfg:
-                    return
-                await asyncio.sleep(cfg["metrics_interval_s"])
-                reps = list(dep.replicas.values())
-                if not reps or self.shutting_down:
-                    continue
-                counts = await asyncio.gather(*[asyncio.wait_for(
-                    h.num_ongoing.remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
-                    return_exceptions=True)
-                _autoscaler.record(state, cfg, loop.time(),
-                                   sum(c for c in counts if isinstance(c, int)))
-                self.scale(dep, _autoscaler.decide(cfg, state, loop.time(), len(reps),
-                                                   dep.target))
-        finally:
-            dep.autoscaler = None
-
-    def scale(self, dep, n):
-        """Run ``n`` replicas of ``dep`` from now on (the autoscaler's decision)."""
-        app = self.apps.get(dep.app)
-        if self.shutting_down or app is None or app.deps.get(dep.name) is not dep or \
-                n == dep.target:
-            return
-        print(f"Serve: scaling {dep.app}/{dep.name} from {dep.target} to {n} replicas",
-              file=sys.stderr, flush=True)
-        dep.target = n
-        missing = n - len(dep.replicas) - dep.starting
-        if missing > 0:
-            self._task(dep, self._bring_up_logged(dep, missing))
-        elif len(dep.replicas) > n:
-            self._drain_some(dep, len(dep.replicas) - n)
-
-    async def _bring_up_logged(self, dep, n):
-        errors = await self._bring_up(dep, n)
-        if errors:
-            dep.message = f"starting a replica failed: {_error_text(errors[0])}"
-            print(f"Serve: {dep.app}/{dep.name}: {dep.message}", file=sys.stderr, flush=True)
-        self._bump()
 
     async def _stop_replicas(self, dep):
         dep.status = "DELETING" if dep.status != "DELETING" else dep.status
@@ -626,15 +597,26 @@ async def _quiet(aw):
         return None
 
 
-# Options a running replica does not depend on: changing them (a config
-# file's num_replicas, say) updates the deployment in place, as Ray does.
-_IN_PLACE = ("user_config", "num_replicas", "autoscaling_config")
+# Options a running replica does not depend on (the controller, proxies and
+# handles apply them; user_config goes to the replicas' reconfigure):
+# changing them (a config file's num_replicas, say) updates the deployment in
+# place, as Ray does.  max_ongoing_requests is the replica's own limit: a
+# change of it starts new replicas.
+_IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_requests",
+             "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
+             "health_check_period_s", "health_check_timeout_s")
 
 
 def _same_code(a, b):
     return a["cls_blob"] == b["cls_blob"] and a["args_blob"] == b["args_blob"] and \
+        a.get("code_version") == b.get("code_version") and \
         {k: v for k, v in a["config"].items() if k not in _IN_PLACE} == \
         {k: v for k, v in b["config"].items() if k not in _IN_PLACE}
+
+
+def _from_zero(auto):
+    """Whether an autoscaling config lets its deployment run no replica."""
+    return bool(auto) and auto["min_replicas"] == 0
 
 
 def _kept_target(dep, new_cfg):
@@ -645,11 +627,6 @@ def _kept_target(dep, new_cfg):
         low, high = _autoscaler.bounds(auto)
         return max(low, min(high, dep.target))
     return new_cfg["num_replicas"]
-
-
-def _error_text(err):
-    s = str(err)
-    return s if s else "".join(traceback.format_exception_only(type(err), err))
 
 
 def _default_proxies():

@@ -9,7 +9,9 @@ too) exports, with Ray Serve's names and labels:
   ``ray_serve_num_http_requests_total`` (the same labels),
   ``ray_serve_num_http_error_requests_total`` (route, error_code, method,
   application) and ``ray_serve_num_deployment_http_error_requests_total``
-  (with deployment);
+  (with deployment).  A WebSocket counts as one request of method ``WS``
+  when it ends, its close code as the status (an error unless 1000 or
+  1001); one its app refused counts with its HTTP status (403...);
 - per replica: ``ray_serve_deployment_processing_latency_ms`` (histogram:
   deployment, replica, route, application),
   ``ray_serve_deployment_request_counter_total``,
@@ -157,24 +159,34 @@ class ProxyObserver:
         return ObservedConnection
 
     def done(self, conn, req, status):
+        """An HTTP answer went out (``status``, an int)."""
+        self._record(conn, req, req.method, status, status >= 400)
+
+    def websocket_ended(self, conn, req, code):
+        """A WebSocket accepted by its app ended with close ``code``: a
+        request of method "WS" whose status is that code, an error unless it
+        is 1000 (normal) or 1001 (going away), as Ray's proxy counts them."""
+        self._record(conn, req, "WS", code, code not in (1000, 1001))
+
+    def _record(self, conn, req, method, status, error):
         try:
             ms = (_monotonic() - req.t0) * 1000.0
-        except AttributeError:      # answered before it was dispatched (a websocket's)
+        except AttributeError:      # answered before it was dispatched
             ms = 0.0
         route = req.route
         if self.latency is not None:
-            key = (route, req.method, status)
+            key = (route, method, status)
             child = self.children.get(key)
             if child is None:
-                child = self.children[key] = self._child(route, req.method, status)
+                child = self.children[key] = self._child(route, method, status)
             child.observe(ms)
-            if status >= 400:
-                self._error(route, req.method, status)
+            if error:
+                self._error(route, method, status)
         if self.access_log:
             url = req.url
             path = url[0] if type(url) is tuple else url.decode("utf-8", "replace")
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} proxy {self.index} {conn.client} "
-                  f"{req.method} {path} {status} {ms:.1f}ms", file=sys.stderr, flush=True)
+                  f"{method} {path} {status} {ms:.1f}ms", file=sys.stderr, flush=True)
 
     def _child(self, route, method, status):
         prefix, app = (route.prefix, route.app) if route is not None else ("", "")

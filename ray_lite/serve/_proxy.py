@@ -11,23 +11,25 @@ A request goes to a replica of the route's ingress deployment chosen by
 power of two choices on this proxy's in-flight counts, among replicas under
 ``max_ongoing_requests``; when all are at the limit it waits in the route's
 queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
+A deployment that autoscales is told how many wait (``_demand``); one scaled
+to zero gets its requests queued while the controller starts a replica.
+A request waits at most ``request_timeout_s`` from its arrival, queued or not.
 """
 import asyncio
 import collections
 import os
 import socket
 import sys
-import uuid
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
 from ray_lite._config import SERVE_PROXY_SPIN_S
 
-from . import _core, _defaults, _memdebug, _metrics, _websocket, context
+from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
-from ._proxy_conn import HttpConnection
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
@@ -44,12 +46,10 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
-REQUEST_ID_HEADER = b"x-request-id"     # Ray's: names a request in a 408 answer
-
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "spin", "multiplexed")
+                 "max_queued", "waiting", "spin", "multiplexed", "report", "from_zero")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -63,6 +63,23 @@ class _Route:
         self.waiting = collections.deque()
         self.spin = SpinPolicy(SPIN_BUDGET_S)   # learns from answers with nothing else in flight
         self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
+        self.report = None      # a WaitingReport when the deployment autoscales
+        self.from_zero = False  # it may run no replica: requests wait for one
+
+    def set_scaling(self, autoscaling, from_zero):
+        report = self.report
+        if report is not None and (not autoscaling or (report.app, report.deployment) !=
+                                   (self.app, self.deployment)):
+            report.changed(0)       # what it told goes with it
+            report = None
+        if autoscaling and report is None:
+            report = _demand.WaitingReport(self.app, self.deployment)
+        self.report = report
+        self.from_zero = from_zero
+
+    def waiting_changed(self):
+        if self.report is not None:
+            self.report.changed(len(self.waiting))
 
     def matches(self, path):
         p = self.prefix
@@ -107,6 +124,7 @@ class ProxyActor:
         self.sock = shared_socket(family, self.host, self.port)
         self.server_addr = f"{self.host}:{self.port}"
         self.observer = _metrics.observe_proxy(self, index, options)   # None: not asked for
+        self.new_request_id = request_id_maker()
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
@@ -144,7 +162,8 @@ class ProxyActor:
         known = [rep for r in self.routes for rep in r.replicas]
         new_routes = []
         fresh = []
-        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed) in routes.items():
+        for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed, autoscaling,
+                     from_zero) in routes.items():
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
@@ -156,6 +175,7 @@ class ProxyActor:
                 route.app, route.deployment, route.replicas = app, dep, reps
                 route.max_ongoing, route.max_queued = max_ongoing, max_queued
                 route.multiplexed = multiplexed
+            route.set_scaling(autoscaling, from_zero)
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -171,6 +191,7 @@ class ProxyActor:
                 # A route gone with requests waiting: each goes where its path
                 # leads now (another route, or a 404).
                 waiting, r.waiting = r.waiting, collections.deque()
+                r.waiting_changed()
                 for conn, req in waiting:
                     if not conn.closed:
                         self.route_request(conn, req, *req.url)
@@ -266,10 +287,14 @@ class ProxyActor:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
                 return
-            if not route.replicas:
+            if not route.replicas and not route.from_zero:
                 conn.respond_text(req, 503, "Service Unavailable: no replica")
                 return
             route.waiting.append((conn, req))
+            if self.request_timeout is not None and req.timer is None:
+                req.timer = self.loop.call_later(self.request_timeout, self._on_timeout,
+                                                 conn, req)
+            route.waiting_changed()
             return
         self._send(conn, req, route, rep)
 
@@ -289,7 +314,7 @@ class ProxyActor:
             conn.respond_text(req, 500, "Internal Server Error")
             return
         req.ref = ref
-        if self.request_timeout is not None:
+        if self.request_timeout is not None and req.timer is None:
             req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
         _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
@@ -320,6 +345,8 @@ class ProxyActor:
 
     def _pump(self, route):
         waiting = route.waiting
+        if not waiting:
+            return
         while waiting:
             conn, req = waiting[0]
             if conn.closed:
@@ -328,20 +355,32 @@ class ProxyActor:
             rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
                 _choose_for_model(route, req)
             if rep is None:
-                return
+                break
             waiting.popleft()
-            self._send(conn, req, route, rep)
+            ws_headers = getattr(req, "ws_headers", None)
+            if ws_headers is None:
+                self._send(conn, req, route, rep)
+            else:       # a WebSocket that waited for a replica (scaled to zero)
+                _websocket.start(self, conn, req, route, rep, ws_headers)
+        route.waiting_changed()
 
     def _on_timeout(self, conn, req):
         req.timer = None
-        if req.finished:
-            return
+        if req.finished or conn.current is not req:
+            return      # (answered meanwhile: a 503 or 404 after it waited, say)
         req.finished = True
         target = req.gen if req.gen is not None else req.ref
-        try:
-            _core.cancel(target)
-        except Exception:   # noqa: BLE001
-            pass
+        if target is not None:
+            try:
+                _core.cancel(target)
+            except Exception:   # noqa: BLE001
+                pass
+        elif req.route is not None:     # still waiting for a replica
+            try:
+                req.route.waiting.remove((conn, req))
+            except ValueError:
+                pass
+            req.route.waiting_changed()
         self.release(req)
         if req.gen is None:
             self._answer_timed_out(conn, req)
@@ -350,12 +389,13 @@ class ProxyActor:
             conn.transport.close()
 
     def _answer_timed_out(self, conn, req):
-        # Ray's answer, which names the request: by the client's x-request-id,
-        # else by an id made now (and told in the same header).
-        request_id = header_value(req.headers, REQUEST_ID_HEADER) or str(uuid.uuid4())
+        # Ray's answer, which names the request (by the id its x-request-id
+        # header carries: the client's, else one made now).
+        if req.request_id is None:
+            req.request_id = self.new_request_id()
         headers, body = text_answer(
-            408, f"Request {request_id} timed out after {self.request_timeout}s.")
-        headers += REQUEST_ID_HEADER + b": " + request_id.encode("latin-1") + b"\r\n"
+            408, f"Request {req.request_id.decode('latin-1')} timed out after "
+                 f"{self.request_timeout}s.")
         conn.respond(req, 408, headers, body, close=True)
 
     def _on_reply(self, conn, req):
@@ -410,7 +450,8 @@ class ProxyActor:
     async def _stream(self, conn, req, status, headers, token):
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
-        head = status_line(status) + headers
+        head = status_line(status) + headers + REQUEST_ID_HEADER + b": " + (
+            req.request_id or self.new_request_id()) + b"\r\n"
         if chunked:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:

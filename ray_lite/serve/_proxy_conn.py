@@ -3,6 +3,8 @@
 go out in request order.  Each complete request goes to ``proxy.dispatch``."""
 import asyncio
 import collections
+import itertools
+import os
 
 from . import _core, _websocket
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
@@ -12,9 +14,11 @@ from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_an
 class _Req:
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "ref", "gen",
                  "route", "rep", "finished", "timer", "sent", "t0",   # t0: see _metrics
-                 "sends")     # set on a resend only (see _proxy._send_elsewhere)
+                 "sends",     # set on a resend only (see _proxy._send_elsewhere)
+                 "request_id",
+                 "ws_headers")    # set on a WebSocket waiting for a replica only (_websocket)
 
-    def __init__(self, method, url, headers, body, keep_alive, version):
+    def __init__(self, method, url, headers, body, keep_alive, version, request_id):
         self.method = method
         self.url = url
         self.headers = headers
@@ -28,6 +32,19 @@ class _Req:
         self.finished = False
         self.timer = None
         self.sent = 0.0         # when it left, if alone in flight (see SPIN_BUDGET_S)
+        self.request_id = request_id    # the client's x-request-id (bytes), else None
+
+
+REQUEST_ID_HEADER = b"x-request-id"
+
+
+def request_id_maker():
+    """A function making this process's fresh request ids (bytes): a random
+    prefix made here (after the fork: each proxy its own) and a counter, a
+    few hundred ns per id where ``uuid4()`` costs several microseconds."""
+    prefix = os.urandom(8).hex().encode() + b"-"
+    count = itertools.count(1).__next__
+    return lambda: prefix + b"%x" % count()
 
 
 class _Reject(Exception):
@@ -57,7 +74,8 @@ class HttpConnection(asyncio.Protocol):
     # One per TCP connection (with ab, per request): slots make it cheaper.
     __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
                  "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
-                 "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter")
+                 "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter",
+                 "request_id")
 
     def __init__(self, proxy):
         self.proxy = proxy
@@ -82,6 +100,7 @@ class HttpConnection(asyncio.Protocol):
         self.body = None
         self.body_size = 0
         self.expect_continue = False
+        self.request_id = None
 
     # ---------------------------------------------------------- transport
     def connection_made(self, transport):
@@ -112,6 +131,7 @@ class HttpConnection(asyncio.Protocol):
                     req.route.waiting.remove((self, req))
                 except ValueError:
                     pass
+                req.route.waiting_changed()
         self.queue.clear()
         self.body = None
         self._wake_writer()
@@ -176,6 +196,8 @@ class HttpConnection(asyncio.Protocol):
                 raise _Reject(400) from None
         elif name == b"expect" and value.strip().lower() == b"100-continue":
             self.expect_continue = True
+        elif name == REQUEST_ID_HEADER:
+            self.request_id = value.strip() or None
         self.headers.append(name + b":" + value)
 
     def on_headers_complete(self):
@@ -210,7 +232,7 @@ class HttpConnection(asyncio.Protocol):
             body = bytes(body)
         req = _Req(p.get_method().decode("ascii", "replace"), self.url,
                    b"\r\n".join(self.headers), body, p.should_keep_alive(),
-                   p.get_http_version())
+                   p.get_http_version(), self.request_id)
         self._reset()
         if p.should_upgrade() and _websocket.take(self, req):
             return
@@ -267,7 +289,9 @@ class HttpConnection(asyncio.Protocol):
 
     def _write_error_and_close(self, status):
         headers, body = text_answer(status)
-        self.transport.write(status_line(status) + headers + CONNECTION_CLOSE + b"\r\n" + body)
+        self.transport.write(status_line(status) + headers + REQUEST_ID_HEADER + b": " +
+                             self.proxy.new_request_id() + b"\r\n" + CONNECTION_CLOSE +
+                             b"\r\n" + body)
         self.closed = True
         self.transport.close()
 
@@ -275,7 +299,10 @@ class HttpConnection(asyncio.Protocol):
         if self.closed:
             return
         keep = req.keep_alive and not close
-        head = status_line(status) + headers
+        # Every answer names its request, as Ray's proxy does: by the
+        # client's x-request-id, else by a fresh id.
+        head = b"%s%sx-request-id: %s\r\n" % (
+            status_line(status), headers, req.request_id or self.proxy.new_request_id())
         if keep:
             if req.version != "1.1":
                 head += CONNECTION_KEEP_ALIVE    # HTTP/1.0 closes unless told

@@ -18,11 +18,14 @@ small lists of str/bytes/int (msgpack): nothing from the network is unpickled.
   the connection ends after it), as before WebSockets were relayed.
 
 A WebSocket holds one of its replica's ``max_ongoing_requests`` while open.
+With metrics on, it counts as a request of method ``WS`` when it ends, its
+close code as the status (see _metrics).
 """
 import asyncio
 import itertools
 import os
 import sys
+from time import monotonic as _monotonic
 from urllib.parse import unquote
 
 from . import _core
@@ -67,20 +70,36 @@ def take(conn, req):
     if "%" in path:
         path = unquote(path)
     route = proxy.match(path)
-    if route is None or not route.replicas:
+    if route is None or not (route.replicas or route.from_zero):
         return False      # 404 / 503 as for any request
     if not _valid_handshake(req, headers):
         return False      # answered as plain HTTP, as a server without WebSockets does
     conn.current = req
+    req.t0 = _monotonic()               # its latency in the metrics: its whole life
     conn.transport.pause_reading()     # until the app accepts: then frames follow
-    rep = _choose(route.replicas, route.max_ongoing) or least_loaded(route.replicas)
+    req.route, req.url = route, (path, query)
+    if not route.replicas:
+        # Scaled to zero: it waits in the route's queue, as a request does,
+        # while a replica starts; the proxy's pump then calls ``start``.
+        req.ws_headers = headers
+        proxy.route_request(conn, req, path, query)
+        return True
+    start(proxy, conn, req, route,
+          _choose(route.replicas, route.max_ongoing) or least_loaded(route.replicas), headers)
+    return True
+
+
+def start(proxy, conn, req, route, rep, headers):
+    """Relay the WebSocket ``req`` asks for to ``rep``, one of ``route``'s replicas."""
+    if req.timer is not None:       # (set while it waited: the relay has no deadline)
+        req.timer.cancel()
+        req.timer = None
     rep.inflight += 1
     proxy.inflight += 1
-    req.route, req.rep, req.url = route, rep, (path, query)
+    req.rep = rep
     relay = _Relay(proxy, conn, req, rep, headers)
     _relays.add(relay)
     proxy.loop.create_task(relay.run(route))
-    return True
 
 
 def _valid_handshake(req, headers):
@@ -131,6 +150,7 @@ class _Relay(asyncio.Protocol):
         self.push = rep.handle.websocket_receive
         self.unanswered = 0        # pushes the replica has not answered yet
         self.reading_paused = False
+        self.code = None           # how it ended: the first close code either side sent
 
     # ------------------------------------------------- replica -> client
     async def run(self, route):
@@ -159,6 +179,7 @@ class _Relay(asyncio.Protocol):
                 if not conn.closed:
                     print(f"proxy: websocket to {route.app}/{route.deployment} failed: "
                           f"{type(exc).__name__}", file=sys.stderr, flush=True)
+                    req.method = "WS"       # (the metrics' name of a websocket's method)
                     conn.respond_text(req, 500, close=True)
             else:
                 self.close(1011, "")
@@ -182,6 +203,7 @@ class _Relay(asyncio.Protocol):
             return False
         if kind == "deny":
             _, status, headers, body = ev
+            req.method = "WS"
             conn.respond(req, status, headers, body, close=True)
             return False
         # accept
@@ -234,6 +256,8 @@ class _Relay(asyncio.Protocol):
         """A close frame to the client; the socket ends on its answer (or soon)."""
         if self.transport is None or self.gone:
             return
+        if self.code is None:
+            self.code = code
         from wsproto.connection import ConnectionState
         from wsproto.events import CloseConnection
         if self.ws.state is ConnectionState.OPEN:
@@ -248,11 +272,16 @@ class _Relay(asyncio.Protocol):
             await self.waiter
 
     def _done(self):
-        """The replica's side ended: the slot it held is given back."""
+        """The replica's side ended: the slot it held is given back (and an
+        accepted WebSocket is counted, once)."""
         _relays.discard(self)
         if not self.released:
             self.released = True
             self.proxy.release(self.req)
+            observer = self.proxy.observer
+            if observer is not None and self.transport is not None:
+                observer.websocket_ended(self.conn, self.req,
+                                         1006 if self.code is None else self.code)
 
     def _end(self):
         if self.close_timer is not None:
@@ -281,6 +310,8 @@ class _Relay(asyncio.Protocol):
             elif t is Ping:
                 self._send(ev.response())
             elif t is CloseConnection:
+                if self.code is None:
+                    self.code = ev.code
                 from wsproto.connection import ConnectionState
                 if self.ws.state is ConnectionState.REMOTE_CLOSING:
                     self._send(ev.response())
@@ -314,6 +345,8 @@ class _Relay(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc):
+        if self.code is None:
+            self.code = 1006        # gone without a close frame
         self.gone = True
         if self.close_timer is not None:
             self.close_timer.cancel()

@@ -115,8 +115,10 @@ def _http_options(http_options):
             if getattr(http_options, k, None) is not None}
 
 
-def _build(app, app_name):
-    """The deployment specs of ``app``: nested bound deployments become handles."""
+def _build(app, app_name, code_version=None):
+    """The deployment specs of ``app``: nested bound deployments become handles.
+    ``code_version`` (a config file's: see config.apply) tells the controller
+    whether the code changed where the pickled class, by reference, cannot."""
     specs = {}
     seen = {}
 
@@ -139,7 +141,8 @@ def _build(app, app_name):
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
         specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
-                       "kwargs": kwargs, "args_blob": args_blob, "config": config}
+                       "kwargs": kwargs, "args_blob": args_blob, "config": config,
+                       "code_version": code_version}
         return handle
 
     ingress = visit(app)
@@ -147,7 +150,7 @@ def _build(app, app_name):
 
 
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
-        _local_testing_mode=False, external_scaling_enabled=False):
+        _local_testing_mode=False, external_scaling_enabled=False, _code_version=None):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
     if backend.RAY:
         from . import _on_ray
@@ -166,7 +169,7 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
     global _longest_graceful_s
     with _lock:
         ctl = _ensure_controller()
-        ingress, specs = _build(target, name)
+        ingress, specs = _build(target, name, _code_version)
         _longest_graceful_s = max([_longest_graceful_s] + [
             s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])
         # The proxies (if not up yet) start while the replicas do; each waits

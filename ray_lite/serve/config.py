@@ -18,8 +18,17 @@ A file with ``import_path`` at the top is one application (Ray's older
 single-application form).  An unknown key is refused naming where it is
 (``applications[0].deployments[1]: unknown key 'num_replica'``), and so is an
 import path that does not import.
+
+Applied again to a running instance (``serve deploy``), an application whose
+``import_path``, ``args``, ``runtime_env`` and source files are as they were
+is not imported again: the new deployment options go to its running
+deployments in place, as Ray's lightweight update does (``num_replicas``
+scaled, ``user_config`` given to the replicas' ``reconfigure``).  A change of
+any of those imports it anew and rolls its replicas.
 """
+import hashlib
 import importlib
+import json
 import os
 import sys
 
@@ -265,13 +274,23 @@ def import_attr(import_path, app_dir="."):
 def build_app(app_cfg, app_dir="."):
     """The ``Application`` of one checked application entry, with its
     deployments' options overridden as the file says."""
+    return with_overrides(imported_app(app_cfg, app_dir), app_cfg)
+
+
+def imported_app(app_cfg, app_dir="."):
+    """The ``Application`` the entry's import path names (a builder called
+    with its ``args``), as the code has it."""
     from .cli import application_of
-    from .deployment import Application
     target = import_attr(app_cfg["import_path"], app_dir)
     try:
-        app = application_of(target, app_cfg["args"], app_cfg["import_path"])
+        return application_of(target, app_cfg["args"], app_cfg["import_path"])
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"import_path {app_cfg['import_path']!r}: {exc}") from None
+
+
+def with_overrides(app, app_cfg):
+    """``app`` with its deployments' options overridden as the entry says."""
+    from .deployment import Application
     overrides = dict(app_cfg["deployments"])
     env_vars = app_cfg["env_vars"]
     rebuilt = {}
@@ -310,18 +329,88 @@ def build_app(app_cfg, app_dir="."):
     return out
 
 
+# What this process deployed from config files, by application name:
+# (code key, the application its import path built, its source files'
+# stats, code version).
+_deployed = {}
+
+
 def apply(parsed, app_dir="."):
     """Make the running Serve instance run what ``parsed`` says: every
-    application is imported first (a bad import path changes nothing), the
+    application is built first (a bad import path changes nothing), the
     applications the file no longer lists are deleted, and each listed one is
     deployed or updated in place (``serve.run``: a changed ``num_replicas``
-    adds or drains replicas).  The names of the applications deployed."""
+    adds or drains replicas; an unchanged code version keeps the replicas).
+    The names of the applications deployed."""
     from . import api
-    built = [(a, build_app(a, app_dir)) for a in parsed["applications"]]
+    built = [(a, _build_once(a, app_dir)) for a in parsed["applications"]]
     wanted = {a["name"] for a in parsed["applications"]}
     for name in list(api.status().applications):
         if name not in wanted:
             api.delete(name)
-    for a, app in built:
-        api.run(app, name=a["name"], route_prefix=a["route_prefix"])
+            _deployed.pop(name, None)
+    for a, (app, record) in built:
+        api.run(app, name=a["name"], route_prefix=a["route_prefix"],
+                _code_version=record[3])
+        _deployed[a["name"]] = record
     return [a["name"] for a in parsed["applications"]]
+
+
+def _build_once(app_cfg, app_dir):
+    """``(application, record)`` of an entry: imported (or imported anew
+    when its sources changed), or the one built before when neither the
+    entry's code key nor its sources changed."""
+    key = json.dumps([app_cfg["import_path"], app_cfg["args"], app_cfg["env_vars"],
+                      os.path.abspath(app_dir)], sort_keys=True, default=repr)
+    record = _deployed.get(app_cfg["name"])
+    if record is not None and record[0] == key and _stats(record[2]) == record[2]:
+        return with_overrides(record[1], app_cfg), record
+    if record is not None:
+        _forget_modules(record[2])      # edited code: read it again
+    base = imported_app(app_cfg, app_dir)
+    files = _stats(_user_sources(app_dir))
+    version = hashlib.sha256(json.dumps([key, sorted(files.items())]).encode()).hexdigest()
+    return with_overrides(base, app_cfg), (key, base, files, version)
+
+
+def _user_sources(app_dir):
+    """The files of the modules this process loaded from ``app_dir`` (the
+    application's code; not ray_lite's, not installed packages')."""
+    root = os.path.join(os.path.abspath(app_dir), "")
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if not path or name.partition(".")[0] == "ray_lite":
+            continue
+        path = os.path.abspath(path)
+        if path.startswith(root) and "site-packages" not in path:
+            out.append(path)
+    return out
+
+
+def _stats(paths):
+    """{path: (mtime_ns, size)}, None for a file that is gone."""
+    out = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out[path] = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            out[path] = None
+    return out
+
+
+def _forget_modules(files):
+    """Drop the modules loaded from ``files``: the next import reads them anew
+    (their bytecode caches too, which know a file's time only to the second)."""
+    import importlib.util
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if path and os.path.abspath(path) in files:
+            del sys.modules[name]
+    for path in files:
+        try:
+            os.remove(importlib.util.cache_from_source(path))
+        except (OSError, ValueError, NotImplementedError):
+            pass
+    importlib.invalidate_caches()

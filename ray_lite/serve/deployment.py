@@ -72,13 +72,13 @@ def autoscaling_of(cfg):
 
 def resolved_num_replicas(cfg):
     """The replicas a deployment starts with: ``num_replicas``, or under
-    autoscaling ``initial_replicas`` else ``min_replicas`` (at least one:
-    ray_lite does not scale to zero)."""
+    autoscaling ``initial_replicas`` else ``min_replicas`` (zero with
+    ``min_replicas: 0``: the first request starts one)."""
     auto = autoscaling_of(cfg)
     if auto is None:
         return 1 if cfg.get("num_replicas") is None else cfg.get("num_replicas", 1)
     init = auto["initial_replicas"]
-    return max(1, auto["min_replicas"] if init is None else init)
+    return auto["min_replicas"] if init is None else init
 
 
 class Deployment:

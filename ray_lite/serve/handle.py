@@ -13,14 +13,17 @@ one ``listen`` call is always outstanding, renewed from its answer's callback
 (on the thread that reads the links: the driver's service thread, a replica's
 event loop), so even an idle handle sees changes as they come, without a
 thread of its own.  A call that a replica refuses unseen (dead when it was
-sent) is sent to another; one it was running fails as in Ray.
+sent) is sent to another; one it was running fails as in Ray.  For a
+deployment that autoscales the handle tells the controller how many calls it
+holds (``_demand``); one scaled to zero gets its calls held while the
+controller starts a replica.
 """
 import collections
 import threading
 
 from ray_lite.exceptions import TaskCancelledError
 
-from . import _core, _defaults, context
+from . import _core, _defaults, _demand, context
 from ._routing import for_model, least_loaded, power_of_two, slots_for
 from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
@@ -63,6 +66,7 @@ class Router:
         self._listen_watched = None   # the listen ref a pump waits on
         self._pumping = False
         self._pump_again = False
+        self.report = None            # a WaitingReport while the deployment autoscales
 
     # ------------------------------------------------------------- updates
     def apply(self, snap):
@@ -74,6 +78,16 @@ class Router:
             self.version = version
             self.config = config
             self.exists = exists
+            if not config.get("autoscaling"):
+                self.report = None
+            elif self.report is None:
+                self.report = _demand.WaitingReport(self.app_name, self.deployment_name)
+
+    def _waiting_changed(self):
+        """Tell the controller how many calls are held (outside ``lock``)."""
+        report = self.report
+        if report is not None:
+            report.changed(len(self.queue))
 
     def poll_update(self):
         """Apply the outstanding listen call's answer if it has come, and keep
@@ -122,10 +136,11 @@ class Router:
         if r is not None and r[0] and context._controller is not None:
             self.poll_update()
 
-    def refresh_blocking(self, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
+    def refresh_blocking(self, held=False, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
         ctl = context.get_controller()
         snap = _core.get(ctl.wait_replicas.remote(
-            self.app_name, self.deployment_name, self.version), timeout=timeout)
+            self.app_name, self.deployment_name, self.version,
+            _defaults.WAIT_REPLICAS_TIMEOUT_S, held), timeout=timeout)
         self.apply(snap)
 
     # ------------------------------------------------------------- choice
@@ -156,9 +171,11 @@ class Router:
         self.poll_update()
         reps = self._live_replicas()
         if not reps:
-            self.refresh_blocking()
+            self.refresh_blocking(held=hold)
             reps = self._live_replicas()
             if not reps:
+                if hold and self.config.get("from_zero"):
+                    return None     # held while the controller starts a replica
                 raise DeploymentUnavailableError(
                     f"deployment {self.deployment_name!r} of application {self.app_name!r} "
                     f"has no running replica")
@@ -199,6 +216,7 @@ class Router:
                     num_queued_requests=len(self.queue), max_queued_requests=limit))
             q = _Queued(method, args, kwargs, _core.pending_ref(), model_id)
             self.queue.append(q)
+        self._waiting_changed()
         # A slot may have freed meanwhile (its release saw no queue yet).
         self.pump()
         return q, q.ref
@@ -218,6 +236,7 @@ class Router:
                 except ValueError:
                     pass
         if sent is None:
+            self._waiting_changed()
             _core.set_error(q.ref, RequestCancelledError(
                 "the request was cancelled while it waited for a replica"))
         elif sent is not _SENDING:
@@ -275,6 +294,7 @@ class Router:
                 else:
                     q = self.queue.popleft()
                     q.sent = _SENDING       # from here on, cancel() goes to the replica
+            self._waiting_changed()
             if rep is None:
                 for q in held:
                     _core.set_error(q.ref, failure)
@@ -303,9 +323,12 @@ class Router:
                 self.drop(rep)
                 with self.lock:
                     q.sent = None
-                    if not q.cancelled:
+                    held_again = not q.cancelled
+                    if held_again:
                         self.queue.appendleft(q)
-                        return
+                if held_again:
+                    self._waiting_changed()
+                    return
                 _core.set_error(q.ref, RequestCancelledError("the request was cancelled"))
                 return
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died

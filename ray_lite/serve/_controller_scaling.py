@@ -1,0 +1,91 @@
+"""The Serve controller's autoscaling (a base of ``ServeController``): each
+autoscaling deployment's load sampled every ``metrics_interval_s`` (requests
+running at its replicas plus those waiting at its callers, see _demand),
+Ray's policy applied (_autoscaler), and the cold start of a deployment scaled
+to zero when a request waits for it."""
+import asyncio
+import sys
+import traceback
+
+from . import _autoscaler, _demand
+
+
+class Autoscaling:
+    """The autoscaling methods of ``ServeController`` (its ``apps``, ``_dep``,
+    ``_bring_up``, ``_drain_some``... are the controller's)."""
+
+    async def report_waiting(self, app_name, dep_name, key, count):
+        """A caller holds ``count`` requests for ``dep_name`` waiting for a
+        replica (see _demand); answered ``REPORT_SPACING_S`` later, which
+        paces the caller's reports."""
+        dep = self._dep(app_name, dep_name)
+        if dep is not None:
+            if count > 0:
+                dep.waiting[key] = count
+                if not dep.replicas:
+                    self._cold_start(dep)
+            else:
+                dep.waiting.pop(key, None)
+        await asyncio.sleep(_demand.REPORT_SPACING_S)
+
+    def _cold_start(self, dep):
+        """A request waits for ``dep``, which runs no replica and starts none:
+        start some at once (Ray's cold start: no upscale delay)."""
+        cfg = dep.config.get("autoscaling_config")
+        if cfg and dep.target == 0 and dep.starting == 0 and not self.shutting_down:
+            self.scale(dep, _autoscaler.cold_start_replicas(cfg, dep.target))
+
+    async def _autoscale(self, dep):
+        """Sample ``dep``'s requests in flight every ``metrics_interval_s`` (at
+        its replicas, and waiting at its callers) and apply the policy's
+        decision (``_autoscaler``), while it autoscales."""
+        state = _autoscaler.ScalingState()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                cfg = dep.config.get("autoscaling_config")
+                if not cfg:
+                    return
+                await asyncio.sleep(cfg["metrics_interval_s"])
+                if self.shutting_down:
+                    continue
+                reps = list(dep.replicas.values())
+                counts = await asyncio.gather(*[asyncio.wait_for(
+                    h.num_ongoing.remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
+                    return_exceptions=True)
+                _demand.prune_dead(dep.waiting)
+                _autoscaler.record(state, cfg, loop.time(),
+                                   sum(c for c in counts if isinstance(c, int)) +
+                                   sum(dep.waiting.values()))
+                self.scale(dep, _autoscaler.decide(cfg, state, loop.time(), len(reps),
+                                                   dep.target))
+        finally:
+            dep.autoscaler = None
+
+    def scale(self, dep, n):
+        """Run ``n`` replicas of ``dep`` from now on (the autoscaler's decision)."""
+        app = self.apps.get(dep.app)
+        if self.shutting_down or app is None or app.deps.get(dep.name) is not dep or \
+                n == dep.target:
+            return
+        print(f"Serve: scaling {dep.app}/{dep.name} from {dep.target} to {n} replicas",
+              file=sys.stderr, flush=True)
+        dep.target = n
+        missing = n - len(dep.replicas) - dep.starting
+        if missing > 0:
+            self._task(dep, self._bring_up_logged(dep, missing))
+        elif len(dep.replicas) > n:
+            self._drain_some(dep, len(dep.replicas) - n)
+
+    async def _bring_up_logged(self, dep, n):
+        errors = await self._bring_up(dep, n)
+        if errors:
+            dep.message = f"starting a replica failed: {error_text(errors[0])}"
+            print(f"Serve: {dep.app}/{dep.name}: {dep.message}", file=sys.stderr, flush=True)
+        self._bump()
+
+
+def error_text(err):
+    """An error as one line for a status message (its type when it has no text)."""
+    s = str(err)
+    return s if s else "".join(traceback.format_exception_only(type(err), err))
