@@ -233,6 +233,7 @@ def test_backpressure_is_complete_and_bounded(rt):
     assert drain(g2) == list(range(30))
 
 
+@pytest.mark.local_only     # Ray acknowledges each item
 def test_the_window_is_acknowledged_every_half_window_and_never_exceeded(rt):
     @ray.remote
     class Probe:

@@ -310,12 +310,16 @@ class _Relay(asyncio.Protocol):
             elif t is Ping:
                 self._send(ev.response())
             elif t is CloseConnection:
+                # wsproto's code is an IntEnum when it knows it: a plain int
+                # for the app and the metrics' label (str() of an IntEnum
+                # is its name before Python 3.11).
+                code = int(ev.code)
                 if self.code is None:
-                    self.code = ev.code
+                    self.code = code
                 from wsproto.connection import ConnectionState
                 if self.ws.state is ConnectionState.REMOTE_CLOSING:
                     self._send(ev.response())
-                self._tell_replica(ev.code)
+                self._tell_replica(code)
                 self._end()
                 return
 
