@@ -183,3 +183,14 @@ def test_the_cpu_hog_burns_until_ended_by_its_pid():
     finally:
         serve_cpu.stop_hog(hog)
     assert hog.returncode is not None
+
+
+def test_run_times_the_spin_and_learns_from_it():
+    from ray_lite.serve._spin import SpinPolicy
+    p = SpinPolicy(0.001)
+    for _ in range(20):
+        p.observe(0.0001)
+    assert p.run(lambda x: x, True) is True        # caught its event: keeps spinning
+    assert p.worth_it()
+    assert p.run(lambda: False) is False           # gave up at once, empty-handed
+    assert not p.worth_it()

@@ -120,10 +120,8 @@ class StreamsMixin:
 
     def ack_stream(self, s):
         """After an item of ``s`` was taken: acknowledge every half window."""
-        consumed = s.table.num_consumed
-        if consumed - s.acked >= s.ack_every and not s.done:
-            s.acked = consumed
-            self.send(s.peer, P.ack_msg(s.sid, consumed))
+        if s.table.num_consumed - s.acked >= s.ack_every:
+            self.flush_stream_acks(s)
 
     def flush_stream_acks(self, s):
         """Acknowledge everything taken from ``s``: before any wait for (or

@@ -33,7 +33,6 @@ from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
-from ._spin import involuntary_switches as _involuntary_switches
 from .multiplex import MODEL_ID_HEADER, header_value
 
 # While a proxy has a single client and a single request in flight, its loop
@@ -326,9 +325,7 @@ class ProxyActor:
 
     def _wait_for_reply(self, req):
         if self.inflight == 1 and len(self.conns) == 1 and not req.finished:
-            start, switches = _monotonic(), _involuntary_switches()
-            came = _core.wait_briefly(req.ref, SPIN_BUDGET_S)
-            req.route.spin.spun(came, _monotonic() - start, _involuntary_switches() != switches)
+            req.route.spin.run(_core.wait_briefly, req.ref, SPIN_BUDGET_S)
 
     def release(self, req):
         rep = req.rep

@@ -27,7 +27,6 @@ from ._http import OCTET as _OCTET
 from ._http import TEXT as _TEXT
 from ._http import sized as _sized
 from ._spin import SpinPolicy
-from ._spin import involuntary_switches as _involuntary_switches
 
 logger = logging.getLogger("ray_lite.serve")
 
@@ -418,9 +417,7 @@ class ServeReplica:
 
     def _spin_for_next(self):
         if self._inflight == 0:
-            start, switches = _monotonic(), _involuntary_switches()
-            came = _core.spin_for_messages(_SPIN_S)
-            self._spin.spun(came, _monotonic() - start, _involuntary_switches() != switches)
+            self._spin.run(_core.spin_for_messages, _SPIN_S)
 
     async def _to_http(self, r, scope, receive):
         """The reply for a result other than str or bytes (handled inline)."""

@@ -21,6 +21,7 @@ waits have been seen again, so beside a CPU-bound program the spins cost it
 its event did what a spin should: it keeps going.
 """
 from resource import RUSAGE_THREAD, getrusage
+from time import monotonic as _monotonic
 
 # Share of recent waits a spin would have caught, at or above which it spins.
 HIT_RATE = 0.75
@@ -52,6 +53,14 @@ class SpinPolicy:
 
     def worth_it(self):
         return self.budget > 0 and self.hits >= HIT_RATE and self.mean < self.budget
+
+    def run(self, spin, *args):
+        """``spin(*args)`` (true when it caught its event), timed and watched
+        for context switches, and learnt from; its result."""
+        start, switches = _monotonic(), involuntary_switches()
+        came = spin(*args)
+        self.spun(came, _monotonic() - start, involuntary_switches() != switches)
+        return came
 
     def spun(self, came, spent, switched=False):
         """After a spin of ``spent`` seconds: ``came`` if it caught its event,
