@@ -288,12 +288,13 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
     def _on_result(self, peer, msg):
         if not msg[2] and self._retry_on_error(peer, msg):
             return
-        owner = self.forward.pop(msg[1], None)
+        owner = self.forward.pop(msg[1], None) if self.forward else None
         if owner is not None:
             self.send(owner, msg)
         else:
             Node._on_result(self, peer, msg)
-        self._task_finished(peer, msg[1])
+        if peer in self.pool:       # an actor's result frees no worker
+            self._task_finished(peer, msg[1])
 
     def _retry_on_error(self, peer, msg):
         """A task failed with an exception its retry_exceptions lists: run it again."""

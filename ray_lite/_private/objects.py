@@ -45,7 +45,12 @@ class ObjectsMixin:
                 for e in target:
                     e.set_error(payload)
         elif ok:
-            target.set_value(payload)
+            # target.set_value(payload), inline: every call's result comes here.
+            if not target.ready:
+                target.value = payload
+                target.ready = True
+                if target.callbacks:
+                    target._fire()
         else:
             target.set_error(payload)
 

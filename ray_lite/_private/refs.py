@@ -282,6 +282,7 @@ class ObjectRefGenerator(metaclass=AlsoRay):
 
 
 _main_thread_id = threading.main_thread().ident
+_NEVER_STORED = _IMMUTABLE - {bytes}    # a look before _is_large's: most results are these
 
 
 def stored_result(value):
@@ -289,7 +290,7 @@ def stored_result(value):
     stored here, by its producer, once (a segment of this process's pool,
     warm after the first), and the reply carries its descriptor; the caller
     maps it (``loaded``).  Anything else is returned as is."""
-    if not _is_large(value):
+    if type(value) in _NEVER_STORED or not _is_large(value):
         return value
     node = state.node
     if node is None:

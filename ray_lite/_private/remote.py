@@ -484,26 +484,25 @@ def _rebuild_actor_class(cls, options):
 class ActorHandle(metaclass=_backend.AlsoRay):
     """A handle to an actor; picklable, so it can be passed to tasks and actors."""
 
-    __slots__ = ("_info", "_cache", "__weakref__")
+    # The methods made so far live in the instance's __dict__: the next
+    # ``handle.method`` is a plain attribute hit (``__getattr__`` runs once).
+    __slots__ = ("_info", "__dict__", "__weakref__")
 
     def __init__(self, info):
         self._info = info
-        self._cache = {}
 
     def __getattr__(self, name):
         if name.startswith("__") and name != "__call__":
             raise AttributeError(name)
         info = self._info
-        m = self._cache.get(name)
-        if m is None:
-            is_gen = info.methods.get(name)
-            if is_gen is None:
-                raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
-                                     f"(actor class {info.class_name} has no method {name!r})")
-            declared = {}
-            if type(is_gen) is tuple:       # options declared with method(...)
-                is_gen, declared = is_gen
-            m = self._cache[name] = _method_type(info, declared)(self, name, is_gen, declared)
+        is_gen = info.methods.get(name)
+        if is_gen is None:
+            raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
+                                 f"(actor class {info.class_name} has no method {name!r})")
+        declared = {}
+        if type(is_gen) is tuple:       # options declared with method(...)
+            is_gen, declared = is_gen
+        m = self.__dict__[name] = _method_type(info, declared)(self, name, is_gen, declared)
         return m
 
     def __reduce__(self):

@@ -85,7 +85,7 @@ class Link:
                 try:
                     # A full ring must not block us for good: the peer may be
                     # blocked writing to us.  Drain our side, then retry.
-                    tx.put(msg, timeout=0 if self.on_full is not None else None)
+                    tx.put(msg, 0 if self.on_full is not None else None)   # (timeout)
                     return
                 except TimeoutError:
                     pass

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
                                  TaskCancelledError)
@@ -27,12 +28,14 @@ from .shipping import unship
 from .transport import Link, LinkClosed
 
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
+_CoroutineType = types.CoroutineType
 
 
 class WorkerNode(AsyncActorMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
+        self.lends_slot = self.kind == "pool"     # see block_begin
         self.namespace = spec.get("namespace")
         self.tasks = collections.deque()
         self.functions = {}
@@ -375,9 +378,12 @@ class WorkerNode(AsyncActorMixin, Node):
     def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
         try:
             try:
-                self._enter_user_code()
+                # self._enter_user_code(), its look inline: this runs per call.
+                self._in_user_code = True
+                if self._cancel_signalled or self._interrupt is not None:
+                    self._enter_user_code()
                 result = fn(*args, **kwargs)
-                if not stream and inspect.iscoroutine(result):
+                if not stream and type(result) is _CoroutineType:  # inspect.iscoroutine
                     result = asyncio.run(result)
             finally:
                 self._in_user_code = False
