@@ -312,7 +312,13 @@ class RemoteFunction:
         if node is None:
             node = state.get_node()
         name = plan.name
-        if _check_args_serialisable(args, kwargs, name):
+        simple = not kwargs
+        if simple:
+            for a in args:      # plain values only (the common case): nothing to probe
+                if type(a) not in _SIMPLE_TYPES:
+                    simple = False
+                    break
+        if not simple and _check_args_serialisable(args, kwargs, name):
             args, kwargs = _by_value(node, args, kwargs)
         blob = self._blob
         if blob is None:

@@ -1,0 +1,130 @@
+"""The get of a call's result without a timeout: it waits on the answering
+process's ring and dispatches right there (``DrivingMixin._wait_entry_driving``),
+handing over to the general wait loop when that peer dies, another thread
+waits too, or the budget passes.  Every get here has no timeout of its own, so
+each runs in a thread joined with a bound: a hang fails the test."""
+import os
+import threading
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import RayActorError
+
+T = 60
+
+
+def _bounded(fn, *args):
+    """``fn(*args)`` in a thread; its value, or the test fails if it did not
+    return within ``T`` s.  An error it raised is re-raised."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:      # noqa: BLE001 - handed to the test
+            out["error"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(T)
+    assert not t.is_alive(), "ray.get without a timeout did not return"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@ray.remote
+class Echo:
+    def echo(self, x):
+        return x
+
+    def pid(self):
+        return os.getpid()
+
+
+@ray.remote
+class DiesOnce:
+    """Its first incarnation dies in ``work``; the restarted one answers."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def work(self):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return "after the restart"
+
+
+@ray.remote
+def plus_one(x):
+    return x + 1
+
+
+def test_results_of_tasks_and_actor_calls_in_a_loop(rt):
+    e = Echo.remote()
+
+    def loop():
+        return [(ray.get(e.echo.remote(i)), ray.get(plus_one.remote(i))) for i in range(300)]
+    assert _bounded(loop) == [(i, i + 1) for i in range(300)]
+
+
+def test_the_answering_actor_dies_and_restarts_during_the_wait(rt, tmp_path):
+    a = DiesOnce.options(max_restarts=1, max_task_retries=1).remote(str(tmp_path / "died"))
+    assert _bounded(ray.get, a.work.remote()) == "after the restart"
+
+
+def test_the_answering_actor_is_killed_during_the_wait(rt, tmp_path):
+    a = DiesOnce.remote(str(tmp_path / "died"))
+    with pytest.raises(RayActorError):
+        _bounded(ray.get, a.work.remote())
+
+
+def test_threads_waiting_at_once_each_get_their_own_results(rt):
+    actors = [Echo.remote() for _ in range(3)]
+    failures = []
+
+    def loop(k, a):
+        try:
+            for i in range(300):
+                v = ray.get(a.echo.remote((k, i)))
+                if v != (k, i) and v != [k, i]:
+                    failures.append((k, i, v))
+                    return
+        except BaseException as exc:      # noqa: BLE001 - reported below
+            failures.append(exc)
+    threads = [threading.Thread(target=loop, args=(k, a), daemon=True)
+               for k, a in enumerate(actors)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(T)
+    assert not any(t.is_alive() for t in threads), "a thread's get did not return"
+    assert failures == []
+
+
+def test_a_handle_makes_each_method_once_and_still_travels(rt):
+    e = Echo.remote()
+    assert e.echo is e.echo               # kept on the handle after its first use
+    assert ray.get(e.echo.remote(1), timeout=T) == 1
+
+    @ray.remote
+    def call(h):
+        return ray.get(h.pid.remote())
+    assert ray.get(call.remote(e), timeout=T) == ray.get(e.pid.remote(), timeout=T)
+    with pytest.raises(AttributeError, match="has no method 'nope'"):
+        e.nope
+
+
+def test_the_lock_free_thread_count_agrees_with_threading():
+    from ray_lite._private import drive
+
+    assert drive._thread_count() == threading.active_count()
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, args=(T,), daemon=True)
+    t.start()
+    try:
+        assert drive._thread_count() == threading.active_count()
+    finally:
+        stop.set()
+        t.join(T)
