@@ -70,6 +70,12 @@ class DrivingMixin:
     def _release_drive(self):
         """Release the drive lock; wake who waits for it (threads, event loops)."""
         self._drive_lock.release()
+        if self._sleepers or self._bridge_waiting:
+            self._wake_after_release()
+
+    def _wake_after_release(self):
+        """The threads asleep for the drive lock, the event loops that stopped
+        watching their links for it: the lock is free now."""
         if self._sleepers:
             with self._cond:
                 self._cond.notify_all()
@@ -166,7 +172,10 @@ class DrivingMixin:
                         if e.ready or self._interrupt is not None or self.closed:
                             break
             finally:
-                self._release_drive()
+                # self._release_drive(), its looks inline (once per get)
+                self._drive_lock.release()
+                if self._sleepers or self._bridge_waiting:
+                    self._wake_after_release()
             if not e.ready:
                 if self._interrupt is not None:
                     self._raise_interrupt()

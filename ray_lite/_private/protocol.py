@@ -147,7 +147,8 @@ class TaskSpec:
     __slots__ = ("oid", "fn_id", "blob", "args", "kwargs", "nret", "stream", "bp",
                  "retries", "name", "owner", "deps_left", "cancelled", "has_refs")
 
-    def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner):
+    def __init__(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name, owner,
+                 has_refs=True):
         self.oid = oid
         self.fn_id = fn_id
         self.blob = blob
@@ -161,7 +162,14 @@ class TaskSpec:
         self.owner = owner
         self.deps_left = 0
         self.cancelled = False
-        self.has_refs = True     # until submit looked
+        # Whether an argument may be an ObjectRef (submit looks, and notes
+        # what it found); False from a caller that saw only plain values.
+        self.has_refs = has_refs
+
+    def wire_fields(self):
+        """The fields a worker sends the driver for its nested task (``OP_SUBMIT``)."""
+        return (self.oid, self.fn_id, self.blob, self.args, self.kwargs, self.nret,
+                self.stream, self.bp, self.retries, self.name)
 
     # A plain task has none of these (class attributes: nothing to set per
     # task); a ``PlacedTaskSpec`` has its own.

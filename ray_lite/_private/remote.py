@@ -10,6 +10,7 @@ from ray_lite import _ray
 from . import backend as _backend
 from . import protocol as P
 from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
+from .protocol import TaskSpec
 from . import state
 from .concurrency_groups import check_groups, check_method_groups
 from .object_store import STORE_THRESHOLD
@@ -325,7 +326,7 @@ class RemoteFunction:
             blob = self._blob = ship(self._function)
         nret, stream, bp = plan.nret, plan.stream, plan.bp
         if nret == 1 and not stream:
-            oid = node.new_oid()
+            oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
             # A worker's nested task is answered through the driver.
             target = _Entry(None if node.id == 0 else 0)
             result = ObjectRef(oid, node.id, target)
@@ -333,8 +334,8 @@ class RemoteFunction:
             oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
             node.pending[oid] = target
-        node.submit_task(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
-                         plan.retries, name)
+        node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
+                                  plan.retries, name, node.id, not simple))
         return result
 
     def _remote_special(self, plan, args, kwargs):
@@ -567,7 +568,7 @@ class ActorMethod:
         if node.id != 0:
             node.known_pids.setdefault(aid, info.pid)
         if nret == 1 and not stream:
-            oid = node.new_oid()
+            oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
             target = _Entry(aid)
             result = ObjectRef(oid, node.id, target)
         else:

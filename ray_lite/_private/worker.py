@@ -23,11 +23,12 @@ from .errors import (ActorExit, make_task_error, running_task_cancelled, sendabl
                      unpicklable_task_error)
 from .node import Node
 from .procutil import CANCEL_SIGNAL
-from .refs import ObjectRef, raisable, stored_result
+from .refs import _NEVER_STORED, ObjectRef, raisable, stored_result
 from .shipping import unship
 from .transport import Link, LinkClosed
 
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
+
 _CoroutineType = types.CoroutineType
 
 
@@ -117,10 +118,10 @@ class WorkerNode(AsyncActorMixin, Node):
         """A request to the driver that needs no answer."""
         self.send(0, P.request_msg(0, op, args))
 
-    def submit_task(self, oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name):
-        """A nested task, scheduled by the driver; its results come back through it."""
-        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT,
-                      (oid, fn_id, blob, args, kwargs, nret, stream, bp, retries, name)))
+    def submit_task(self, spec):
+        """A nested task (a ``TaskSpec``), scheduled by the driver; its results
+        come back through it."""
+        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT, spec.wire_fields()))
 
     def submit_task_placed(self, demand, retry_on, *fields):
         """A nested task with a Demand or a retry policy (see ``submit_task``)."""
@@ -307,7 +308,11 @@ class WorkerNode(AsyncActorMixin, Node):
                     if not tasks and not self.exiting:
                         self._poll(None)
                 finally:
-                    self._release_drive()
+                    # self._release_drive(), its looks inline: the call that
+                    # just came runs next (B11)
+                    lock.release()
+                    if self._sleepers or self._bridge_waiting:
+                        self._wake_after_release()
             else:
                 self.wait_until(lambda: tasks or self.exiting)
 
@@ -407,7 +412,9 @@ class WorkerNode(AsyncActorMixin, Node):
             if isinstance(exc, SystemExit):
                 raise
             return
-        self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
+        if type(result) not in _NEVER_STORED:     # (stored_result's first look, inline)
+            result = stored_result(result)
+        self.reply(peer, (RESULT, oid, True, result), name)
 
     @staticmethod
     def _split(result, nret):
@@ -544,7 +551,7 @@ class WorkerNode(AsyncActorMixin, Node):
 
     def _run_method(self, peer, msg):
         _, oid, method, args, kwargs, nret, stream, bp = msg
-        name = self._call_name(method)
+        name = self._names.get(method) or self._call_name(method)
         try:
             if oid in self.cancelled:
                 # Cancelled while queued; a running call of a sync actor is
