@@ -252,3 +252,88 @@ def test_a_file_that_changes_only_options_updates_in_place(serve_runtime, tmp_pa
     cfg["applications"][0]["import_path"] = "live_alias:app"
     config.apply(cfg, str(tmp_path))
     assert not before & {pid for _, pid, _ in _answers()}
+
+
+BARRIER_MODULE = textwrap.dedent("""
+    import asyncio, os
+    from ray_lite import serve
+
+    @serve.deployment
+    class Barrier:
+        # Each call waits (bounded) for a second one to run beside it: with
+        # max_ongoing_requests=2 both meet; with 1 the second only starts
+        # once the first gave up.
+        def __init__(self):
+            self.running = 0
+            self.met = asyncio.Event()
+
+        async def __call__(self):
+            self.running += 1
+            try:
+                if self.running >= 2:
+                    self.met.set()
+                try:
+                    await asyncio.wait_for(self.met.wait(), 3)
+                    together = True
+                except asyncio.TimeoutError:
+                    together = False
+                return (os.getpid(), together)
+            finally:
+                self.running -= 1
+                if self.running == 0:
+                    self.met = asyncio.Event()
+
+    app = Barrier.bind()
+""")
+
+
+def _barrier_file(limit):
+    return config.parse({"applications": [{
+        "name": "barrier", "route_prefix": None, "import_path": "barrier_mod:app",
+        "deployments": [{"name": "Barrier", "num_replicas": 1,
+                         "max_ongoing_requests": limit}]}]})
+
+
+def test_max_ongoing_requests_changes_in_place(serve_runtime, tmp_path):
+    # A lightweight update in Ray: the replica stays, and its new limit holds
+    # at once (the replica's own count, the handles' and proxies' routing).
+    from ray_lite import serve
+    serve.start(http_options={"port": 0, "proxies": 1})
+    (tmp_path / "barrier_mod.py").write_text(BARRIER_MODULE)
+    config.apply(_barrier_file(1), str(tmp_path))
+    h = serve.get_app_handle("barrier")
+    first = [h.remote() for _ in range(2)]
+    one = [r.result(timeout_s=60) for r in first]
+    assert [together for _, together in one] == [False, False]   # one at a time
+    config.apply(_barrier_file(2), str(tmp_path))
+    h = serve.get_app_handle("barrier")
+    both = [r.result(timeout_s=60) for r in [h.remote() for _ in range(2)]]
+    assert [together for _, together in both] == [True, True]
+    assert {pid for pid, _ in both} == {pid for pid, _ in one}    # the same replica
+
+
+def test_async_slots_resize_grows_and_shrinks_in_place():
+    import asyncio
+
+    from ray_lite._private.aio import AsyncSlots
+
+    async def main():
+        slots = AsyncSlots(1)
+        await slots.__aenter__()
+        waiter = asyncio.ensure_future(slots.__aenter__())
+        await asyncio.sleep(0)          # (one loop turn: the waiter queues)
+        assert not waiter.done()
+        slots.resize(2)                 # grown: the waiter takes the new slot
+        await asyncio.wait_for(waiter, 5)
+        slots.resize(1)                 # shrunk below the two taken
+        assert slots.free == -1
+        late = asyncio.ensure_future(slots.__aenter__())
+        await asyncio.sleep(0)
+        slots.release()                 # pays the shrink off: nobody gets it
+        await asyncio.sleep(0)
+        assert not late.done() and slots.free == 0
+        slots.release()                 # under the new capacity: to the waiter
+        await asyncio.wait_for(late, 5)
+        slots.release()
+        assert slots.free == 1 and slots.capacity == 1
+    asyncio.run(main())

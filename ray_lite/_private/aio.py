@@ -14,11 +14,26 @@ class AsyncSlots:
     (or ``async with slots``, off the hot paths).
     """
 
-    __slots__ = ("free", "waiters")
+    __slots__ = ("free", "waiters", "capacity")
 
     def __init__(self, n):
         self.free = n
         self.waiters = collections.deque()
+        self.capacity = n
+
+    def resize(self, n):
+        """Make it ``n`` slots, in place (Serve's lightweight update of
+        ``max_ongoing_requests``).  Grown: the waiters take the new slots at
+        once.  Shrunk below what is taken: ``free`` goes negative, and the
+        slots given back pay that off before any waiter gets one."""
+        self.free += n - self.capacity
+        self.capacity = n
+        waiters = self.waiters
+        while self.free > 0 and waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                self.free -= 1
+                fut.set_result(None)
 
     async def wait(self):
         fut = asyncio.get_running_loop().create_future()
@@ -40,12 +55,13 @@ class AsyncSlots:
         self.release()
 
     def release(self):
-        waiters = self.waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():          # a cancelled waiter is skipped
-                fut.set_result(None)    # the slot passes to it
-                return
+        if self.free >= 0:              # (below 0: over a shrunk capacity)
+            waiters = self.waiters
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():          # a cancelled waiter is skipped
+                    fut.set_result(None)    # the slot passes to it
+                    return
         self.free += 1
 
 

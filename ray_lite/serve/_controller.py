@@ -466,6 +466,12 @@ class ServeController(Autoscaling):
                 if new_cfg.get("user_config") != dep.config.get("user_config"):
                     await asyncio.gather(*[h.reconfigure.remote(new_cfg.get("user_config"))
                                            for h in dep.replicas.values()])
+                limit = new_cfg["max_ongoing_requests"]
+                if limit != dep.config["max_ongoing_requests"]:
+                    # Replicas enforce it; proxies and handles learn it
+                    # from the routes and snapshots of the new version.
+                    await asyncio.gather(*[h.set_max_ongoing_requests.remote(limit)
+                                           for h in dep.replicas.values()])
                 dep.target = _kept_target(dep, new_cfg)
                 dep.config = new_cfg
                 app.deps[dname] = dep
@@ -598,13 +604,14 @@ async def _quiet(aw):
 
 
 # Options a running replica does not depend on (the controller, proxies and
-# handles apply them; user_config goes to the replicas' reconfigure):
-# changing them (a config file's num_replicas, say) updates the deployment in
-# place, as Ray does.  max_ongoing_requests is the replica's own limit: a
-# change of it starts new replicas.
+# handles apply them; user_config goes to the replicas' reconfigure,
+# max_ongoing_requests to their set_max_ongoing_requests): changing them (a
+# config file's num_replicas, say) updates the deployment in place, as Ray's
+# lightweight updates do.
 _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_requests",
-             "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
-             "health_check_period_s", "health_check_timeout_s")
+             "max_ongoing_requests", "graceful_shutdown_timeout_s",
+             "graceful_shutdown_wait_loop_s", "health_check_period_s",
+             "health_check_timeout_s")
 
 
 def _same_code(a, b):

@@ -229,6 +229,11 @@ class ServeReplica:
         self._config["user_config"] = user_config
         await self._reconfigure(user_config)
 
+    async def set_max_ongoing_requests(self, n):
+        """A lightweight update: the limit changes, the replica stays."""
+        self._config["max_ongoing_requests"] = n
+        self._slots.resize(n)
+
     async def check_health(self):
         fn = getattr(self._obj, "check_health", None)
         if fn is not None:
