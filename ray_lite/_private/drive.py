@@ -97,15 +97,23 @@ class DrivingMixin:
         """
         if pred():
             return True
-        waiting = self._waiting
-        waiting.append(None)
+        self._waiting.append(None)
         try:
             ok = self._wait_loop(pred, timeout, hint)
         finally:
-            waiting.pop()
-            self._wait_epoch += 1
-            if self._service is not None or self._fds_touched:
-                self._after_wait()
+            self._leave_wait()
+        if self._cancel_signalled or self._interrupt is not None:
+            self._signals_during_wait()
+        return ok
+
+    def _leave_wait(self):
+        """What every wait does on its way out (see the service thread)."""
+        self._waiting.pop()
+        self._wait_epoch += 1
+        if self._svc_parked or self._fds_touched:
+            self._after_wait()
+
+    def _signals_during_wait(self):
         if self._cancel_signalled:
             # A cancel signal came while this wait drove the links (so the
             # handler could not read them): read its message now.
@@ -115,7 +123,6 @@ class DrivingMixin:
             # Noticed while the wait was ending anyway: still raised here,
             # before the cancelled task's code runs on.
             self._raise_interrupt()
-        return ok
 
     def wait_ref(self, ref, timeout=None):
         """Wait until ``ref`` is ready (fetching it if it is borrowed); False on timeout."""
@@ -145,8 +152,7 @@ class DrivingMixin:
         When that ends with ``e`` not ready (the budget passed, the peer
         died, a cancel came, another thread may wait for what arrived), the
         general loop goes on."""
-        waiting = self._waiting
-        waiting.append(None)
+        self._waiting.append(None)
         peer = e.peer
         try:
             try:
@@ -183,15 +189,9 @@ class DrivingMixin:
                     raise RuntimeError("ray_lite was shut down while waiting")
                 self._wait_loop(lambda: e.ready, None, peer)
         finally:
-            waiting.pop()
-            self._wait_epoch += 1
-            if self._svc_parked or self._fds_touched:
-                self._after_wait()
-        if self._cancel_signalled:
-            self._cancel_signalled = False
-            self.drive_nowait()
-        if self._interrupt is not None:
-            self._raise_interrupt()
+            self._leave_wait()
+        if self._cancel_signalled or self._interrupt is not None:
+            self._signals_during_wait()
         return True
 
     def block_begin(self):
