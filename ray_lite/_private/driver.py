@@ -117,7 +117,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
 
     def submit(self, spec):
         sched = self._sched
-        sched.acquire()     # not ``with``: half the cost (B11), once per task
+        sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
+                            # Ctrl-C in runtime code is deferred (interrupts.py)
         try:
             deps = None
             if spec.has_refs:
@@ -264,7 +265,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         """Pool worker ``w`` ended its task ``oid``: it is idle (and its CPU free)."""
         if w.task is not None:
             sched = self._sched
-            sched.acquire()     # not ``with``: half the cost (B11), once per task
+            sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
+                            # Ctrl-C in runtime code is deferred (interrupts.py)
             try:
                 spec = w.task
                 if spec is None or spec.oid != oid:
