@@ -114,17 +114,3 @@ def test_a_handle_makes_each_method_once_and_still_travels(rt):
     assert ray.get(call.remote(e), timeout=T) == ray.get(e.pid.remote(), timeout=T)
     with pytest.raises(AttributeError, match="has no method 'nope'"):
         e.nope
-
-
-def test_the_lock_free_thread_count_agrees_with_threading():
-    from ray_lite._private import drive
-
-    assert drive._thread_count() == threading.active_count()
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait, args=(T,), daemon=True)
-    t.start()
-    try:
-        assert drive._thread_count() == threading.active_count()
-    finally:
-        stop.set()
-        t.join(T)

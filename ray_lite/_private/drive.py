@@ -39,14 +39,7 @@ _call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 
 HINT_BUDGET_S = 0.002
 _wait_rings_or_fds = sleep_point(_ring.wait_rings_or_fds)   # a Ctrl-C ends its sleep
 _LINK_SPIN_S = ns_to_s(LINK_SPIN_NS)
-_threads, _starting = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
-if isinstance(_threads, dict) and isinstance(_starting, dict):
-    def _thread_count():
-        # threading.active_count() without its lock (dict lengths are read
-        # atomically): an idle worker asks before each wait.
-        return len(_threads) + len(_starting)
-else:       # another Python's threading module
-    _thread_count = threading.active_count
+_thread_count = threading.active_count
 
 
 def _clear_eventfd(fd):

@@ -36,7 +36,7 @@ class WorkerNode(AsyncActorMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
-        self.lends_slot = self.kind == "pool"     # see block_begin
+        self.lends_slot = self.kind == "pool"     # block_begin/block_end act
         self.namespace = spec.get("namespace")
         self.tasks = collections.deque()
         self.functions = {}
@@ -130,13 +130,13 @@ class WorkerNode(AsyncActorMixin, Node):
     def block_begin(self):
         # A pool worker waiting in get lends its CPU back so that the driver
         # can run the task it waits for (no deadlock with a full pool).
-        if self.kind == "pool" and self.current_thread_busy:
+        if self.lends_slot and self.current_thread_busy:
             self.blocked_depth += 1
             if self.blocked_depth == 1:
                 self.notify(P.OP_BLOCKED, True)
 
     def block_end(self):
-        if self.kind == "pool" and self.blocked_depth:
+        if self.lends_slot and self.blocked_depth:
             self.blocked_depth -= 1
             if self.blocked_depth == 0:
                 self.notify(P.OP_BLOCKED, False)
