@@ -4,8 +4,9 @@ The proxies stay protocol-only: they pass the ASGI scope's parts (method,
 path, root_path = the route prefix, query string, headers, client) and the
 body over the ring, as for any deployment; a replica whose class carries an
 ASGI app runs the app on them and sends back the status, the headers and the
-body, whole when the app sends it in one message, else as a stream (one chunk
-per ``http.response.body`` message).  The app's lifespan runs in each
+body, whole when the app sends it in one message, else as a stream (the
+``http.response.body`` messages that queued up while the proxy was busy go
+out joined: see _body.py).  The app's lifespan runs in each
 replica: startup before the replica is ready (a failure fails the
 deployment with the app's error), shutdown when it drains (when it stops
 with a ``graceful_shutdown_timeout_s`` above 0, the default).
@@ -15,17 +16,16 @@ FastAPI class-based views: a route declared in the class body takes ``self``;
 of the class, so FastAPI neither reads it from the query nor documents it.
 """
 import asyncio
-import collections
 import copyreg
 import inspect
 import sys
 import traceback
 
 from . import context
+from ._body import END, FAILED, BodyStream
 from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
 
 _ASGI_ATTR = "__serve_asgi_app__"
-_STREAM_AHEAD = 16               # body messages an app may send before the proxy takes them
 
 
 def ingress(app):
@@ -274,8 +274,6 @@ def _headers_block(headers, length):
     return b"".join(lines)
 
 
-_END = object()
-_FAILED = object()
 _INTERNAL_ERROR = b"Internal Server Error"
 
 
@@ -289,7 +287,7 @@ class _Reply:
         self.status = None
         self.headers = ()
         self.body = []
-        self.stream = None       # a _BodyStream once the app sends in parts
+        self.stream = None       # a BodyStream once the app sends in parts
 
     async def send(self, msg):
         t = msg["type"]
@@ -306,11 +304,11 @@ class _Reply:
                 if chunk:
                     await stream.put(bytes(chunk))
                 if not more:
-                    stream.end(_END)
+                    stream.end(END)
                 return
             if more:
                 # The app streams: answer with the head now, the body follows.
-                stream = self.stream = _BodyStream()
+                stream = self.stream = BodyStream()
                 if chunk or self.body:
                     await stream.put(b"".join(self.body) + bytes(chunk))
                 self.body = []
@@ -321,7 +319,7 @@ class _Reply:
 
     def failed(self):
         if self.stream is not None:
-            self.stream.end(_FAILED)
+            self.stream.end(FAILED)
         elif not self.head.done():
             # No complete answer went out yet: a 500 instead.
             self.status = 500
@@ -333,60 +331,5 @@ class _Reply:
         if not self.head.done() and self.stream is None and self.status is None:
             self.failed()        # the app returned without answering
         if self.stream is not None:
-            self.stream.end(_END)
+            self.stream.end(END)
         _settle(self.head, None)
-
-
-class _BodyStream:
-    """The body chunks of a streamed answer: the app puts them (waiting when
-    ``_STREAM_AHEAD`` are not taken yet), the replica's stream takes them
-    (``async for``, ``aclose``, as its streams expect); closing it ends the
-    app's task."""
-
-    __slots__ = ("_items", "_end", "_getter", "_putter", "task")
-
-    def __init__(self):
-        self._items = collections.deque()
-        self._end = None
-        self._getter = None
-        self._putter = None
-        self.task = None
-
-    async def put(self, chunk):
-        while len(self._items) >= _STREAM_AHEAD and self._end is None:
-            self._putter = asyncio.get_running_loop().create_future()
-            await self._putter
-        self._items.append(chunk)
-        _settle_none(self._getter)
-
-    def end(self, marker):
-        if self._end is None:
-            self._end = marker
-            _settle_none(self._getter)
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        items = self._items
-        while not items:
-            if self._end is _END:
-                raise StopAsyncIteration
-            if self._end is _FAILED:
-                raise RuntimeError("the ASGI app failed while it streamed its response")
-            self._getter = asyncio.get_running_loop().create_future()
-            await self._getter
-        chunk = items.popleft()
-        _settle_none(self._putter)
-        return chunk
-
-    async def aclose(self):
-        self.end(_END)
-        task = self.task
-        if task is not None and not task.done():
-            task.cancel()
-
-
-def _settle_none(fut):
-    if fut is not None and not fut.done():
-        fut.set_result(None)

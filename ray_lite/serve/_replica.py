@@ -21,6 +21,7 @@ import cloudpickle
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 
 from . import _core, _defaults, _metrics, _websocket, context
+from ._body import pumped
 from ._core import ObjectRef
 from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
@@ -431,14 +432,14 @@ class ServeReplica:
             b = json.dumps(r, separators=(",", ":")).encode()
             return (200, _sized(_JSON, b), b, 0)
         if inspect.isasyncgen(r) or inspect.isgenerator(r):
-            return (200, _TEXT, None, self._new_stream(_chunks(r)))
+            return (200, _TEXT, None, self._new_stream(pumped(r)))
         try:
             from starlette.responses import Response, StreamingResponse
         except ImportError:  # pragma: no cover
             Response = StreamingResponse = ()
         if isinstance(r, StreamingResponse):
             hb = _headers_block([(k, v) for k, v in r.raw_headers if k != b"content-length"])
-            return (r.status_code, hb, None, self._new_stream(_chunks(r.body_iterator)))
+            return (r.status_code, hb, None, self._new_stream(pumped(r.body_iterator)))
         if isinstance(r, Response):
             if type(r).__call__ is Response.__call__ and r.background is None:
                 return (r.status_code, _headers_block(r.raw_headers), bytes(r.body), 0)
@@ -486,37 +487,6 @@ class ServeReplica:
         agen = self._streams.pop(token, None)
         if agen is not None:
             await agen.aclose()
-
-
-async def _chunks(it):
-    # Closed with it: a stream cancelled (its client left) closes the user's
-    # generator at once, not whenever it is collected.
-    if inspect.isasyncgen(it) or hasattr(it, "__anext__"):
-        try:
-            async for item in it:
-                yield _to_bytes(item)
-        finally:
-            close = getattr(it, "aclose", None)
-            if close is not None:
-                await close()
-    else:
-        try:
-            for item in it:
-                yield _to_bytes(item)
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-
-def _to_bytes(item):
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, str):
-        return item.encode()
-    if isinstance(item, (bytearray, memoryview)):
-        return bytes(item)
-    return json.dumps(item, separators=(",", ":")).encode()
 
 
 async def _run_asgi_response(response, scope, receive):

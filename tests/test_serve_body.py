@@ -1,0 +1,169 @@
+"""The body stream between what produces a streamed HTTP answer in a replica
+and the stream the proxy reads (serve/_body.py): bursts joined, bounds on
+what is buffered, errors and closing.  In one event loop, no processes."""
+import asyncio
+
+import pytest
+
+from ray_lite.serve import _body
+from ray_lite.serve._body import AHEAD_CHUNKS, BATCH_BYTES, BodyStream, pumped
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _let_the_loop_run():
+    """Every task that can run does, until all wait (one loop, no clock)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def _take_all(stream):
+    return [chunk async for chunk in stream]
+
+
+def test_a_burst_is_taken_joined_in_order():
+    async def main():
+        def gen():
+            for i in range(100):
+                yield f"e{i};"
+        chunks = await _take_all(pumped(gen()))
+        assert b"".join(chunks) == "".join(f"e{i};" for i in range(100)).encode()
+        # The producer never waits but when AHEAD_CHUNKS are queued: each
+        # take joins what queued meanwhile.
+        assert len(chunks) <= 100 // AHEAD_CHUNKS + 2, len(chunks)
+    run(main())
+
+
+def test_a_chunk_put_alone_is_taken_at_once_not_held_for_a_batch():
+    async def main():
+        go = asyncio.Event()
+
+        async def gen():
+            yield "first"
+            await go.wait()         # the next one only after the first was taken
+            yield "second"
+        stream = pumped(gen())
+        assert await stream.__anext__() == b"first"
+        go.set()
+        assert await stream.__anext__() == b"second"
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+    run(main())
+
+
+def test_a_take_joins_at_most_batch_bytes_and_a_big_chunk_goes_alone():
+    async def main():
+        big = b"x" * (BATCH_BYTES + 10)
+        small = b"y" * (BATCH_BYTES // 4)
+        stream = BodyStream()
+        await stream.put(big)
+        async def producer():
+            for _ in range(8):
+                await stream.put(small)
+            stream.end()
+        task = asyncio.ensure_future(producer())
+        chunks = await _take_all(stream)
+        await task
+        assert chunks[0] == big
+        assert b"".join(chunks[1:]) == small * 8
+        # Each later take stops once it holds BATCH_BYTES (four smalls).
+        assert all(len(c) <= BATCH_BYTES for c in chunks[1:])
+        assert len(chunks) >= 3
+    run(main())
+
+
+@pytest.mark.parametrize("size", [1, BATCH_BYTES])
+def test_a_producer_waits_while_its_chunks_are_not_taken(size):
+    """Bounded by count (small chunks) or by bytes (large ones): a client
+    that reads slowly does not make the replica buffer the whole answer."""
+    async def main():
+        put = 0
+
+        async def gen():
+            nonlocal put
+            for _ in range(10 * AHEAD_CHUNKS):
+                put += 1
+                yield b"z" * size
+        stream = pumped(gen())
+        await _let_the_loop_run()     # the producer runs until it must wait
+        held = put
+        assert held <= AHEAD_CHUNKS + 1, held
+        await _let_the_loop_run()
+        assert put == held          # still waiting: nothing was taken
+        first = await stream.__anext__()
+        assert len(first) >= size
+        await _let_the_loop_run()
+        assert put > held           # a take lets it go on
+        await stream.aclose()
+    run(main())
+
+
+def test_the_producers_error_comes_after_the_chunks_before_it():
+    async def main():
+        async def gen():
+            yield "a"
+            yield "b"
+            raise ValueError("model failed mid-stream")
+        stream = pumped(gen())
+        got = []
+        with pytest.raises(ValueError, match="model failed mid-stream"):
+            async for chunk in stream:
+                got.append(chunk)
+        assert b"".join(got) == b"ab"
+    run(main())
+
+
+def test_an_item_that_is_no_body_fails_the_stream_naming_it():
+    async def main():
+        def gen():
+            yield {"ok": 1}             # JSON, as Serve sends a dict
+            yield object()
+        stream = pumped(gen())
+        got = []
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            async for chunk in stream:
+                got.append(chunk)
+        assert b"".join(got) == b'{"ok":1}'
+    run(main())
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_closing_the_stream_closes_the_users_generator_at_once(kind):
+    async def main():
+        closed = []
+
+        async def agen():
+            try:
+                while True:
+                    yield "tick"
+            finally:
+                closed.append(True)
+
+        def sgen():
+            try:
+                while True:
+                    yield "tick"
+            finally:
+                closed.append(True)
+        stream = pumped(agen() if kind == "async" else sgen())
+        assert (await stream.__anext__()).startswith(b"tick")
+        await stream.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await stream.task
+        assert closed == [True]
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+    run(main())
+
+
+def test_an_asgi_failure_without_an_exception_says_the_app_failed():
+    async def main():
+        stream = BodyStream()
+        await stream.put(b"head")
+        stream.end(_body.FAILED)
+        assert await stream.__anext__() == b"head"
+        with pytest.raises(RuntimeError, match="ASGI app failed"):
+            await stream.__anext__()
+    run(main())
