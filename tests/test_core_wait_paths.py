@@ -114,3 +114,32 @@ def test_a_handle_makes_each_method_once_and_still_travels(rt):
     assert ray.get(call.remote(e), timeout=T) == ray.get(e.pid.remote(), timeout=T)
     with pytest.raises(AttributeError, match="has no method 'nope'"):
         e.nope
+
+
+@ray.remote
+def nested_plus_one(x):
+    # The driver dispatches plus_one to another worker and passes its result
+    # on to this one: the answer the driver waits for needs a message that
+    # comes on another link than this worker's.
+    return ray.get(plus_one.remote(x))
+
+
+@ray.remote
+class CallsATask:
+    def call(self, x):
+        return ray.get(plus_one.remote(x))
+
+
+def test_a_wait_on_one_peer_reads_the_other_links_while_nested_tasks_run(rt, monkeypatch):
+    """With the wait's time on the peer's ring alone made an hour, only a wait
+    that reads the other links while the driver passes a nested task's
+    result on gets these answers: otherwise each nested call would hang for
+    the whole budget (it stalled 2 ms each before)."""
+    from ray_lite._private import drive
+    monkeypatch.setattr(drive, "HINT_BUDGET_S", 3600.0)
+    a = CallsATask.remote()
+
+    def loop():
+        return [(ray.get(nested_plus_one.remote(i)), ray.get(a.call.remote(i)))
+                for i in range(20)]
+    assert _bounded(loop) == [(i + 1, i + 1) for i in range(20)]

@@ -59,6 +59,10 @@ class DrivingMixin:
     _polling = False            # a wait sleeps (or is about to) in _poll
     _svc_parked = False         # (ServiceMixin) a service thread waits for a wait's end
     lends_slot = False          # block_begin/block_end do something (a pool worker)
+    # (DriverNode) oid -> the worker whose nested task it is: while any is
+    # on, answers come on other links than the waited-for peer's, which the
+    # driver must read and pass on, so a wait does not sleep on one ring.
+    forward = ()
 
     def _release_drive(self):
         """Release the drive lock; wake who waits for it (threads, event loops)."""
@@ -155,7 +159,7 @@ class DrivingMixin:
                     deadline = time.monotonic() + HINT_BUDGET_S
                     while not (self._drain() and e.ready):
                         left = deadline - time.monotonic()
-                        if left <= 0:
+                        if left <= 0 or self.forward:
                             peer = None
                             break
                         try:
@@ -208,7 +212,7 @@ class DrivingMixin:
                         return True
                     if hint_end is not None:
                         left = hint_end - time.monotonic()
-                        if left > 0 and self._poll_one(
+                        if left > 0 and not self.forward and self._poll_one(
                                 hint, left if remaining is None else min(left, remaining)):
                             continue
                         hint_end = None
