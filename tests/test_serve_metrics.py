@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -266,3 +267,27 @@ def test_cli_metrics_export_port_and_access_log(tmp_path):
     lines = (out + rest).decode(errors="replace").splitlines()
     assert sum(bool(re.search(r" GET /x 200 \d+\.\dms$", line)) for line in lines) == 4
     assert sum(bool(re.search(r" POST / 200 \d+\.\dms$", line)) for line in lines) == 1
+
+
+def test_a_killed_drivers_metric_directory_goes_at_the_next_serve_start(tmp_path, monkeypatch):
+    """``serve.start`` (``_metrics.prepare``) removes the metric directories
+    whose driver is dead; a live driver's, and what is not a directory, stay."""
+    import subprocess
+    import tempfile
+
+    from ray_lite._fast import shm
+    from ray_lite.serve import _metrics
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert child.wait(timeout=60) == 0
+    dead = tmp_path / f"{_metrics._DIR_PREFIX}{shm.DEFAULT_PREFIX}{child.pid}_"
+    live = tmp_path / f"{_metrics._DIR_PREFIX}{shm.DEFAULT_PREFIX}{os.getpid()}_"
+    not_a_dir = tmp_path / f"{_metrics._DIR_PREFIX}{shm.DEFAULT_PREFIX}{child.pid}_file"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "counter_1.db").write_bytes(b"\0" * 64)
+    not_a_dir.write_bytes(b"")
+    _metrics.prepare({})            # metrics not asked for: still cleans up
+    assert not dead.exists()
+    assert live.is_dir() and (live / "counter_1.db").exists()
+    assert not_a_dir.is_file()

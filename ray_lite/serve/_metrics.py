@@ -33,10 +33,13 @@ import asyncio
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
 from time import monotonic as _monotonic
+
+from ray_lite._fast import shm
 
 from . import _core
 
@@ -55,17 +58,48 @@ _COUNTS_OF = {
 }
 
 
+_DIR_PREFIX = "ray_lite_serve_metrics_"
+
+
 def metrics_dir():
     """This runtime's directory of metric files (None before ``init``)."""
     node = _core.current_node()
     if node is None:
         return None
-    return os.path.join(tempfile.gettempdir(), f"ray_lite_serve_metrics_{node.shm_prefix}")
+    return os.path.join(tempfile.gettempdir(), _DIR_PREFIX + node.shm_prefix)
+
+
+def cleanup_stale_dirs():
+    """Remove the metric directories of runtimes whose driver is dead: a
+    driver killed before ``serve.shutdown`` could not remove its own.  The
+    driver's pid is in the name (its shared-memory prefix); only this user's
+    directories are touched (the temporary directory is everybody's)."""
+    root = tempfile.gettempdir()
+    try:
+        entries = [e for e in os.listdir(root) if e.startswith(_DIR_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        pid = shm.creator_pid(entry[len(_DIR_PREFIX):])
+        if pid is None or shm.pid_alive(pid):
+            continue
+        path = os.path.join(root, entry)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def prepare(http_options):
-    """In the driver, before Serve's processes start: a fresh directory for
-    their metric files when metrics are asked for."""
+    """In the driver, before Serve's processes start: the leftovers of killed
+    drivers go, and a fresh directory for the metric files is made when
+    metrics are asked for."""
+    cleanup_stale_dirs()
     if not http_options or http_options.get("metrics_export_port") is None:
         return
     path = metrics_dir()
