@@ -475,6 +475,32 @@ class Reader:
         return rss_kb_at(address)
 
 
+@ray.remote
+class Owner:
+    def make(self):
+        self.ref = ray.put(big_array(4))
+        return [self.ref]
+
+
+@pytest.mark.local_only
+def test_the_driver_unmaps_a_dead_owners_segment_it_kept_idle(rt):
+    """The driver keeps the mapping of a segment it read (for the owner's next
+    object in it); when the owner dies and its segments are unlinked, the
+    driver unmaps it too, so that its pages go at once."""
+    gc.collect()
+    before = object_store.cached_mappings()
+    owner = Owner.remote()
+    (ref,) = ray.get(owner.make.remote(), timeout=60)
+    arr = ray.get(ref, timeout=60)
+    assert float(arr[-1]) == float(big_array(4)[-1])
+    del arr, ref        # (the ref's entry holds the value too)
+    gc.collect()
+    mapped, idle = object_store.cached_mappings()
+    assert (mapped, idle) == (before[0] + 1, before[1] + 1)    # kept, idle
+    ray.kill(owner)
+    assert wait_until(lambda: object_store.cached_mappings() == before)
+
+
 @pytest.mark.local_only
 def test_a_reader_maps_the_next_object_of_a_segment_through_its_idle_mapping(rt):
     r = Reader.remote()

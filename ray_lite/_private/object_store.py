@@ -473,8 +473,9 @@ def map_segment(name, size):
     process filled already, instead of faulting in every page of a new
     mapping again (a fresh map of 100 MB costs more than reading it).
     """
+    path = _path_of(name)
     try:
-        fd = os.open(_path_of(name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ObjectLostError(
             f"stored object {name!r} is gone (its owner freed it or died)") from None
@@ -490,10 +491,11 @@ def map_segment(name, size):
             if m is not None and m.length >= size:
                 _idle.pop(key, None)        # first: what is idle has no window
                 m.windows += 1
+                m.path = path
             else:
                 m = None
         if m is None:
-            m = _Mapping(fd, st.st_size, key)
+            m = _Mapping(fd, st.st_size, key, path)
             with _mappings_lock:
                 if key not in _mappings:        # else one in use stays; this one is private
                     _mappings[key] = m
@@ -519,11 +521,12 @@ class _Mapping:
     is left and more than ``MAX_IDLE_MAPPINGS`` idle ones are kept (the
     least recently used goes first).  An idle mapping keeps a file's pages
     only until its owner discards it: ``StoredSegment.discard`` frees them
-    first; a dead owner's segments stay until the mapping is evicted."""
+    first; the driver drops those of a dead owner's segments when it unlinks
+    them (``release_dead_owner``)."""
 
-    __slots__ = ("key", "addr", "length", "window_type", "windows")
+    __slots__ = ("key", "addr", "length", "window_type", "windows", "path")
 
-    def __init__(self, fd, file_size, key):
+    def __init__(self, fd, file_size, key, path):
         length = _size_class(file_size)     # past the file's end: never read, costs nothing
         addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr is None or addr == _MAP_FAILED:
@@ -534,6 +537,7 @@ class _Mapping:
         self.length = file_size
         self.window_type = ctypes.c_ubyte * length
         self.windows = 1
+        self.path = path        # the last name it was mapped by (a pooled segment's changes)
 
     def window_closed(self):
         with _mappings_lock:
@@ -582,6 +586,21 @@ def _drop_idle_mappings():
             _idle[next(iter(_idle))].evict()
 
 
+def drop_unlinked_idle_mappings():
+    """Unmap the idle mappings whose file is no longer where it was last
+    mapped from (unlinked: its owner died), so that its pages go now rather
+    than whenever the mapping would be evicted."""
+    with _mappings_lock:
+        for key, m in list(_idle.items()):
+            try:
+                st = os.stat(m.path)
+                gone = (st.st_dev, st.st_ino) != key
+            except OSError:
+                gone = True
+            if gone and _idle.get(key) is m:
+                m.evict()
+
+
 def _lock_after_fork():
     # The child's copy of the lock may be held by a thread that is not there.
     global _mappings_lock
@@ -614,6 +633,7 @@ def release_dead_owner(node, pid):
     for tag in ("o", "p", "q"):  # its objects, the free segments of its pool, its queue rings
         for name in shm.list_segments(f"{node.shm_prefix}{tag}{pid}_"):
             free(name)
+    drop_unlinked_idle_mappings()   # pages of what was just unlinked: not kept here
     spill = spill_dir(node)
     try:
         spilled = os.listdir(spill)
