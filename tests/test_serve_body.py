@@ -167,3 +167,22 @@ def test_an_asgi_failure_without_an_exception_says_the_app_failed():
         with pytest.raises(RuntimeError, match="ASGI app failed"):
             await stream.__anext__()
     run(main())
+
+
+def test_an_iterator_that_fails_while_closing_is_reported_not_raised(capfd):
+    """A client that left closes the user's generator; its cleanup raising is
+    printed, and the producer's task ends as cancelled (nothing unretrieved)."""
+    async def main():
+        async def gen():
+            try:
+                while True:
+                    yield "tick"
+            finally:
+                raise RuntimeError("cleanup failed")
+        stream = pumped(gen())
+        assert (await stream.__anext__()).startswith(b"tick")
+        await stream.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await stream.task
+    run(main())
+    assert "cleanup failed" in capfd.readouterr().err

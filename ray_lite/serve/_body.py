@@ -15,6 +15,8 @@ import asyncio
 import collections
 import inspect
 import json
+import sys
+import traceback
 
 # A producer waits while this many chunks, or this many bytes, are not taken
 # yet (a slow client must not make a replica buffer without bound); one take
@@ -135,13 +137,18 @@ async def _pump(it, stream):
     finally:
         # Closed with the stream: a client that left closes the user's
         # generator at once, not whenever it is collected.
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            await close()
-        else:
-            close = getattr(it, "close", None)
+        try:
+            close = getattr(it, "aclose", None)
             if close is not None:
-                close()
+                await close()
+            else:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+        except Exception as exc:    # noqa: BLE001 - the user's cleanup; the replica goes on
+            stream.fail(exc)        # (nothing once the stream ended: what was sent stands)
+            print("a streamed response's iterator failed while closing:\n"
+                  f"{''.join(traceback.format_exception(exc))}", file=sys.stderr, end="")
 
 
 def to_bytes(item):
