@@ -23,6 +23,15 @@ async def _take_all(stream):
     return [chunk async for chunk in stream]
 
 
+async def _taken_before_error(stream, error, match):
+    """The bytes taken from ``stream`` before it raised ``error`` (which it must)."""
+    got = []
+    with pytest.raises(error, match=match):
+        async for chunk in stream:
+            got.append(chunk)
+    return b"".join(got)
+
+
 def test_a_burst_is_taken_joined_in_order():
     async def main():
         def gen():
@@ -106,12 +115,8 @@ def test_the_producers_error_comes_after_the_chunks_before_it():
             yield "a"
             yield "b"
             raise ValueError("model failed mid-stream")
-        stream = pumped(gen())
-        got = []
-        with pytest.raises(ValueError, match="model failed mid-stream"):
-            async for chunk in stream:
-                got.append(chunk)
-        assert b"".join(got) == b"ab"
+        assert await _taken_before_error(pumped(gen()), ValueError,
+                                         "model failed mid-stream") == b"ab"
     run(main())
 
 
@@ -120,12 +125,8 @@ def test_an_item_that_is_no_body_fails_the_stream_naming_it():
         def gen():
             yield {"ok": 1}             # JSON, as Serve sends a dict
             yield object()
-        stream = pumped(gen())
-        got = []
-        with pytest.raises(TypeError, match="not JSON serializable"):
-            async for chunk in stream:
-                got.append(chunk)
-        assert b"".join(got) == b'{"ok":1}'
+        assert await _taken_before_error(pumped(gen()), TypeError,
+                                         "not JSON serializable") == b'{"ok":1}'
     run(main())
 
 
