@@ -240,3 +240,56 @@ def fib(n):
 
 def test_task_calls_its_own_function(rt):
     assert ray.get(fib.remote(6), timeout=T) == 8
+
+
+@ray.remote
+class CallsItself:
+    def __init__(self):
+        self.seen = []
+
+    def later(self, n, size):
+        # Calls on its own handle: queued behind this one, run after it.
+        me = ray.get_runtime_context().current_actor
+        return [me.echo.remote("x" * size) for _ in range(n)]
+
+    def echo(self, s):
+        self.seen.append(len(s))
+        return len(s)
+
+    def seen_count(self):
+        return len(self.seen)
+
+
+@ray.remote
+class AsyncCallsItself:
+    async def outer(self, x):
+        me = ray.get_runtime_context().current_actor
+        return await me.inner.remote(x) + 1
+
+    async def inner(self, x):
+        return x * 2
+
+
+@ray.remote(max_concurrency=2)
+class ThreadedCallsItself:
+    def outer(self, x):
+        me = ray.get_runtime_context().current_actor
+        return ray.get(me.inner.remote(x), timeout=T) + 1
+
+    def inner(self, x):
+        return x * 2
+
+
+def test_an_actor_calls_its_own_methods(rt):
+    # As Ray: the calls an actor makes on its own handle run after the
+    # current call (a sync actor), or beside it (async, threaded).  They
+    # used to be lost: the answer's ref never became ready.
+    a = CallsItself.remote()
+    refs = ray.get(a.later.remote(3, 10), timeout=T)
+    assert ray.get(refs, timeout=T) == [10, 10, 10]
+    # More than its link's ring holds at once (1 MiB): it drains as it sends.
+    refs = ray.get(a.later.remote(6000, 400), timeout=T)
+    assert ray.get(refs, timeout=T) == [400] * 6000
+    assert ray.get(a.seen_count.remote(), timeout=T) == 6003
+    assert ray.get(AsyncCallsItself.remote().outer.remote(5), timeout=T) == 11
+    assert ray.get(ThreadedCallsItself.remote().outer.remote(5), timeout=T) == 11

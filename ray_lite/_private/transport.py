@@ -61,6 +61,19 @@ class Link:
         return cls((tx.name, rx.name), tx, rx)
 
     @classmethod
+    def loopback(cls, prefix=None):
+        """A link from this process to itself (an actor calling its own
+        methods): one ring, read by the same process that writes it, so its
+        messages wake this process's waits and event loops as any peer's do."""
+        tx = _ShmRing.create(RING_CAPACITY, side="producer", prefix=prefix)
+        try:
+            rx = _ShmRing.attach(tx.name, side="consumer")
+        except BaseException:
+            tx.close()
+            raise
+        return cls((tx.name, tx.name), tx, rx)
+
+    @classmethod
     def attach(cls, names):
         """The other end of the link ``Link.create`` made; ``LinkClosed``
         when its creator closed it already (or died and it was cleaned up)."""

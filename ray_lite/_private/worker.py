@@ -86,6 +86,14 @@ class WorkerNode(AsyncActorMixin, Node):
         with self._connect_lock:
             if peer in self.links:
                 return True
+            if peer == self.id:
+                # An actor calling itself (``current_actor``, a handle to
+                # itself): its calls queue behind the running one, as Ray's
+                # do.  Through the driver, the link's two ends would both be
+                # this process's link to ``peer``, the second replacing the
+                # first: the call and its answer were lost.
+                self.add_link(peer, Link.loopback(self.shm_prefix), None)
+                return True
             pid = self.known_pids.get(peer)
             link = Link.create(self.shm_prefix)
             self.add_link(peer, link, pid)
