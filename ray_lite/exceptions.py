@@ -10,7 +10,13 @@ __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
     "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "RaySystemError",
     "AsyncioActorExit",
-    "ObjectStoreFullError",
+    "ObjectStoreFullError", "OwnerDiedError", "ObjectFreedError", "ObjectFetchTimedOutError",
+    "ObjectReconstructionFailedError", "ActorUnavailableError", "ActorAlreadyExistsError",
+    "ActorUnschedulableError", "TaskUnschedulableError", "OutOfMemoryError", "OutOfDiskError",
+    "NodeDiedError", "RuntimeEnvSetupError", "PendingCallsLimitExceeded",
+    "TaskPlacementGroupRemoved", "ActorPlacementGroupRemoved", "LocalRayletDiedError",
+    "RpcError", "CrossLanguageError", "UserCodeException", "UnserializableException",
+    "ObjectRefStreamEndOfStreamError",
 ]
 
 
@@ -160,3 +166,97 @@ class AsyncioActorExit(RayError):
 
 class ObjectStoreFullError(RayError):
     """The object store has no room for an object (``init(object_store_memory=...)``)."""
+
+
+# ---------------------------------------------------------------------------
+# The rest of Ray's exception classes, with Ray's bases, so that a program's
+# ``except`` clauses port unchanged.  On one machine ray_lite raises
+# ``OwnerDiedError`` (the process that owns an object died) and
+# ``ActorAlreadyExistsError`` (a second actor with a taken name); the others
+# name failures that need a cluster, a raylet or a feature ray_lite refuses
+# up front, and are never raised here.
+
+
+class OwnerDiedError(ObjectLostError):
+    """The process that owned the object died, so the object is gone."""
+
+
+class ObjectFreedError(ObjectLostError):
+    """The object was freed explicitly (``ray._private.internal_api.free`` in Ray)."""
+
+
+class ObjectFetchTimedOutError(ObjectLostError):
+    """Fetching the object from another node timed out (a cluster's error)."""
+
+
+class ObjectReconstructionFailedError(ObjectLostError):
+    """Lineage reconstruction of a lost object failed (a cluster's error)."""
+
+
+class ActorUnavailableError(RayActorError):
+    """The actor is temporarily unreachable (a cluster's network error)."""
+
+
+class ActorAlreadyExistsError(ValueError, RayError):
+    """An actor with this name exists already in the namespace."""
+
+
+class ActorUnschedulableError(RayError):
+    """The actor can never be scheduled (a cluster's error)."""
+
+
+class TaskUnschedulableError(RayError):
+    """The task can never be scheduled (a cluster's error)."""
+
+
+class OutOfMemoryError(RayError):
+    """Ray's memory monitor killed the task's worker (not done by ray_lite)."""
+
+
+class OutOfDiskError(RayError):
+    """The node's disk is full (a cluster's error)."""
+
+
+class NodeDiedError(RayError):
+    """The node running the task died (a cluster's error)."""
+
+
+class RuntimeEnvSetupError(RayError):
+    """A runtime environment could not be set up (ray_lite refuses the kinds it
+    cannot set up when the task is declared)."""
+
+
+class PendingCallsLimitExceeded(RayError):
+    """An actor's ``max_pending_calls`` was reached."""
+
+
+class TaskPlacementGroupRemoved(RayError):
+    """The placement group the task was to run in was removed."""
+
+
+class ActorPlacementGroupRemoved(RayError):
+    """The placement group the actor was to run in was removed."""
+
+
+class LocalRayletDiedError(RayError):
+    """The local raylet died (Ray's daemon; ray_lite has none)."""
+
+
+class RpcError(RayError):
+    """A remote procedure call to a Ray daemon failed."""
+
+
+class CrossLanguageError(RayError):
+    """An error raised in another language's worker."""
+
+
+class UserCodeException(RayError):
+    """Ray's wrapper of an exception raised in user code (in its own internals)."""
+
+
+class UnserializableException(RayError):
+    """An exception raised by user code could not be serialised."""
+
+
+class ObjectRefStreamEndOfStreamError(RayError):
+    """A streaming generator has no more items (Ray's internal signal)."""

@@ -75,8 +75,9 @@ def test_named_actors_and_get_actor(rt):
     c = Counter.options(name="counter").remote(5)
     same = ray.get_actor("counter")
     assert ray.get(same.incr.remote(), timeout=T) == 6
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(ray.exceptions.ActorAlreadyExistsError, match="already exists") as err:
         Counter.options(name="counter").remote()
+    assert isinstance(err.value, ValueError)    # as Ray's
     again = Counter.options(name="counter", get_if_exists=True).remote()
     assert ray.get(again.get.remote(), timeout=T) == 6
     with pytest.raises(ValueError, match="missing"):
@@ -293,3 +294,31 @@ def test_an_actor_calls_its_own_methods(rt):
     assert ray.get(a.seen_count.remote(), timeout=T) == 6003
     assert ray.get(AsyncCallsItself.remote().outer.remote(5), timeout=T) == 11
     assert ray.get(ThreadedCallsItself.remote().outer.remote(5), timeout=T) == 11
+
+
+@ray.remote
+class FlagBesideMethod:
+    def __init__(self):
+        self.flag = "attribute"     # an attribute named like a method
+
+    def flag(self):
+        return self.flag
+
+    async def async_flag(self):
+        return self.flag
+
+    @staticmethod
+    def plus_one(x):
+        return x + 1
+
+    @classmethod
+    def class_name(cls):
+        return cls.__name__
+
+
+def test_a_call_runs_the_class_method_not_an_attribute_of_that_name(rt):
+    # As Ray: the method the class defines runs, whatever the instance holds.
+    a = FlagBesideMethod.remote()
+    assert ray.get([a.flag.remote(), a.async_flag.remote(), a.plus_one.remote(1),
+                    a.class_name.remote()], timeout=T) == [
+        "attribute", "attribute", 2, "FlagBesideMethod"]

@@ -69,6 +69,21 @@ def test_init_shutdown_and_reinit():
 
 
 @pytest.mark.local_only
+def test_init_returns_a_context_that_shuts_down_on_exit():
+    # Ray's RayContext: address_info (and the deprecated ctx["..."]), the
+    # versions, a context manager; ignore_reinit_error gives one too.
+    with ray.init(num_cpus=1) as ctx:
+        assert ray.is_initialized()
+        assert ctx.address_info["node_id"] == ray.get_runtime_context().get_node_id()
+        assert ctx["address"] == "local" and dict(ctx) == ctx.address_info
+        assert ctx.ray_version == ray.__version__ and ctx.dashboard_url is None
+        again = ray.init(ignore_reinit_error=True)
+        assert again.address_info == ctx.address_info
+        assert ray.get(double.remote(2), timeout=T) == 4
+    assert not ray.is_initialized()
+
+
+@pytest.mark.local_only
 def test_first_remote_starts_the_runtime():
     assert not ray.is_initialized()
     try:
@@ -194,6 +209,9 @@ def test_get_timeout_and_wait(rt):
     assert ready == [] and not_ready == [slow]
     with pytest.raises(ValueError):
         ray.wait([fast], num_returns=2)
+    with pytest.raises(ValueError, match="Invalid number of objects to return 0"):
+        ray.wait([fast], num_returns=0)
+    assert ray.wait([]) == ([], []) and ray.wait([], num_returns=0) == ([], [])   # as Ray
     ray.cancel(slow, force=True)
     with pytest.raises(TaskCancelledError):
         ray.get(slow, timeout=T)

@@ -163,13 +163,43 @@ def test_without_a_runtime():
     for query in (ray.cluster_resources, ray.available_resources, ray.nodes, ray.get_gpu_ids):
         with pytest.raises(ray.exceptions.RaySystemError, match="not been started"):
             query()
-    ctx = ray.get_runtime_context()
-    with pytest.raises(AssertionError, match="not been initialized"):
-        ctx.get_job_id()
     assert not ray.is_initialized()         # none of these started it
-    ray.init(num_cpus=1)
+    ctx = ray.get_runtime_context()         # this one does, as Ray's
     try:
-        assert ctx.get_job_id() == "01000000"   # the same object works once it runs
+        assert ray.is_initialized()
+        assert ctx.get_job_id() == "01000000"
         assert ray.get_runtime_context() is ctx
     finally:
         ray.shutdown()
+    with pytest.raises(AssertionError, match="not been initialized"):
+        ctx.get_job_id()                    # the same object, once it stopped
+
+
+@ray.remote
+def function_name():
+    return ray.get_runtime_context().get_task_function_name()
+
+
+@ray.remote
+class NamesItsCalls:
+    def __init__(self):
+        self.at_init = ray.get_runtime_context().get_task_function_name()
+
+    def names(self):
+        return self.at_init, ray.get_runtime_context().get_task_function_name()
+
+    async def async_name(self):
+        return ray.get_runtime_context().get_task_function_name()
+
+
+def test_task_function_name(rt):
+    # Ray's "module.function" and "module.Class.method" (the options' name
+    # does not change it); None in the driver.
+    assert ray.get_runtime_context().get_task_function_name() is None
+    mod = __name__
+    assert ray.get(function_name.options(name="renamed").remote(), timeout=T) == \
+        f"{mod}.function_name"
+    a = NamesItsCalls.remote()
+    assert ray.get(a.names.remote(), timeout=T) == (
+        f"{mod}.NamesItsCalls.__init__", f"{mod}.NamesItsCalls.names")
+    assert ray.get(a.async_name.remote(), timeout=T) == f"{mod}.NamesItsCalls.async_name"

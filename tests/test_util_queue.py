@@ -242,7 +242,9 @@ def test_a_task_blocked_when_the_owner_dies_fails(rt):
 def test_shutdown_ends_the_owner(rt):
     q = Queue()
     q.put(1)
+    owner = q.actor
     q.shutdown()
+    assert q.actor is None and owner is not None    # as Ray's
     with pytest.raises(RayActorError):
         q.get(timeout=1)
     q.shutdown()            # twice: nothing more to do

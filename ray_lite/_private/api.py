@@ -2,8 +2,10 @@
 import atexit
 import inspect
 import os
+import sys
 import threading
 import uuid
+from collections.abc import Mapping
 
 from ray_lite import _ray
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
@@ -30,6 +32,57 @@ _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logg
 _REFUSED_INIT = {"local_mode", "storage", "_node_ip_address", "job_config"}
 
 
+class RayContext(Mapping):
+    """What ``init`` returns, as Ray's: ``address_info``, the versions, and a
+    context manager that shuts the runtime down on exit
+    (``with ray_lite.init(): ...``).  The dashboard does not exist here:
+    ``dashboard_url`` is None."""
+
+    def __init__(self, node):
+        from ray_lite import __version__
+        self.dashboard_url = None
+        self.python_version = ".".join(map(str, sys.version_info[:3]))
+        self.ray_version = __version__
+        self.ray_commit = None
+        self._driver_pid = node.driver_pid
+        self._address_info = None
+
+    @property
+    def address_info(self):
+        # Made on first use: ray_lite.util (the node's address) is not
+        # imported by every init.
+        if self._address_info is None:
+            from ray_lite.util import get_node_ip_address
+            from .ids import node_id_hex
+            self._address_info = {
+                "node_ip_address": get_node_ip_address(), "address": "local",
+                "node_id": node_id_hex(self._driver_pid), "webui_url": None,
+                "session_dir": None, "gcs_address": None}
+        return self._address_info
+
+    def __getitem__(self, key):
+        return self.address_info[key]
+
+    def __iter__(self):
+        return iter(self.address_info)
+
+    def __len__(self):
+        return len(self.address_info)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        shutdown()
+
+    def disconnect(self):
+        """Ray's name for ending the runtime this context describes."""
+        shutdown()
+
+    def __repr__(self):
+        return f"RayContext(address_info={self.address_info!r})"
+
+
 def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
          resources=None, runtime_env=None, object_store_memory=None, backend=None, **kwargs):
     """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count).
@@ -47,14 +100,14 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if state.node is not None:
             raise RuntimeError("ray_lite is already running on the local backend: "
                                "call ray_lite.shutdown() before init(backend='ray')")
-        _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
-                  resources=resources, runtime_env=runtime_env,
-                  object_store_memory=object_store_memory,
-                  ignore_reinit_error=ignore_reinit_error, **kwargs)
+        context = _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
+                            resources=resources, runtime_env=runtime_env,
+                            object_store_memory=object_store_memory,
+                            ignore_reinit_error=ignore_reinit_error, **kwargs)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
-        return
+        return context
     if _backend.RAY:
         raise RuntimeError("ray_lite is already running on Ray: call ray_lite.shutdown() "
                            "before init(backend='local')")
@@ -68,7 +121,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
     with _init_lock:
         if state.node is not None:
             if ignore_reinit_error:
-                return
+                return RayContext(state.node)
             raise RuntimeError("Maybe you called ray.init twice by accident? This error can be "
                                "suppressed by passing in 'ignore_reinit_error=True' or by "
                                "calling 'ray.shutdown()' prior to 'ray.init()'.")
@@ -93,6 +146,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
+        return RayContext(node)
 
 
 state.auto_start = init
@@ -312,7 +366,9 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     if len(set(map(id, refs))) != len(refs) or len(set(r for r in refs if type(r) is ObjectRef)) \
             != sum(1 for r in refs if type(r) is ObjectRef):
         raise ValueError("Wait requires a list of unique object refs.")
-    if not isinstance(num_returns, int) or num_returns < 0:
+    if not refs:
+        return [], []       # as Ray, whatever num_returns says
+    if not isinstance(num_returns, int) or num_returns <= 0:
         raise ValueError(f"Invalid number of objects to return {num_returns}.")
     if num_returns > len(refs):
         raise ValueError("num_returns cannot be greater than the number of objects provided")

@@ -6,7 +6,8 @@ import signal
 import threading
 
 from ray_lite._fast import shm
-from ray_lite.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
+from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, TaskCancelledError,
+                                 WorkerCrashedError)
 
 from . import protocol as P
 from . import introspect, restarts, state
@@ -447,7 +448,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                             todo = []
                             existing = self.named.get((namespace, name))
                         if existing is not None:
-                            out[i] = existing if get_if_exists else ValueError(
+                            out[i] = existing if get_if_exists else ActorAlreadyExistsError(
                                 f"Actor with name '{name}' already exists in the "
                                 f"namespace {namespace}")
                             continue

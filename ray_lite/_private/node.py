@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 
-from ray_lite.exceptions import ActorDiedError, ObjectLostError, WorkerCrashedError
+from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedError
 
 from . import object_store
 from . import protocol as P
@@ -168,7 +168,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
             return ActorDiedError(self.death_causes.get(
                 peer, "The actor died unexpectedly before finishing this task."), actor_id=peer)
         if kind == P.FETCH_OBJECT:
-            return ObjectLostError("the process that owns this object died")
+            return OwnerDiedError("the process that owns this object died")
         return WorkerCrashedError()
 
     def peer_kind(self, peer):

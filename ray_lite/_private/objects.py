@@ -6,7 +6,7 @@ serialisation, a borrower halves what it holds to pass a ref on.
 """
 from fractions import Fraction
 
-from ray_lite.exceptions import ObjectLostError
+from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
 from . import protocol as P
 from .object_store import HolderWeight
@@ -99,7 +99,7 @@ class ObjectsMixin:
             if e is None:
                 e = _BorrowedEntry(oid, owner, self)
                 if owner in self.dead_peers:
-                    e.set_error(ObjectLostError(f"the owner of object {oid:x} died", oid))
+                    e.set_error(OwnerDiedError(f"the owner of object {oid:x} died", oid))
                 self.borrowed[oid] = e
             if weight is not None:
                 if e.ready:
@@ -230,7 +230,7 @@ class ObjectsMixin:
         self.fetch_requested.add(oid)
         owner = ref._owner
         if not self.connect(owner) or not self.send(owner, P.fetch_msg(oid)):
-            self._fail_fetch(oid, ObjectLostError(f"the owner of object {oid:x} is gone", oid))
+            self._fail_fetch(oid, OwnerDiedError(f"the owner of object {oid:x} is gone", oid))
             return
         self.inflight.setdefault(owner, {})[oid] = P.FETCH_OBJECT
 

@@ -11,6 +11,7 @@ variable per call), an asyncio task that a call spawns itself
 call: there ``get_task_id()`` is None.
 """
 import logging
+import os
 import sys
 
 from ray_lite import _ray
@@ -110,6 +111,31 @@ class RuntimeContext:
         oid = current_call_oid()
         return task_id_hex(oid) if oid is not None else None
 
+    def get_task_function_name(self):
+        """The running call's function as ``module.name`` (an actor's method:
+        ``module.Class.method``, its constructor ``module.Class.__init__``);
+        None in the driver.  A function of the script run as ``__main__`` is
+        named after the script's file, as in Ray."""
+        node = self._node
+        if node.id == 0:
+            return None
+        frame = _call_frame(node)
+        if frame is not None:
+            loc = frame.f_locals
+            if "method" in loc and node.actor is not None:
+                cls = type(node.actor)
+                method = loc["method"]
+                fn = getattr(cls, method, None)
+                return f"{_module_of(cls, fn)}.{cls.__qualname__}.{method}"
+            fn = loc.get("fn")
+            if fn is None:
+                return None
+            return f"{_module_of(fn, fn)}.{getattr(fn, '__qualname__', repr(fn))}"
+        cls = _class_being_constructed(node)
+        if cls is not None:
+            return f"{_module_of(cls, cls.__init__)}.{cls.__qualname__}.__init__"
+        return None
+
     def get_task_name(self):
         if not self._worker_only():
             return None
@@ -190,6 +216,30 @@ class RuntimeContext:
         return out
 
 
+def _module_of(obj, fn):
+    """``obj``'s module name; for the script run as ``__main__``, the script's
+    name (from the file of ``fn``'s code), as Ray's function descriptors say."""
+    module = getattr(obj, "__module__", None) or "__main__"
+    if module == "__main__":
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename[:1] != "<":
+            return os.path.splitext(os.path.basename(code.co_filename))[0]
+    return module
+
+
+def _class_being_constructed(node):
+    """The actor class whose ``__init__`` runs on this thread, or None."""
+    if not _is_actor(node) or node.actor is not None:
+        return None
+    code = type(node).start_actor.__code__
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code is code:
+            return f.f_locals.get("cls")
+        f = f.f_back
+    return None
+
+
 def _current_call_name(node):
     frame = _call_frame(node)
     if frame is None:
@@ -204,9 +254,12 @@ _runtime_context = RuntimeContext()
 
 
 def get_runtime_context():
-    """The runtime context of this driver or worker (Ray's own on Ray)."""
+    """The runtime context of this driver or worker (Ray's own on Ray).
+    Like Ray, it starts the runtime if none runs yet."""
     if _backend.RAY:
         return _ray.core.ray.get_runtime_context()
+    if state.node is None:
+        state.get_node()
     return _runtime_context
 
 

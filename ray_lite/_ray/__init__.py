@@ -18,10 +18,12 @@ def init(*, address, num_cpus, namespace, resources, runtime_env, object_store_m
     ray = backend.require_ray()
     if address == "local":
         address = None
-    ray.init(address=address, num_cpus=num_cpus, namespace=namespace, resources=resources,
-             runtime_env=runtime_env, object_store_memory=object_store_memory,
-             ignore_reinit_error=ignore_reinit_error, **kwargs)
+    context = ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
+                       resources=resources, runtime_env=runtime_env,
+                       object_store_memory=object_store_memory,
+                       ignore_reinit_error=ignore_reinit_error, **kwargs)
     _activate(ray)
+    return context
 
 
 def adopt():

@@ -92,12 +92,19 @@ class Queue:
 
     def __init__(self, maxsize=0, actor_options=None):
         self.maxsize = maxsize
-        self.actor = _queue_actor_class().options(**(actor_options or {})).remote(maxsize)
-        self._ring_name, self._owner_pid = ray_lite.get(self.actor.ring_info.remote())
+        self._owner = _queue_actor_class().options(**(actor_options or {})).remote(maxsize)
+        self._ring_name, self._owner_pid = ray_lite.get(self._owner.ring_info.remote())
         self._ring = None       # mapped at first use; False when it cannot be
+        self._shut_down = False
+
+    @property
+    def actor(self):
+        """The owner actor's handle; None once this copy shut the queue down
+        (as Ray's).  Calls after that raise ``RayActorError``."""
+        return None if self._shut_down else self._owner
 
     def __reduce__(self):
-        return (_rebuild_queue, (self.maxsize, self.actor, self._ring_name, self._owner_pid))
+        return (_rebuild_queue, (self.maxsize, self._owner, self._ring_name, self._owner_pid))
 
     def _direct(self):
         """The ring, when this process may use it without calling the owner,
@@ -109,7 +116,7 @@ class Queue:
         if not ring:
             return None
         node = _state.node
-        aid = self.actor._info.actor_id
+        aid = self._owner._info.actor_id
         if node is None or aid in node.death_causes or aid in node.dead_peers:
             return None
         return ring
@@ -124,7 +131,7 @@ class Queue:
             n = ring.size()
             if n is not None:
                 return n
-        return ray_lite.get(self.actor.qsize.remote())
+        return ray_lite.get(self._owner.qsize.remote())
 
     def qsize(self):
         """The number of items in the queue."""
@@ -153,7 +160,7 @@ class Queue:
                     self.maxsize > 0 and _may_spin(timeout)
                     and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize)):
                 return None
-        if not ray_lite.get(self.actor.put.remote(item, timeout)):
+        if not ray_lite.get(self._owner.put.remote(item, timeout)):
             raise Full
         return None
 
@@ -165,7 +172,7 @@ class Queue:
         ring = self._direct()
         if ring is not None and ring.try_put(_codec.dumps(item), self.maxsize):
             return
-        if not await self.actor.put.remote(item, timeout):
+        if not await self._owner.put.remote(item, timeout):
             raise Full
 
     def put_nowait(self, item):
@@ -177,7 +184,7 @@ class Queue:
         if not isinstance(items, Iterable):
             raise TypeError("Argument 'items' must be an Iterable")
         items = list(items)
-        room = ray_lite.get(self.actor.put_nowait_batch.remote(items))
+        room = ray_lite.get(self._owner.put_nowait_batch.remote(items))
         if room is not None:
             raise Full(f"Cannot add {len(items)} items to queue of size {room} and "
                        f"maxsize {self.maxsize}.")
@@ -198,7 +205,7 @@ class Queue:
                 data = ring.try_get()
             if data is not None:
                 return _codec.loads(data)
-        found, item = ray_lite.get(self.actor.get.remote(timeout))
+        found, item = ray_lite.get(self._owner.get.remote(timeout))
         if not found:
             raise Empty
         return item
@@ -213,7 +220,7 @@ class Queue:
             data = ring.try_get()
             if data is not None:
                 return _codec.loads(data)
-        found, item = await self.actor.get.remote(timeout)
+        found, item = await self._owner.get.remote(timeout)
         if not found:
             raise Empty
         return item
@@ -228,7 +235,7 @@ class Queue:
             raise TypeError("Argument 'num_items' must be an int")
         if num_items < 0:
             raise ValueError("'num_items' must be nonnegative")
-        found, items = ray_lite.get(self.actor.get_nowait_batch.remote(num_items))
+        found, items = ray_lite.get(self._owner.get_nowait_batch.remote(num_items))
         if not found:
             raise Empty(f"Cannot get {num_items} items from queue of size {items}.")
         return items
@@ -241,9 +248,9 @@ class Queue:
         at most ``grace_period_s`` seconds; a call blocked on an empty or full
         queue is not waited for).
         """
-        actor = self.actor
-        if actor is None:
+        if self._shut_down:
             return
+        actor = self._owner
         if not force:
             try:
                 ray_lite.wait([actor.qsize.remote()], timeout=grace_period_s)
@@ -256,12 +263,14 @@ class Queue:
             with ring:
                 ring.set_closed()
         ray_lite.kill(actor)
+        self._shut_down = True
 
 
 def _rebuild_queue(maxsize, actor, ring_name=None, owner_pid=0):
     q = Queue.__new__(Queue)
     q.maxsize = maxsize
-    q.actor = actor
+    q._owner = actor
+    q._shut_down = False
     q._ring_name = ring_name
     q._owner_pid = owner_pid
     q._ring = None
