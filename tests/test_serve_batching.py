@@ -206,6 +206,34 @@ def test_the_arguments_are_checked():
         serve.batch(max_batch_size=0)
     with pytest.raises(ValueError, match="batch_wait_timeout_s"):
         serve.batch(batch_wait_timeout_s=-0.5)
+    # Not a whole number, not a number: TypeError, as Ray's (2.0 is taken as 2).
+    with pytest.raises(TypeError, match="max_batch_size"):
+        serve.batch(max_batch_size=1.1)
+    with pytest.raises(TypeError, match="batch_wait_timeout_s"):
+        serve.batch(batch_wait_timeout_s="a")
+
+    @serve.batch(max_batch_size=2.0)
+    async def two(xs):
+        return xs
+    assert two._get_max_batch_size() == 2 and type(two._get_max_batch_size()) is int
+
+
+def test_a_streaming_call_joins_its_batch_when_made_not_when_first_read():
+    # As Ray: a caller that makes two calls, then reads one after the other,
+    # gets one batch at once (not a wait of batch_wait_timeout_s for each).
+    seen = []
+
+    @serve.batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def tagged(keys):
+        seen.append(list(keys))
+        for i in range(2):
+            yield [(i, k) for k in keys]
+
+    async def main():
+        calls = [tagged("a"), tagged("b")]
+        return [[item async for item in call] for call in calls]
+    assert run(main()) == [[(0, "a"), (1, "a")], [(0, "b"), (1, "b")]]
+    assert seen == [["a", "b"]]
     with pytest.raises(ValueError, match="max_concurrent_batches"):
         serve.batch(max_concurrent_batches=0)
     with pytest.raises(TypeError, match="batch_size_fn"):

@@ -1,6 +1,9 @@
 """The body stream between what produces a streamed HTTP answer in a replica
 and the stream the proxy reads (serve/_body.py): bursts joined, bounds on
-what is buffered, errors and closing.  In one event loop, no processes."""
+what is buffered, errors and closing.  In one event loop, no processes.
+
+A take is one chunk (bytes) or, when several queued, the list of them: the
+proxy frames each as its own HTTP chunk."""
 import asyncio
 
 import pytest
@@ -20,28 +23,40 @@ async def _let_the_loop_run():
 
 
 async def _take_all(stream):
-    return [chunk async for chunk in stream]
+    return [item async for item in stream]
+
+
+def _chunks(items):
+    """The chunks the takes ``items`` carried, in order."""
+    out = []
+    for item in items:
+        out.extend(item if type(item) is list else [item])
+    return out
+
+
+def _size(item):
+    return sum(map(len, _chunks([item])))
 
 
 async def _taken_before_error(stream, error, match):
     """The bytes taken from ``stream`` before it raised ``error`` (which it must)."""
     got = []
     with pytest.raises(error, match=match):
-        async for chunk in stream:
-            got.append(chunk)
-    return b"".join(got)
+        async for item in stream:
+            got.append(item)
+    return b"".join(_chunks(got))
 
 
-def test_a_burst_is_taken_joined_in_order():
+def test_a_burst_is_taken_together_in_order_each_chunk_kept():
     async def main():
         def gen():
             for i in range(100):
                 yield f"e{i};"
-        chunks = await _take_all(pumped(gen()))
-        assert b"".join(chunks) == "".join(f"e{i};" for i in range(100)).encode()
+        items = await _take_all(pumped(gen()))
+        assert _chunks(items) == [f"e{i};".encode() for i in range(100)]
         # The producer never waits but when AHEAD_CHUNKS are queued: each
-        # take joins what queued meanwhile.
-        assert len(chunks) <= 100 // AHEAD_CHUNKS + 2, len(chunks)
+        # take holds what queued meanwhile.
+        assert len(items) <= 100 // AHEAD_CHUNKS + 2, len(items)
     run(main())
 
 
@@ -73,13 +88,13 @@ def test_a_take_joins_at_most_batch_bytes_and_a_big_chunk_goes_alone():
                 await stream.put(small)
             stream.end()
         task = asyncio.ensure_future(producer())
-        chunks = await _take_all(stream)
+        items = await _take_all(stream)
         await task
-        assert chunks[0] == big
-        assert b"".join(chunks[1:]) == small * 8
+        assert items[0] == big
+        assert _chunks(items[1:]) == [small] * 8
         # Each later take stops once it holds BATCH_BYTES (four smalls).
-        assert all(len(c) <= BATCH_BYTES for c in chunks[1:])
-        assert len(chunks) >= 3
+        assert all(_size(item) <= BATCH_BYTES for item in items[1:])
+        assert len(items) >= 3
     run(main())
 
 
@@ -102,7 +117,7 @@ def test_a_producer_waits_while_its_chunks_are_not_taken(size):
         await _let_the_loop_run()
         assert put == held          # still waiting: nothing was taken
         first = await stream.__anext__()
-        assert len(first) >= size
+        assert _size(first) >= size
         await _let_the_loop_run()
         assert put > held           # a take lets it go on
         await stream.aclose()
@@ -149,7 +164,7 @@ def test_closing_the_stream_closes_the_users_generator_at_once(kind):
             finally:
                 closed.append(True)
         stream = pumped(agen() if kind == "async" else sgen())
-        assert (await stream.__anext__()).startswith(b"tick")
+        assert _chunks([await stream.__anext__()])[0] == b"tick"
         await stream.aclose()
         with pytest.raises(asyncio.CancelledError):
             await stream.task
@@ -181,7 +196,7 @@ def test_an_iterator_that_fails_while_closing_is_reported_not_raised(capfd):
             finally:
                 raise RuntimeError("cleanup failed")
         stream = pumped(gen())
-        assert (await stream.__anext__()).startswith(b"tick")
+        assert _chunks([await stream.__anext__()])[0] == b"tick"
         await stream.aclose()
         with pytest.raises(asyncio.CancelledError):
             await stream.task

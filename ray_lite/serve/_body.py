@@ -4,12 +4,14 @@ iterator, a generator the deployment returned) and the replica's stream that
 the proxy reads (``Replica.http_stream``).
 
 The producer runs as its own task and puts chunks; the stream takes them.
-Whatever has queued up when the stream takes goes out as one chunk: an app
-that yields many small events in a burst (server-sent events, tokens) costs
-one stream item, one ring message and one proxy write per burst instead of
-one per event (B14).  Nothing waits for a batch to fill, so an event the
-producer puts alone goes out alone, as soon as the stream takes it; and the
-bytes on the wire are the same, only the chunked encoding's framing differs.
+Whatever has queued up when the stream takes goes out as one stream item (a
+list of the chunks): an app that yields many small events in a burst
+(server-sent events, tokens) costs one stream item, one ring message and one
+proxy write per burst instead of one per event (B14).  The proxy still
+frames each chunk as its own HTTP chunk, as Ray Serve does (a client that
+reads chunk by chunk sees each yield).  Nothing waits for a batch to fill,
+so an event the producer puts alone goes out alone, as soon as the stream
+takes it.
 """
 import asyncio
 import collections
@@ -31,8 +33,8 @@ FAILED = object()       # it failed; no exception to tell (an ASGI app's 500 wen
 
 class BodyStream:
     """The queued chunks of one answer: ``put`` by the producer, taken by
-    ``async for`` (each step joins what has queued), ``aclose`` ends the
-    producer's task."""
+    ``async for`` (each step takes what has queued: one chunk as bytes,
+    several as a list of them), ``aclose`` ends the producer's task."""
 
     __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task")
 
@@ -84,15 +86,15 @@ class BodyStream:
             self._getter = asyncio.get_running_loop().create_future()
             await self._getter
         chunk = items.popleft()
-        if items and len(chunk) < BATCH_BYTES:
+        size = len(chunk)
+        if items and size < BATCH_BYTES:
             parts = [chunk]
-            size = len(chunk)
             while items and size < BATCH_BYTES:
                 chunk = items.popleft()
                 parts.append(chunk)
                 size += len(chunk)
-            chunk = b"".join(parts)
-        self._size -= len(chunk)
+            chunk = parts
+        self._size -= size
         _settle_none(self._putter)
         return chunk
 

@@ -113,3 +113,16 @@ def _control_answer(proxy, path):
         body = json.dumps({r.prefix: r.app for r in proxy.routes}).encode()
         return 200, sized(JSON, body), body
     return None
+
+
+def check_route_prefix(route_prefix):
+    """Refuse a route prefix Ray Serve refuses (``ValueError``): one that does
+    not start with '/', ends with '/' (but "/" itself), or holds a wildcard."""
+    if route_prefix is None:
+        return
+    if not isinstance(route_prefix, str) or not route_prefix.startswith("/"):
+        raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
+    if route_prefix != "/" and route_prefix.endswith("/"):
+        raise ValueError(f"route_prefix {route_prefix!r} must not end with '/'")
+    if "{" in route_prefix or "}" in route_prefix:
+        raise ValueError(f"route_prefix {route_prefix!r} must not hold wildcards ('{{', '}}')")

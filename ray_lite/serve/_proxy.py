@@ -479,8 +479,16 @@ class ProxyActor:
                     if conn.closed:
                         break
                     if not head_only and chunk:
-                        pending.append(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked
-                                       else chunk)
+                        if type(chunk) is not list:
+                            pending.append(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked
+                                           else chunk)
+                        elif chunked:
+                            # Chunks that queued up in the replica, one
+                            # message: each its own HTTP chunk, as it was
+                            # yielded (Ray Serve's framing).
+                            pending.extend(b"%x\r\n%b\r\n" % (len(c), c) for c in chunk if c)
+                        else:
+                            pending.extend(chunk)
                     if len(pending) >= STREAM_WRITE_BATCH or not gen.next_ready():
                         break
                     ref = next(gen)     # reported already: a look-up

@@ -54,6 +54,23 @@ _SPIN_S = SERVE_REPLICA_SPIN_S
 _COROUTINE = types.CoroutineType
 
 
+def _http_entry(fn):
+    """``fn`` as called with an HTTP request: a deployment (a function, or a
+    class's ``__call__``) that takes no argument is called without the
+    request, as Ray Serve does."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):     # no signature to read (a builtin): pass it
+        return fn
+    if any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+           for p in params):
+        return fn
+
+    def without_request(request):
+        return fn()
+    return without_request
+
+
 def _headers_block(raw_headers):
     return b"".join(k + b": " + v + b"\r\n" for k, v in raw_headers)
 
@@ -389,7 +406,7 @@ class ServeReplica:
             receive = _Receive(body)
             try:
                 if self._http_fn is None:
-                    self._http_fn = self._callable("__call__")
+                    self._http_fn = _http_entry(self._callable("__call__"))
                 r = self._http_fn((_Request or _load_request())(scope, receive))
                 if type(r) is _COROUTINE:
                     r = await r
@@ -464,7 +481,8 @@ class ServeReplica:
             asyncio.ensure_future(agen.aclose())
 
     async def http_stream(self, token):
-        """The body chunks (bytes) of the streamed response ``token``."""
+        """The body of the streamed response ``token``: each item a chunk (bytes),
+        or a list of the chunks that queued up meanwhile (see ``_body``)."""
         agen = self._streams.pop(token, None)
         if agen is None:
             return

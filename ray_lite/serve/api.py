@@ -9,7 +9,7 @@ import cloudpickle
 from ray_lite._private import backend
 
 from . import _core, _defaults, _metrics, context
-from ._http import HTTPOptions
+from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from .multiplex import is_multiplexed
@@ -149,6 +149,7 @@ def _build(app, app_name, code_version=None):
     return ingress.deployment_name, specs
 
 
+
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
         _local_testing_mode=False, external_scaling_enabled=False, _code_version=None):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
@@ -161,11 +162,7 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
     if not isinstance(target, Application):
         raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
                         f"{type(target).__name__}")
-    if route_prefix is not None:
-        if not isinstance(route_prefix, str) or not route_prefix.startswith("/"):
-            raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
-        if len(route_prefix) > 1 and route_prefix.endswith("/"):
-            route_prefix = route_prefix.rstrip("/")
+    check_route_prefix(route_prefix)
     global _longest_graceful_s
     with _lock:
         ctl = _ensure_controller()

@@ -35,13 +35,23 @@ def _ends_stream(value):
 
 
 def _check_max_batch_size(n):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    """``n`` as an int (2.0 is 2, as in Ray): ``TypeError`` for what is not a
+    whole number, ``ValueError`` below 1."""
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"max_batch_size must be an integer >= 1, got {n!r}")
+    if n < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {n!r}")
+    return n
 
 
 def _check_timeout(t):
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"batch_wait_timeout_s must be a number >= 0, got {t!r}")
+    if t < 0:
         raise ValueError(f"batch_wait_timeout_s must be a number >= 0, got {t!r}")
+    return t
 
 
 def _check_concurrency(n):
@@ -257,8 +267,24 @@ async def _result_of(q, owner, args, kwargs):
     return await call.fut
 
 
-async def _items_of(q, owner, args, kwargs):
-    call = q.submit(owner, args, kwargs)
+def _stream_of(fn, limits, owner, args, kwargs):
+    """A streaming call's items.  As in Ray, the call joins a batch when it is
+    made, not when its items are first asked for: a caller that makes several
+    calls and then reads them one after the other gets one batch.  Made
+    outside an event loop, it joins when first iterated."""
+    try:
+        q = _queue_of(fn, limits)
+    except RuntimeError:        # no running loop
+        return _items_when_iterated(fn, limits, owner, args, kwargs)
+    return _items_of(q.submit(owner, args, kwargs))
+
+
+async def _items_when_iterated(fn, limits, owner, args, kwargs):
+    async for item in _items_of(_queue_of(fn, limits).submit(owner, args, kwargs)):
+        yield item
+
+
+async def _items_of(call):
     try:
         while True:
             kind, value = await call.items.get()
@@ -280,8 +306,8 @@ def batch(_func=None, *, max_batch_size=10, batch_wait_timeout_s=0.01, max_concu
     ``batch_size_fn(inputs)``, when given, is the size of a list of inputs (say,
     their total tokens): a batch takes calls while it stays within
     ``max_batch_size`` (a first call larger than that goes alone)."""
-    _check_max_batch_size(max_batch_size)
-    _check_timeout(batch_wait_timeout_s)
+    max_batch_size = _check_max_batch_size(max_batch_size)
+    batch_wait_timeout_s = _check_timeout(batch_wait_timeout_s)
     _check_concurrency(max_concurrent_batches)
 
     def decorate(fn):
@@ -297,31 +323,27 @@ def batch(_func=None, *, max_batch_size=10, batch_wait_timeout_s=0.01, max_concu
         if is_method:
             if streaming:
                 @functools.wraps(fn)
-                async def wrapper(self, *args, **kwargs):
-                    async for item in _items_of(_queue_of(fn, limits), self, args, kwargs):
-                        yield item
+                def wrapper(self, *args, **kwargs):
+                    return _stream_of(fn, limits, self, args, kwargs)
             else:
                 @functools.wraps(fn)
                 async def wrapper(self, *args, **kwargs):
                     return await _result_of(_queue_of(fn, limits), self, args, kwargs)
         elif streaming:
             @functools.wraps(fn)
-            async def wrapper(*args, **kwargs):
-                async for item in _items_of(_queue_of(fn, limits), None, args, kwargs):
-                    yield item
+            def wrapper(*args, **kwargs):
+                return _stream_of(fn, limits, None, args, kwargs)
         else:
             @functools.wraps(fn)
             async def wrapper(*args, **kwargs):
                 return await _result_of(_queue_of(fn, limits), None, args, kwargs)
 
         def set_max_batch_size(n):
-            _check_max_batch_size(n)
-            limits.max_batch_size = n
+            limits.max_batch_size = _check_max_batch_size(n)
             _limits_changed(limits)
 
         def set_batch_wait_timeout_s(t):
-            _check_timeout(t)
-            limits.timeout_s = t
+            limits.timeout_s = _check_timeout(t)
             _limits_changed(limits)
 
         wrapper.set_max_batch_size = set_max_batch_size

@@ -33,6 +33,7 @@ import os
 import sys
 
 from ._defaults import DEPLOYMENT_OPTIONS
+from ._http import check_route_prefix
 
 
 class ConfigError(ValueError):
@@ -158,8 +159,10 @@ def _check_app(where, raw, single):
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
     prefix = app.get("route_prefix", "/")
-    if prefix is not None and (not isinstance(prefix, str) or not prefix.startswith("/")):
-        raise ConfigError(f"{where}.route_prefix: must start with '/', got {prefix!r}")
+    try:
+        check_route_prefix(prefix)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.route_prefix: {exc}") from None
     args = app.get("args") or {}
     _mapping(f"{where}.args", args)
     env = app.get("runtime_env") or {}
