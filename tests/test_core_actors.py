@@ -294,31 +294,3 @@ def test_an_actor_calls_its_own_methods(rt):
     assert ray.get(a.seen_count.remote(), timeout=T) == 6003
     assert ray.get(AsyncCallsItself.remote().outer.remote(5), timeout=T) == 11
     assert ray.get(ThreadedCallsItself.remote().outer.remote(5), timeout=T) == 11
-
-
-@ray.remote
-class FlagBesideMethod:
-    def __init__(self):
-        self.flag = "attribute"     # an attribute named like a method
-
-    def flag(self):
-        return self.flag
-
-    async def async_flag(self):
-        return self.flag
-
-    @staticmethod
-    def plus_one(x):
-        return x + 1
-
-    @classmethod
-    def class_name(cls):
-        return cls.__name__
-
-
-def test_a_call_runs_the_class_method_not_an_attribute_of_that_name(rt):
-    # As Ray: the method the class defines runs, whatever the instance holds.
-    a = FlagBesideMethod.remote()
-    assert ray.get([a.flag.remote(), a.async_flag.remote(), a.plus_one.remote(1),
-                    a.class_name.remote()], timeout=T) == [
-        "attribute", "attribute", 2, "FlagBesideMethod"]

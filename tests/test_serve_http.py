@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 import ray_lite as ray
 from ray_lite import serve
 
-from serve_helpers import http, raw
+from serve_helpers import http, raw, wait_until
 
 
 @serve.deployment
@@ -336,3 +336,52 @@ def test_route_prefixes_ray_refuses_are_refused(serve_port):
         with pytest.raises(ValueError, match=why):
             serve.run(Echo.bind(), route_prefix=bad)
     assert serve.status().applications == {}       # nothing was deployed
+
+
+@ray.remote
+class Tally:
+    def __init__(self):
+        self.events = []
+
+    def add(self, event):
+        self.events.append(event)
+
+    def seen(self):
+        return list(self.events)
+
+
+@serve.deployment
+class StuckChild:
+    async def __call__(self, tally):
+        await tally.add.remote("child started")
+        try:
+            await asyncio.sleep(600)    # the workload: it ends by being cancelled
+        except asyncio.CancelledError:
+            await tally.add.remote("child cancelled")
+            raise
+
+
+@serve.deployment
+class ParentOfStuck:
+    def __init__(self, child, tally):
+        self.child, self.tally = child, tally
+
+    async def __call__(self, request):
+        self.child.remote(self.tally)   # not awaited: it still goes with the request
+        await asyncio.sleep(600)
+
+
+def test_a_cancelled_request_cancels_the_handle_calls_it_made(serve_port):
+    # As Ray Serve: the client leaves, its request is cancelled in the
+    # replica, and so is the call that request made to another deployment.
+    tally = Tally.remote()
+    serve.run(ParentOfStuck.bind(StuckChild.bind(), tally))
+    s = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_until(lambda: "child started" in ray.get(tally.seen.remote(), timeout=30),
+                   "the child call to start", 30)
+    finally:
+        s.close()
+    wait_until(lambda: "child cancelled" in ray.get(tally.seen.remote(), timeout=30),
+               "the child call to be cancelled", 30)

@@ -87,7 +87,7 @@ class AsyncActorMixin:
         try:
             context = _copy_context()
             try:
-                result = context.run(self._methods.get(method) or self._bind_method(method), *args)
+                result = context.run(getattr(self.actor, method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):
                     slots.free -= 1
                     task = _task_in(context, self.loop,

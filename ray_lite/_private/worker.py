@@ -48,7 +48,6 @@ class WorkerNode(AsyncActorMixin, Node):
         self._task_thread = threading.get_ident()
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
-        self._methods = {}         # method -> the actor's bound method (_method_for)
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
@@ -543,25 +542,14 @@ class WorkerNode(AsyncActorMixin, Node):
                 raise
 
     def _method_for(self, msg):
+        method = msg[2]
         if self.actor_init_error is not None:
             raise self.actor_init_error
-        fn = self._methods.get(msg[2])
-        return fn if fn is not None else self._bind_method(msg[2])
-
-    def _bind_method(self, method):
-        """The actor's method ``method``, looked up on its class as Ray does:
-        an instance attribute of the same name (``self.flag = True`` beside
-        ``def flag(self)``) does not hide it."""
-        actor = self.actor
-        cls = type(actor)
         try:
-            attr = inspect.getattr_static(cls, method)
+            return getattr(self.actor, method)
         except AttributeError:
-            raise AttributeError(f"'{cls.__name__}' actor has no method "
+            raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
                                  f"'{method}'") from None
-        bind = getattr(type(attr), "__get__", None)     # staticmethod, classmethod too
-        fn = self._methods[method] = bind(attr, actor, cls) if bind is not None else attr
-        return fn
 
     def _call_name(self, method):
         name = self._names.get(method)

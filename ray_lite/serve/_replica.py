@@ -21,6 +21,7 @@ import cloudpickle
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 
 from . import _core, _defaults, _metrics, _websocket, context
+from .handle import calls_of_this_request, cancel_calls
 from ._body import pumped
 from ._core import ObjectRef
 from ._http import JSON as _JSON
@@ -316,6 +317,7 @@ class ServeReplica:
     # ----------------------------------------------------------- handles
     async def handle_request(self, method, args, kwargs):
         self._inflight += 1
+        calls = calls_of_this_request()
         try:
             async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
@@ -328,6 +330,9 @@ class ServeReplica:
                                     f"generator. You must use `handle.options(stream=True)` "
                                     f"to call generators on a deployment.")
                 return r
+        except asyncio.CancelledError:
+            cancel_calls(calls)     # the handle calls it made go with it
+            raise
         finally:
             self._leave()
 
@@ -404,6 +409,7 @@ class ServeReplica:
                 "client": _split_addr(client), "server": self._server,
             }
             receive = _Receive(body)
+            calls = calls_of_this_request()
             try:
                 if self._http_fn is None:
                     self._http_fn = _http_entry(self._callable("__call__"))
@@ -422,6 +428,7 @@ class ServeReplica:
                     return (200, _OCTET + b"content-length: %d\r\n" % len(r), r, 0)
                 return stored_if_large(await self._to_http(r, scope, receive))
             except asyncio.CancelledError:
+                cancel_calls(calls)     # the handle calls it made go with it
                 raise
             except Exception:
                 tb = traceback.format_exc()

@@ -19,6 +19,7 @@ holds (``_demand``); one scaled to zero gets its calls held while the
 controller starts a replica.
 """
 import collections
+import contextvars
 import threading
 
 from ray_lite.exceptions import TaskCancelledError
@@ -423,7 +424,7 @@ class DeploymentHandle:
             rep = router.reserve(not self._stream, model_id)
             if rep is None:
                 q, ref = router.enqueue(self._method, args, kwargs, model_id)
-                return DeploymentResponse(ref, router, q)
+                return _noted(DeploymentResponse(ref, router, q))
             try:
                 if self._stream:
                     if model_id:
@@ -444,9 +445,9 @@ class DeploymentHandle:
             router.drop(rep)
         if self._stream:
             _core.on_ready(ref, lambda _x: router.release(rep))
-            return DeploymentResponseGenerator(gen)
+            return _noted(DeploymentResponseGenerator(gen))
         _core.on_ready(ref, lambda _x: router.release(rep))
-        return DeploymentResponse(ref)
+        return _noted(DeploymentResponse(ref))
 
     def __reduce__(self):
         return (DeploymentHandle, (self.deployment_name, self.app_name, self._method,
@@ -455,6 +456,36 @@ class DeploymentHandle:
     def __repr__(self):
         return (f"DeploymentHandle(deployment={self.deployment_name!r}, "
                 f"app={self.app_name!r})")
+
+
+# The handle calls the replica call that runs now has made (a list, set by
+# ``calls_of_this_request`` in the call's own context): cancelled with it,
+# as Ray Serve cancels a request's downstream calls with the request.
+_request_calls = contextvars.ContextVar("serve_request_calls", default=None)
+
+
+def calls_of_this_request():
+    """A fresh list that the handle calls made from now on in this context
+    (one replica call's: each runs in a copy) are added to."""
+    calls = []
+    _request_calls.set(calls)
+    return calls
+
+
+def cancel_calls(calls):
+    """Cancel the handle calls ``calls`` (those done already ignore it)."""
+    for response in calls:
+        try:
+            response.cancel()
+        except Exception:   # noqa: BLE001 - its replica is gone: nothing to stop
+            pass
+
+
+def _noted(response):
+    calls = _request_calls.get()
+    if calls is not None:
+        calls.append(response)
+    return response
 
 
 def _request_cancelled(exc):
