@@ -392,3 +392,25 @@ def test_cancelled_response_raises_request_cancelled(serve_port):
         with pytest.raises(RequestCancelledError):
             await r2
     asyncio.run(asyncio.wait_for(awaited(), T))
+
+
+def test_a_requests_handle_calls_are_kept_only_while_they_run():
+    # What a replica call keeps to cancel with it: a call that loops for
+    # ever, calling another deployment, must not keep every response.
+    from ray_lite.serve.handle import _Calls
+
+    class Response:
+        def __init__(self, done):
+            self.done = done
+
+        def _done(self):
+            return self.done
+    calls = _Calls()
+    for _ in range(1000):
+        calls.note(Response(True))
+    assert len(calls) <= 64
+    running = [Response(False) for _ in range(300)]
+    for r in running:
+        calls.note(r)
+    assert all(any(c is r for c in calls) for r in running)     # none dropped
+    assert len(calls) <= 64 + 300

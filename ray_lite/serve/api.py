@@ -149,7 +149,6 @@ def _build(app, app_name, code_version=None):
     return ingress.deployment_name, specs
 
 
-
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
         _local_testing_mode=False, external_scaling_enabled=False, _code_version=None):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""

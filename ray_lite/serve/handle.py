@@ -464,10 +464,28 @@ class DeploymentHandle:
 _request_calls = contextvars.ContextVar("serve_request_calls", default=None)
 
 
+class _Calls(list):
+    """A replica call's handle calls, those done dropped now and then: a
+    long call (a loop that calls another deployment for ever) must not keep
+    every response it ever made."""
+
+    __slots__ = ("prune_at",)
+
+    def __init__(self):
+        super().__init__()
+        self.prune_at = 64
+
+    def note(self, response):
+        if len(self) >= self.prune_at:
+            self[:] = [r for r in self if not r._done()]
+            self.prune_at = max(64, 2 * len(self))     # amortised: many may run at once
+        self.append(response)
+
+
 def calls_of_this_request():
     """A fresh list that the handle calls made from now on in this context
     (one replica call's: each runs in a copy) are added to."""
-    calls = []
+    calls = _Calls()
     _request_calls.set(calls)
     return calls
 
@@ -484,7 +502,7 @@ def cancel_calls(calls):
 def _noted(response):
     calls = _request_calls.get()
     if calls is not None:
-        calls.append(response)
+        calls.note(response)
     return response
 
 
@@ -529,6 +547,9 @@ class DeploymentResponse:
         else:
             _core.cancel(self._ref)
 
+    def _done(self):
+        return _core.peek(self._ref) is not None
+
     async def _to_object_ref(self):
         return self._ref
 
@@ -568,6 +589,9 @@ class DeploymentResponseGenerator:
 
     def cancel(self):
         _core.cancel(self._gen)
+
+    def _done(self):
+        return _core.peek(self._gen.completed()) is not None
 
     def _to_object_ref_gen(self):
         return self._gen
