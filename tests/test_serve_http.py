@@ -385,3 +385,12 @@ def test_a_cancelled_request_cancels_the_handle_calls_it_made(serve_port):
         s.close()
     wait_until(lambda: "child cancelled" in ray.get(tally.seen.remote(), timeout=30),
                "the child call to be cancelled", 30)
+
+
+def test_chunks_that_crossed_together_are_framed_each_alone():
+    # The proxy's framing of a replica's burst: short chunks (a table's
+    # length line) and long ones alike; an empty one is no chunk.
+    from ray_lite.serve._proxy import _framed
+    chunks = [b"ab", b"", b"x" * 5000, b"c" * 1023, b"d" * 1024]
+    assert _dechunk(_framed(chunks) + b"0\r\n\r\n") == [c for c in chunks if c]
+    assert _framed([b"", b""]) == b""

@@ -46,6 +46,20 @@ from .multiplex import MODEL_ID_HEADER, header_value
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 
+# ``b"<length in hex>\r\n"`` for the lengths of small chunks (most events
+# and tokens are): a look-up instead of formatting each chunk's.
+_CHUNK_HEADS = [b"%x\r\n" % n for n in range(1024)]
+
+
+def _framed(chunks):
+    """``chunks`` as one run of HTTP/1.1 chunks, each its own; an empty one
+    is left out (it would end the body)."""
+    heads = _CHUNK_HEADS
+    frames = [(heads[len(c)] if len(c) < 1024 else b"%x\r\n" % len(c)) + c
+              for c in chunks if c]
+    return b"\r\n".join(frames) + b"\r\n" if frames else b""
+
+
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
                  "max_queued", "waiting", "spin", "multiplexed", "report", "from_zero")
@@ -486,7 +500,9 @@ class ProxyActor:
                             # Chunks that queued up in the replica, one
                             # message: each its own HTTP chunk, as it was
                             # yielded (Ray Serve's framing).
-                            pending.extend(b"%x\r\n%b\r\n" % (len(c), c) for c in chunk if c)
+                            framed = _framed(chunk)
+                            if framed:
+                                pending.append(framed)
                         else:
                             pending.extend(chunk)
                     if len(pending) >= STREAM_WRITE_BATCH or not gen.next_ready():
