@@ -248,6 +248,77 @@ def test_unserialisable_argument_and_result(rt):
     assert ray.get([double.remote(i) for i in range(4)], timeout=T) == [0, 2, 4, 6]
 
 
+@ray.remote
+class Signed:
+    def __init__(self, a, *, label="x"):
+        self.a = a
+
+    def take(self, x, y=1):
+        return x + y
+
+    @staticmethod
+    def twice(x):
+        return 2 * x
+
+    def rest(self, *xs, k):
+        return sum(xs) + k
+
+
+@ray.remote
+class NoInit:
+    def ping(self):
+        return "pong"
+
+
+def test_arguments_are_bound_at_the_call(rt):
+    # As Ray: a call whose arguments do not fit the signature raises at
+    # .remote(), with inspect.Signature.bind's message; nothing is started.
+    with pytest.raises(TypeError, match="missing a required argument: 'a'"):
+        add.remote()
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        add.remote(1, 2, 3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        add.remote(1, c=2)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        add.options(num_cpus=1).remote(1, 2, 3)
+    assert ray.get([add.remote(1), add.remote(1, 2), add.remote(1, b=3), add.remote(a=4)],
+                   timeout=T) == [1, 3, 4, 4]
+
+    with pytest.raises(TypeError, match="missing a required argument: 'a'"):
+        Signed.remote()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lable'"):
+        Signed.remote(1, lable="y")
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        NoInit.remote(1)
+    s = Signed.remote(1, label="y")
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+        s.take.remote()
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        s.take.options(num_returns=1).remote(1, 2, 3)
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+        s.twice.remote()
+    with pytest.raises(TypeError, match="missing a required argument: 'k'"):
+        s.rest.remote(1, 2)
+    assert ray.get([s.take.remote(1), s.take.remote(1, y=5), s.twice.remote(4),
+                    s.rest.remote(1, 2, k=3), NoInit.remote().ping.remote()],
+                   timeout=T) == [2, 6, 8, 6, "pong"]
+
+
+@ray.remote
+def use_passed_handle(h):
+    try:
+        h.take.remote(1, 2, 3)
+    except TypeError as err:
+        return str(err)
+    return "no error"
+
+
+def test_arguments_are_bound_at_the_call_through_a_passed_handle(rt):
+    # A process holding only the handle (no class) checks too.
+    s = Signed.remote(1)
+    assert ray.get(use_passed_handle.remote(s), timeout=T) == "too many positional arguments"
+
+
 @pytest.mark.local_only
 def test_options_accepted_and_refused(rt):
     ok = double.options(num_cpus=1, num_gpus=0, resources={}, scheduling_strategy="SPREAD",

@@ -21,6 +21,7 @@ from .runtime_env import EnvTask, env_vars_of
 from .scheduler import check_retry_exceptions, demand_of
 from .method_options import declared_options
 from .shipping import ship
+from .signatures import arity_of, check_call, constructor_arity, method_arity
 from .transport import LinkClosed
 
 # Options Ray accepts that ray_lite honours.
@@ -194,10 +195,11 @@ class _TaskPlan:
     ``_remote_special``, the common task does not)."""
 
     __slots__ = ("name", "nret", "stream", "bp", "retries", "special", "demand", "retry_on",
-                 "env_fn_id", "env_function", "env_blob")
+                 "env_fn_id", "env_function", "env_blob", "arity")
 
-    def __init__(self, function, opts, is_gen):
+    def __init__(self, function, opts, is_gen, arity):
         self.name = opts.get("name") or function.__qualname__
+        self.arity = arity
         self.nret, self.stream, self.bp = _stream_opts(opts, is_gen)
         self.retries = opts.get("max_retries", 3)
         self.demand = demand_of(opts, "task", _driver_pid())
@@ -277,9 +279,10 @@ class RemoteFunction:
         self._fn_id = os.urandom(8).hex()
         self._blob = None
         self._is_gen = inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
+        self._arity = arity_of(function)
         try:
             _check_options(options, "task")
-            self._plan = _TaskPlan(function, options, self._is_gen)
+            self._plan = _TaskPlan(function, options, self._is_gen, self._arity)
         except ValueError as exc:
             self._plan = _RefusedHere(exc)
         self._bound = {}        # options -> _Bound (see _cached_bound)
@@ -302,13 +305,16 @@ class RemoteFunction:
         if bound is None:
             merged = {**self._options, **opts}
             _check_options(merged, "task")
-            bound = _Bound(self, _TaskPlan(self._function, merged, self._is_gen))
+            bound = _Bound(self, _TaskPlan(self._function, merged, self._is_gen, self._arity))
             _cache_bound(self._bound, key, bound)
         return bound
 
     def _remote(self, plan, args, kwargs):
         if plan.special:
             return self._remote_special(plan, args, kwargs)
+        arity = plan.arity      # checked as Ray does, at the call (two comparisons)
+        if arity is not None and (kwargs or not arity[0] <= len(args) <= arity[1]):
+            check_call(arity, args, kwargs)
         node = state.node
         if node is None:
             node = state.get_node()
@@ -340,6 +346,8 @@ class RemoteFunction:
 
     def _remote_special(self, plan, args, kwargs):
         """``_remote`` of a task with a Demand, a retry policy or env_vars."""
+        if plan.arity is not None:
+            check_call(plan.arity, args, kwargs)
         node = state.get_node()
         name = plan.name
         if plan.demand is not None and node.id == 0:
@@ -375,7 +383,7 @@ def _rebuild_function(function, options, fn_id):
 
 
 def _methods_of(cls):
-    """name -> is_gen, or (is_gen, options) for a method with ``method(...)`` options."""
+    """name -> (is_gen, the options declared with ``method(...)`` or None, arity)."""
     methods = {}
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") and name not in ("__call__",):
@@ -385,7 +393,7 @@ def _methods_of(cls):
             declared = declared_options(member)
             if declared:
                 _check_method_options(declared)
-            methods[name] = (is_gen, declared) if declared else is_gen
+            methods[name] = (is_gen, declared or None, method_arity(cls, name, member))
     return methods
 
 
@@ -409,6 +417,7 @@ class ActorClass:
         # Looked at on first use, not here: see _creation_request.
         self._methods = None
         self._is_async = None
+        self._arity = None
         self._bound = {}        # options -> _Bound (see _cached_bound)
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
@@ -449,6 +458,9 @@ class ActorClass:
         if self._methods is None:
             self._methods = _methods_of(cls)
             self._is_async = _is_async(cls)
+            self._arity = constructor_arity(cls)
+        if self._arity is not None:
+            check_call(self._arity, args, kwargs)
         _check_args_serialisable(args, kwargs, f"{cls.__name__}.__init__")
         if self._blob is None:
             self._blob = ship(cls)
@@ -502,14 +514,14 @@ class ActorHandle(metaclass=_backend.AlsoRay):
         if name.startswith("__") and name != "__call__":
             raise AttributeError(name)
         info = self._info
-        is_gen = info.methods.get(name)
-        if is_gen is None:
+        entry = info.methods.get(name)
+        if entry is None:
             raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
                                  f"(actor class {info.class_name} has no method {name!r})")
-        declared = {}
-        if type(is_gen) is tuple:       # options declared with method(...)
-            is_gen, declared = is_gen
-        m = self.__dict__[name] = _method_type(info, declared)(self, name, is_gen, declared)
+        is_gen, declared, arity = entry
+        declared = declared or {}
+        m = self.__dict__[name] = _method_type(info, declared)(self, name, is_gen, declared,
+                                                               arity)
         return m
 
     def __reduce__(self):
@@ -527,12 +539,13 @@ class ActorHandle(metaclass=_backend.AlsoRay):
 
 class ActorMethod:
     __slots__ = ("_handle", "_name", "_is_gen", "_options", "_nret", "_stream", "_bp",
-                 "_qualname")
+                 "_qualname", "_arity")
 
-    def __init__(self, handle, name, is_gen, options):
+    def __init__(self, handle, name, is_gen, options, arity=None):
         self._handle = handle
         self._name = name
         self._is_gen = is_gen
+        self._arity = arity
         self._options = options
         self._nret, self._stream, self._bp = _stream_opts(options, is_gen)
         self._qualname = f"{handle._info.class_name}.{name}"
@@ -545,7 +558,8 @@ class ActorMethod:
         merged = {**self._options, **opts}
         info = self._handle._info
         _check_method_options(merged, info)
-        return _method_type(info, merged)(self._handle, self._name, self._is_gen, merged)
+        return _method_type(info, merged)(self._handle, self._name, self._is_gen, merged,
+                                          self._arity)
 
     def remote(self, *args, **kwargs):
         node = state.node
@@ -556,6 +570,9 @@ class ActorMethod:
         nret, stream, bp = self._nret, self._stream, self._bp
         name = self._qualname
         method = self._name
+        arity = self._arity     # checked as Ray does, at the call (two comparisons)
+        if arity is not None and (kwargs or not arity[0] <= len(args) <= arity[1]):
+            check_call(arity, args, kwargs)
         if kwargs:
             args, kwargs = _prepare_args(args, kwargs, name, node)
         elif args:
@@ -613,12 +630,12 @@ class _GroupedActorMethod(ActorMethod):
 
     __slots__ = ()
 
-    def __init__(self, handle, name, is_gen, options):
-        ActorMethod.__init__(self, handle, name, is_gen, options)
+    def __init__(self, handle, name, is_gen, options, arity=None):
+        ActorMethod.__init__(self, handle, name, is_gen, options, arity)
         self._name = (name, options["concurrency_group"])
 
     def options(self, **opts):
-        return ActorMethod(self._handle, self._name[0], self._is_gen, {}).options(
+        return ActorMethod(self._handle, self._name[0], self._is_gen, {}, self._arity).options(
             **{**self._options, **opts})
 
 
@@ -628,8 +645,8 @@ class _RetryingActorMethod(ActorMethod):
 
     __slots__ = ("_retries",)
 
-    def __init__(self, handle, name, is_gen, options):
-        ActorMethod.__init__(self, handle, name, is_gen, options)
+    def __init__(self, handle, name, is_gen, options, arity=None):
+        ActorMethod.__init__(self, handle, name, is_gen, options, arity)
         r = options.get("max_task_retries")
         self._retries = handle._info.max_task_retries if r is None else r
 
@@ -640,6 +657,8 @@ class _RetryingActorMethod(ActorMethod):
         info = self._handle._info
         aid = info.actor_id
         name = self._qualname
+        if self._arity is not None:
+            check_call(self._arity, args, kwargs)
         args, kwargs = _prepare_args(args, kwargs, name, node)
         oid, target, result = _make_call_result(node, self._nret, False, self._bp, name, aid)
         node.pending[oid] = target
