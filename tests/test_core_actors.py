@@ -294,3 +294,103 @@ def test_an_actor_calls_its_own_methods(rt):
     assert ray.get(a.seen_count.remote(), timeout=T) == 6003
     assert ray.get(AsyncCallsItself.remote().outer.remote(5), timeout=T) == 11
     assert ray.get(ThreadedCallsItself.remote().outer.remote(5), timeout=T) == 11
+
+
+class _Flags:
+    def __init__(self):
+        self.flag = True                    # an attribute named like a method
+        self.run = lambda: "the instance's"  # a callable one, too
+
+    def flag(self):
+        return "the class's flag"
+
+    def run(self):
+        return "the class's run"
+
+    def attr(self):
+        return self.flag, self.run()
+
+
+class _AsyncFlags(_Flags):
+    async def run(self):
+        return "the class's async run"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ray.remote(_Flags).remote(),
+    lambda: ray.remote(_Flags).options(max_concurrency=4).remote(),
+    lambda: ray.remote(_AsyncFlags).remote(),
+], ids=["sync", "threaded", "async"])
+def test_an_instance_attribute_does_not_hide_a_method(rt, make):
+    # As in Ray: a call runs the class's method; the attribute is the
+    # instance's own business.
+    a = make()
+    run = "the class's async run" if "Async" in repr(a) else "the class's run"
+    assert ray.get([a.flag.remote(), a.run.remote(), a.attr.remote()], timeout=T) == [
+        "the class's flag", run, (True, "the instance's")]
+
+
+@ray.remote
+class _Opener:
+    """A gate that tasks wait at until the test opens it (bounded by T)."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    async def wait(self):
+        await asyncio.wait_for(self.event.wait(), T)
+        return "opened"
+
+    async def open(self):
+        self.event.set()
+
+
+@ray.remote
+def _behind_the_gate(gate):
+    return ray.get(gate.wait.remote())
+
+
+@ray.remote
+class _Log:
+    def __init__(self):
+        self.log = []
+
+    def record(self, what, value=None):
+        self.log.append(what)
+        return [what, value]
+
+    def read(self):
+        return self.log
+
+
+@ray.remote
+def _another_caller(log):
+    return ray.get(log.record.remote("other caller"))
+
+
+def test_a_call_waiting_for_its_argument_holds_back_only_its_callers_calls(rt):
+    # As in Ray: a sync actor's call whose ref argument is not ready waits
+    # aside with its caller's later calls; another caller's calls run.
+    gate, log = _Opener.remote(), _Log.remote()
+    slow = _behind_the_gate.remote(gate)
+    held = log.record.remote("held", slow)
+    after = log.record.remote("after")
+    # It would time out (the test fails) if the held call blocked the actor.
+    assert ray.get(_another_caller.remote(log), timeout=T) == ["other caller", None]
+    ray.get(gate.open.remote(), timeout=T)
+    assert ray.get([held, after], timeout=T) == [["held", "opened"], ["after", None]]
+    assert ray.get(log.read.remote(), timeout=T) == ["other caller", "held", "after"]
+
+
+def test_cancelling_a_call_that_waits_for_its_argument(rt):
+    from ray_lite.exceptions import TaskCancelledError
+    gate, log = _Opener.remote(), _Log.remote()
+    held = log.record.remote("held", _behind_the_gate.remote(gate))
+    after = log.record.remote("after")
+    ray.cancel(held)
+    with pytest.raises(TaskCancelledError):
+        ray.get(held, timeout=T)
+    # Its caller's next call no longer waits behind it.
+    assert ray.get(after, timeout=T) == ["after", None]
+    ray.get(gate.open.remote(), timeout=T)
+    assert ray.get(log.read.remote(), timeout=T) == ["after"]

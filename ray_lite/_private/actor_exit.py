@@ -39,8 +39,13 @@ def begin_exit(node):
     else:
         # One thread: the calls queued behind this one fail now; the exit
         # itself propagates to worker_main (SystemExit), which ends the process.
-        while node.tasks:
-            peer, msg = node.tasks.popleft()
+        queued = list(node.tasks)
+        node.tasks.clear()
+        with node._held_lock:      # and those waiting for a ref argument
+            for peer, held in node.held_calls.items():
+                queued.extend((peer, msg) for msg in held)
+            node.held_calls.clear()
+        for peer, msg in queued:
             if msg[0] == P.METHOD:
                 node.live.discard(msg[1])
                 for m in P.failure_msgs(msg[1], msg[6], err):

@@ -87,7 +87,7 @@ class AsyncActorMixin:
         try:
             context = _copy_context()
             try:
-                result = context.run(getattr(self.actor, method), *args)
+                result = context.run(self.actor_method(method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):
                     slots.free -= 1
                     task = _task_in(context, self.loop,

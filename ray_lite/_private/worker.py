@@ -19,6 +19,7 @@ from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
 from .async_actor import AsyncActorMixin
+from .held_calls import HeldCallsMixin
 from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                      unpicklable_task_error)
 from .node import Node
@@ -30,9 +31,20 @@ from .transport import Link, LinkClosed
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 _CoroutineType = types.CoroutineType
+_UNSET = object()
 
 
-class WorkerNode(AsyncActorMixin, Node):
+def _class_function(cls, name):
+    """``cls``'s plain function ``name`` (what an instance attribute must not
+    hide), or None: not a plain function (a staticmethod, a property, one the
+    class lets its instances replace), looked up with ``getattr`` instead."""
+    if name in getattr(cls, "__ray_lite_instance_methods__", ()):
+        return None
+    fn = inspect.getattr_static(cls, name, None)
+    return fn if type(fn) is types.FunctionType else None
+
+
+class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
@@ -49,6 +61,9 @@ class WorkerNode(AsyncActorMixin, Node):
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
+        self._class_methods = {}   # method -> the class's function, or None (see actor_method)
+        self.held_calls = {}       # peer -> its calls waiting for a ref (held_calls.py)
+        self._held_lock = threading.RLock()
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
         self.stream_acks = {}
@@ -166,6 +181,8 @@ class WorkerNode(AsyncActorMixin, Node):
         if oid not in self.live:
             return          # finished already (or never ours): nothing to cancel
         self.cancelled.add(oid)
+        if self.held_calls and self._cancel_held(oid):
+            return
         task = self.running.get(oid)
         if task is not None:
             task.cancel()
@@ -247,6 +264,8 @@ class WorkerNode(AsyncActorMixin, Node):
             self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
+        elif self.held_calls or (msg[3] or msg[4]) and self._unready_arg(msg) is not None:
+            self._hold(peer, msg)
         else:
             self.tasks.append((peer, msg))
 
@@ -546,10 +565,23 @@ class WorkerNode(AsyncActorMixin, Node):
         if self.actor_init_error is not None:
             raise self.actor_init_error
         try:
-            return getattr(self.actor, method)
+            return self.actor_method(method)
         except AttributeError:
             raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
                                  f"'{method}'") from None
+
+    def actor_method(self, method):
+        """The actor's ``method``, bound.  As in Ray, a method the class
+        defines is called even when the instance has an attribute of that
+        name (``self.flag = True`` beside ``def flag(self)``); a class lists
+        in ``__ray_lite_instance_methods__`` the names its instances replace
+        on purpose (Serve's replica wraps its entry points that way)."""
+        fn = self._class_methods.get(method, _UNSET)
+        if fn is _UNSET:
+            fn = self._class_methods[method] = _class_function(type(self.actor), method)
+        if fn is None:
+            return getattr(self.actor, method)
+        return fn.__get__(self.actor)
 
     def _call_name(self, method):
         name = self._names.get(method)
