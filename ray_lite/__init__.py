@@ -32,12 +32,16 @@ from ray_lite._private.runtime_context import get_runtime_context
 from ray_lite.message_queue import MessageQueue
 from ray_lite import actor  # noqa: E402  (Ray's ray.actor: exit_actor, method)
 from ray_lite._private.backend import current as backend
+from ray_lite._private.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID, ObjectID,
+                                   PlacementGroupID, TaskID, UniqueID, WorkerID)
 
 __all__ = [
     "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",
     "wait", "put", "kill", "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator",
     "MessageQueue", "method", "get_runtime_context", "available_resources",
     "cluster_resources", "nodes", "get_gpu_ids", "actor", "backend",
+    "ActorClassID", "ActorID", "FunctionID", "JobID", "NodeID", "ObjectID",
+    "PlacementGroupID", "TaskID", "UniqueID", "WorkerID",
 ]
 
 

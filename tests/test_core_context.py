@@ -203,3 +203,54 @@ def test_task_function_name(rt):
     assert ray.get(a.names.remote(), timeout=T) == (
         f"{mod}.NamesItsCalls.__init__", f"{mod}.NamesItsCalls.names")
     assert ray.get(a.async_name.remote(), timeout=T) == f"{mod}.NamesItsCalls.async_name"
+
+
+@ray.remote
+def _id_objects():
+    ctx = ray.get_runtime_context()
+    return ctx.task_id, ctx.actor_id, ctx.node_id, ctx.get_task_id()
+
+
+@ray.remote
+class _IdActor:
+    def ids(self):
+        ctx = ray.get_runtime_context()
+        return ctx.actor_id, ctx.get_actor_id(), ctx.task_id, ctx.get_task_id()
+
+
+def test_id_objects(rt):
+    # Ray's older properties give id objects; the get_*_id() methods hex.
+    ctx = ray.get_runtime_context()
+    assert ctx.node_id == ray.NodeID.from_hex(ctx.get_node_id())
+    assert ctx.job_id == ray.JobID.from_int(1) and ctx.job_id.int() == 1
+    assert repr(ctx.job_id) == "JobID(01000000)"
+    with pytest.raises(AssertionError, match="only available when the process is a worker"):
+        ctx.task_id         # noqa: B018 - the driver is no worker (Ray's assertion)
+    ref = _id_objects.remote()
+    task_id, actor_id, node_id, task_hex = ray.get(ref, timeout=T)
+    assert type(task_id) is ray.TaskID and task_id.hex() == task_hex
+    assert ref.task_id() == task_id and ref.job_id() == ctx.job_id
+    assert actor_id is None and node_id == ctx.node_id
+    actor_id, actor_hex, call_id, call_hex = ray.get(_IdActor.remote().ids.remote(), timeout=T)
+    assert type(actor_id) is ray.ActorID and actor_id.hex() == actor_hex
+    assert call_id.hex() == call_hex and not call_id.is_nil()
+
+
+def test_id_types():
+    sizes = {ray.JobID: 4, ray.ActorID: 16, ray.TaskID: 24, ray.PlacementGroupID: 18,
+             ray.NodeID: 28, ray.WorkerID: 28, ray.ObjectID: 28, ray.UniqueID: 28}
+    for cls, size in sizes.items():
+        assert cls.size() == size and len(cls.from_random().binary()) == size
+        assert cls.nil().is_nil() and not cls.from_random().is_nil()
+        one = cls.from_random()
+        assert cls.from_hex(one.hex()) == one and hash(cls.from_binary(one.binary())) == hash(one)
+        assert one != one.hex()
+    with pytest.raises(ValueError, match="length 28, got 2"):
+        ray.NodeID(b"12")
+    with pytest.raises(ValueError, match="not a hex string"):
+        ray.NodeID.from_hex("zz")
+    with pytest.raises(TypeError):
+        ray.NodeID("not bytes")
+    import pickle
+    one = ray.TaskID.from_random()
+    assert pickle.loads(pickle.dumps(one)) == one

@@ -5,6 +5,7 @@ see hex strings of Ray's lengths (a job 4 bytes, an actor 16, a task 24, a
 node or a worker 28), made from those integers without any table.
 """
 import hashlib
+import os
 
 # One driver, one job: Ray numbers the first job of a cluster 1.
 JOB_ID_HEX = "01000000"
@@ -29,3 +30,125 @@ def node_id_hex(driver_pid):
 def worker_id_hex(node_hex, process_id):
     """A process's 28-byte worker id."""
     return hashlib.sha224(f"{node_hex}/{process_id}".encode()).hexdigest()
+
+
+class BaseID:
+    """Ray's id objects (``ray.NodeID``, ``ray.TaskID``...): fixed-size bytes
+    shown in hex.  What ``get_runtime_context().node_id`` and the like return
+    (the ``get_*_id()`` methods return the hex strings)."""
+
+    __slots__ = ("_bytes",)
+    SIZE = 28
+
+    def __init__(self, id_bytes):
+        if not isinstance(id_bytes, bytes):
+            raise TypeError(f"Unsupported type: {type(id_bytes)}")
+        if len(id_bytes) != self.SIZE:
+            raise ValueError(f"ID string needs to have length {self.SIZE}, "
+                             f"got {len(id_bytes)}")
+        self._bytes = id_bytes
+
+    @classmethod
+    def size(cls):
+        return cls.SIZE
+
+    @classmethod
+    def from_binary(cls, id_bytes):
+        return cls(id_bytes)
+
+    @classmethod
+    def from_hex(cls, hex_id):
+        try:
+            id_bytes = bytes.fromhex(hex_id)
+        except (TypeError, ValueError):
+            raise ValueError(f"{cls.__name__}.from_hex: not a hex string: {hex_id!r}") from None
+        return cls(id_bytes)
+
+    @classmethod
+    def from_random(cls):
+        return cls(os.urandom(cls.SIZE))
+
+    @classmethod
+    def nil(cls):
+        return cls(b"\xff" * cls.SIZE)
+
+    def binary(self):
+        return self._bytes
+
+    def hex(self):
+        return self._bytes.hex()
+
+    def is_nil(self):
+        return self._bytes == b"\xff" * self.SIZE
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other._bytes == self._bytes
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash((type(self).__name__, self._bytes))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.hex()})"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (type(self), (self._bytes,))
+
+
+class UniqueID(BaseID):
+    __slots__ = ()
+
+
+class NodeID(BaseID):
+    __slots__ = ()
+
+
+class WorkerID(BaseID):
+    __slots__ = ()
+
+
+class ObjectID(BaseID):
+    __slots__ = ()
+
+
+class FunctionID(BaseID):
+    __slots__ = ()
+
+
+class ActorClassID(BaseID):
+    __slots__ = ()
+
+
+class JobID(BaseID):
+    __slots__ = ()
+    SIZE = 4
+
+    @classmethod
+    def from_int(cls, value):
+        return cls(value.to_bytes(4, "little"))
+
+    def int(self):
+        return int.from_bytes(self._bytes, "little")
+
+
+class ActorID(BaseID):
+    __slots__ = ()
+    SIZE = 16
+
+
+class TaskID(BaseID):
+    __slots__ = ()
+    SIZE = 24
+
+
+class PlacementGroupID(BaseID):
+    __slots__ = ()
+    SIZE = 18
+
+
+ID_TYPES = (UniqueID, NodeID, WorkerID, ObjectID, FunctionID, ActorClassID, JobID, ActorID,
+            TaskID, PlacementGroupID)

@@ -28,6 +28,7 @@ import threading
 
 from . import state
 from .backend import AlsoRay
+from .ids import JOB_ID_HEX, JobID, TaskID, task_id_hex
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 from .entries import (_BorrowedEntry, _Entry, _FrozenEntry, _IMMUTABLE,  # noqa: F401
                       _give_weight_back, _local, error_entry, raisable, ready_entry)
@@ -93,6 +94,14 @@ class ObjectRef(metaclass=AlsoRay):
 
     def binary(self):
         return bytes.fromhex(self.hex())
+
+    def task_id(self):
+        """The ``TaskID`` of the call that made this object (as that call's
+        ``get_runtime_context().task_id``)."""
+        return TaskID.from_hex(task_id_hex(self._id))
+
+    def job_id(self):
+        return JobID.from_hex(JOB_ID_HEX)
 
     def __hash__(self):
         return hash(self._id)

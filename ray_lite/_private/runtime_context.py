@@ -21,7 +21,8 @@ from . import backend as _backend
 from . import protocol as P
 from . import state
 from .errors import ActorExit
-from .ids import JOB_ID_HEX, actor_id_hex, node_id_hex, task_id_hex, worker_id_hex
+from .ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node_id_hex,
+                  task_id_hex, worker_id_hex)
 from .remote import ActorHandle
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,34 @@ class RuntimeContext:
         oid = current_call_oid()
         return task_id_hex(oid) if oid is not None else None
 
+    # Ray's older properties, id objects where the methods above give hex.
+    @property
+    def node_id(self):
+        return NodeID.from_hex(self.get_node_id())
+
+    @property
+    def job_id(self):
+        return JobID.from_hex(self.get_job_id())
+
+    @property
+    def task_id(self):
+        """The running call's ``TaskID`` (nil outside one); workers only."""
+        self._assert_worker()
+        task_id = self.get_task_id()
+        return TaskID.nil() if task_id is None else TaskID.from_hex(task_id)
+
+    @property
+    def actor_id(self):
+        """This actor's ``ActorID``, None in a task; workers only."""
+        self._assert_worker()
+        actor_id = self.get_actor_id()
+        return None if actor_id is None else ActorID.from_hex(actor_id)
+
+    def _assert_worker(self):
+        if self._mode != WORKER_MODE:
+            raise AssertionError(f"This method is only available when the process is a "
+                                 f"worker. Current mode: {self._mode}")
+
     def get_task_function_name(self):
         """The running call's function as ``module.name`` (an actor's method:
         ``module.Class.method``, its constructor ``module.Class.__init__``);
@@ -176,9 +205,7 @@ class RuntimeContext:
     def get_assigned_resources(self):
         """The resources this worker holds: ``{"CPU": 1.0}`` in a task by default,
         ``{}`` in an actor that asked for none."""
-        if self._mode != WORKER_MODE:
-            raise AssertionError(f"This method is only available when the process is a "
-                                 f"worker. Current mode: {self._mode}")
+        self._assert_worker()
         return self._node.request(P.OP_INTROSPECT, "assigned")
 
     def get_accelerator_ids(self):
