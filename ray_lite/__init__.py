@@ -32,8 +32,9 @@ from ray_lite._private.runtime_context import get_runtime_context
 from ray_lite.message_queue import MessageQueue
 from ray_lite import actor  # noqa: E402  (Ray's ray.actor: exit_actor, method)
 from ray_lite._private.backend import current as backend
-from ray_lite._private.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID, ObjectID,
+from ray_lite._private.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID,
                                    PlacementGroupID, TaskID, UniqueID, WorkerID)
+ObjectID = ObjectRef        # Ray's old name, still there in Ray 2.60
 
 __all__ = [
     "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",

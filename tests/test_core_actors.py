@@ -394,3 +394,38 @@ def test_cancelling_a_call_that_waits_for_its_argument(rt):
     assert ray.get(after, timeout=T) == ["after", None]
     ray.get(gate.open.remote(), timeout=T)
     assert ray.get(log.read.remote(), timeout=T) == ["after"]
+
+
+class _Base:
+    BASE = 2
+
+
+@ray.remote
+class _WithClassAttributes(_Base):
+    X = 3
+
+    @staticmethod
+    def four():
+        return 4
+
+    def read(self):
+        # The decorated name, used inside the actor: the class's attributes.
+        return _WithClassAttributes.X, _WithClassAttributes.BASE, _WithClassAttributes.four()
+
+
+def test_an_actor_class_reads_through_to_the_class(rt):
+    assert (_WithClassAttributes.X, _WithClassAttributes.BASE,
+            _WithClassAttributes.four()) == (3, 2, 4)
+    a = _WithClassAttributes.remote()
+    assert ray.get(a.read.remote(), timeout=T) == (3, 2, 4)
+    assert {"X", "four", "read", "remote", "options"} <= set(dir(_WithClassAttributes))
+    assert {"read", "four"} <= set(dir(a))
+    with pytest.raises(AttributeError):
+        _WithClassAttributes.missing      # noqa: B018
+
+
+def test_an_actor_class_cannot_be_subclassed(rt):
+    with pytest.raises(TypeError, match="Inheriting from actor classes is not currently "
+                                        "supported"):
+        class Sub(_WithClassAttributes):   # noqa: F841
+            pass

@@ -248,6 +248,14 @@ def test_unserialisable_argument_and_result(rt):
     assert ray.get([double.remote(i) for i in range(4)], timeout=T) == [0, 2, 4, 6]
 
 
+def test_remote_with_empty_parentheses_is_refused():
+    # As Ray: @remote() is neither the bare decorator nor one with options.
+    with pytest.raises(AssertionError, match="no arguments and no parentheses"):
+        @ray.remote()
+        def f():
+            pass
+
+
 @ray.remote
 class Signed:
     def __init__(self, a, *, label="x"):

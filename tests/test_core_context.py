@@ -238,7 +238,7 @@ def test_id_objects(rt):
 
 def test_id_types():
     sizes = {ray.JobID: 4, ray.ActorID: 16, ray.TaskID: 24, ray.PlacementGroupID: 18,
-             ray.NodeID: 28, ray.WorkerID: 28, ray.ObjectID: 28, ray.UniqueID: 28}
+             ray.NodeID: 28, ray.WorkerID: 28, ray.UniqueID: 28}
     for cls, size in sizes.items():
         assert cls.size() == size and len(cls.from_random().binary()) == size
         assert cls.nil().is_nil() and not cls.from_random().is_nil()

@@ -162,6 +162,23 @@ def test_bad_resource_values_are_refused():
     assert not ray.is_initialized()
 
 
+def test_a_node_with_no_cpu():
+    # As Ray: init(num_cpus=0) (and a float object_store_memory) is taken;
+    # tasks that ask for no CPU run, one that asks for a CPU could never
+    # (Ray leaves it pending; here get says why).
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match="num_cpus"):
+            ray.init(num_cpus=bad)
+    ray.init(num_cpus=0, object_store_memory=200e6)
+    try:
+        assert ray.get(one.options(num_cpus=0).remote(), timeout=T) == 1
+        with pytest.raises(ValueError, match="init\\(num_cpus=0\\)"):
+            ray.get(one.remote(), timeout=T)
+        assert ray.cluster_resources().get("CPU", 0) == 0
+    finally:
+        ray.shutdown()
+
+
 def test_an_actor_waits_for_its_resources_when_created_from_a_task():
     ray.init(num_cpus=2)
     try:

@@ -105,6 +105,8 @@ def test_threads_waiting_at_once_each_get_their_own_results(rt):
 
 def test_a_handle_makes_each_method_once_and_still_travels(rt):
     e = Echo.remote()
+    first = e.echo      # makes it (what it returns also holds the handle: see ActorMethod)
+    assert first._hard is e and e.echo._hard is None
     assert e.echo is e.echo               # kept on the handle after its first use
     assert ray.get(e.echo.remote(1), timeout=T) == 1
 

@@ -14,7 +14,8 @@ from . import backend as _backend, interrupts, object_store, state
 from . import protocol as P
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
-from .remote import ActorClass, ActorHandle, RemoteFunction
+from .actor_handle import ActorHandle
+from .remote import ActorClass, RemoteFunction
 from .runtime_env import env_vars_of
 from .scheduler import check_resource_dict
 
@@ -127,8 +128,9 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
                                "calling 'ray.shutdown()' prior to 'ray.init()'.")
         if num_cpus is None:
             num_cpus = os.cpu_count() or 1
-        if not isinstance(num_cpus, int) or num_cpus < 1:
-            raise ValueError(f"num_cpus must be a positive int, got {num_cpus!r}")
+        if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 0:
+            # 0 as in Ray: a node for tasks and actors that ask for no CPU.
+            raise ValueError(f"num_cpus must be an int >= 0, got {num_cpus!r}")
         if namespace is None:
             # Ray's anonymous namespace: the job's own, a fresh UUID.
             namespace = str(uuid.uuid4())
@@ -221,6 +223,12 @@ def remote(*args, **options):
     if args:
         raise TypeError("The @ray.remote decorator must be applied either with no arguments "
                         "and no parentheses, or with keyword arguments only.")
+    if not options:
+        # ``@remote()``: Ray refuses it (so would the program, moved to Ray).
+        raise AssertionError("The @ray.remote decorator must be applied either with no "
+                             "arguments and no parentheses, for example '@ray.remote', or it "
+                             "must be applied using some of its options, for example "
+                             "'@ray.remote(num_returns=2, resources={\"CustomResource\": 1})'.")
 
     def decorator(obj):
         return _make_remote(obj, options)

@@ -151,6 +151,13 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
 
     def _enqueue(self, spec, first=False):
         if spec.demand is None:
+            if not self.num_cpus:
+                # init(num_cpus=0): a task that asks for a CPU could never run
+                # (Ray leaves it pending for ever; here get says why).
+                self._fail_task(spec, ValueError(
+                    f"{spec.name} asks for {{'CPU': 1}} but this machine has no CPU for "
+                    f"tasks (init(num_cpus=0)): give the task num_cpus=0, or init more"))
+                return
             if first:
                 self.queue.appendleft(spec)
             else:

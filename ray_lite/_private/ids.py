@@ -111,10 +111,6 @@ class WorkerID(BaseID):
     __slots__ = ()
 
 
-class ObjectID(BaseID):
-    __slots__ = ()
-
-
 class FunctionID(BaseID):
     __slots__ = ()
 
@@ -150,5 +146,5 @@ class PlacementGroupID(BaseID):
     SIZE = 18
 
 
-ID_TYPES = (UniqueID, NodeID, WorkerID, ObjectID, FunctionID, ActorClassID, JobID, ActorID,
+ID_TYPES = (UniqueID, NodeID, WorkerID, FunctionID, ActorClassID, JobID, ActorID,
             TaskID, PlacementGroupID)

@@ -162,6 +162,23 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
             return False
         return True
 
+    # ------------------------------------------------- an actor's last handle
+    def actor_handle_dropped(self, aid):
+        """The handle this process got when it created actor ``aid`` is gone
+        (``ActorHandle.__del__``, so at any point of any thread): the actor
+        is ended at the next drain, which the service thread (if it is
+        listening) does now."""
+        if not self.closed:
+            self._deferred.append(aid)      # an int among streams: see _run_deferred
+            self._kick(False)
+
+    def end_dropped_actor(self, aid):
+        """Ray's graceful end (``__ray_terminate__``), queued behind the calls
+        sent before it; its answer (the actor's exit) is awaited by nobody."""
+        if aid in self.dead_peers or self.closed or not self.connect(aid):
+            return
+        self.send(aid, P.method_msg(self.new_oid(), "__ray_terminate__", [], {}, 1, False, 0))
+
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):
         if kind == P.ACTOR_CALL or kind == P.FETCH_FROM_ACTOR:

@@ -111,6 +111,8 @@ def check_capacity(capacity):
     """``init(object_store_memory=...)`` checked, or the default when None."""
     if capacity is None:
         return default_capacity()
+    if isinstance(capacity, float) and capacity.is_integer():
+        capacity = int(capacity)        # 200e6, as Ray takes it
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
         raise ValueError(f"object_store_memory must be a positive int (bytes), got {capacity!r}")
     return capacity

@@ -23,7 +23,7 @@ from . import state
 from .errors import ActorExit
 from .ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node_id_hex,
                   task_id_hex, worker_id_hex)
-from .remote import ActorHandle
+from .actor_handle import ActorHandle
 
 logger = logging.getLogger(__name__)
 

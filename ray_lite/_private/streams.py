@@ -148,6 +148,9 @@ class StreamsMixin:
         # back by back-pressure is let go.
         items, self._deferred = self._deferred, []
         for s in items:
+            if type(s) is int:      # an actor whose last handle went (actor_handle_dropped)
+                self.end_dropped_actor(s)
+                continue
             if not s.done:
                 s.released = True
                 s.table = None

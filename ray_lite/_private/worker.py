@@ -34,6 +34,13 @@ _CoroutineType = types.CoroutineType
 _UNSET = object()
 
 
+def _ray_terminate(actor):
+    """``handle.__ray_terminate__``: Ray's graceful end of an actor, as
+    ``exit_actor()`` in a method of its own."""
+    from .runtime_context import exit_actor
+    exit_actor()
+
+
 def _class_function(cls, name):
     """``cls``'s plain function ``name`` (what an instance attribute must not
     hide), or None: not a plain function (a staticmethod, a property, one the
@@ -61,7 +68,8 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
-        self._class_methods = {}   # method -> the class's function, or None (see actor_method)
+        # method -> the class's function, or None (see actor_method)
+        self._class_methods = {"__ray_terminate__": _ray_terminate}
         self.held_calls = {}       # peer -> its calls waiting for a ref (held_calls.py)
         self._held_lock = threading.RLock()
         self.exiting = False

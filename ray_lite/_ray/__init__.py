@@ -34,7 +34,7 @@ def adopt():
 
 def _activate(ray):
     from ray_lite._private.refs import ObjectRef, ObjectRefGenerator
-    from ray_lite._private.remote import ActorHandle
+    from ray_lite._private.actor_handle import ActorHandle
     from ray_lite.util import queue as rl_queue
     from ray.util import queue as ray_queue
 

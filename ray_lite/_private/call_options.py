@@ -1,0 +1,174 @@
+"""What a call's options and arguments are checked and turned into, shared by
+remote functions (remote.py) and actor handles (actor_handle.py)."""
+import os
+
+from . import state
+from .concurrency_groups import check_groups
+from .object_store import STORE_THRESHOLD
+from .refs import (ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, stored_by_value,
+                   travels_as_value)
+from .runtime_env import env_vars_of
+from .scheduler import check_retry_exceptions, demand_of
+
+# Options Ray accepts that ray_lite honours.
+_PLACEMENT = {"num_cpus", "resources", "scheduling_strategy", "runtime_env", "placement_group",
+              "placement_group_bundle_index", "placement_group_capture_child_tasks"}
+_TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects",
+                  "retry_exceptions"} | _PLACEMENT
+_ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime",
+                   "max_restarts", "max_task_retries", "concurrency_groups"} | _PLACEMENT
+# Options that make no sense on one machine but are harmless: accepted, listed
+# in the README, and without effect.
+HARMLESS = {"num_gpus", "memory", "accelerator_type", "label_selector", "_metadata",
+            "enable_task_events", "object_store_memory", "max_calls", "_labels"}
+# ...except for these values, which ray_lite cannot honour: refusing is
+# better than silently doing something else.  (Per kind: an actor's option
+# on a task, or the other way round, is accepted with its default only.)
+_REFUSED_UNLESS_DEFAULT = {
+    "task": {"num_gpus": (0, None), "max_calls": (0, None), "max_restarts": (0, None),
+             "max_task_retries": (0, None), "concurrency_groups": (None,)},
+    "actor": {"num_gpus": (0, None), "max_calls": (0, None), "retry_exceptions": (False, None)},
+}
+_SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+def _driver_pid():
+    node = state.node
+    return os.getpid() if node is None else node.driver_pid
+
+
+def _check_options(opts, kind):
+    honoured = _TASK_HONOURED if kind == "task" else _ACTOR_HONOURED
+    refused = _REFUSED_UNLESS_DEFAULT[kind]
+    for key, value in opts.items():
+        if key not in honoured and key not in HARMLESS and key not in refused:
+            raise ValueError(f"Invalid option keyword {key} for {kind}s. Valid ones are "
+                             f"{sorted(honoured | HARMLESS | set(refused))}.")
+        allowed = refused.get(key)
+        if allowed is not None and value not in allowed and not (
+                isinstance(value, dict) and not value):
+            raise ValueError(f"ray_lite does not support the option {key}={value!r} "
+                             f"(single machine runtime; see the README's list of options)")
+    if kind == "task":
+        nr = opts.get("num_returns", 1)
+        if nr == "dynamic":
+            raise ValueError("ray_lite does not support num_returns='dynamic'; use a "
+                             "streaming generator (num_returns='streaming')")
+        if nr != "streaming" and (not isinstance(nr, int) or nr < 0):
+            raise ValueError(f"num_returns must be a non-negative int or 'streaming', got {nr!r}")
+        mr = opts.get("max_retries", 3)
+        if not isinstance(mr, int) or mr < -1:
+            raise ValueError(f"max_retries must be an int >= -1, got {mr!r}")
+        check_retry_exceptions(opts.get("retry_exceptions"))
+    else:
+        for key in ("max_restarts", "max_task_retries"):
+            v = opts.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+                raise ValueError(f"{key} must be an int >= -1, got {v!r}")
+        check_groups(opts.get("concurrency_groups"))
+        mc = opts.get("max_concurrency", None)
+        if mc is not None and (not isinstance(mc, int) or mc < 1):
+            raise ValueError(f"max_concurrency must be a positive int, got {mc!r}")
+        if opts.get("lifetime") not in (None, "non_detached"):
+            raise ValueError("ray_lite does not support lifetime='detached': actors end with "
+                             "the driver (single machine runtime)")
+    env_vars_of(opts.get("runtime_env"))
+    demand_of(opts, kind, _driver_pid())
+    bp = opts.get("_generator_backpressure_num_objects", -1)
+    if bp is not None and (not isinstance(bp, int) or bp == 0 or bp < -1):
+        raise ValueError(f"_generator_backpressure_num_objects must be a positive int or -1, "
+                         f"got {bp!r}")
+
+
+def _check_method_options(opts, info=None):
+    """Refuse what an actor method's options cannot be, naming it (``info``:
+    the actor's, to check a concurrency group against the actor's groups)."""
+    for k in opts:
+        if k not in ("num_returns", "name", "_generator_backpressure_num_objects",
+                     "max_task_retries", "retry_exceptions", "concurrency_group",
+                     "enable_task_events"):
+            raise ValueError(f"Invalid option keyword {k} for actor methods.")
+    group = opts.get("concurrency_group")
+    if group is not None:
+        if not isinstance(group, str):
+            raise TypeError(f"concurrency_group must be a str, got {type(group).__name__}")
+        groups = None if info is None else info.groups
+        if info is not None and (groups is None or group not in groups):
+            raise ValueError(f"Invalid concurrency group {group!r}: the actor has "
+                             f"{list(groups or ())}")
+    mtr = opts.get("max_task_retries")
+    if mtr is not None and (not isinstance(mtr, int) or isinstance(mtr, bool) or mtr < -1):
+        raise ValueError(f"max_task_retries must be an int >= -1, got {mtr!r}")
+    if opts.get("retry_exceptions") not in (None, False):
+        raise ValueError("ray_lite does not support retry_exceptions on actor methods "
+                         "(an actor's calls are retried only when it restarts: "
+                         "max_task_retries)")
+    _check_options({k: v for k, v in opts.items()
+                    if k not in ("concurrency_group", "max_task_retries", "retry_exceptions")},
+                   "task")
+
+
+def _check_args_serialisable(args, kwargs, what):
+    """True when the arguments carry large buffers (see ``_by_value``).
+
+    A value the codec cannot carry fails here, at the call site, and not
+    later when the scheduler sends the task."""
+    for a in args:
+        if type(a) not in _SIMPLE_TYPES:
+            break
+    else:
+        if not kwargs:
+            return
+        for a in kwargs.values():
+            if type(a) not in _SIMPLE_TYPES:
+                break
+        else:
+            return
+    try:
+        return probe_serialisable((args, kwargs)) >= STORE_THRESHOLD
+    except Exception as exc:
+        raise TypeError(f"Could not serialize the arguments of {what}: {exc}") from exc
+
+
+def _by_value(node, args, kwargs):
+    """The arguments with the large ones stored (``refs.stored_by_value``)."""
+    args = stored_by_value(node, args)
+    if kwargs:
+        kwargs = dict(zip(kwargs, stored_by_value(node, kwargs.values())))
+    return args, kwargs
+
+
+def _prepare_args(args, kwargs, name, node=None):
+    if _check_args_serialisable(args, kwargs, name) and node is not None:
+        args, kwargs = _by_value(node, args, kwargs)
+    # Ready refs travel as their values; the others are resolved by the actor
+    # (which fetches them from their owner).
+    args = [a._e.value if type(a) is ObjectRef and a._e.ready and a._e.error is None
+            and travels_as_value(a) else a for a in args]
+    if kwargs:
+        kwargs = {k: (a._e.value if type(a) is ObjectRef and a._e.ready
+                      and a._e.error is None and travels_as_value(a) else a)
+                  for k, a in kwargs.items()}
+    return args, kwargs
+
+
+def _make_call_result(node, nret, stream, bp, name, peer):
+    """Allocate the ids and the refs (or the generator) for a call's results."""
+    n = 1 if stream else max(nret, 1)
+    oid = node.new_oids(n)
+    if stream:
+        s = node.new_stream(oid, peer, bp, name)
+        return oid, s, ObjectRefGenerator(s)
+    if nret == 1:
+        e = _Entry(peer)
+        return oid, e, ObjectRef(oid, node.id, e)
+    entries = [_Entry(peer) for _ in range(nret)]
+    refs = [ObjectRef(oid + i, node.id, e) for i, e in enumerate(entries)]
+    return oid, entries, (refs if nret else None)
+
+
+def _stream_opts(opts, is_gen):
+    nr = opts.get("num_returns", "streaming" if is_gen else 1)
+    stream = nr == "streaming"
+    bp = opts.get("_generator_backpressure_num_objects", -1) or -1
+    return (1 if stream else nr), stream, (bp if stream else -1)
