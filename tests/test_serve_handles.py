@@ -245,6 +245,11 @@ class BadInit:
 def test_constructor_failure_fails_run(serve_port):
     with pytest.raises(RuntimeError, match="constructor failed"):
         serve.run(BadInit.bind(), name="bad", route_prefix=None)
+    # As Ray: the deployment is DEPLOY_FAILED and its message says why.
+    app = serve.status().applications["bad"]
+    dep = app.deployments["BadInit"]
+    assert (app.status, dep.status) == ("DEPLOY_FAILED", "DEPLOY_FAILED")
+    assert "constructor failed" in dep.message and "constructor failed" in app.message
 
 
 @serve.deployment(graceful_shutdown_timeout_s=30)
@@ -264,6 +269,85 @@ def test_delete_drains_in_flight_requests(serve_port):
         serve.get_app_handle("slow")
 
 
+@ray.remote
+class _Notes:
+    def __init__(self):
+        self.notes = []
+        self.changed = asyncio.Event()
+
+    async def add(self, note):
+        self.notes.append(note)
+        self.changed.set()
+
+    async def first(self):
+        """The first note, once there is one (the caller's get bounds the wait)."""
+        while not self.notes:
+            self.changed.clear()
+            await self.changed.wait()
+        return self.notes[0]
+
+    async def read(self):
+        return self.notes
+
+
+@serve.deployment
+class WithDestructor:
+    def __init__(self, notes, kind):
+        self.notes = notes
+        self.kind = kind
+
+    def __call__(self):
+        return "up"
+
+    def __del__(self):
+        ray.get(self.notes.add.remote(f"{self.kind} __del__"))
+
+
+@serve.deployment
+class WithAsyncDestructor(WithDestructor.func_or_class):
+    async def __del__(self):
+        await self.notes.add.remote(f"{self.kind} async __del__")
+
+
+@pytest.mark.parametrize("cls", [WithDestructor, WithAsyncDestructor], ids=["sync", "async"])
+def test_a_replica_runs_its_destructor_when_it_stops(serve_port, cls):
+    # As Ray: __del__ (sync or async) runs once when the replica stops.
+    notes = _Notes.remote()
+    assert serve.run(cls.bind(notes, "del"), name="d", route_prefix=None).remote().result(
+        timeout_s=T) == "up"
+    serve.delete("d")
+    expect = "del async __del__" if cls is WithAsyncDestructor else "del __del__"
+    assert ray.get(notes.read.remote(), timeout=T) == [expect]
+
+
+@serve.deployment
+class NeverReady:
+    async def __init__(self, notes):
+        await notes.add.remote(os.getpid())
+        await asyncio.Event().wait()         # its constructor never ends
+
+
+def test_delete_stops_a_replica_still_in_its_constructor(serve_port):
+    import threading
+    from procs import wait_dead
+    notes = _Notes.remote()
+    outcome = []
+
+    def run():
+        try:
+            serve.run(NeverReady.bind(notes), name="never", route_prefix=None)
+            outcome.append("ran")
+        except Exception as exc:   # noqa: BLE001 - what the test looks at
+            outcome.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    pid = ray.get(notes.first.remote(), timeout=T)     # the constructor has begun
+    serve.delete("never")
+    assert wait_dead(pid, T), "the replica outlived its deployment"
+    t.join(T)
+    assert not t.is_alive() and isinstance(outcome[0], Exception)
+
+
 def test_options_and_decorator_validation():
     with pytest.raises(ValueError):
         serve.deployment(num_replicas=-1)
@@ -275,6 +359,17 @@ def test_options_and_decorator_validation():
         Adder(1)
     assert Adder.options(name="X").name == "X"
     assert Adder.options(num_replicas=3).num_replicas == 3
+    # As Ray: a digit string is a number; these two options exclude each other;
+    # an old-style positional name is ignored (the class's name stays).
+    assert Adder.options(num_replicas="3").num_replicas == 3
+    with pytest.raises(ValueError, match="max_replicas_per_node is not allowed when "
+                                         "placement_group_bundles"):
+        serve.deployment(max_replicas_per_node=1, placement_group_bundles=[{"CPU": 1}])
+
+    @serve.deployment("old_style_name", num_replicas=2)
+    class Named:
+        pass
+    assert (Named.name, Named.num_replicas) == ("Named", 2)
 
 
 # -- the handle's own limits: max_ongoing_requests, max_queued_requests -----------

@@ -34,6 +34,7 @@ class _Dep:
         self.replicas = {}                  # replica id -> ActorHandle (RUNNING)
         self.pids = {}                      # replica id -> its process id
         self.starting = 0
+        self.starting_handles = {}          # replica id -> handle: not ready yet
         self.stopping = set()
         self.draining = {}                  # replica id -> handle: ending its requests
         self.target = self.config["num_replicas"]   # what it should run (autoscaling moves it)
@@ -298,6 +299,8 @@ class ServeController(Autoscaling):
                     errors.append(exc)
                     self._kill(h)
                     return
+                finally:
+                    dep.starting_handles.pop(rid, None)
                 if self.apps.get(dep.app) is not None and \
                         self.apps[dep.app].deps.get(dep.name) is dep:
                     dep.replicas[rid] = h
@@ -311,6 +314,7 @@ class ServeController(Autoscaling):
                 if isinstance(h, Exception):
                     errors.append(h)
                 else:
+                    dep.starting_handles[rid] = h
                     joins.append(join(rid, h))
             await asyncio.gather(*joins)
         finally:
@@ -429,6 +433,12 @@ class ServeController(Autoscaling):
         dep.pids.clear()
         for t in list(dep.tasks):
             t.cancel()
+        # Those still in their constructor (an ``async def __init__`` that
+        # may never end) serve no request: they end now; their bring-up
+        # sees them die.
+        for h in list(dep.starting_handles.values()):
+            self._kill(h)
+        dep.starting_handles.clear()
         timeout = dep.config.get("graceful_shutdown_timeout_s") or 0
 
         async def stop(h):
@@ -448,7 +458,8 @@ class ServeController(Autoscaling):
         for other in self.apps.values():
             if other.name != name and route_prefix is not None and \
                     other.route_prefix == route_prefix:
-                raise ValueError(f"Prefix {route_prefix} is being used by application "
+                from .exceptions import RayServeException     # Ray's type for it
+                raise RayServeException(f"Prefix {route_prefix} is being used by application "
                                  f"\"{other.name}\". Failed to deploy application \"{name}\".")
         old = self.apps.get(name)
         app = _App(name, route_prefix, ingress)
@@ -482,24 +493,33 @@ class ServeController(Autoscaling):
             for dname, od in old.deps.items():
                 if app.deps.get(dname) is not od:
                     asyncio.ensure_future(self._stop_replicas(od))
-        bring_ups = []
+        bring_ups, brought = [], []
         for dep in app.deps.values():
             have = len(dep.replicas) + dep.starting
             if have < dep.target:
                 bring_ups.append(self._bring_up(dep, dep.target - have))
+                brought.append(dep)
             elif len(dep.replicas) > dep.target:
                 self._drain_some(dep, len(dep.replicas) - dep.target)
-        errors = [e for errs in await asyncio.gather(*bring_ups) for e in errs]
-        if not errors:
+        failed = {}         # deployment -> its first error
+        for dep, errs in zip(brought, await asyncio.gather(*bring_ups)):
+            if errs:
+                failed[dep] = errs[0]
+        if not failed:
             for dep in app.deps.values():
                 dep.status = "HEALTHY"
-        if errors:
-            msg = _error_text(errors[0])
+                dep.message = ""
+        if failed:
+            msg = _error_text(next(iter(failed.values())))
             app.status = "DEPLOY_FAILED"
             app.message = msg
             for dep in app.deps.values():
                 await self._stop_replicas(dep)
-                dep.status = "UNHEALTHY"
+                # As Ray: the deployment that failed says why; the others
+                # of the app are stopped with it.
+                err = failed.get(dep)
+                dep.status = "DEPLOY_FAILED" if err is not None else "UNHEALTHY"
+                dep.message = _error_text(err) if err is not None else ""
             self._bump()
             raise RuntimeError(f"Deploying application {name!r} failed:\n{msg}")
         app.status = "RUNNING"
@@ -580,8 +600,10 @@ class ServeController(Autoscaling):
             out[app.name] = {"status": app.status, "message": app.message,
                              "route_prefix": app.route_prefix, "ingress": app.ingress,
                              "deployments": deps}
-        return {"applications": out, "http_port": self.http_port,
-                "proxies": len(self.proxies)}
+        # Ray's shape: node id -> the node's proxy status (one node here,
+        # however many proxy processes share its port).
+        proxies = {_core.get_runtime_context().get_node_id(): "HEALTHY"} if self.proxies else {}
+        return {"applications": out, "http_port": self.http_port, "proxies": proxies}
 
     async def num_apps(self):
         return len(self.apps)

@@ -22,6 +22,7 @@ from ray_lite._private.api import (  # noqa: F401 (Serve's calls into the core)
     remote,
 )
 from ray_lite._private.refs import ObjectRef, _Entry, error_entry
+from ray_lite._private.runtime_context import get_runtime_context  # noqa: F401
 from ray_lite._private.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
 from ray_lite._private.zygote import _recv_exact as recv_exact  # noqa: F401 (framing)
 

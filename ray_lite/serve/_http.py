@@ -120,9 +120,12 @@ def check_route_prefix(route_prefix):
     not start with '/', ends with '/' (but "/" itself), or holds a wildcard."""
     if route_prefix is None:
         return
+    # Ray Serve's words, which programs and tests match.
     if not isinstance(route_prefix, str) or not route_prefix.startswith("/"):
-        raise ValueError(f"route_prefix must start with '/', got {route_prefix!r}")
+        raise ValueError(f"Invalid route_prefix '{route_prefix}', must start with a forward "
+                         f"slash ('/').")
     if route_prefix != "/" and route_prefix.endswith("/"):
-        raise ValueError(f"route_prefix {route_prefix!r} must not end with '/'")
+        raise ValueError(f"Invalid route_prefix '{route_prefix}', may not end with a "
+                         f"trailing '/'.")
     if "{" in route_prefix or "}" in route_prefix:
-        raise ValueError(f"route_prefix {route_prefix!r} must not hold wildcards ('{{', '}}')")
+        raise ValueError(f"Invalid route_prefix '{route_prefix}', may not contain wildcards.")

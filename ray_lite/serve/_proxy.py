@@ -290,7 +290,8 @@ class ProxyActor:
         else:
             route = self.match(path)
         if route is None:
-            conn.respond_text(req, 404, "Not Found")
+            conn.respond_text(req, 404, f"Path '{path}' not found. Ping http://.../-/routes "
+                                        f"for available routes.")    # Ray Serve's words
             return
         req.route = route
         req.url = (path, query)
@@ -301,7 +302,9 @@ class ProxyActor:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
                 return
             if not route.replicas and not route.from_zero:
-                conn.respond_text(req, 503, "Service Unavailable: no replica")
+                conn.respond_text(req, 503, f"Deployment(name='{route.deployment}', "
+                                            f"app='{route.app}') is unavailable: no replica "
+                                            f"of it runs (it failed to deploy, or is stopping).")
                 return
             route.waiting.append((conn, req))
             if self.request_timeout is not None and req.timer is None:

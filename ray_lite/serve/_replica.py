@@ -173,6 +173,7 @@ class ServeReplica:
         self._spin = SpinPolicy(_SPIN_S)    # learns from the idle time before each request
         self._streams = {}
         self._stream_seq = 0
+        self._destructed = False    # __del__ ran (see _call_destructor)
         self._port_host = None
         self._slots = _core.Slots(config.get("max_ongoing_requests",
                                               _defaults.MAX_ONGOING_REQUESTS))
@@ -282,7 +283,25 @@ class ServeReplica:
         if self._asgi is not None:
             # Within the controller's patience (timeout_s and a second).
             await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
+        await self._call_destructor(max(0.0, end - loop.time()) + 0.5)
         return drained
+
+    async def _call_destructor(self, timeout_s):
+        """As Ray: the deployment's ``__del__`` (sync or ``async def``) runs
+        when its replica stops, once; the process is killed right after."""
+        obj = self._obj
+        fn = getattr(type(obj), "__del__", None) if obj is not None else None
+        if fn is None or self._destructed:
+            return
+        # Once.  The object stays referenced (here and in the context) until
+        # the process is killed, so Python does not call it again.
+        self._destructed = True
+        try:
+            result = fn(obj)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, timeout_s)
+        except Exception:   # noqa: BLE001 - the replica stops anyway; say why it did not clean up
+            traceback.print_exc()
 
     async def _wait_idle(self, timeout_s):
         loop = asyncio.get_running_loop()

@@ -188,7 +188,8 @@ def _shutdown(address, yes):
 def format_status(st):
     """The controller's ``status()`` as Ray's ``serve status`` prints it."""
     lines = ["proxies:"]
-    lines += [f"  proxy-{i}: HEALTHY" for i in range(st.get("proxies") or 0)] or ["  {}"]
+    lines += [f"  {node}: {status}" for node, status in (st.get("proxies") or {}).items()] \
+        or ["  {}"]       # Ray's: node id -> the node's proxy status
     apps = st.get("applications") or {}
     if not apps:
         lines.append("applications: {}")
@@ -346,7 +347,7 @@ def _answer(op, msg):
         ctl = api._controller_or_none()
         from . import _core
         st = _core.get(ctl.status.remote()) if ctl is not None else \
-            {"applications": {}, "http_port": None, "proxies": 0}
+            {"applications": {}, "http_port": None, "proxies": {}}
         return {"status": st}
     if op == "deploy":
         try:

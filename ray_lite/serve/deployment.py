@@ -22,6 +22,8 @@ def _check_config(cfg):
         if key not in _DEFAULTS and key not in _HARMLESS and key != "name":
             raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
     n = cfg.get("num_replicas", 1)
+    if isinstance(n, str) and n.isdigit():
+        n = cfg["num_replicas"] = int(n)     # "3": Ray's validation takes it as 3
     if n != "auto" and n is not None and (not isinstance(n, int) or isinstance(n, bool)
                                           or n < 0):
         raise ValueError(f"num_replicas must be a non-negative int or 'auto', got {n!r}")
@@ -31,6 +33,10 @@ def _check_config(cfg):
     if cfg.get("autoscaling_config") is not None or n == "auto":
         from .config import normalize_autoscaling
         normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
+    if cfg.get("max_replicas_per_node") is not None and \
+            cfg.get("placement_group_bundles") is not None:
+        raise ValueError("Setting max_replicas_per_node is not allowed when "
+                         "placement_group_bundles is provided.")
     m = cfg.get("max_ongoing_requests", MAX_ONGOING_REQUESTS)
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"max_ongoing_requests must be a positive int, got {m!r}")
@@ -195,8 +201,6 @@ def deployment(_func_or_class=None, name=None, **config):
         if not (inspect.isclass(obj) or callable(obj)):
             raise TypeError("@serve.deployment must decorate a class or a function")
         return Deployment(obj, name or obj.__name__, dict(config))
-    if _func_or_class is not None:
-        if not callable(_func_or_class):
-            raise TypeError("@serve.deployment takes keyword arguments only")
-        return decorate(_func_or_class)
-    return decorate
+    # As Ray: a first argument that is no function or class (an old-style
+    # name, ``@serve.deployment("counter")``) is ignored.
+    return decorate(_func_or_class) if callable(_func_or_class) else decorate
