@@ -429,3 +429,21 @@ def test_an_actor_class_cannot_be_subclassed(rt):
                                         "supported"):
         class Sub(_WithClassAttributes):   # noqa: F841
             pass
+
+
+def test_constructor_arguments_go_by_cloudpickle(rt):
+    # As Ray: an instance of a class defined in a function, or a lambda.
+    class Local:
+        def __init__(self, x):
+            self.x = x
+
+    @ray.remote
+    class Holds:
+        def __init__(self, value):
+            self.value = value
+
+        def read(self):
+            return self.value.x if hasattr(self.value, "x") else self.value()
+
+    assert ray.get([Holds.remote(Local(2)).read.remote(), Holds.remote(lambda: 7).read.remote()],
+                   timeout=T) == [2, 7]

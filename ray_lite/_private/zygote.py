@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+import cloudpickle
+
 from .boot import python_argv
 from .interrupts import sleep_point
 
@@ -37,7 +39,10 @@ _HEADER = struct.Struct("<I")
 
 
 def _send_frame(sock, obj):
-    data = pickle.dumps(obj, protocol=5)
+    # cloudpickle: an actor's constructor arguments travel in the spawn spec,
+    # and may be instances of classes defined in a function, or lambdas (as
+    # in Ray, whose arguments go by cloudpickle).
+    data = cloudpickle.dumps(obj, protocol=5)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
