@@ -348,6 +348,29 @@ def test_delete_stops_a_replica_still_in_its_constructor(serve_port):
     assert not t.is_alive() and isinstance(outcome[0], Exception)
 
 
+class _Wrapper:
+    def __init__(self, inner):
+        self.inner = inner
+
+
+@serve.deployment
+class Unwraps:
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    async def __call__(self, x):
+        return await self.wrapped.inner.remote(x)
+
+
+def test_a_bound_deployment_inside_an_object_becomes_a_handle(serve_port):
+    # As Ray: at any depth of the arguments, in the user's own objects too.
+    class LocalWrapper(_Wrapper):      # defined here: goes by value
+        pass
+    for wrapper in (_Wrapper, LocalWrapper):
+        h = serve.run(Unwraps.bind(wrapper(double.bind())), name="wrapped", route_prefix=None)
+        assert h.remote(21).result(timeout_s=T) == 42
+
+
 def test_options_and_decorator_validation():
     with pytest.raises(ValueError):
         serve.deployment(num_replicas=-1)

@@ -115,6 +115,32 @@ def _http_options(http_options):
             if getattr(http_options, k, None) is not None}
 
 
+def _as_is(value):
+    return value
+
+
+class _BoundPickler(cloudpickle.Pickler):
+    """Pickles a deployment's arguments with each bound deployment in them,
+    at any depth (inside the user's own objects too, as Ray does), replaced
+    by ``replace(app)``: its handle."""
+
+    def __init__(self, file, replace):
+        super().__init__(file, protocol=5)
+        self._replace = replace
+
+    def reducer_override(self, obj):
+        if isinstance(obj, Application):
+            return _as_is, (self._replace(obj),)
+        return super().reducer_override(obj)
+
+
+def _bound_args_blob(app, replace):
+    import io
+    buf = io.BytesIO()
+    _BoundPickler(buf, replace).dump((list(app._args), dict(app._kwargs)))
+    return buf.getvalue()
+
+
 def _build(app, app_name, code_version=None):
     """The deployment specs of ``app``: nested bound deployments become handles.
     ``code_version`` (a config file's: see config.apply) tells the controller
@@ -135,8 +161,8 @@ def _build(app, app_name, code_version=None):
         specs[name] = None
         handle = DeploymentHandle(name, app_name)
         seen[id(a)] = handle
-        args, kwargs = a.bound_args(visit)
-        args_blob = cloudpickle.dumps((args, kwargs))
+        args_blob = _bound_args_blob(a, visit)
+        args, kwargs = cloudpickle.loads(args_blob)
         config = dep.full_config()
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
