@@ -337,3 +337,39 @@ def test_async_slots_resize_grows_and_shrinks_in_place():
         slots.release()
         assert slots.free == 1 and slots.capacity == 1
     asyncio.run(main())
+
+
+TYPED_BUILDER = textwrap.dedent("""
+    from pydantic import BaseModel
+    from ray_lite import serve
+
+    class Args(BaseModel):
+        message: str
+        num_replicas: int = 1
+
+    @serve.deployment
+    class Echo:
+        def __init__(self, message):
+            self.message = message
+
+    def build(args: Args):
+        return Echo.options(num_replicas=args.num_replicas).bind(args.message)
+
+    def build_two(args, more):
+        return Echo.bind("x")
+""")
+
+
+def test_a_builder_gets_its_typed_arguments(tmp_path):
+    # As Ray: a builder whose parameter is a pydantic model gets the
+    # arguments validated into it ("2" -> 2); a builder takes one parameter.
+    pytest.importorskip("pydantic")
+    from ray_lite.serve.cli import load_target
+    (tmp_path / "typed_builder_mod.py").write_text(TYPED_BUILDER)
+    app = load_target("typed_builder_mod:build", {"message": "hi", "num_replicas": "2"},
+                      app_dir=str(tmp_path))
+    assert app.deployment.num_replicas == 2
+    with pytest.raises(ValueError, match="message"):      # pydantic's ValidationError
+        load_target("typed_builder_mod:build", {"num_replicas": "2"}, app_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="exactly one parameter"):
+        load_target("typed_builder_mod:build_two", {}, app_dir=str(tmp_path))

@@ -15,6 +15,7 @@ the other commands reach.  Ctrl-C, SIGTERM or SIGHUP shuts Serve down cleanly
 """
 import argparse
 import concurrent.futures
+import inspect
 import os
 import queue
 import signal
@@ -75,7 +76,7 @@ def application_of(obj, args, target):
     if isinstance(obj, Deployment):
         return obj.bind()
     if callable(obj):
-        app = obj(dict(args))
+        app = obj(_builder_argument(obj, dict(args)))
         if isinstance(app, Deployment):
             app = app.bind()
         if not isinstance(app, Application):
@@ -83,6 +84,25 @@ def application_of(obj, args, target):
                             f"not an Application")
         return app
     raise TypeError(f"{target} is a {type(obj).__name__}, not an Application or a builder")
+
+
+def _builder_argument(builder, args):
+    """What a builder is called with, as in Ray: the arguments' dict, or the
+    pydantic model its one parameter is annotated with, validated from it."""
+    try:
+        params = list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):
+        return args
+    if len(params) != 1:
+        raise TypeError("Application builder functions should take exactly one parameter, "
+                        "a dictionary containing the passed arguments.")
+    model = params[0].annotation
+    if inspect.isclass(model) and any(c.__name__ == "BaseModel" and
+                                      c.__module__.startswith("pydantic")
+                                      for c in model.__mro__):
+        validate = getattr(model, "model_validate", None) or model.parse_obj  # pydantic 2, 1
+        return validate(args)
+    return args
 
 
 def load_target(target, args, app_dir="."):
