@@ -15,6 +15,7 @@ import types
 from ray_lite.exceptions import TaskCancelledError
 
 from .errors import running_task_cancelled
+from .method_lookup import actor_method
 from .protocol import RESULT
 from .refs import ObjectRef, stored_result
 
@@ -87,7 +88,7 @@ class AsyncActorMixin:
         try:
             context = _copy_context()
             try:
-                result = context.run(self.actor_method(method), *args)
+                result = context.run(actor_method(self, method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):
                     slots.free -= 1
                     task = _task_in(context, self.loop,

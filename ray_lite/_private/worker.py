@@ -20,6 +20,7 @@ from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
 from .async_actor import AsyncActorMixin
 from .held_calls import HeldCallsMixin
+from .method_lookup import UNSET, class_function, method_table
 from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                      unpicklable_task_error)
 from .node import Node
@@ -31,26 +32,6 @@ from .transport import Link, LinkClosed
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 _CoroutineType = types.CoroutineType
-_UNSET = object()
-
-
-def _ray_terminate(actor):
-    """``handle.__ray_terminate__``: Ray's graceful end of an actor, as
-    ``exit_actor()`` in a method of its own."""
-    from .runtime_context import exit_actor
-    exit_actor()
-
-
-def _class_function(cls, name):
-    """``cls``'s plain function ``name`` (what an instance attribute must not
-    hide), or None: not a plain function (a staticmethod, a property, one the
-    class lets its instances replace), looked up with ``getattr`` instead."""
-    if name in getattr(cls, "__ray_lite_instance_methods__", ()):
-        return None
-    fn = inspect.getattr_static(cls, name, None)
-    return fn if type(fn) is types.FunctionType else None
-
-
 class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
@@ -68,8 +49,7 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
-        # method -> the class's function, or None (see actor_method)
-        self._class_methods = {"__ray_terminate__": _ray_terminate}
+        self._class_methods = method_table()    # method -> the class's function, or None
         self.held_calls = {}       # peer -> its calls waiting for a ref (held_calls.py)
         self._held_lock = threading.RLock()
         self.exiting = False
@@ -272,10 +252,21 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
             self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
-        elif self.held_calls or (msg[3] or msg[4]) and self._unready_arg(msg) is not None:
-            self._hold(peer, msg)
         else:
-            self.tasks.append((peer, msg))
+            # A sync actor: a call waiting for a ref argument is held aside
+            # (held_calls.py); the look is inline, it runs per call (B11).
+            if not self.held_calls:
+                for a in msg[3]:
+                    if type(a) is ObjectRef:
+                        break
+                else:
+                    if not msg[4]:
+                        self.tasks.append((peer, msg))
+                        return
+                if self._unready_arg(msg) is None:
+                    self.tasks.append((peer, msg))
+                    return
+            self._hold(peer, msg)
 
     def _load_function(self, fn_id, blob):
         fn = self.functions.get(fn_id)
@@ -573,23 +564,16 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         if self.actor_init_error is not None:
             raise self.actor_init_error
         try:
-            return self.actor_method(method)
+            # actor_method(self, method), inline: it runs per call (B11)
+            fn = self._class_methods.get(method, UNSET)
+            if fn is UNSET:
+                fn = self._class_methods[method] = class_function(type(self.actor), method)
+            if fn is None:
+                return getattr(self.actor, method)
+            return fn.__get__(self.actor)
         except AttributeError:
             raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
                                  f"'{method}'") from None
-
-    def actor_method(self, method):
-        """The actor's ``method``, bound.  As in Ray, a method the class
-        defines is called even when the instance has an attribute of that
-        name (``self.flag = True`` beside ``def flag(self)``); a class lists
-        in ``__ray_lite_instance_methods__`` the names its instances replace
-        on purpose (Serve's replica wraps its entry points that way)."""
-        fn = self._class_methods.get(method, _UNSET)
-        if fn is _UNSET:
-            fn = self._class_methods[method] = _class_function(type(self.actor), method)
-        if fn is None:
-            return getattr(self.actor, method)
-        return fn.__get__(self.actor)
 
     def _call_name(self, method):
         name = self._names.get(method)

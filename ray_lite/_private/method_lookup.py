@@ -1,0 +1,43 @@
+"""How an actor's call finds its method, as in Ray: the class's function.
+
+A method the class defines is called even when the instance has an
+attribute of that name (``self.flag = True`` beside ``def flag(self)``); a
+class lists in ``__ray_lite_instance_methods__`` the names its instances
+replace on purpose (Serve's replica wraps its entry points that way).
+"""
+import inspect
+import types
+
+UNSET = object()
+
+
+def ray_terminate(actor):
+    """``handle.__ray_terminate__``: Ray's graceful end of an actor, as
+    ``exit_actor()`` in a method of its own."""
+    from .runtime_context import exit_actor
+    exit_actor()
+
+
+def method_table():
+    """A new actor's method -> function table (filled per method on first use)."""
+    return {"__ray_terminate__": ray_terminate}
+
+
+def class_function(cls, name):
+    """``cls``'s plain function ``name`` (what an instance attribute must not
+    hide), or None: not a plain function (a staticmethod, a property, one the
+    class lets its instances replace), looked up with ``getattr`` instead."""
+    if name in getattr(cls, "__ray_lite_instance_methods__", ()):
+        return None
+    fn = inspect.getattr_static(cls, name, None)
+    return fn if type(fn) is types.FunctionType else None
+
+
+def actor_method(node, method):
+    """``node``'s actor's ``method``, bound (``WorkerNode._method_for`` has it inline)."""
+    fn = node._class_methods.get(method, UNSET)
+    if fn is UNSET:
+        fn = node._class_methods[method] = class_function(type(node.actor), method)
+    if fn is None:
+        return getattr(node.actor, method)
+    return fn.__get__(node.actor)
