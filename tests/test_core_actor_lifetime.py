@@ -1,5 +1,6 @@
 """An actor's lifetime, as in Ray: it ends when its creator's handle goes
 (after the calls sent before), or on ``handle.__ray_terminate__.remote()``."""
+import asyncio
 import gc
 import os
 
@@ -97,3 +98,45 @@ def test_ray_terminate(rt):
     assert wait_dead(pid, T)
     with pytest.raises(RayActorError):
         ray.get(a.echo.remote("after"), timeout=T)
+
+
+@ray.remote
+class Box:
+    """Holds one value; ``first`` waits for it (the caller's get bounds the wait)."""
+
+    def __init__(self):
+        self.value = None
+        self.event = asyncio.Event()
+
+    async def put(self, value):
+        self.value = value
+        self.event.set()
+
+    async def first(self):
+        await self.event.wait()
+        return self.value
+
+
+@ray.remote
+class Reports:
+    def __init__(self, box):
+        box.put.remote(os.getpid())
+
+    def ping(self):
+        return "pong"
+
+
+@ray.remote
+def make_and_drop(box, call):
+    # An actor this task creates: its handle goes when the task returns.
+    r = Reports.remote(box)
+    if call:
+        assert ray.get(r.ping.remote()) == "pong"
+    return ray.get(box.first.remote())
+
+
+@pytest.mark.parametrize("call", [True, False], ids=["called", "never_called"])
+def test_an_actor_a_task_made_ends_with_the_task(rt, call):
+    box = Box.remote()
+    pid = ray.get(make_and_drop.remote(box, call), timeout=T)
+    assert wait_dead(pid, T), "the actor outlived the task that made it"

@@ -174,10 +174,18 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
 
     def end_dropped_actor(self, aid):
         """Ray's graceful end (``__ray_terminate__``), queued behind the calls
-        sent before it; its answer (the actor's exit) is awaited by nobody."""
-        if aid in self.dead_peers or self.closed or not self.connect(aid):
+        sent before it; its answer (the actor's exit) is awaited by nobody.
+
+        This runs inside a drain: nothing here may wait (``connect`` from a
+        worker asks the driver and waits).  A worker with no link to the
+        actor never called it, so no call of its own is queued there: the
+        driver ends it, told by a request that needs no answer."""
+        if aid in self.dead_peers or self.closed:
             return
-        self.send(aid, P.method_msg(self.new_oid(), "__ray_terminate__", [], {}, 1, False, 0))
+        if aid in self.links:
+            self.send(aid, P.method_msg(self.new_oid(), "__ray_terminate__", [], {}, 1, False, 0))
+        elif self.id != 0:
+            self.notify(P.OP_KILL, aid, True)
 
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):

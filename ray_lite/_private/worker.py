@@ -19,10 +19,10 @@ from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
 from .async_actor import AsyncActorMixin
-from .held_calls import HeldCallsMixin
-from .method_lookup import UNSET, class_function, method_table
 from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                      unpicklable_task_error)
+from .held_calls import HeldCallsMixin
+from .method_lookup import UNSET, class_function, method_table
 from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .refs import _NEVER_STORED, ObjectRef, raisable, stored_result
@@ -32,6 +32,8 @@ from .transport import Link, LinkClosed
 _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 
 _CoroutineType = types.CoroutineType
+
+
 class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])

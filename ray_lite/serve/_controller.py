@@ -459,8 +459,9 @@ class ServeController(Autoscaling):
             if other.name != name and route_prefix is not None and \
                     other.route_prefix == route_prefix:
                 from .exceptions import RayServeException     # Ray's type for it
-                raise RayServeException(f"Prefix {route_prefix} is being used by application "
-                                 f"\"{other.name}\". Failed to deploy application \"{name}\".")
+                raise RayServeException(
+                    f"Prefix {route_prefix} is being used by application \"{other.name}\". "
+                    f"Failed to deploy application \"{name}\".")
         old = self.apps.get(name)
         app = _App(name, route_prefix, ingress)
         reuse = {}

@@ -157,7 +157,7 @@ async def _resolve_args(args, kwargs):
 
 class ServeReplica:
     # Replaced on the instance (the ASGI app's entry, multiplexing, metrics
-    # wrap them): calls take the instance's (see WorkerNode.actor_method).
+    # wrap them): calls take the instance's (see _private/method_lookup.py).
     __ray_lite_instance_methods__ = ("handle_http", "handle_request")
 
     def __init__(self, controller, app_name, deployment_name, replica_id, cls_blob, init_args,
