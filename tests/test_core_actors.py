@@ -190,6 +190,8 @@ def test_await_ref_in_driver(rt):
 def test_actor_options(rt):
     with pytest.raises(ValueError, match="detached"):
         Counter.options(lifetime="detached")
+    with pytest.raises(ValueError, match="must be one of 'detached', 'non_detached'"):
+        Counter.options(lifetime="non-detached")      # Ray's check of the spelling
     with pytest.raises(ValueError, match="max_restarts"):
         Counter.options(max_restarts=-2)
     c = Counter.options(num_cpus=1, max_concurrency=1, namespace="x").remote()

@@ -418,3 +418,11 @@ def test_worker_output_is_prefixed(capfd):
         ray.shutdown()  # the zygote relays everything before it exits
     out = capfd.readouterr().out
     assert f"(pid={pid}) hello from a task" in out
+
+
+def test_the_older_private_remote_form(rt):
+    # Ray's f._remote(args=..., kwargs=..., **options), which libraries call.
+    assert ray.get(add._remote(args=[1], kwargs={"b": 2}, num_cpus=1), timeout=T) == 3
+    assert ray.get(add._remote(args=[5]), timeout=T) == 5
+    s = Signed._remote(args=[1], kwargs={"label": "y"}, max_concurrency=1)
+    assert ray.get(s.take.remote(1), timeout=T) == 2

@@ -230,6 +230,7 @@ def test_id_objects(rt):
     task_id, actor_id, node_id, task_hex = ray.get(ref, timeout=T)
     assert type(task_id) is ray.TaskID and task_id.hex() == task_hex
     assert ref.task_id() == task_id and ref.job_id() == ctx.job_id
+    assert task_id.job_id() == ctx.job_id
     assert actor_id is None and node_id == ctx.node_id
     actor_id, actor_hex, call_id, call_hex = ray.get(_IdActor.remote().ids.remote(), timeout=T)
     assert type(actor_id) is ray.ActorID and actor_id.hex() == actor_hex

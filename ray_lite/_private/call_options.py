@@ -69,7 +69,11 @@ def _check_options(opts, kind):
         mc = opts.get("max_concurrency", None)
         if mc is not None and (not isinstance(mc, int) or mc < 1):
             raise ValueError(f"max_concurrency must be a positive int, got {mc!r}")
-        if opts.get("lifetime") not in (None, "non_detached"):
+        lifetime = opts.get("lifetime")
+        if lifetime not in (None, "non_detached", "detached"):
+            raise ValueError(f"actor `lifetime` argument must be one of 'detached', "
+                             f"'non_detached' and 'None', got {lifetime!r}")    # Ray's check
+        if lifetime == "detached":
             raise ValueError("ray_lite does not support lifetime='detached': actors end with "
                              "the driver (single machine runtime)")
     env_vars_of(opts.get("runtime_env"))

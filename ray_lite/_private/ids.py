@@ -140,6 +140,10 @@ class TaskID(BaseID):
     __slots__ = ()
     SIZE = 24
 
+    def job_id(self):
+        """The job this task belongs to: its id's last 4 bytes, as in Ray."""
+        return JobID(self._bytes[-JobID.SIZE:])
+
 
 class PlacementGroupID(BaseID):
     __slots__ = ()

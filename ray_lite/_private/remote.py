@@ -88,7 +88,7 @@ def _cache_bound(cache, key, bound):
 
 class _Bound:
     """``f.options(...)`` or ``C.options(...)``: the function or actor class with
-    other options (``how``: what its ``_remote`` takes for them)."""
+    other options (``how``: what its ``_call`` takes for them)."""
 
     __slots__ = ("_target", "_how")
 
@@ -97,7 +97,7 @@ class _Bound:
         self._how = how
 
     def remote(self, *args, **kwargs):
-        return self._target._remote(self._how, args, kwargs)
+        return self._target._call(self._how, args, kwargs)
 
 
 class RemoteFunction:
@@ -130,7 +130,7 @@ class RemoteFunction:
     def remote(self, *args, **kwargs):
         if _backend.RAY:
             return _ray.core.remote_function(self).remote(*args, **kwargs)
-        return self._remote(self._plan, args, kwargs)
+        return self._call(self._plan, args, kwargs)
 
     def options(self, **opts):
         if _backend.RAY:
@@ -143,7 +143,13 @@ class RemoteFunction:
             _cache_bound(self._bound, key, bound)
         return bound
 
-    def _remote(self, plan, args, kwargs):
+    def _remote(self, args=None, kwargs=None, **options):
+        """Ray's older form, which libraries still call:
+        ``f._remote(args=[...], kwargs={...}, num_cpus=...)``."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
+
+    def _call(self, plan, args, kwargs):
         if plan.special:
             return self._remote_special(plan, args, kwargs)
         arity = plan.arity      # checked as Ray does, at the call (two comparisons)
@@ -179,7 +185,7 @@ class RemoteFunction:
         return result
 
     def _remote_special(self, plan, args, kwargs):
-        """``_remote`` of a task with a Demand, a retry policy or env_vars."""
+        """``_call`` of a task with a Demand, a retry policy or env_vars."""
         if plan.arity is not None:
             check_call(plan.arity, args, kwargs)
         node = state.get_node()
@@ -289,7 +295,7 @@ class ActorClass:
     def remote(self, *args, **kwargs):
         if _backend.RAY:
             return _ray.core.actor_class(self).remote(*args, **kwargs)
-        return self._remote(self._options, args, kwargs)
+        return self._call(self._options, args, kwargs)
 
     def options(self, **opts):
         if _backend.RAY:
@@ -329,7 +335,13 @@ class ActorClass:
         extra = _actor_extra(cls, opts)
         return req if extra is None else req + (extra,)
 
-    def _remote(self, opts, args, kwargs):
+    def _remote(self, args=None, kwargs=None, **options):
+        """Ray's older form, which libraries still call:
+        ``C._remote(args=[...], kwargs={...}, num_cpus=...)``."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
+
+    def _call(self, opts, args, kwargs):
         if self._refused is not None and opts is self._options:
             raise self._refused
         node = state.get_node()
