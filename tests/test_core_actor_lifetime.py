@@ -140,3 +140,21 @@ def test_an_actor_a_task_made_ends_with_the_task(rt, call):
     box = Box.remote()
     pid = ray.get(make_and_drop.remote(box, call), timeout=T)
     assert wait_dead(pid, T), "the actor outlived the task that made it"
+
+
+@ray.remote
+class Owner:
+    def make_child(self):
+        self.child = Member.remote()       # kept: only its owner's end ends it
+        return self.child, ray.get(self.child.pid.remote())
+
+
+def test_an_actor_ends_with_the_process_that_created_it(rt):
+    # As Ray: an actor's owner is the process that created it.
+    owner = Owner.remote()
+    child, child_pid = ray.get(owner.make_child.remote(), timeout=T)
+    assert ray.get(child.echo.remote("alive"), timeout=T) == "alive"
+    ray.kill(owner)
+    assert wait_dead(child_pid, T), "the actor outlived its owner"
+    with pytest.raises(RayActorError):
+        ray.get(child.echo.remote("after"), timeout=T)

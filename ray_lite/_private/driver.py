@@ -11,6 +11,7 @@ from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, TaskCa
 
 from . import protocol as P
 from . import introspect, restarts, state
+from .actor_owners import ActorOwnersMixin
 from .errors import KILLED, actor_died_message, running_task_cancelled
 from .node import Node
 from .placement import PlacementMixin
@@ -34,7 +35,7 @@ class _PoolWorker:
         self.blocked = False
 
 
-class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
+class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None):
         pid = os.getpid()
         try:
@@ -57,6 +58,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
         self.num_blocked = 0   # pool workers lending their CPU while blocked in get
         self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
         self.actors = {}       # actor id -> ActorInfo (alive)
+        self.owned_actors = {}   # creator (a worker) -> its actors (actor_owners.py)
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
         self.pids = {0: pid}
@@ -368,6 +370,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                     if info.actor_id == peer:
                         del self.named[key]
                 Node._on_peer_died(self, peer)
+                self.end_owned_actors(peer)
                 if peer in self.restartable:
                     self.after_actor_died(peer)
                 if peer not in self.actors:
@@ -379,6 +382,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 self._free_worker(w, w.task)
             spec = w.task
             Node._on_peer_died(self, peer)
+            self.end_owned_actors(peer)
             if spec is not None:
                 if spec.cancelled:
                     self._fail_task(spec, TaskCancelledError())
@@ -629,7 +633,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                 # as in Ray (the driver waits here; a worker's answer waits).
                 if peer != 0:
                     return Deferred(lambda: self.actor_fits(demand),
-                                    lambda: self.create_actor(*request))
+                                    lambda: self.owned_by(peer, self.create_actor(*request)))
                 while True:
                     self.wait_until(lambda: self.actor_fits(demand))
                     try:
@@ -638,10 +642,10 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin):
                         if not self.actor_fits(demand):
                             continue
                         raise
-        return self.create_actor(*request)
+        return self.owned_by(peer, self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):
-        return self.create_actors(requests)
+        return [self.owned_by(peer, info) for info in self.create_actors(requests)]
 
     def _req_get_actor(self, peer, name, namespace):
         return self.get_actor(name, namespace)

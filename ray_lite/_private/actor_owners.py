@@ -1,0 +1,39 @@
+"""Actors share the fate of the process that created them, as in Ray.
+
+An actor created by a task or another actor is owned by that worker's
+process: when the process dies (a crash, ``kill``, an actor's restart), its
+actors are ended with it, saying so.  The driver's own actors end with it
+anyway.  (Part of ``DriverNode``.)
+"""
+import os
+import signal
+
+from .errors import actor_died_message
+
+OWNER_DIED = ("The actor is dead because its owner has died: the worker process that "
+              "created it exited.")
+
+
+class ActorOwnersMixin:
+    """``owned_actors``: owner process id (a peer) -> the actors it created."""
+
+    def owned_by(self, owner, info):
+        """Record that ``owner`` created the actor ``info`` (returned as is)."""
+        if owner != 0 and not isinstance(info, Exception):
+            self.owned_actors.setdefault(owner, set()).add(info.actor_id)
+        return info
+
+    def end_owned_actors(self, owner):
+        """``owner`` died: end the actors it created (none restarts)."""
+        for aid in self.owned_actors.pop(owner, ()):
+            info = self.actors.get(aid)
+            pid = self.pids.get(aid)
+            if info is None or pid is None:
+                continue
+            with self._sched:
+                self.forbid_restart(aid)
+            self.death_causes[aid] = actor_died_message(info, OWNER_DIED)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
