@@ -269,3 +269,40 @@ def test_static_num_returns_on_a_generator_and_exit_from_a_generator_method(rt):
         ray.get(next(g), timeout=T)
     with pytest.raises(RayActorError):
         ray.get(s.ping.remote(), timeout=T)
+
+
+@ray.remote(max_retries=0)
+def yields(n, fail):
+    for i in range(n):
+        yield i
+    if fail:
+        raise ValueError("stopped")
+
+
+@ray.remote
+class Yields:
+    def yields(self, n, fail):
+        for i in range(n):
+            yield i
+        if fail:
+            raise ValueError("stopped")
+
+
+def test_a_generator_with_a_fixed_num_returns_fills_the_refs_it_yields(rt):
+    # As Ray: each yield fills the next ref; the refs a generator did not
+    # fill (it raised, or stopped early) get that error; extra yields are
+    # not taken.
+    for call in (yields.options(num_returns=3).remote,
+                 Yields.remote().yields.options(num_returns=3).remote):
+        first, second, third = call(1, True)
+        assert ray.get(first, timeout=T) == 0
+        for ref in (second, third):
+            with pytest.raises(ValueError, match="stopped"):
+                ray.get(ref, timeout=T)
+        first, second, _ = call(1, False)
+        assert ray.get(first, timeout=T) == 0
+        with pytest.raises(ValueError, match="returned 1 objects, but num_returns=3"):
+            ray.get(second, timeout=T)
+        assert ray.get(call(5, False), timeout=T) == [0, 1, 2]
+        with pytest.raises(ValueError, match="stopped"):
+            ray.get(call(0, True)[0], timeout=T)

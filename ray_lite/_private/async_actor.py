@@ -98,7 +98,7 @@ class AsyncActorMixin:
                     self.running[oid] = task
                     return True
                 if nret != 1:
-                    result = self._split(result, nret)
+                    result = self._split(result, nret, name)
             except asyncio.CancelledError:
                 self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                 return True
@@ -176,7 +176,7 @@ class AsyncActorMixin:
                     if type(result) is _COROUTINE or inspect.isawaitable(result):
                         result = await result
                     if nret != 1:
-                        result = self._split(result, nret)
+                        result = self._split(result, nret, name)
                 except asyncio.CancelledError:
                     self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                     return

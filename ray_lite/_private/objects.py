@@ -40,7 +40,10 @@ class ObjectsMixin:
         if type(target) is list:
             if ok:
                 for e, v in zip(target, payload):
-                    e.set_value(v)
+                    if type(v) is P.FailedReturn:     # a generator stopped early
+                        e.set_error(v.error)
+                    else:
+                        e.set_value(v)
             else:
                 for e in target:
                     e.set_error(payload)

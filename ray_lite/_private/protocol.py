@@ -81,6 +81,20 @@ def result_msg(oid, ok, payload):
     return (RESULT, oid, ok, payload)
 
 
+class FailedReturn:
+    """In a RESULT's list of ``num_returns=N`` values: one that failed while
+    the others are values (a generator that raised, or stopped, before its
+    N-th yield), as in Ray.  The owner gives its ref the error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+    def __reduce__(self):
+        return (FailedReturn, (self.error,))
+
+
 def stream_failed_msgs(sid, index, error):
     """The pair that ends stream ``sid`` with ``error`` as its item ``index``."""
     return (ITEM, sid, index, False, error), (END, sid, index + 1)

@@ -34,6 +34,25 @@ _ACTOR_EXITS = (ActorExit, AsyncioActorExit)
 _CoroutineType = types.CoroutineType
 
 
+def _split_generator(gen, nret, name):
+    """A generator's ``num_returns=N`` values, as in Ray: each value it yields
+    fills the next ref; if it raises (or stops) before the N-th, the refs it
+    did not fill get that error; yields past the N-th are not taken."""
+    values = []
+    try:
+        for value in gen:
+            values.append(value)
+            if len(values) == nret:
+                gen.close()
+                return values
+        raise ValueError(f"Task returned {len(values)} objects, but num_returns={nret}.")
+    except Exception as exc:   # noqa: BLE001 - the user's error, for the refs not filled
+        if not values:
+            raise
+        err = sendable_error(make_task_error(name, exc), unpicklable_task_error(name))
+    return values + [P.FailedReturn(err)] * (nret - len(values))
+
+
 class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
@@ -434,7 +453,7 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
                 self._drain_gen(peer, oid, result, bp, name)
                 return
             if nret != 1:
-                result = self._split(result, nret)
+                result = self._split(result, nret, name)
         except BaseException as exc:
             self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
             if isinstance(exc, SystemExit):
@@ -445,9 +464,11 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         self.reply(peer, (RESULT, oid, True, result), name)
 
     @staticmethod
-    def _split(result, nret):
+    def _split(result, nret, name):
         if nret == 0:
             return []
+        if inspect.isgenerator(result):
+            return _split_generator(result, nret, name)
         try:
             values = list(result)
         except TypeError:       # one object that is not a sequence
