@@ -5,10 +5,6 @@ process: when the process dies (a crash, ``kill``, an actor's restart), its
 actors are ended with it, saying so.  The driver's own actors end with it
 anyway.  (Part of ``DriverNode``.)
 """
-import os
-import signal
-
-from .errors import actor_died_message
 
 OWNER_DIED = ("The actor is dead because its owner has died: the worker process that "
               "created it exited.")
@@ -26,14 +22,4 @@ class ActorOwnersMixin:
     def end_owned_actors(self, owner):
         """``owner`` died: end the actors it created (none restarts)."""
         for aid in self.owned_actors.pop(owner, ()):
-            info = self.actors.get(aid)
-            pid = self.pids.get(aid)
-            if info is None or pid is None:
-                continue
-            with self._sched:
-                self.forbid_restart(aid)
-            self.death_causes[aid] = actor_died_message(info, OWNER_DIED)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.kill_actor(aid, no_restart=True, cause=OWNER_DIED)

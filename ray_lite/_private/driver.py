@@ -532,14 +532,15 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                              f"matching the namespace of the actor.")
         return info
 
-    def kill_actor(self, aid, no_restart=True):
+    def kill_actor(self, aid, no_restart=True, cause=KILLED):
+        """SIGKILL actor ``aid``; its calls then fail saying ``cause``."""
         if no_restart:
             with self._sched:
                 self.forbid_restart(aid)
         pid = self.pids.get(aid)
         info = self.actors.get(aid)
         if pid is not None and info is not None:
-            self.death_causes[aid] = actor_died_message(info, KILLED)
+            self.death_causes[aid] = actor_died_message(info, cause)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
