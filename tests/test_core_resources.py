@@ -224,7 +224,10 @@ def test_the_driver_waits_for_an_actors_resources(rt4):
     out = []
 
     def create():
-        out.append(ray.get(Holder.options(num_cpus=2).remote().ping.remote(), timeout=T))
+        # Keep the handle: an actor ends once its creator's handle goes.
+        second = Holder.options(num_cpus=2).remote()
+        out.append(ray.get(second.ping.remote(), timeout=T))
+        out.append(second)
     t = threading.Thread(target=create)
     t.start()
     t.join(NOT_YET)
