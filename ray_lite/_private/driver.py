@@ -54,6 +54,12 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.pool = {}
         self.idle = []
         self.queue = collections.deque()
+        # Tasks that workers and actors submit go first: their submitter is
+        # often blocked in get on them, lending its CPU.  Served after the
+        # driver's own, a thousand queued f's that each get(g.remote()) would
+        # all start (a process each) before the first g ran (Ray schedules
+        # each function's tasks fairly for the same reason).
+        self.nested_queue = collections.deque()
         self.waiting_deps = {}
         self.num_blocked = 0   # pool workers lending their CPU while blocked in get
         self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
@@ -143,7 +149,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 self.waiting_deps[spec.oid] = spec
                 for d in deps:
                     d._e.add_callback(lambda _e, spec=spec: self._dep_ready(spec))
-            elif spec.demand is None and not self.queue and self.idle and \
+            elif spec.demand is None and not self.queue and not self.nested_queue and \
+                    self.idle and \
                     self.busy + 1 <= self.cpu_cap:
                 self._send_task(spec)     # the common case: straight to an idle worker
             else:
@@ -160,10 +167,11 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     f"{spec.name} asks for {{'CPU': 1}} but this machine has no CPU for "
                     f"tasks (init(num_cpus=0)): give the task num_cpus=0, or init more"))
                 return
+            queue = self.queue if spec.owner == self.id else self.nested_queue
             if first:
-                self.queue.appendleft(spec)
+                queue.appendleft(spec)
             else:
-                self.queue.append(spec)
+                queue.append(spec)
             self._dispatch()
         else:
             self.enqueue_placed(spec)
@@ -190,15 +198,15 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
 
     def _dispatch(self):
         with self._sched:
-            queue = self.queue
-            while queue:
+            nested, own = self.nested_queue, self.queue
+            while nested or own:
                 if self.busy + 1 > self.cpu_cap:
                     return
                 if not self.idle:
                     if len(self.pool) >= self.num_cpus + self.num_blocked + self.light:
                         return
                     self._spawn_pool_worker()
-                spec = queue.popleft()
+                spec = (nested or own).popleft()
                 if spec.cancelled:
                     continue
                 if not self._send_task(spec):
@@ -236,7 +244,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             self.idle.append(w)
             if isinstance(exc, (ConnectionError, OSError, KeyError)):
                 if spec.demand is None:
-                    self.queue.appendleft(spec)
+                    (self.queue if spec.owner == self.id else self.nested_queue).appendleft(spec)
                 return False      # dispatch_placed puts a placed task back itself
             if not isinstance(exc, Exception):
                 if spec.demand is not None:
@@ -287,7 +295,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     self._free_worker(w, spec)
                 w.task = None
                 self.idle.append(w)
-                if self.queue:
+                if self.queue or self.nested_queue:
                     self._dispatch()
                 if self.placed_queue or self.res_waiters:
                     self.resources_freed()
@@ -400,7 +408,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
     def cancel_task(self, oid, force):
         """Cancel a pool task this driver scheduled; True if it was found."""
         with self._sched:
-            for spec in itertools.chain(self.queue, self.placed_queue):
+            for spec in itertools.chain(self.nested_queue, self.queue, self.placed_queue):
                 if spec.oid == oid:
                     spec.cancelled = True
                     self._fail_task(spec, TaskCancelledError())

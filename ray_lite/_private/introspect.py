@@ -4,6 +4,8 @@ Every process asks the same way (in the driver the request is a call): the
 runtime context, the resources, the state listings of ``util.state``.
 Nothing here runs per task or per call.
 """
+import itertools
+
 from . import cluster
 from . import protocol as P
 from .errors import EXITED, actor_died_message
@@ -93,7 +95,7 @@ def _list_tasks(driver, peer):
             if spec is not None:
                 out.append(_task_row(driver, spec.oid, spec.name, "RUNNING", "NORMAL_TASK",
                                      w.pid, w.id))
-        for spec in driver.queue:
+        for spec in itertools.chain(driver.nested_queue, driver.queue):
             if not spec.cancelled:
                 out.append(_task_row(driver, spec.oid, spec.name, "PENDING_NODE_ASSIGNMENT",
                                      "NORMAL_TASK"))

@@ -290,7 +290,15 @@ class ResourcesMixin:
         self.resources_freed()
 
     def enqueue_placed(self, spec):
-        self.placed_queue.append(spec)
+        queue = self.placed_queue
+        if spec.owner != self.id:
+            # A worker's or actor's task goes before the driver's own (see
+            # ``nested_queue``), after the others of its kind.
+            for n, other in enumerate(queue):
+                if other.owner == self.id:
+                    queue.insert(n, spec)
+                    return
+        queue.append(spec)
 
     def dispatch_placed(self):
         """Start the waiting tasks with a Demand that fit now (in order, skipping
@@ -315,7 +323,7 @@ class ResourcesMixin:
                 return
 
     def resources_freed(self):
-        if self.queue:
+        if self.queue or self.nested_queue:
             self._dispatch()
         if self.placed_queue:
             self.dispatch_placed()
