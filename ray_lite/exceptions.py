@@ -5,6 +5,7 @@ Ray's, the instance ``get`` raises is *also* an instance of the user's
 exception class (``except ValueError`` still catches a remote ``ValueError``)
 and its message carries the remote traceback.
 """
+import builtins
 
 __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
@@ -68,7 +69,7 @@ class RayTaskError(RayError):
         dual = _dual_class(cause_cls)
         if dual is None:
             return self
-        err = Exception.__new__(dual)
+        err = _blank_instance(dual, self.cause)
         err.function_name = self.function_name
         err.traceback_str = self.traceback_str
         err.cause = self.cause
@@ -82,6 +83,22 @@ class RayTaskError(RayError):
         except TypeError:
             pass
         return err
+
+
+_BaseExceptionGroup = getattr(builtins, "BaseExceptionGroup", None)    # Python 3.11+
+
+
+def _blank_instance(dual, cause):
+    """An instance of ``dual`` with no ``__init__`` run, made by the first
+    built-in ``__new__`` among its bases: ``OSError``'s instances (``TimeoutError``,
+    ``FileNotFoundError``, ...) have a layout only ``OSError.__new__`` makes,
+    and an exception group's needs its message and exceptions."""
+    for base in dual.__mro__:
+        if "__new__" in base.__dict__ and base.__module__ == "builtins":
+            break
+    if _BaseExceptionGroup is not None and isinstance(cause, _BaseExceptionGroup):
+        return base.__new__(dual, cause.message, cause.exceptions)
+    return base.__new__(dual)
 
 
 def _rebuild_task_error(function_name, traceback_str, cause, pid):

@@ -2,6 +2,7 @@
 import os
 import pickle
 import signal
+import sys
 
 import pytest
 
@@ -190,6 +191,29 @@ def test_task_error_is_the_user_exception_with_traceback(rt):
     # An error flows through a dependent task.
     with pytest.raises(ValueError):
         ray.get(double.remote(fail.remote("x")), timeout=T)
+
+
+@ray.remote
+def raise_this(err):
+    raise err
+
+
+def test_a_remote_os_error_is_that_os_error(rt):
+    # OSError's subclasses have a layout only OSError.__new__ makes: they came
+    # back as a RayTaskError(RuntimeError) carrying the text.
+    for err in (FileNotFoundError(2, "no such file"), TimeoutError("slow"),
+                ConnectionResetError("reset"), OSError("plain")):
+        with pytest.raises(type(err)) as info:
+            ray.get(raise_this.remote(err), timeout=T)
+        assert isinstance(info.value, RayTaskError) and type(info.value.cause) is type(err)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception groups are Python 3.11's")
+def test_a_remote_exception_group_keeps_its_exceptions(rt):
+    group = ExceptionGroup("two", [ValueError("v"), TypeError("t")])  # noqa: F821 (3.11+)
+    with pytest.raises(ExceptionGroup) as info:  # noqa: F821
+        ray.get(raise_this.remote(group), timeout=T)
+    assert [type(e) for e in info.value.exceptions] == [ValueError, TypeError]
 
 
 def test_get_timeout_and_wait(rt):
