@@ -131,6 +131,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # A shell starts a background job with SIGINT ignored, and Python then
+    # leaves it so: the tests that send themselves or their children a
+    # Ctrl-C need Python's handler (children inherit a handler as the default).
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "both_backends: uses only the public API; runs on Ray "
                                        "too with --backend=ray")
     config.addinivalue_line("markers", "local_only: tests what only ray_lite's own runtime "
