@@ -216,6 +216,25 @@ def test_a_remote_exception_group_keeps_its_exceptions(rt):
     assert [type(e) for e in info.value.exceptions] == [ValueError, TypeError]
 
 
+def test_get_of_many_raises_a_failure_without_waiting_for_the_rest(rt):
+    @ray.remote
+    def block():
+        import time
+        time.sleep(300)   # the workload, not synchronisation: it is cancelled below
+    slow = block.remote()
+    try:
+        # As Ray's: the failed ref raises at once; it waited for every ref.
+        with pytest.raises(ValueError, match="early"):
+            ray.get([slow, fail.remote("early"), double.remote(1)], timeout=T)
+        failed = fail.remote("already")
+        with pytest.raises(ValueError):
+            ray.get(failed, timeout=T)
+        with pytest.raises(ValueError, match="already"):
+            ray.get([slow, failed], timeout=T)
+    finally:
+        ray.cancel(slow, force=True)
+
+
 def test_get_timeout_and_wait(rt):
     @ray.remote
     def block():

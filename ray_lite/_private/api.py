@@ -11,6 +11,7 @@ from ray_lite import _ray
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
 from . import backend as _backend, interrupts, object_store, state
+from . import entries as entries_mod
 from . import protocol as P
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
@@ -258,13 +259,26 @@ def _wait_entries(node, refs, entries, timeout):
             node.ensure_fetch(r)
     n = len(entries)
     pos = [0]
+    failures_seen = [None]
 
     def all_ready():
+        """True once every entry is ready, or one of them failed."""
         i = pos[0]
         while i < n and entries[i].ready:
+            if entries[i].error is not None:
+                return True
             i += 1
         pos[0] = i
-        return i == n
+        if i == n:
+            return True
+        failures = entries_mod.failures[0]
+        if failures != failures_seen[0]:
+            failures_seen[0] = failures
+            for k in range(i + 1, n):
+                e = entries[k]
+                if e.ready and e.error is not None:
+                    return True
+        return False
     node.block_begin()
     try:
         return node.wait_until(all_ready, timeout)
@@ -314,7 +328,7 @@ def get(object_refs, *, timeout=None):
         if not _wait_entries(node, refs, entries, timeout):
             raise GetTimeoutError(f"Get timed out: some object(s) not ready after {timeout} s.")
     values = []
-    for e in entries:
+    for e in entries:     # (not all may be ready when one failed: that one raises)
         if e.error is not None:
             raise raisable(e.error)
         values.append(e.value)

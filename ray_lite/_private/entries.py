@@ -12,6 +12,13 @@ import threading
 from . import object_store
 
 
+# How many entries were failed in this process so far: a get of many refs
+# looks among them for a failed one only when this has moved (it raises the
+# first error it finds without waiting for the others, as Ray's does).  A
+# lost increment between two threads still moves it.
+failures = [0]
+
+
 class _Entry:
     """The value slot of one object, shared by every ref to it in this process."""
 
@@ -37,6 +44,7 @@ class _Entry:
             return
         self.error = error
         self.ready = True
+        failures[0] += 1
         self._fire()
 
     def _fire(self):
