@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import ray_lite as ray
-from ray_lite.exceptions import (GetTimeoutError, RayError, RayTaskError, TaskCancelledError,
-                                 WorkerCrashedError)
+from ray_lite.exceptions import (ActorDiedError, GetTimeoutError, RayError, RayTaskError,
+                                 TaskCancelledError, WorkerCrashedError)
 
 # Public API only: these run on Ray too (--backend=ray; see conftest.py).
 pytestmark = pytest.mark.both_backends
@@ -438,6 +438,47 @@ def test_worker_crash_is_retried_or_reported(rt, tmp_path):
     with pytest.raises(WorkerCrashedError):
         ray.get(crash.remote(), timeout=T)
     assert ray.get(double.remote(2), timeout=T) == 4
+
+
+def test_sys_exit_in_a_task_is_a_worker_crash(rt):
+    # As in Ray: the worker ends (it sent RayTaskError(SystemExit) first).
+    @ray.remote(max_retries=0)
+    def leave():
+        sys.exit(3)
+    with pytest.raises(WorkerCrashedError):
+        ray.get(leave.remote(), timeout=T)
+    assert ray.get(double.remote(2), timeout=T) == 4
+
+
+def test_sys_exit_in_an_actor_method_ends_the_actor(rt):
+    @ray.remote
+    class Leaver:
+        def leave(self):
+            sys.exit(0)
+
+        def ping(self):
+            return "pong"
+    a = Leaver.remote()
+    assert ray.get(a.ping.remote(), timeout=T) == "pong"
+    with pytest.raises(ActorDiedError):       # an intended exit, as exit_actor()'s
+        ray.get(a.leave.remote(), timeout=T)
+    with pytest.raises(ActorDiedError):
+        ray.get(a.ping.remote(), timeout=T)
+
+
+def test_keyboard_interrupt_raised_in_a_task_is_a_cancelled_task(rt):
+    @ray.remote
+    def interrupted():
+        raise KeyboardInterrupt
+    err = None
+    try:
+        ray.get(interrupted.remote(), timeout=T)
+    except BaseException as exc:      # (not pytest.raises: a KeyboardInterrupt ends pytest)
+        err = exc
+    # As in Ray: RayTaskError(TaskCancelledError).  It was an error that was
+    # also a KeyboardInterrupt, which stops the caller as a Ctrl-C would.
+    assert isinstance(err, TaskCancelledError) and isinstance(err, RayTaskError)
+    assert not isinstance(err, KeyboardInterrupt)
 
 
 def test_large_numpy_round_trip(rt):

@@ -26,31 +26,13 @@ from .method_lookup import UNSET, class_function, method_table
 from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .refs import _NEVER_STORED, ObjectRef, raisable, stored_result
+from .returns import split_returns
 from .shipping import unship
 from .transport import Link, LinkClosed
 
-_ACTOR_EXITS = (ActorExit, AsyncioActorExit)
+_ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
 
 _CoroutineType = types.CoroutineType
-
-
-def _split_generator(gen, nret, name):
-    """A generator's ``num_returns=N`` values, as in Ray: each value it yields
-    fills the next ref; if it raises (or stops) before the N-th, the refs it
-    did not fill get that error; yields past the N-th are not taken."""
-    values = []
-    try:
-        for value in gen:
-            values.append(value)
-            if len(values) == nret:
-                gen.close()
-                return values
-        raise ValueError(f"Task returned {len(values)} objects, but num_returns={nret}.")
-    except Exception as exc:   # noqa: BLE001 - the user's error, for the refs not filled
-        if not values:
-            raise
-        err = sendable_error(make_task_error(name, exc), unpicklable_task_error(name))
-    return values + [P.FailedReturn(err)] * (nret - len(values))
 
 
 class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
@@ -419,7 +401,11 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         if oid in self.cancelled and oid == self.current_oid:   # an interrupted pool task
             return running_task_cancelled(name, oid)
         if isinstance(exc, _ACTOR_EXITS) and self.kind == "actor":
-            return begin_exit(self)
+            return begin_exit(self)     # exit_actor(), or sys.exit() in a method, as in Ray
+        if isinstance(exc, KeyboardInterrupt):
+            # Ray's answer: the task was cancelled.  An error that is also a
+            # KeyboardInterrupt would stop the caller as if Ctrl-C were pressed.
+            return running_task_cancelled(name, oid)
         return make_task_error(name, exc)
 
     def _send_failure(self, peer, oid, stream, err, name):
@@ -455,6 +441,10 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
             if nret != 1:
                 result = self._split(result, nret, name)
         except BaseException as exc:
+            if isinstance(exc, SystemExit) and self.kind != "actor":
+                # sys.exit() in a task ends its worker: the caller gets Ray's
+                # WorkerCrashedError (after the task's retries), not the exit.
+                raise
             self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
             if isinstance(exc, SystemExit):
                 raise
@@ -463,19 +453,7 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
             result = stored_result(result)
         self.reply(peer, (RESULT, oid, True, result), name)
 
-    @staticmethod
-    def _split(result, nret, name):
-        if nret == 0:
-            return []
-        if inspect.isgenerator(result):
-            return _split_generator(result, nret, name)
-        try:
-            values = list(result)
-        except TypeError:       # one object that is not a sequence
-            values = [result]
-        if len(values) != nret:
-            raise ValueError(f"Task returned {len(values)} objects, but num_returns={nret}.")
-        return values
+    _split = staticmethod(split_returns)
 
     def _wait_backpressure(self, sid, produced, bp):
         self.wait_until(lambda: produced - self.stream_acks.get(sid, 0) < bp
