@@ -101,6 +101,23 @@ def test_ray_terminate(rt):
 
 
 @ray.remote
+class FailsToStart:
+    def __init__(self):
+        raise ValueError("no start")
+
+    def echo(self, x):
+        return x
+
+
+def test_ray_ready(rt):
+    # Ray's (and its libraries') way to wait for an actor to start.
+    for cls in (Member, AsyncMember, Member.options(max_concurrency=3)):
+        assert ray.get(cls.remote().__ray_ready__.remote(), timeout=T) is True
+    with pytest.raises(RayActorError, match="no start"):
+        ray.get(FailsToStart.remote().__ray_ready__.remote(), timeout=T)
+
+
+@ray.remote
 class Box:
     """Holds one value; ``first`` waits for it (the caller's get bounds the wait)."""
 

@@ -10,14 +10,16 @@ from . import state
 from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
                            _prepare_args, _stream_opts)
 from .refs import ObjectRef, _Entry
+from .method_lookup import BUILTIN_METHODS
 from .restarts import reach, retained_calls
 from .signatures import check_call
 from .transport import LinkClosed
 
 
-# What ``handle.__ray_terminate__`` is: Ray's graceful end, queued behind
-# the calls sent before it.
-_TERMINATE_ENTRY = (False, None, (0, 0, ()))
+# What ``handle.__ray_terminate__`` (Ray's graceful end, queued behind the
+# calls sent before it) and ``handle.__ray_ready__`` are: methods without
+# parameters (see ``method_lookup.BUILTIN_METHODS``).
+_BUILTIN_ENTRY = (False, None, (0, 0, ()))
 
 
 class ActorHandle(metaclass=_backend.AlsoRay):
@@ -45,12 +47,12 @@ class ActorHandle(metaclass=_backend.AlsoRay):
             node.actor_handle_dropped(self._info.actor_id)
 
     def __getattr__(self, name):
-        if name.startswith("__") and name != "__call__" and name != "__ray_terminate__":
+        if name.startswith("__") and name != "__call__" and name not in BUILTIN_METHODS:
             raise AttributeError(name)
         info = self._info
         entry = info.methods.get(name)
-        if entry is None and name == "__ray_terminate__":
-            entry = _TERMINATE_ENTRY
+        if entry is None and name in BUILTIN_METHODS:
+            entry = _BUILTIN_ENTRY
         if entry is None:
             raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
                                  f"(actor class {info.class_name} has no method {name!r})")

@@ -18,9 +18,20 @@ def ray_terminate(actor):
     exit_actor()
 
 
+def ray_ready(actor):
+    """``handle.__ray_ready__``: True once the actor's constructor has run
+    (a failed constructor fails it, as any call); Ray's and its libraries'
+    way to wait for an actor to start."""
+    return True
+
+
+# Methods every actor has (its handle's ``__getattr__`` lets them through).
+BUILTIN_METHODS = ("__ray_terminate__", "__ray_ready__")
+
+
 def method_table():
     """A new actor's method -> function table (filled per method on first use)."""
-    return {"__ray_terminate__": ray_terminate}
+    return {"__ray_terminate__": ray_terminate, "__ray_ready__": ray_ready}
 
 
 def class_function(cls, name):
