@@ -237,10 +237,40 @@ def test_initializer_runs_in_every_worker(rt):
         assert p.map(greeting, range(8), chunksize=1) == ["hi!"] * 8
 
 
-def test_a_failing_initializer_makes_calls_raise(rt):
-    with Pool(1, initializer=inverse, initargs=(0,)) as p:
-        with pytest.raises(RayActorError):
-            p.map(square, range(4))
+def test_a_failing_initializer_fails_the_pool(rt):
+    # As Ray's: the pool waits for its workers' initializer (its workers go).
+    with pytest.raises(RayActorError, match="division by zero"):
+        Pool(2, initializer=inverse, initargs=(0,))
+
+
+def mark_started(directory):
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+
+
+def test_every_worker_ran_the_initializer_when_the_pool_is_returned(rt, tmp_path):
+    with Pool(2, initializer=mark_started, initargs=(str(tmp_path),)):
+        assert len(os.listdir(tmp_path)) == 2
+
+
+def test_processes_against_the_runtimes_cpus(rt):
+    with pytest.raises(ValueError, match="3 processes on a runtime with 2 CPUs"):
+        Pool(3)
+    with Pool() as p:
+        assert p._processes == 2
+
+
+def test_a_pool_starts_the_runtime_with_a_cpu_per_process():
+    try:
+        with Pool(1) as p:
+            assert ray_lite.cluster_resources()["CPU"] == 1
+            assert p.map(square, range(3)) == [0, 1, 4]
+    finally:
+        ray_lite.shutdown()
+
+
+def test_joinable_queue_is_there_as_in_rays_module():
+    from ray_lite.util.multiprocessing import JoinableQueue
+    assert JoinableQueue is multiprocessing.JoinableQueue
 
 
 def test_a_worker_that_dies_mid_map_raises_and_is_replaced(pool):

@@ -361,7 +361,9 @@ class Pool:
     ``apply_async``, ``close``, ``terminate``, ``join``, and ``with Pool() as p``
     (which terminates it at the end).  ``maxtasksperchild`` replaces a worker
     after that many chunks.  ``context`` is ignored; ``ray_remote_args`` are
-    the workers' actor options.  Starts ray_lite if it is not running.
+    the workers' actor options.  As Ray's: starts ray_lite (a CPU per process) if it
+    is not running, refuses more processes than its CPUs, and returns once
+    every worker has run ``initializer``.
     """
 
     def __init__(self, processes=None, initializer=None, initargs=None, maxtasksperchild=None,
@@ -381,8 +383,15 @@ class Pool:
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         if not ray_lite.is_initialized():
-            ray_lite.init(address=ray_address)
-        self._processes = processes if processes is not None else _default_processes()
+            # As Ray's pool: the runtime it starts has a CPU per process.
+            ray_lite.init(address=ray_address, num_cpus=processes)
+        cpus = _default_processes()
+        if processes is None:
+            processes = cpus
+        elif processes > cpus:
+            raise ValueError(f"Tried to start a pool with {processes} processes on a runtime "
+                             f"with {cpus} CPUs (Ray refuses it too): ask for at most {cpus}")
+        self._processes = processes
         self._init_blob = None if initializer is None else cloudpickle.dumps(
             (initializer, tuple(initargs or ())))
         self._maxtasksperchild = maxtasksperchild
@@ -392,6 +401,13 @@ class Pool:
         self._next_slot = 0
         self._calls_per_slot = [0] * self._processes
         self._actors = [self._new_actor() for _ in range(self._processes)]
+        try:
+            # As Ray's: every worker has run the initializer when the pool is
+            # returned (one that raised fails this with RayActorError).
+            ray_lite.get([a.__ray_ready__.remote() for a in self._actors])
+        except BaseException:
+            self.terminate()
+            raise
         self._state = "RUN"
 
     def __repr__(self):
