@@ -39,7 +39,7 @@ def test_create_ready_wait_and_remove(rt4):
     table = placement_group_table(pg)
     assert table["state"] == "CREATED" and table["name"] == "pg1"
     assert table["strategy"] == "SPREAD"
-    assert pg.id in placement_group_table()
+    assert pg.id.hex() in placement_group_table()      # keyed by hex, as in Ray
     assert get_placement_group("pg1") == pg
     # Its resources are reserved from the node.
     assert rt4.available_resources() == {"CPU": 1, "x": 1}
@@ -136,6 +136,35 @@ def test_removing_a_group_kills_its_actors_and_fails_its_waiting_tasks(rt4):
     with pytest.raises(ValueError, match="removed"):
         one.options(scheduling_strategy=in_pg(pg)).remote()
     assert rt4.available_resources() == {"CPU": 4, "x": 2}
+
+
+def test_removing_a_group_kills_its_running_tasks(rt4):
+    from ray_lite.exceptions import WorkerCrashedError
+    from ray_lite.util.queue import Queue
+
+    @ray.remote
+    def started_then_hangs(q):
+        import time
+        q.put("started")
+        time.sleep(300)    # the workload: the group's removal ends it
+    pg = placement_group([{"CPU": 1}])
+    q = Queue()
+    running = started_then_hangs.options(scheduling_strategy=in_pg(pg)).remote(q)
+    assert q.get(timeout=T) == "started"
+    remove_placement_group(pg)
+    with pytest.raises(WorkerCrashedError):    # as in Ray; it ran on, holding its CPU
+        ray.get(running, timeout=T)
+    assert ray.get(one.remote(), timeout=T) == 1
+    assert rt4.available_resources() == {"CPU": 4, "x": 2}
+
+
+def test_a_groups_id_is_rays_id_object(rt4):
+    pg = placement_group([{"CPU": 1}])
+    assert len(pg.id.binary()) == 18 and pg.id.hex() == pg.id.binary().hex()
+    assert placement_group_table(pg)["placement_group_id"] == pg.id.hex()
+    assert PlacementGroup(pg.id) == pg and PlacementGroup.empty().is_empty
+    with pytest.raises(ValueError, match="bundle index must be -1"):
+        one.options(placement_group_bundle_index=0).remote()
 
 
 def test_placement_groups_from_inside_a_task(rt4):

@@ -8,6 +8,7 @@ one bundle can never be placed and is refused, as is a group bigger than the
 machine (Ray would leave both pending for ever).
 """
 import os
+import signal
 
 from .scheduler import CPU, PlacementGroupState, _fits, _take, check_resource_dict
 
@@ -99,9 +100,18 @@ class PlacementMixin:
             pg.state = "REMOVED"
             if self.pg_names.get(pg.name) == pg_id:
                 del self.pg_names[pg.name]
-            # Its actors die with it, as in Ray (and are not restarted).
+            # Its actors die with it, as in Ray (and are not restarted); so do
+            # its running tasks (not retried: their callers get WorkerCrashedError).
             for aid in list(pg.actors):
                 self.kill_actor(aid, no_restart=True)
+            for w in list(self.pool.values()):
+                spec = w.task
+                if spec is not None and spec.demand is not None and spec.demand.pg == pg_id:
+                    spec.retries = 0
+                    try:
+                        os.kill(w.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             if was_created:
                 need = pg.need()
                 self.cpu_cap = round(self.cpu_cap + need.get(CPU, 0), 4)

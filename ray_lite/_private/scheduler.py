@@ -100,7 +100,7 @@ def _strategy_target(strategy, driver_pid):
 
 
 def _pg_target(pg, index):
-    pg_id = getattr(pg, "id", None)
+    pg_id = getattr(pg, "_hex", None)       # (a PlacementGroup's id, as the driver keys it)
     if not isinstance(pg_id, str):
         raise ValueError(f"placement_group must be a PlacementGroup, got {pg!r}")
     if not isinstance(index, int) or isinstance(index, bool) or index < -1:
@@ -127,6 +127,9 @@ def demand_of(opts, kind, driver_pid):
     legacy = opts.get("placement_group")
     if legacy not in (None, "default"):
         pg_id, index = _pg_target(legacy, opts.get("placement_group_bundle_index", -1))
+    elif opts.get("placement_group_bundle_index", -1) != -1:
+        raise ValueError("If placement group is not set, the value of bundle index must "
+                         "be -1.")     # Ray's words
     if ncpu is not None:
         ncpu = _amount("num_cpus", ncpu)
     if kind == "task":

@@ -5,6 +5,7 @@ from ray_lite import _ray
 from ray_lite._private import backend as _backend
 from ray_lite._private import protocol as P
 from ray_lite._private import state
+from ray_lite._private.ids import PlacementGroupID
 
 from .scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -28,8 +29,14 @@ class PlacementGroup:
     """A handle to a placement group (picklable: pass it to tasks and actors)."""
 
     def __init__(self, id, bundle_cache=None):
-        self.id = id
+        # The id travels as its hex string (what the driver keys groups by).
+        self._hex = id.hex() if isinstance(id, PlacementGroupID) else id
         self.bundle_cache = bundle_cache
+
+    @property
+    def id(self):
+        """Ray's ``PlacementGroupID`` (``.hex()``, ``.binary()``)."""
+        return PlacementGroupID.from_hex(self._hex) if self._hex else PlacementGroupID.nil()
 
     @staticmethod
     def empty():
@@ -37,7 +44,7 @@ class PlacementGroup:
 
     @property
     def is_empty(self):
-        return not self.id
+        return not self._hex
 
     @property
     def bundle_specs(self):
@@ -63,16 +70,16 @@ class PlacementGroup:
         return bool(ready)
 
     def __eq__(self, other):
-        return isinstance(other, PlacementGroup) and other.id == self.id
+        return isinstance(other, PlacementGroup) and other._hex == self._hex
 
     def __hash__(self):
-        return hash(self.id)
+        return hash(self._hex)
 
     def __repr__(self):
         return f"PlacementGroup(id={self.id})"
 
     def __reduce__(self):
-        return (PlacementGroup, (self.id, self.bundle_cache))
+        return (PlacementGroup, (self._hex, self.bundle_cache))
 
 
 def placement_group(bundles, strategy="PACK", name="", lifetime=None,
@@ -105,7 +112,7 @@ def remove_placement_group(placement_group):
     if not isinstance(placement_group, PlacementGroup):
         raise TypeError(f"remove_placement_group expects a PlacementGroup, got "
                         f"{placement_group!r}")
-    state.get_node().request(P.OP_PG_REMOVE, placement_group.id)
+    state.get_node().request(P.OP_PG_REMOVE, placement_group._hex)
 
 
 def get_placement_group(placement_group_name):
@@ -122,7 +129,7 @@ def placement_group_table(placement_group=None):
     """The state of one group (a dict), or of every group ({id: dict})."""
     if _backend.RAY:
         return _ray.util.UTIL["placement_group_table"](placement_group)
-    pg_id = None if placement_group is None else placement_group.id
+    pg_id = None if placement_group is None else placement_group._hex
     return state.get_node().request(P.OP_PG_TABLE, pg_id)
 
 
