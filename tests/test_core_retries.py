@@ -164,6 +164,19 @@ def test_kill_forbids_a_restart_unless_asked(rt, tmp_path):
         ray.get_actor("phoenix")
 
 
+def test_the_call_right_after_kill_without_no_restart_reaches_the_new_actor(rt, tmp_path):
+    # As in Ray, without max_task_retries: the call is not lost to the dead
+    # incarnation (it failed with ActorDiedError).
+    a = Phoenix.options(max_restarts=1).remote(str(tmp_path / "inits"))
+    _, pid1 = ray.get(a.who.remote(), timeout=T)
+    ray.kill(a, no_restart=False)
+    n, pid2 = ray.get(a.who.remote(), timeout=T)
+    assert n == 1 and pid2 != pid1
+    ray.kill(a, no_restart=False)       # its restarts are used up: dead for good
+    with pytest.raises(RayActorError):
+        ray.get(a.who.remote(), timeout=T)
+
+
 def test_a_restarted_actor_is_reached_from_a_task(rt, tmp_path):
     a = Phoenix.options(max_restarts=1).remote(str(tmp_path / "inits"))
 

@@ -424,6 +424,9 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     return ready, not_ready
 
 
+_RESTART_SEEN_WITHIN_S = 30
+
+
 def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if _backend.RAY:
@@ -436,6 +439,14 @@ def kill(actor, *, no_restart=True):
     if info.actor_id not in node.dead_peers:
         node.death_causes[info.actor_id] = actor_died_message(info, KILLED)
     node.request(P.OP_KILL, info.actor_id, bool(no_restart))
+    aid = info.actor_id
+    if not no_restart and node.id == 0 and aid in node.restartable:
+        # Ray holds the calls made after this for the restarted actor: here
+        # they go to the new incarnation once the death is seen and the
+        # restart started (bounded: a slow restart leaves them failing).
+        old_pid = node.pids.get(aid)
+        node.wait_until(lambda: aid not in node.restartable or node.pids.get(aid) != old_pid,
+                        _RESTART_SEEN_WITHIN_S)
 
 
 def cancel(ref, *, force=False, recursive=True):
