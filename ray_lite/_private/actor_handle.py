@@ -5,12 +5,11 @@ from ray_lite.exceptions import ActorDiedError
 
 from . import backend as _backend
 from . import protocol as P
-from .protocol import ACTOR_CALL, METHOD   # per call: a global, not an attribute
+from .protocol import ACTOR_CALL, BUILTIN_METHODS, METHOD   # per call: globals
 from . import state
 from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
                            _prepare_args, _stream_opts)
 from .refs import ObjectRef, _Entry
-from .method_lookup import BUILTIN_METHODS
 from .restarts import reach, retained_calls
 from .signatures import check_call
 from .transport import LinkClosed
@@ -18,7 +17,7 @@ from .transport import LinkClosed
 
 # What ``handle.__ray_terminate__`` (Ray's graceful end, queued behind the
 # calls sent before it) and ``handle.__ray_ready__`` are: methods without
-# parameters (see ``method_lookup.BUILTIN_METHODS``).
+# parameters (``protocol.BUILTIN_METHODS``).
 _BUILTIN_ENTRY = (False, None, (0, 0, ()))
 
 

@@ -25,10 +25,6 @@ def ray_ready(actor):
     return True
 
 
-# Methods every actor has (its handle's ``__getattr__`` lets them through).
-BUILTIN_METHODS = ("__ray_terminate__", "__ray_ready__")
-
-
 def method_table():
     """A new actor's method -> function table (filled per method on first use)."""
     return {"__ray_terminate__": ray_terminate, "__ray_ready__": ray_ready}

@@ -30,6 +30,8 @@ tuple in place, with the tag constant, to spare a call per message.
 
 TASK = "T"
 METHOD = "M"
+# Methods every actor answers besides its class's (``method_lookup.method_table``).
+BUILTIN_METHODS = ("__ray_terminate__", "__ray_ready__")
 RESULT = "R"
 ITEM = "I"
 END = "E"
