@@ -179,21 +179,21 @@ def test_a_node_with_no_cpu():
         ray.shutdown()
 
 
-def test_an_actor_waits_for_its_resources_when_created_from_a_task():
+def test_an_actor_created_from_a_task_takes_the_cpu_its_blocked_creator_lends():
     ray.init(num_cpus=2)
     try:
         first = Holder.options(num_cpus=1).remote()
-        ray.get(first.ping.remote(), timeout=T)
+        first_pid = ray.get(first.ping.remote(), timeout=T)
 
         @ray.remote
         def make_second():
-            # Its 1 CPU is the last one; the actor's must wait for `first`.
+            # Its 1 CPU is the last one: the handle comes at once, and while
+            # the task waits in get it lends its CPU, which the actor takes
+            # (as in Ray; the task's .remote() waited for `first` to go).
             second = Holder.options(num_cpus=1).remote()
             return ray.get(second.ping.remote(), timeout=T)
-        ref = make_second.remote()
-        assert ray.wait([ref], timeout=NOT_YET)[0] == []
-        ray.kill(first)
-        assert isinstance(ray.get(ref, timeout=T), int)
+        assert ray.get(make_second.remote(), timeout=T) not in (None, first_pid)
+        assert ray.get(first.ping.remote(), timeout=T) == first_pid
     finally:
         ray.shutdown()
 
@@ -217,25 +217,42 @@ def test_blocked_task_lends_its_cpus_back(rt4):
     assert rt4.available_resources()["CPU"] == 4
 
 
-def test_the_driver_waits_for_an_actors_resources(rt4):
-    import threading
+def test_an_actor_whose_resources_are_taken_starts_when_they_are_free(rt4):
     first = Holder.options(num_cpus=4).remote()
     ray.get(first.ping.remote(), timeout=T)
-    out = []
-
-    def create():
-        # Keep the handle: an actor ends once its creator's handle goes.
-        second = Holder.options(num_cpus=2).remote()
-        out.append(ray.get(second.ping.remote(), timeout=T))
-        out.append(second)
-    t = threading.Thread(target=create)
-    t.start()
-    t.join(NOT_YET)
-    assert out == []           # no CPU is free: creating it waits
+    # As in Ray, the handle comes at once (the driver waited in .remote(): a
+    # program that frees the CPUs after this line deadlocked).
+    second = Holder.options(num_cpus=2).remote()
+    call = second.ping.remote()
+    assert ray.wait([call], timeout=NOT_YET)[0] == []      # no CPU is free: not started
+    assert rt4.available_resources().get("CPU", 0) == 0
+    waiting = Holder.options(num_cpus=4).remote()
+    lost = waiting.ping.remote()
+    ray.kill(waiting)                                        # killed while it waits
+    with pytest.raises(RayActorError):
+        ray.get(lost, timeout=T)
     ray.kill(first)
-    t.join(T)
-    assert not t.is_alive() and isinstance(out[0], int)
+    assert isinstance(ray.get(call, timeout=T), int)
+    assert [ray.get(second.ping.remote(), timeout=T) for _ in range(3)] == [ray.get(call)] * 3
     assert rt4.available_resources()["CPU"] == 2
+
+
+def test_a_waiting_async_actor_runs_the_calls_made_meanwhile_in_order(rt4):
+    @ray.remote(num_cpus=4)
+    class Log:
+        def __init__(self):
+            self.seen = []
+
+        async def add(self, x):
+            self.seen.append(x)
+            return list(self.seen)
+    first = Holder.options(num_cpus=4).remote()
+    ray.get(first.ping.remote(), timeout=T)
+    log = Log.remote()
+    calls = [log.add.remote(i) for i in range(5)]
+    assert ray.wait(calls, timeout=NOT_YET)[0] == []
+    ray.kill(first)
+    assert ray.get(calls[-1], timeout=T) == [0, 1, 2, 3, 4]
 
 
 @ray.remote

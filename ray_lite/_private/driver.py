@@ -1,5 +1,6 @@
 """The driver's Node: the worker pool, the scheduler, actors and names."""
 import collections
+import functools
 import itertools
 import os
 import signal
@@ -19,7 +20,7 @@ from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
 from .refs import ObjectRef, travels_as_value
 from .restarts import RestartsMixin
-from .scheduler import Deferred, ResourcesMixin, matches_retry
+from .scheduler import ResourcesMixin, matches_retry
 from .transport import Link
 from .zygote import ZygoteClient
 
@@ -440,16 +441,20 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         return False
 
     # ------------------------------------------------------------- actors
-    def create_actor(self, *request):
-        info = self.create_actors([request])[0]
+    def create_actor(self, *request, await_resources=False):
+        info = self.create_actors([request], await_resources)[0]
         if isinstance(info, Exception):
             raise info
         return info
 
-    def create_actors(self, requests):
+    def create_actors(self, requests, await_resources=False):
         """Create one actor per request (``create_actor``'s arguments), forking
         them all in one round trip to the zygote; a list of ``ActorInfo``, with
-        the exception in place of each actor that could not be created."""
+        the exception in place of each actor that could not be created.
+
+        ``await_resources``: their resources are taken now; each process waits
+        for the word (``START``) before its constructor runs, sent once they
+        are free (``_start_when_free``), and its calls queue meanwhile."""
         out = [None] * len(requests)
         todo = []           # (index, actor id, link, spawn spec, request)
         with self._sched:
@@ -475,10 +480,11 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     demand = extra.get("demand") if extra else None
                     try:
                         self.check_actor_feasible(demand, f"The actor {class_name}")
-                        if not self.actor_fits(demand):
-                            raise ValueError(f"The actor {class_name} asks for "
-                                             f"{demand.as_dict()}, which is not free now")
-                        self.hold_for_actor(aid, demand)
+                        if not await_resources:
+                            if not self.actor_fits(demand):
+                                raise ValueError(f"The actor {class_name} asks for "
+                                                 f"{demand.as_dict()}, which is not free now")
+                            self.hold_for_actor(aid, demand)
                     except ValueError as err:
                         out[i] = err
                         continue
@@ -486,7 +492,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     spec = self._spawn_spec(aid, "actor", link)
                     spec["actor"] = {"cls_blob": cls_blob, "class_name": class_name,
                                      "args": args, "kwargs": kwargs, "is_async": is_async,
-                                     "max_concurrency": max_concurrency, "name": name}
+                                     "max_concurrency": max_concurrency, "name": name,
+                                     "await_resources": await_resources}
                     if extra:
                         spec["env_vars"] = {**self.env_vars, **(extra.get("env_vars") or {})}
                         spec["actor"]["concurrency_groups"] = extra.get("concurrency_groups")
@@ -530,6 +537,10 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             # an actor looking up its own name in its constructor finds it.
             self.add_link(aid, link, pid)
             out[i] = info
+            if spec["actor"]["await_resources"]:
+                start = functools.partial(self.start_when_free, aid, extra["demand"])
+                if not start():
+                    self.res_waiters.append(start)
 
     def get_actor(self, name, namespace):
         info = self.named.get((namespace, name))
@@ -577,9 +588,6 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             ok = True
         except Exception as exc:
             ok, result = False, exc
-        if type(result) is Deferred:
-            result.answer_later(self, peer, req)
-            return
         if req:
             self.send(peer, P.reply_msg(req, ok, result))
 
@@ -638,19 +646,9 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 self.check_actor_feasible(demand, f"The actor {request[1]}")
                 fits = self.actor_fits(demand)
             if not fits:
-                # Its resources are taken now: it starts when they are free,
-                # as in Ray (the driver waits here; a worker's answer waits).
-                if peer != 0:
-                    return Deferred(lambda: self.actor_fits(demand),
-                                    lambda: self.owned_by(peer, self.create_actor(*request)))
-                while True:
-                    self.wait_until(lambda: self.actor_fits(demand))
-                    try:
-                        return self.create_actor(*request)
-                    except ValueError:
-                        if not self.actor_fits(demand):
-                            continue
-                        raise
+                # Its resources are taken now: as in Ray, the handle comes at
+                # once and the actor starts when they are free.
+                return self.owned_by(peer, self.create_actor(*request, await_resources=True))
         return self.owned_by(peer, self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):

@@ -45,6 +45,7 @@ REPLY = "P"
 ATTACH = "A"
 EXIT = "Z"
 RESTARTED = "S"
+START = "G"         # the driver to an actor created while its resources were taken: go
 
 # What a process waits for from a peer (``Node.inflight``: peer -> {oid: kind}),
 # which says which error the wait gets when that peer dies.

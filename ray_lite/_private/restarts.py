@@ -68,7 +68,7 @@ class RestartsMixin:
         rec.count += 1
         link = Link.create(self.shm_prefix)
         spec = dict(rec.spec, link_names=link.names,
-                    actor=dict(rec.spec["actor"], restarted=True),
+                    actor=dict(rec.spec["actor"], restarted=True, await_resources=False),
                     # Objects the new incarnation creates must not reuse the ids
                     # of the old one's (they may still be referenced).
                     seq_start=rec.count << 32)

@@ -18,6 +18,8 @@ refuses with ``ValueError``: on one machine "never" is certain.
 """
 import hashlib
 
+from .protocol import START
+
 CPU = "CPU"
 GPU = "GPU"
 _EPS = 1e-9
@@ -330,11 +332,18 @@ class ResourcesMixin:
             self._dispatch()
         if self.placed_queue:
             self.dispatch_placed()
-        if self.res_waiters:
+        while self.res_waiters:
+            # Again while one settles: a placement group created may be
+            # what an actor's start waited for.
             waiters, self.res_waiters = self.res_waiters, []
+            settled = False
             for w in waiters:
-                if not w():
+                if w():
+                    settled = True
+                else:
                     self.res_waiters.append(w)
+            if not settled:
+                break
         # A thread waiting for resources to start an actor may sleep in poll
         # (``_req_create_actor``); freed by another thread (a placement group
         # removed), they come with no message that would wake it.
@@ -385,6 +394,21 @@ class ResourcesMixin:
             _take(self.free_custom, demand.custom, 1)
             self.actor_demands[aid] = (demand, None)
 
+    def start_when_free(self, aid, demand):
+        """Start actor ``aid`` (created while its resources were taken: its
+        process waits for ``START``) if they are free now; True once settled."""
+        if aid not in self.actors:
+            return True           # killed or dead meanwhile
+        if not self.actor_fits(demand):
+            return False
+        try:
+            self.hold_for_actor(aid, demand)
+        except ValueError as err:     # its placement group was removed meanwhile
+            self.kill_actor(aid, cause=f"The actor could not start: {err}.")
+            return True
+        self.send(aid, (START,))
+        return True
+
     def release_actor(self, aid):
         held = self.actor_demands.pop(aid, None)
         if held is None:
@@ -408,40 +432,6 @@ class ResourcesMixin:
             return
         if demand.explicit or demand.pg is not None:
             self.check_feasible(demand, what)
-
-
-class Deferred:
-    """A worker's request answered when resources are free (an actor whose
-    resources are taken): ``ready()`` says when, ``run()`` makes the answer."""
-
-    __slots__ = ("ready", "run", "node", "peer", "req")
-
-    def __init__(self, ready, run):
-        self.ready = ready
-        self.run = run
-
-    def answer_later(self, node, peer, req):
-        self.node, self.peer, self.req = node, peer, req
-        with node._sched:
-            if not self.try_now():
-                node.res_waiters.append(self.try_now)
-
-    def try_now(self):
-        """Answer if it can be answered now; True once answered."""
-        if not self.ready():
-            return False
-        try:
-            ok, result = True, self.run()
-        except ValueError as exc:
-            if not self.ready():
-                return False        # taken again meanwhile: wait on
-            ok, result = False, exc
-        except Exception as exc:    # noqa: BLE001 - the requester gets it
-            ok, result = False, exc
-        if self.req:
-            from . import protocol as P
-            self.node.send(self.peer, P.reply_msg(self.req, ok, result))
-        return True
 
 
 def check_retry_exceptions(value):

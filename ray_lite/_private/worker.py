@@ -544,6 +544,20 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
             self.ack_waiters.pop(sid, None)
 
     # ------------------------------------------------------------- actors
+    def await_resources(self):
+        """Wait for the driver's word that this actor's resources are held (it
+        was created while they were taken); the calls that came meanwhile,
+        for after the constructor."""
+        early, started = [], []
+        on_method = self.handlers[P.METHOD]
+        self.handlers[P.METHOD] = lambda peer, msg: early.append((peer, msg))
+        self.handlers[P.START] = lambda peer, msg: started.append(True)
+        try:
+            self.wait_until(lambda: started)
+        finally:
+            self.handlers[P.METHOD] = on_method
+        return early
+
     def start_actor(self, a):
         name = a["class_name"]
         try:
@@ -629,6 +643,7 @@ def worker_main(spec):
         node.serve_calls(node.run_pool_task)
         return
     a = spec["actor"]
+    early = node.await_resources() if a.get("await_resources") else ()
     if a["is_async"]:
         node.actor_name = a.get("name")
         loop = new_event_loop()
@@ -641,6 +656,8 @@ def worker_main(spec):
                 concurrency_groups.install_async(node, a)
             node.bridge_for_running_loop()
             node.start_actor(a)
+            for peer, msg in early:
+                node.handlers[P.METHOD](peer, msg)
             # Calls that arrived while the constructor ran.
             node.drive_nowait()
         loop.run_until_complete(boot())
@@ -658,6 +675,8 @@ def worker_main(spec):
     node.single_waiter = a["max_concurrency"] <= 1 and not a.get("concurrency_groups")
     node.actor_name = a.get("name")
     node.start_actor(a)
+    for peer, msg in early:
+        node.handlers[P.METHOD](peer, msg)
     if a.get("concurrency_groups"):
         concurrency_groups.serve_threaded(node, a)
         return
