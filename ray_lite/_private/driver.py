@@ -7,8 +7,8 @@ import signal
 import threading
 
 from ray_lite._fast import shm
-from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, TaskCancelledError,
-                                 WorkerCrashedError)
+from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, RayError, RayTaskError,
+                                 TaskCancelledError, WorkerCrashedError)
 
 from . import protocol as P
 from . import introspect, restarts, state
@@ -224,6 +224,9 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             except BaseException as err:
                 if spec.demand is not None:
                     self.release(spec, False)
+                # A failed argument: as in Ray, the task's error, of both classes.
+                if isinstance(err, RayError) and not isinstance(err, RayTaskError):
+                    err = RayTaskError(spec.name, "", err).as_instanceof_cause()
                 self._fail_task(spec, err)
                 return True
         w = self.idle.pop()

@@ -3,14 +3,18 @@ import os
 import traceback
 
 from ray_lite._fast import codec
-from ray_lite.exceptions import RayError, RayTaskError, TaskCancelledError
+from ray_lite.exceptions import RayTaskError, TaskCancelledError
 
 from .ids import NODE_IP, actor_id_hex, task_id_hex
 
 
 def make_task_error(name, exc, tb=None):
-    """The error sent for a failure of user code: a RayTaskError with the traceback."""
-    if isinstance(exc, RayError):       # RayTaskError included: already what we send
+    """The error sent for a failure of user code: a RayTaskError with the traceback.
+
+    As in Ray, one of the runtime's errors that the task let through (an
+    actor's death seen by its ``get``, a failed argument) becomes
+    ``RayTaskError(ActorDiedError)`` and the like: both classes catch it."""
+    if isinstance(exc, RayTaskError):       # already what we send
         return exc
     if tb is None:
         tb = traceback.format_exc()
