@@ -282,6 +282,65 @@ def test_fastapi_methods_are_callable_through_a_handle(serve_runtime):
     assert handle.double.remote(x=4).result(timeout_s=30) == {"double": 8}
 
 
+@needs_fastapi
+def test_fastapi_included_routers_and_their_class_views(serve_port):
+    # include_router: FastAPI 0.137+ keeps a lock in the node it adds (serve.run
+    # failed: "cannot pickle '_thread.lock'"), and nests the router's routes
+    # there (a class view's method on it got no self: 422).
+    from fastapi import APIRouter, FastAPI
+
+    from ray_lite import serve
+
+    app = FastAPI()
+    plain = APIRouter(prefix="/plain")
+    views = APIRouter()
+
+    @plain.get("/hi")
+    def hi():
+        return "hi"
+
+    class Base:
+        @views.get("/name")
+        def name(self, who: str = "world"):
+            return {"name": f"{self.greeting} {who}"}
+
+    app.include_router(plain)
+    app.include_router(views, prefix="/views")
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Api(Base):
+        def __init__(self):
+            self.greeting = "hello"
+
+        @app.get("/direct")
+        def direct(self):
+            return self.greeting
+
+    serve.run(Api.bind())
+    assert _json(serve_port, "GET", "/plain/hi")[::2] == (200, "hi")
+    assert _json(serve_port, "GET", "/views/name?who=serve")[::2] == (
+        200, {"name": "hello serve"})
+    assert _json(serve_port, "GET", "/direct")[::2] == (200, "hello")
+
+
+def test_ingress_of_an_app_alone(serve_port):
+    # As Ray's serve.ingress(app)(): a deployment that is only the app (an
+    # app object or a builder), taking whatever bind() is given.
+    from ray_lite import serve
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"alone"})
+
+    for made in (app, lambda: app):
+        deployment = serve.deployment(serve.ingress(made)())
+        assert deployment.name == "ASGIIngressDeployment"
+        serve.run(deployment.bind("ignored", option=1))
+        status, _, body = http(serve_port, "GET", "/")
+        assert (status, body) == (200, b"alone")
+
+
 def test_ingress_refuses_a_function_and_a_class_with_call():
     from ray_lite import serve
 
@@ -294,8 +353,13 @@ def test_ingress_refuses_a_function_and_a_class_with_call():
     class WithCall:
         def __call__(self):
             pass
-    with pytest.raises(ValueError, match="__call__"):
-        serve.ingress(app)(WithCall)
+
+    class Inherits(WithCall):
+        pass
+    for cls in (WithCall, Inherits):
+        with pytest.raises(ValueError, match="Classes passed to @serve.ingress may not have "
+                                             "__call__ method"):
+            serve.ingress(app)(cls)
 
 
 # -------------------------------------------------- Starlette and bare ASGI

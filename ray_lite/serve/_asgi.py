@@ -19,6 +19,7 @@ import asyncio
 import copyreg
 import inspect
 import sys
+import threading
 import traceback
 
 from . import context
@@ -36,11 +37,14 @@ def ingress(app):
         raise TypeError(f"serve.ingress expects an ASGI app or a function building one, "
                         f"got {type(app).__name__}")
 
-    def decorate(cls):
+    def decorate(cls=None):
+        if cls is None:
+            # ``serve.ingress(app)()``: a deployment that is only the app.
+            cls = type("ASGIIngressDeployment", (_AppOnly,), {})
         if not inspect.isclass(cls):
             raise ValueError("@serve.ingress must be used with a class.")
-        if "__call__" in cls.__dict__:
-            raise ValueError("Class passed to @serve.ingress may not have __call__ method.")
+        if any("__call__" in vars(k) for k in cls.__mro__ if k is not object):
+            raise ValueError("Classes passed to @serve.ingress may not have __call__ method.")
         if _is_fastapi(app):
             _bind_class_routes(app, cls)
         _make_state_picklable()
@@ -49,18 +53,41 @@ def ingress(app):
     return decorate
 
 
+class _AppOnly:
+    """The class of ``serve.ingress(app)()``: takes whatever ``.bind()`` gives."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
 def asgi_app_of(obj):
     """The ASGI app of a deployment's instance, or None (a plain deployment)."""
     return getattr(type(obj), _ASGI_ATTR, None) if obj is not None else None
 
 
 def _make_state_picklable():
-    """Starlette's ``app.state`` cannot be unpickled as it is (its __getattr__
-    recurses before its dict is set): the app reaches each replica pickled
-    with the class, so it is pickled as the dict it holds."""
+    """The app reaches each replica pickled with the class.  Starlette's
+    ``app.state`` cannot be unpickled as it is (its __getattr__ recurses
+    before its dict is set): it is pickled as the dict it holds.  FastAPI
+    (0.137 and later) keeps a lock in each router that ``include_router``
+    adds: a lock arrives as a new one, unlocked (Ray Serve does the same)."""
     datastructures = sys.modules.get("starlette.datastructures")
     if datastructures is not None:
         copyreg.pickle(datastructures.State, _reduce_state)
+    copyreg.pickle(_LOCK_TYPE, _reduce_lock)
+    copyreg.pickle(_RLOCK_TYPE, _reduce_rlock)
+
+
+_LOCK_TYPE = type(threading.Lock())
+_RLOCK_TYPE = type(threading.RLock())
+
+
+def _reduce_lock(lock):
+    return threading.Lock, ()
+
+
+def _reduce_rlock(lock):
+    return threading.RLock, ()
 
 
 def _reduce_state(state):
@@ -88,30 +115,47 @@ def _class_functions(cls):
 
 
 def _bind_class_routes(app, cls):
-    from fastapi import APIRouter, Depends
+    from fastapi import APIRouter
+    routes = app.routes if isinstance(app, APIRouter) else app.router.routes
+    _bind_routes(routes, _class_functions(cls))
+
+
+def _bind_routes(routes, methods):
+    """Give the routes of ``methods`` their ``self`` (this replica's instance),
+    also in the routers ``include_router`` added."""
+    from fastapi import Depends
     from fastapi.routing import APIRoute, APIWebSocketRoute
 
-    methods = _class_functions(cls)
-    routes = app.routes if isinstance(app, APIRouter) else app.router.routes
     for i, route in enumerate(routes):
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            # FastAPI 0.137 and later keep an included router as one node,
+            # its routes looked up at request time.
+            _bind_routes(included.routes, methods)
+            continue
         if not isinstance(route, (APIRoute, APIWebSocketRoute)) or route.endpoint not in methods:
             continue
-        init_params = [p for p in inspect.signature(type(route).__init__).parameters
-                       if p not in ("self", "path", "endpoint")]
         fn = route.endpoint
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
-        if not params or params[0].default is not inspect.Parameter.empty:
-            continue     # already bound (a second ingress of the same app) or no self
-        # FastAPI passes every parameter by keyword: keyword-only lets the
-        # ones without a default follow self's.
-        kw = inspect.Parameter.KEYWORD_ONLY
-        params = [params[0].replace(default=Depends(_servable_instance), kind=kw)] + [
-            p.replace(kind=kw) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else p
-            for p in params[1:]]
-        fn.__signature__ = sig.replace(parameters=params)
+        if not params:
+            continue
+        bound = getattr(params[0].default, "dependency", None) is _servable_instance
+        if not bound:
+            if params[0].default is not inspect.Parameter.empty:
+                continue     # no self
+            # FastAPI passes every parameter by keyword: keyword-only lets the
+            # ones without a default follow self's.
+            kw = inspect.Parameter.KEYWORD_ONLY
+            params = [params[0].replace(default=Depends(_servable_instance), kind=kw)] + [
+                p.replace(kind=kw) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                else p for p in params[1:]]
+            fn.__signature__ = sig.replace(parameters=params)
         # The route's parameters were read from the old signature when it was
-        # declared: declare it again, with everything else as it was.
+        # declared: declare it again (each route of the function: one may
+        # serve two paths), with everything else as it was.
+        init_params = [p for p in inspect.signature(type(route).__init__).parameters
+                       if p not in ("self", "path", "endpoint")]
         kwargs = {p: getattr(route, p) for p in init_params if hasattr(route, p)}
         routes[i] = type(route)(route.path, fn, **kwargs)
 
