@@ -125,6 +125,34 @@ def test_await_response_in_driver_loop(serve_port):
     assert asyncio.run(main()) == [2, 3, 4, 5, 6]
 
 
+def test_sync_waits_inside_an_event_loop_are_refused_as_in_ray(serve_port):
+    # Waiting there would stall the loop that may have to run what it waits for.
+    h = serve.run(Adder.bind(2), name="loopy", route_prefix=None)
+
+    async def main():
+        response = h.remote(1)
+        with pytest.raises(RuntimeError, match="Use `await response` instead"):
+            response.result()
+        assert response.result(_skip_asyncio_check=True, timeout_s=30) == 3
+        with pytest.raises(RuntimeError, match="Sync methods"):
+            response._to_object_ref_sync()
+        assert await response._to_object_ref() is response._to_object_ref_sync(
+            _allow_running_in_asyncio_loop=True)
+        gen = h.options(stream=True).count.remote(2)
+        with pytest.raises(RuntimeError, match="async for"):
+            next(gen)
+        refs = await gen._to_object_ref_gen()
+        assert refs is gen._to_object_ref_gen_sync(_allow_running_in_asyncio_loop=True)
+        assert [await r for r in refs] == [0, 1]
+        # Only a top-level response is resolved; a nested one is refused in
+        # Ray's words (Ray's RayServeException comes here inside the TypeError
+        # of an argument that cannot be serialised).
+        with pytest.raises(TypeError, match="top level arguments"):
+            h.remote([h.remote(0)])
+        return await h.remote(h.remote(0))   # (that one is)
+    assert asyncio.run(main()) == 4
+
+
 @serve.deployment(max_ongoing_requests=20)
 class Batched:
     def __init__(self):

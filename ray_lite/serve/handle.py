@@ -19,6 +19,7 @@ holds (``_demand``); one scaled to zero gets its calls held while the
 controller starts a replica.
 """
 import collections
+from asyncio import _get_running_loop    # (C: a look at a thread-local, per call)
 import contextvars
 import threading
 
@@ -525,6 +526,11 @@ class DeploymentResponse:
         self._queued = queued
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
+        if not _skip_asyncio_check and _get_running_loop() is not None:
+            # Ray's refusal: waiting here would stall the loop that may have
+            # to run the very thing waited for.
+            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
+                               "event loop. Use `await response` instead.")
         try:
             return _core.get(self._ref, timeout=timeout_s)
         except TaskCancelledError as exc:
@@ -553,8 +559,20 @@ class DeploymentResponse:
     async def _to_object_ref(self):
         return self._ref
 
-    def _to_object_ref_sync(self, **_):
+    def _to_object_ref_sync(self, _timeout_s=None, _allow_running_in_asyncio_loop=False):
+        if not _allow_running_in_asyncio_loop and _get_running_loop() is not None:
+            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
+                               "event loop. Use `await response._to_object_ref()` instead.")
         return self._ref
+
+    def __reduce__(self):
+        # As Ray's: only a top-level argument of a handle call is resolved.
+        from .exceptions import RayServeException
+        raise RayServeException(
+            "`DeploymentResponse` is not serializable. If you are passing the "
+            "`DeploymentResponse` in a nested object (e.g. a list or dictionary) to a "
+            "downstream deployment handle call, that is no longer supported. Please only "
+            "pass `DeploymentResponse` objects as top level arguments.")
 
     def __repr__(self):
         return f"DeploymentResponse({self._ref!r})"
@@ -572,6 +590,10 @@ class DeploymentResponseGenerator:
         return self
 
     def __next__(self):
+        if _get_running_loop() is not None:
+            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
+                               "event loop. Use `async for` or `await response.__anext__()` "
+                               "instead.")
         ref = next(self._gen)
         return _core.get(ref)
 
@@ -593,5 +615,12 @@ class DeploymentResponseGenerator:
     def _done(self):
         return _core.peek(self._gen.completed()) is not None
 
-    def _to_object_ref_gen(self):
+    async def _to_object_ref_gen(self):
+        return self._gen
+
+    def _to_object_ref_gen_sync(self, _timeout_s=None, _allow_running_in_asyncio_loop=False):
+        if not _allow_running_in_asyncio_loop and _get_running_loop() is not None:
+            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
+                               "event loop. Use `await response._to_object_ref_gen()` "
+                               "instead.")
         return self._gen
