@@ -96,6 +96,34 @@ def test_each_replica_evicts_its_least_recently_used_model(serve_runtime):
         "loads": ["a", "b", "c", "b"], "unloaded": ["b", "c"]}
 
 
+def test_a_stopping_replica_unloads_its_models(serve_runtime, tmp_path):
+    # As in Ray: when a replica stops, its models go (their __del__ runs).
+    from ray_lite import serve
+
+    class Model:
+        def __init__(self, model_id, path):
+            self.model_id, self.path = model_id, path
+
+        def __del__(self):
+            with open(self.path, "a") as f:
+                f.write(self.model_id + "\n")
+
+    @serve.deployment
+    class Models:
+        @serve.multiplexed(max_num_models_per_replica=3)
+        async def get_model(self, model_id: str):
+            return Model(model_id, str(tmp_path / "unloaded"))
+
+        async def infer(self):
+            return (await self.get_model(serve.get_multiplexed_model_id())).model_id
+
+    handle = serve.run(Models.bind(), name="models", route_prefix=None)
+    for m in ("a", "b"):
+        assert handle.options(multiplexed_model_id=m).infer.remote().result(timeout_s=30) == m
+    serve.delete("models")
+    assert sorted((tmp_path / "unloaded").read_text().split()) == ["a", "b"]
+
+
 def test_a_model_that_fails_to_load_fails_its_requests_only(serve_port):
     from ray_lite import serve
 

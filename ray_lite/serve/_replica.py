@@ -288,7 +288,10 @@ class ServeReplica:
 
     async def _call_destructor(self, timeout_s):
         """As Ray: the deployment's ``__del__`` (sync or ``async def``) runs
-        when its replica stops, once; the process is killed right after."""
+        when its replica stops, once; the process is killed right after.
+        The multiplexed models it keeps are dropped first, as in Ray."""
+        from .multiplex import unload_models
+        unload_models()
         obj = self._obj
         fn = getattr(type(obj), "__del__", None) if obj is not None else None
         if fn is None or self._destructed:

@@ -87,10 +87,24 @@ def multiplexed(func=None, max_num_models_per_replica=3):
             cache = caches.get(id(owner))
             if cache is None:
                 cache = caches[id(owner)] = _ModelCache(fn, owner, max_num_models_per_replica)
+                # (This function reaches the replica pickled by value: the
+                # registry is the replica's module's, imported here.)
+                from ray_lite.serve import multiplex
+                multiplex.live_caches.append(cache)
             return await cache.get(args[-1])
         setattr(load, _MARK, True)
         return load
     return decorate(func) if func is not None else decorate
+
+
+live_caches = []     # the model caches made in this process
+
+
+def unload_models():
+    """Drop every model this process keeps (its replica stops, as in Ray):
+    a model's ``__del__`` runs unless something else still holds it."""
+    for cache in live_caches:
+        cache.unload()
 
 
 def is_multiplexed(cls):
@@ -107,6 +121,10 @@ class _ModelCache:
         self._capacity = capacity
         self._models = collections.OrderedDict()
         self._loading = {}      # model id -> the future of its load in progress
+
+    def unload(self):
+        while self._models:
+            self._models.popitem(last=False)
 
     async def get(self, model_id):
         if not isinstance(model_id, str):
