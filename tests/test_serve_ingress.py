@@ -324,6 +324,27 @@ def test_fastapi_included_routers_and_their_class_views(serve_port):
     assert _json(serve_port, "GET", "/direct")[::2] == (200, "hello")
 
 
+def test_two_ingress_deployments_in_one_application_are_refused(serve_runtime):
+    from ray_lite import serve
+    from ray_lite.serve.exceptions import RayServeException
+
+    async def app(scope, receive, send):
+        pass
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Inner:
+        pass
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Outer:
+        def __init__(self, inner):
+            self.inner = inner
+    with pytest.raises(RayServeException, match="multiple FastAPI deployments"):
+        serve.run(Outer.bind(Inner.bind()), name="two", route_prefix=None)
+
+
 def test_ingress_of_an_app_alone(serve_port):
     # As Ray's serve.ingress(app)(): a deployment that is only the app (an
     # app object or a builder), taking whatever bind() is given.

@@ -60,6 +60,11 @@ class _AppOnly:
         pass
 
 
+def asgi_app_of_class(cls):
+    """The ASGI app ``@serve.ingress`` gave a deployment's class, or None."""
+    return getattr(cls, _ASGI_ATTR, None) if inspect.isclass(cls) else None
+
+
 def asgi_app_of(obj):
     """The ASGI app of a deployment's instance, or None (a plain deployment)."""
     return getattr(type(obj), _ASGI_ATTR, None) if obj is not None else None

@@ -12,6 +12,7 @@ from . import _core, _defaults, _metrics, context
 from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
+from ._asgi import asgi_app_of_class
 from .multiplex import is_multiplexed
 
 _lock = threading.RLock()
@@ -147,6 +148,7 @@ def _build(app, app_name, code_version=None):
     whether the code changed where the pickled class, by reference, cannot."""
     specs = {}
     seen = {}
+    seen_apps = {}      # deployment name -> whether it is an @serve.ingress one
 
     def visit(a):
         if id(a) in seen:
@@ -166,12 +168,20 @@ def _build(app, app_name, code_version=None):
         config = dep.full_config()
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
+        seen_apps[name] = asgi_app_of_class(dep.func_or_class) is not None
         specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
                        "kwargs": kwargs, "args_blob": args_blob, "config": config,
                        "code_version": code_version}
         return handle
 
     ingress = visit(app)
+    ingresses = [n for n, a in seen_apps.items() if a]
+    if len(ingresses) > 1:
+        from .exceptions import RayServeException
+        raise RayServeException(   # Ray's words
+            f'Found multiple FastAPI deployments in application "{app_name}". Please only '
+            f"include one deployment with @serve.ingress in your application to avoid this "
+            f"issue.")
     return ingress.deployment_name, specs
 
 
