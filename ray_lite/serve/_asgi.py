@@ -25,6 +25,7 @@ import traceback
 from . import context
 from ._body import END, FAILED, BodyStream
 from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
+from .handle import calls_of_this_request, cancel_calls
 
 _ASGI_ATTR = "__serve_asgi_app__"
 
@@ -256,18 +257,23 @@ class AsgiIngress:
                 "state": self._state.copy(),
             }
             reply = _Reply()
+            # The app's task (made in a copy of this context) notes the handle
+            # calls it makes here: they are cancelled with the request.
+            calls = calls_of_this_request()
             task = asyncio.get_running_loop().create_task(
                 self._run(reply, scope, _Receive(body), f"{method} {path}"))
             try:
                 await reply.head
             except asyncio.CancelledError:
-                task.cancel()        # the proxy gave up (its request timeout)
+                task.cancel()        # the proxy gave up (the client left, its timeout)
+                cancel_calls(calls)
                 raise
             if reply.stream is None:
                 body = b"".join(reply.body)
                 return stored_if_large((reply.status, _headers_block(reply.headers, len(body)),
                                         body, 0))
             reply.stream.task = task
+            reply.stream.calls = calls
             return (reply.status, _headers_block(reply.headers, None), None,
                     rep._new_stream(reply.stream))
         finally:

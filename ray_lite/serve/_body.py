@@ -36,7 +36,7 @@ class BodyStream:
     ``async for`` (each step takes what has queued: one chunk as bytes,
     several as a list of them), ``aclose`` ends the producer's task."""
 
-    __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task")
+    __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task", "calls")
 
     def __init__(self):
         self._items = collections.deque()
@@ -46,6 +46,7 @@ class BodyStream:
         self._getter = None
         self._putter = None
         self.task = None
+        self.calls = None       # the handle calls of the request streaming this
 
     async def put(self, chunk):
         while ((len(self._items) >= AHEAD_CHUNKS or self._size >= BATCH_BYTES)
@@ -105,6 +106,9 @@ class BodyStream:
         task = self.task
         if task is not None and not task.done():
             task.cancel()
+            if self.calls:       # the handle calls its request made go with it
+                from .handle import cancel_calls
+                cancel_calls(self.calls)
 
 
 def pumped(iterator):

@@ -21,7 +21,7 @@ import cloudpickle
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 
 from . import _core, _defaults, _metrics, _websocket, context
-from .handle import calls_of_this_request, cancel_calls
+from .handle import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
 from ._core import ObjectRef
 from ._http import JSON as _JSON
@@ -360,6 +360,8 @@ class ServeReplica:
             cancel_calls(calls)     # the handle calls it made go with it
             raise
         finally:
+            if calls and cancel_requested():
+                cancel_calls(calls)     # (it caught its cancellation and returned)
             self._leave()
 
     async def handle_request_streaming(self, method, args, kwargs):
@@ -462,6 +464,9 @@ class ServeReplica:
                       f"{tb}", file=sys.stderr, end="", flush=True)
                 msg = b"Internal Server Error"
                 return (500, _sized(_TEXT, msg), msg, 0)
+            finally:
+                if calls and cancel_requested():
+                    cancel_calls(calls)     # (it caught its cancellation and returned)
         finally:
             slots.release()
             self._leave()

@@ -18,7 +18,9 @@ deployment that autoscales the handle tells the controller how many calls it
 holds (``_demand``); one scaled to zero gets its calls held while the
 controller starts a replica.
 """
+import asyncio
 import collections
+import sys
 from asyncio import _get_running_loop    # (C: a look at a thread-local, per call)
 import contextvars
 import threading
@@ -489,6 +491,16 @@ def calls_of_this_request():
     calls = _Calls()
     _request_calls.set(calls)
     return calls
+
+
+if sys.version_info >= (3, 11):
+    def cancel_requested():
+        """Whether the running task was asked to cancel (its code may have
+        caught the CancelledError and returned)."""
+        return asyncio.current_task().cancelling() > 0
+else:
+    def cancel_requested():
+        return False        # (3.10 cannot tell: only a CancelledError that propagates)
 
 
 def cancel_calls(calls):
