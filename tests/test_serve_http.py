@@ -437,3 +437,34 @@ def test_chunks_that_crossed_together_are_framed_each_alone():
     chunks = [b"ab", b"", b"x" * 5000, b"c" * 1023, b"d" * 1024]
     assert _dechunk(_framed(chunks) + b"0\r\n\r\n") == [c for c in chunks if c]
     assert _framed([b"", b""]) == b""
+
+
+@serve.deployment
+class SaysItsRequestId:
+    def __call__(self, request):
+        from ray_lite.serve.context import _get_serve_request_context
+        ctx = _get_serve_request_context()
+        assert ctx.is_http_request and ctx.route == "/"
+        return ctx.request_id
+
+
+async def _request_id_app(scope, receive, send):
+    from ray_lite.serve.context import _get_serve_request_context
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body",
+                "body": _get_serve_request_context().request_id.encode()})
+
+
+@pytest.mark.parametrize("ingress", [False, True])
+def test_a_replica_sees_the_id_its_answer_carries(serve_port, ingress):
+    # As Ray's serve.context._get_serve_request_context().request_id: the
+    # client's x-request-id, else the one the proxy made (the answer's header).
+    deployment = (serve.deployment(serve.ingress(_request_id_app)(), name="Ids") if ingress
+                  else SaysItsRequestId)
+    serve.run(deployment.bind())
+    status, headers, body = http(serve_port, "GET", "/")
+    assert status == 200 and body and body.decode() == headers["x-request-id"]
+    status, headers, body = http(serve_port, "GET", "/", headers={"X-Request-ID": "123-234"})
+    assert (status, body, headers["x-request-id"]) == (200, b"123-234", "123-234")
+    from ray_lite.serve.context import _get_serve_request_context
+    assert _get_serve_request_context().request_id == ""      # outside a request

@@ -319,6 +319,12 @@ class ProxyActor:
         self.inflight += 1
         req.rep = rep
         path, query = req.url
+        if req.request_id is None:
+            # Made now, so that the replica sees the id the answer will carry
+            # (serve.context._get_serve_request_context().request_id, as Ray's).
+            req.request_id = self.new_request_id()
+            header = REQUEST_ID_HEADER + b":" + req.request_id
+            req.headers = req.headers + b"\r\n" + header if req.headers else header
         try:
             ref = rep.http.remote(req.method, path, query, req.headers, req.body, conn.client,
                                   route.root_path, req.version, self.server_addr)

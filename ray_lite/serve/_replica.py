@@ -53,6 +53,7 @@ _NICE = SERVE_REPLICA_NICE
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
 _COROUTINE = types.CoroutineType
+_set_http_scope = context.http_scope.set     # per request: a bound method, looked up once
 
 
 def _http_entry(fn):
@@ -437,6 +438,7 @@ class ServeReplica:
                 "client": _split_addr(client), "server": self._server,
             }
             receive = _Receive(body)
+            _set_http_scope(scope)
             calls = calls_of_this_request()
             try:
                 if self._http_fn is None:

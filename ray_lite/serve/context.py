@@ -1,4 +1,5 @@
 """Per-process Serve state: the controller's handle, and which replica we are."""
+import contextvars
 import threading
 
 from . import _core
@@ -20,6 +21,54 @@ class ReplicaContext:
     def __repr__(self):
         return (f"ReplicaContext(app_name={self.app_name!r}, deployment={self.deployment!r}, "
                 f"replica_id={self.replica_id!r})")
+
+
+class _RequestContext:
+    """What ``_get_serve_request_context()`` returns: the HTTP request this
+    code runs for (Ray's private name, which applications use to log the
+    request's id)."""
+
+    __slots__ = ("route", "request_id", "app_name", "multiplexed_model_id",
+                 "is_http_request", "_client")
+
+    def __init__(self, route="", request_id="", app_name="", multiplexed_model_id="",
+                 is_http_request=False, _client=""):
+        self.route = route
+        self.request_id = request_id
+        self.app_name = app_name
+        self.multiplexed_model_id = multiplexed_model_id
+        self.is_http_request = is_http_request
+        self._client = _client
+
+    def __repr__(self):
+        return f"_RequestContext(route={self.route!r}, request_id={self.request_id!r})"
+
+
+# The ASGI scope of the HTTP request the running code serves (set per request
+# in the replica: one context variable set; the context is made on demand).
+http_scope = contextvars.ContextVar("serve_http_scope", default=None)
+
+
+def _get_serve_request_context():
+    """The request the running code serves (an empty context outside one).
+    ``request_id`` is the client's ``x-request-id``, else the one the proxy
+    made for it (the answer's ``x-request-id`` header), as in Ray."""
+    from .multiplex import get_multiplexed_model_id
+    scope = http_scope.get()
+    if scope is None:
+        return _RequestContext(multiplexed_model_id=get_multiplexed_model_id())
+    request_id = ""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            request_id = value.decode("latin-1")
+            break
+    client = scope.get("client")
+    replica = _replica_context
+    return _RequestContext(route=scope.get("root_path") or "/", request_id=request_id,
+                           app_name=replica.app_name if replica is not None else "",
+                           multiplexed_model_id=get_multiplexed_model_id(),
+                           is_http_request=True,
+                           _client=f"{client[0]}:{client[1]}" if client else "")
 
 
 _lock = threading.RLock()
