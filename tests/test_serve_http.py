@@ -5,6 +5,7 @@ import json
 import selectors
 import socket
 import time
+import uuid
 
 import pytest
 from starlette.requests import Request
@@ -464,6 +465,7 @@ def test_a_replica_sees_the_id_its_answer_carries(serve_port, ingress):
     serve.run(deployment.bind())
     status, headers, body = http(serve_port, "GET", "/")
     assert status == 200 and body and body.decode() == headers["x-request-id"]
+    assert str(uuid.UUID(headers["x-request-id"], version=4)) == headers["x-request-id"]
     status, headers, body = http(serve_port, "GET", "/", headers={"X-Request-ID": "123-234"})
     assert (status, body, headers["x-request-id"]) == (200, b"123-234", "123-234")
     from ray_lite.serve.context import _get_serve_request_context

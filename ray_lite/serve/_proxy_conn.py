@@ -5,6 +5,7 @@ import asyncio
 import collections
 import itertools
 import os
+import uuid
 
 from . import _core, _websocket
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
@@ -39,12 +40,13 @@ REQUEST_ID_HEADER = b"x-request-id"
 
 
 def request_id_maker():
-    """A function making this process's fresh request ids (bytes): a random
-    prefix made here (after the fork: each proxy its own) and a counter, a
-    few hundred ns per id where ``uuid4()`` costs several microseconds."""
-    prefix = os.urandom(8).hex().encode() + b"-"
+    """A function making this process's fresh request ids (bytes), shaped as
+    Ray's (a UUID 4): a random UUID made here (after the fork: each proxy its
+    own) whose last 12 hex digits are a counter, a few hundred ns per id
+    where ``uuid4()`` costs several microseconds."""
+    prefix = str(uuid.UUID(bytes=os.urandom(16), version=4))[:24].encode()
     count = itertools.count(1).__next__
-    return lambda: prefix + b"%x" % count()
+    return lambda: prefix + b"%012x" % count()
 
 
 class _Reject(Exception):
