@@ -373,6 +373,17 @@ def _send_call(rep, model_id, method, args, kwargs):
     return rep.call.remote(method, args, kwargs)
 
 
+def _raise_serve_cause(exc):
+    """Serve's own error (a nested ``DeploymentResponse``'s refusal) when an
+    argument that could not be serialised was refused because of it."""
+    from .exceptions import RayServeException
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, RayServeException):
+            raise cause from None
+        cause = cause.__cause__
+
+
 def _unwrap(value):
     if type(value) is DeploymentResponse:
         return value._ref
@@ -438,8 +449,9 @@ class DeploymentHandle:
                     ref = gen.completed()     # fails at once, like a call's ref, if refused
                 else:
                     ref = _send_call(rep, model_id, self._method, args, kwargs)
-            except BaseException:
+            except BaseException as exc:
                 router.release(rep)
+                _raise_serve_cause(exc)
                 raise
             if attempt + 1 == _SEND_ATTEMPTS or not _core.never_sent(ref):
                 break
