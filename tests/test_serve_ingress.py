@@ -322,6 +322,11 @@ def test_fastapi_included_routers_and_their_class_views(serve_port):
     assert _json(serve_port, "GET", "/views/name?who=serve")[::2] == (
         200, {"name": "hello serve"})
     assert _json(serve_port, "GET", "/direct")[::2] == (200, "hello")
+    import threading
+
+    import ray_lite
+    with pytest.raises(TypeError):      # a lock stays unserialisable elsewhere
+        ray_lite.put(threading.Lock())
 
 
 def test_two_ingress_deployments_in_one_application_are_refused(serve_runtime):

@@ -16,11 +16,15 @@ FastAPI class-based views: a route declared in the class body takes ``self``;
 of the class, so FastAPI neither reads it from the query nor documents it.
 """
 import asyncio
+import collections
 import copyreg
+import io
 import inspect
 import sys
 import threading
 import traceback
+
+import cloudpickle
 
 from . import context
 from ._body import END, FAILED, BodyStream
@@ -74,26 +78,28 @@ def asgi_app_of(obj):
 def _make_state_picklable():
     """The app reaches each replica pickled with the class.  Starlette's
     ``app.state`` cannot be unpickled as it is (its __getattr__ recurses
-    before its dict is set): it is pickled as the dict it holds.  FastAPI
-    (0.137 and later) keeps a lock in each router that ``include_router``
-    adds: a lock arrives as a new one, unlocked (Ray Serve does the same)."""
+    before its dict is set): it is pickled as the dict it holds."""
     datastructures = sys.modules.get("starlette.datastructures")
     if datastructures is not None:
         copyreg.pickle(datastructures.State, _reduce_state)
-    copyreg.pickle(_LOCK_TYPE, _reduce_lock)
-    copyreg.pickle(_RLOCK_TYPE, _reduce_rlock)
 
 
-_LOCK_TYPE = type(threading.Lock())
-_RLOCK_TYPE = type(threading.RLock())
+def pickle_deployment_class(cls):
+    """``cls`` pickled for its replicas.  FastAPI (0.137 and later) keeps a
+    lock in each router ``include_router`` adds: there (and only there: a
+    lock stays unserialisable elsewhere) a lock arrives as a new one,
+    unlocked, as Ray Serve pickles it."""
+    buf = io.BytesIO()
+    _DeploymentClassPickler(buf).dump(cls)
+    return buf.getvalue()
 
 
-def _reduce_lock(lock):
-    return threading.Lock, ()
-
-
-def _reduce_rlock(lock):
-    return threading.RLock, ()
+class _DeploymentClassPickler(cloudpickle.CloudPickler):
+    # (A class attribute: the pickler reads its table when it is made.)
+    dispatch_table = collections.ChainMap(
+        {type(threading.Lock()): lambda lock: (threading.Lock, ()),
+         type(threading.RLock()): lambda lock: (threading.RLock, ())},
+        cloudpickle.CloudPickler.dispatch_table)
 
 
 def _reduce_state(state):

@@ -12,7 +12,7 @@ from . import _core, _defaults, _metrics, context
 from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
-from ._asgi import asgi_app_of_class
+from ._asgi import asgi_app_of_class, pickle_deployment_class
 from .multiplex import is_multiplexed
 
 _lock = threading.RLock()
@@ -169,7 +169,7 @@ def _build(app, app_name, code_version=None):
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
         seen_apps[name] = asgi_app_of_class(dep.func_or_class) is not None
-        specs[name] = {"cls_blob": cloudpickle.dumps(dep.func_or_class), "args": args,
+        specs[name] = {"cls_blob": pickle_deployment_class(dep.func_or_class), "args": args,
                        "kwargs": kwargs, "args_blob": args_blob, "config": config,
                        "code_version": code_version}
         return handle

@@ -373,6 +373,13 @@ def _send_call(rep, model_id, method, args, kwargs):
     return rep.call.remote(method, args, kwargs)
 
 
+def _refuse_sync_wait(instead):
+    # Ray's refusal: a wait there would stall the loop that may have to run
+    # the very thing waited for.
+    raise RuntimeError(f"Sync methods should not be called from within an `asyncio` event "
+                       f"loop. Use {instead} instead.")
+
+
 def _raise_serve_cause(exc):
     """Serve's own error (a nested ``DeploymentResponse``'s refusal) when an
     argument that could not be serialised was refused because of it."""
@@ -551,10 +558,7 @@ class DeploymentResponse:
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
         if not _skip_asyncio_check and _get_running_loop() is not None:
-            # Ray's refusal: waiting here would stall the loop that may have
-            # to run the very thing waited for.
-            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
-                               "event loop. Use `await response` instead.")
+            _refuse_sync_wait("`await response`")
         try:
             return _core.get(self._ref, timeout=timeout_s)
         except TaskCancelledError as exc:
@@ -585,8 +589,7 @@ class DeploymentResponse:
 
     def _to_object_ref_sync(self, _timeout_s=None, _allow_running_in_asyncio_loop=False):
         if not _allow_running_in_asyncio_loop and _get_running_loop() is not None:
-            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
-                               "event loop. Use `await response._to_object_ref()` instead.")
+            _refuse_sync_wait("`await response._to_object_ref()`")
         return self._ref
 
     def __reduce__(self):
@@ -615,9 +618,7 @@ class DeploymentResponseGenerator:
 
     def __next__(self):
         if _get_running_loop() is not None:
-            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
-                               "event loop. Use `async for` or `await response.__anext__()` "
-                               "instead.")
+            _refuse_sync_wait("`async for` or `await response.__anext__()`")
         ref = next(self._gen)
         return _core.get(ref)
 
@@ -644,7 +645,5 @@ class DeploymentResponseGenerator:
 
     def _to_object_ref_gen_sync(self, _timeout_s=None, _allow_running_in_asyncio_loop=False):
         if not _allow_running_in_asyncio_loop and _get_running_loop() is not None:
-            raise RuntimeError("Sync methods should not be called from within an `asyncio` "
-                               "event loop. Use `await response._to_object_ref_gen()` "
-                               "instead.")
+            _refuse_sync_wait("`await response._to_object_ref_gen()`")
         return self._gen
