@@ -6,7 +6,7 @@ import pytest
 
 import ray_lite as ray
 from ray_lite._private import state
-from ray_lite.exceptions import RayActorError
+from ray_lite.exceptions import RayActorError, TaskCancelledError
 
 from resource_helpers import NOT_YET, T, Holder, one
 
@@ -231,7 +231,11 @@ def test_an_actor_whose_resources_are_taken_starts_when_they_are_free(rt4):
     ray.kill(waiting)                                        # killed while it waits
     with pytest.raises(RayActorError):
         ray.get(lost, timeout=T)
+    cancelled = second.ping.remote()
+    ray.cancel(cancelled)                                    # cancelled before it starts
     ray.kill(first)
+    with pytest.raises(TaskCancelledError):
+        ray.get(cancelled, timeout=T)
     assert isinstance(ray.get(call, timeout=T), int)
     assert [ray.get(second.ping.remote(), timeout=T) for _ in range(3)] == [ray.get(call)] * 3
     assert rt4.available_resources()["CPU"] == 2

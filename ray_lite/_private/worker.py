@@ -550,7 +550,11 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         for after the constructor."""
         early, started = [], []
         on_method = self.handlers[P.METHOD]
-        self.handlers[P.METHOD] = lambda peer, msg: early.append((peer, msg))
+
+        def keep(peer, msg):
+            self.live.add(msg[1])       # a cancel that comes meanwhile finds it
+            early.append((peer, msg))
+        self.handlers[P.METHOD] = keep
         self.handlers[P.START] = lambda peer, msg: started.append(True)
         try:
             self.wait_until(lambda: started)
