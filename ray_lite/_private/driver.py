@@ -457,7 +457,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
 
         ``await_resources``: their resources are taken now; each process waits
         for the word (``START``) before its constructor runs, sent once they
-        are free (``_start_when_free``), and its calls queue meanwhile."""
+        are free (``start_when_free``), and its calls queue meanwhile."""
         out = [None] * len(requests)
         todo = []           # (index, actor id, link, spawn spec, request)
         with self._sched:

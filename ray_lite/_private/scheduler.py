@@ -344,9 +344,8 @@ class ResourcesMixin:
                     self.res_waiters.append(w)
             if not settled:
                 break
-        # A thread waiting for resources to start an actor may sleep in poll
-        # (``_req_create_actor``); freed by another thread (a placement group
-        # removed), they come with no message that would wake it.
+        # A thread waiting in poll for what these freed (a placement group
+        # removed by another thread) gets no message that would wake it.
         self.wake_poll()
 
     # ----------------------------------------------------------- actors
