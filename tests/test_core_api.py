@@ -466,6 +466,28 @@ def test_sys_exit_in_an_actor_method_ends_the_actor(rt):
         ray.get(a.ping.remote(), timeout=T)
 
 
+def test_a_task_failed_by_a_dead_actors_result_is_a_task_error_of_both_classes(rt):
+    @ray.remote
+    class Leaver:
+        def leave(self):
+            sys.exit(0)
+
+    @ray.remote
+    def consume(x):
+        return x
+
+    @ray.remote
+    def get_inside(ref_in_list):
+        return ray.get(ref_in_list[0], timeout=T)
+    dead = Leaver.remote().leave.remote()
+    # As in Ray: RayTaskError(ActorDiedError), caught by either class (it was
+    # the bare ActorDiedError, which `except RayTaskError` missed).
+    for ref in (consume.remote(dead), get_inside.remote([dead])):
+        with pytest.raises(ActorDiedError) as info:
+            ray.get(ref, timeout=T)
+        assert isinstance(info.value, RayTaskError)
+
+
 def test_keyboard_interrupt_raised_in_a_task_is_a_cancelled_task(rt):
     @ray.remote
     def interrupted():
