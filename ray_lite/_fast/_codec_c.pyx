@@ -357,10 +357,12 @@ cdef int _too_long(Writer* w, object obj) except -1:
     return _unserialisable(w, obj, ValueError("longer than msgpack's 4 GiB limit"))
 
 
+class _TooDeep(Exception):
+    """A container inside MAX_DEPTH others: ``_encode`` pickles the whole value."""
+
+
 cdef object _too_deep():
-    return SerializationError(
-        f"cannot serialise value: containers nested more than {_MAX_DEPTH} deep "
-        f"(is it self-referencing?)")
+    return _TooDeep()
 
 
 cdef inline bint _put_ascii_fixstr(Writer* w, object obj) noexcept:
@@ -902,10 +904,18 @@ cdef Py_ssize_t _encode(Writer* w, object obj) except -1:
     cdef Py_ssize_t first
     if _short_str(w, obj):
         return w.pos
-    # No try/except here: errors are raised where they happen, already in
-    # their final form, so the success path pays for no exception handling.
+    # Errors are raised where they happen, already in their final form; the
+    # one except here catches the rare value nested too deep for a frame.
     first = _buffer_total(w)
-    _enc(w, obj, 0)
+    try:
+        _enc(w, obj, 0)
+    except _TooDeep:
+        # Self-referencing (or very deep) containers: the whole value as one
+        # pickle, which keeps its cycles and shared parts as Ray does.
+        if w.buffers != NULL:
+            del (<list>w.buffers)[first:]
+        w.pos = 0
+        _enc_pickle(w, obj)
     if w.no_memory:
         raise MemoryError()
     if w.pos > w.cap:

@@ -63,10 +63,13 @@ below the threshold stay in the pickle for the same reason.
 
 Limits and errors
 -----------------
-* Containers (list, dict, tuple) nest at most ``MAX_DEPTH`` deep: a
-  container inside ``MAX_DEPTH`` others is refused on encode
-  (``SerializationError``; a self-referencing list ends here) and on decode
-  (``DecodeError``).  Pickled objects are opaque and not counted.
+* Containers (list, dict, tuple) nest at most ``MAX_DEPTH`` deep in a
+  frame.  A value with a container inside ``MAX_DEPTH`` others (a
+  self-referencing list or dict ends here) is encoded whole as one
+  ``EXT_PICKLE``: pickle keeps its cycles and shared parts; a value pickle
+  cannot take either (nested past Python's recursion limit) raises
+  ``SerializationError``.  Decoding a frame nested deeper raises
+  ``DecodeError``.  Pickled objects are opaque and not counted.
 * A value nothing can serialise raises ``SerializationError`` naming its type
   and where it sat (``value['a'][2]``; ``list(value)[1]`` is a dict key), with
   the pickling error chained.  The path is found only once encoding has
@@ -204,10 +207,12 @@ def _serialisation_error(root, exc):
         f"{_locate(root, obj)}: {type(cause).__name__}: {cause}")
 
 
+class _TooDeep(Exception):
+    """A container inside MAX_DEPTH others: the entry point pickles the whole value."""
+
+
 def _too_deep():
-    return SerializationError(
-        f"cannot serialise value: containers nested more than {MAX_DEPTH} deep "
-        f"(is it self-referencing?)")
+    return _TooDeep()
 
 
 def _ext_header(code, n):
@@ -458,8 +463,16 @@ def _threshold(oob_threshold):
 
 def _encode(obj, buffers, threshold):
     encoder = _Encoder(buffers, threshold)
+    first = len(buffers)
     try:
-        encoder.encode(obj)
+        try:
+            encoder.encode(obj)
+        except _TooDeep:
+            # Self-referencing (or very deep) containers: the whole value as
+            # one pickle, which keeps its cycles and shared parts as Ray does.
+            del buffers[first:]
+            encoder.out = bytearray()
+            encoder.pickled(obj)
     except _Unserialisable as exc:
         raise _serialisation_error(obj, exc) from exc.cause
     return encoder.out
