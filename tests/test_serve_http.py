@@ -470,3 +470,64 @@ def test_a_replica_sees_the_id_its_answer_carries(serve_port, ingress):
     assert (status, body, headers["x-request-id"]) == (200, b"123-234", "123-234")
     from ray_lite.serve.context import _get_serve_request_context
     assert _get_serve_request_context().request_id == ""      # outside a request
+
+
+def _context_seen():
+    from ray_lite.serve.context import _get_serve_request_context
+    c = _get_serve_request_context()
+    return {"id": c.request_id, "route": c.route, "app": c.app_name, "http": c.is_http_request}
+
+
+@serve.deployment
+class ContextLeaf:
+    def __call__(self):
+        return _context_seen()
+
+    def stream(self):
+        yield _context_seen()
+
+
+@serve.deployment
+class ContextMiddle:
+    def __init__(self, leaf):
+        self.leaf = leaf
+
+    async def __call__(self, request=None):
+        mine = _context_seen()
+        leaf = await self.leaf.remote()
+        streamed = [x async for x in self.leaf.options(stream=True).stream.remote()]
+        again = _context_seen()
+        return {"mine": mine, "leaf": leaf, "streamed": streamed[0], "again": again}
+
+
+def test_handle_calls_carry_the_request_id_and_route_downstream(serve_port):
+    # Ray passes a request's id and route on to the deployments it calls (one
+    # request's logs share its id); a call from a driver gets a fresh id of
+    # its own, the same all along its chain.
+    serve.run(ContextMiddle.bind(ContextLeaf.bind()), name="ctxapp", route_prefix="/ctx")
+    status, headers, body = http(serve_port, "GET", "/ctx/x", headers={"X-Request-ID": "rid-7"})
+    assert status == 200
+    seen = json.loads(body)
+    assert seen["mine"] == {"id": "rid-7", "route": "/ctx", "app": "ctxapp", "http": True}
+    downstream = {"id": "rid-7", "route": "/ctx", "app": "ctxapp", "http": False}
+    assert seen["leaf"] == seen["streamed"] == downstream
+    status, headers, body = http(serve_port, "GET", "/ctx/x")
+    assert json.loads(body)["leaf"]["id"] == headers["x-request-id"]
+
+    handle = serve.get_deployment_handle("ContextMiddle", "ctxapp")
+    ids = set()
+    for _ in range(6):
+        # Each call right after an HTTP request: it reaches the replica while
+        # that request's spin polls for work, in the request's context; it
+        # must not inherit the request's id or scope from there.
+        http(serve_port, "GET", "/ctx/x", headers={"X-Request-ID": "rid-7"})
+        r = handle.remote().result(timeout_s=30)
+        rid = r["mine"]["id"]
+        assert str(uuid.UUID(rid, version=4)) == rid
+        assert r["leaf"]["id"] == r["streamed"]["id"] == r["again"]["id"] == rid
+        assert r["leaf"]["route"] == r["mine"]["route"] == ""
+        assert r["mine"]["app"] == "ctxapp" and not r["mine"]["http"]
+        ids.add(rid)
+    assert len(ids) == 6
+    from ray_lite.serve.context import _get_serve_request_context
+    assert _get_serve_request_context().request_id == ""      # the driver serves none

@@ -20,7 +20,12 @@ from .protocol import RESULT
 from .refs import ObjectRef, stored_result
 
 _COROUTINE = types.CoroutineType
-_copy_context = contextvars.copy_context
+# Each call runs in a context of its own that starts empty, as on Ray (whose
+# loop thread sets none), not in a copy of whatever dispatched it: a call can
+# arrive while another call's Task drives the links (an ``await`` on a ref),
+# and a copy of that context would hand it the other call's context
+# variables (a Serve replica's request: its id, its HTTP scope).
+_new_context = contextvars.Context
 
 
 if sys.version_info >= (3, 11):
@@ -45,6 +50,10 @@ else:
 
 class AsyncActorMixin:
     """Part of ``WorkerNode``: running an async actor's calls."""
+
+    def call_task(self, coro):
+        """The Task that runs one call's ``coro``, in a context of its own."""
+        return _task_in(_new_context(), self.loop, coro)
 
     async def _resolve_async(self, args, kwargs):
         if any(type(a) is ObjectRef for a in args):
@@ -86,7 +95,7 @@ class AsyncActorMixin:
                 return False
         name = self._call_name(method)
         try:
-            context = _copy_context()
+            context = _new_context()
             try:
                 result = context.run(actor_method(self, method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):

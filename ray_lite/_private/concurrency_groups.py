@@ -81,7 +81,7 @@ def install_async(node, a):
     def on_method(peer, msg):
         group, msg = router.route(msg)
         node.live.add(msg[1])
-        node.running[msg[1]] = node.loop.create_task(
+        node.running[msg[1]] = node.call_task(
             _in_group(node, slots.get(group, slots[None]), run, peer, msg))
 
     node.handlers[P.METHOD] = on_method

@@ -252,7 +252,7 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
             if self._sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
                 return
             # Registered now, so that a cancel arriving before it starts finds it.
-            self.running[msg[1]] = self.loop.create_task(self._run_method_async(peer, msg))
+            self.running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
         else:

@@ -265,7 +265,7 @@ class AsgiIngress:
             reply = _Reply()
             # The app's task (made in a copy of this context) notes the handle
             # calls it makes here: they are cancelled with the request.
-            calls = calls_of_this_request()
+            calls = calls_of_this_request(scope=scope)
             context.http_scope.set(scope)
             task = asyncio.get_running_loop().create_task(
                 self._run(reply, scope, _Receive(body), f"{method} {path}"))

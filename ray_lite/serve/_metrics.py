@@ -362,11 +362,11 @@ class ReplicaObserver:
                 errors.inc()
             return r
 
-        async def handle_request(method, args, kwargs):
+        async def handle_request(method, args, kwargs, meta=None):
             latency, errors = self.child("")
             t0 = _monotonic()
             try:
-                r = await call(method, args, kwargs)
+                r = await call(method, args, kwargs, meta)
             except BaseException:
                 errors.inc()
                 raise

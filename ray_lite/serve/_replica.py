@@ -23,6 +23,7 @@ from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 from . import _core, _defaults, _metrics, _websocket, context
 from .handle import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
+from .multiplex import _model_id
 from ._core import ObjectRef
 from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
@@ -342,9 +343,12 @@ class ServeReplica:
                                 f"Available methods: {methods}.")
 
     # ----------------------------------------------------------- handles
-    async def handle_request(self, method, args, kwargs):
+    async def handle_request(self, method, args, kwargs, meta=None):
+        """A handle call; ``meta``: ``(model_id, request_id, route)`` of a call
+        with a multiplexed model id or made while serving a request."""
         self._inflight += 1
-        calls = calls_of_this_request()
+        calls = calls_of_this_request(meta)
+        token = _model_id.set(meta[0]) if meta is not None and meta[0] else None
         try:
             async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
@@ -361,12 +365,17 @@ class ServeReplica:
             cancel_calls(calls)     # the handle calls it made go with it
             raise
         finally:
+            if token is not None:
+                _model_id.reset(token)
             if calls and cancel_requested():
                 cancel_calls(calls)     # (it caught its cancellation and returned)
             self._leave()
 
-    async def handle_request_streaming(self, method, args, kwargs):
+    async def handle_request_streaming(self, method, args, kwargs, meta=None):
         self._inflight += 1
+        calls_of_this_request(meta)     # (this call's own task: nothing to reset)
+        if meta is not None and meta[0]:
+            _model_id.set(meta[0])
         try:
             async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
@@ -384,21 +393,6 @@ class ServeReplica:
                                     f"but returned {type(r).__name__}, not a generator")
         finally:
             self._leave()
-
-    async def handle_request_with_model(self, model_id, method, args, kwargs):
-        """``handle_request`` for a call with ``multiplexed_model_id``."""
-        from .multiplex import _model_id
-        token = _model_id.set(model_id)
-        try:
-            return await self.handle_request(method, args, kwargs)
-        finally:
-            _model_id.reset(token)
-
-    async def handle_request_streaming_with_model(self, model_id, method, args, kwargs):
-        from .multiplex import _model_id
-        _model_id.set(model_id)     # this call's own task: nothing to reset
-        async for item in self.handle_request_streaming(method, args, kwargs):
-            yield item
 
     # WebSockets (see _websocket): a streamed call each way.
     handle_websocket = _websocket.serve
@@ -439,7 +433,7 @@ class ServeReplica:
             }
             receive = _Receive(body)
             _set_http_scope(scope)
-            calls = calls_of_this_request()
+            calls = calls_of_this_request(scope=scope)
             try:
                 if self._http_fn is None:
                     self._http_fn = _http_entry(self._callable("__call__"))

@@ -1,5 +1,6 @@
 """Per-process Serve state: the controller's handle, and which replica we are."""
 import contextvars
+import os
 import threading
 
 from . import _core
@@ -52,23 +53,49 @@ http_scope = contextvars.ContextVar("serve_http_scope", default=None)
 def _get_serve_request_context():
     """The request the running code serves (an empty context outside one).
     ``request_id`` is the client's ``x-request-id``, else the one the proxy
-    made for it (the answer's ``x-request-id`` header), as in Ray."""
+    made for it (the answer's ``x-request-id`` header), as in Ray; a handle
+    call made while serving a request carries that request's id and route
+    (a call from a driver gets a fresh id)."""
+    from .handle import current_request_calls
     from .multiplex import get_multiplexed_model_id
     scope = http_scope.get()
-    if scope is None:
-        return _RequestContext(multiplexed_model_id=get_multiplexed_model_id())
-    request_id = ""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            request_id = value.decode("latin-1")
-            break
-    client = scope.get("client")
     replica = _replica_context
-    return _RequestContext(route=scope.get("root_path") or "/", request_id=request_id,
-                           app_name=replica.app_name if replica is not None else "",
+    app_name = replica.app_name if replica is not None else ""
+    if scope is None:
+        calls = current_request_calls()
+        if calls is None:
+            return _RequestContext(multiplexed_model_id=get_multiplexed_model_id())
+        request_id, route = calls.ids()
+        return _RequestContext(route=route, request_id=request_id, app_name=app_name,
+                               multiplexed_model_id=get_multiplexed_model_id())
+    client = scope.get("client")
+    return _RequestContext(route=scope.get("root_path") or "/",
+                           request_id=scope_request_id(scope), app_name=app_name,
                            multiplexed_model_id=get_multiplexed_model_id(),
                            is_http_request=True,
                            _client=f"{client[0]}:{client[1]}" if client else "")
+
+
+def scope_request_id(scope):
+    """The HTTP request's id: its ``x-request-id`` header ("" without one)."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return value.decode("latin-1")
+    return ""
+
+
+_id_maker = None     # (pid, function): this process's request-id maker
+
+
+def new_request_id():
+    """A fresh request id (UUID 4-shaped), for a handle call that came
+    without one; made per process (a forked child makes its own)."""
+    global _id_maker
+    maker = _id_maker
+    if maker is None or maker[0] != os.getpid():
+        from ._proxy_conn import request_id_maker
+        maker = _id_maker = (os.getpid(), request_id_maker())
+    return maker[1]().decode()
 
 
 _lock = threading.RLock()

@@ -40,11 +40,12 @@ _SEND_ATTEMPTS = _defaults.SEND_ATTEMPTS
 class _Queued:
     """A call the handle holds until a replica is under max_ongoing_requests."""
 
-    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled", "model_id")
+    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled", "model_id", "meta")
 
-    def __init__(self, method, args, kwargs, ref, model_id):
+    def __init__(self, method, args, kwargs, ref, model_id, meta):
         self.method, self.args, self.kwargs, self.ref = method, args, kwargs, ref
         self.model_id = model_id
+        self.meta = meta
         self.sent = None          # the replica call's ref, once sent (keeps it alive)
         self.cancelled = False
 
@@ -210,7 +211,7 @@ class Router:
         self.poll_update()
 
     # -------------------------------------------------------------- queue
-    def enqueue(self, method, args, kwargs, model_id=""):
+    def enqueue(self, method, args, kwargs, model_id="", meta=None):
         """Hold a call; its ref, or a ref to a BackPressureError when
         max_queued_requests calls already wait."""
         with self.lock:
@@ -218,7 +219,7 @@ class Router:
             if limit != -1 and len(self.queue) >= limit:
                 return None, _core.error_ref(BackPressureError(
                     num_queued_requests=len(self.queue), max_queued_requests=limit))
-            q = _Queued(method, args, kwargs, _core.pending_ref(), model_id)
+            q = _Queued(method, args, kwargs, _core.pending_ref(), model_id, meta)
             self.queue.append(q)
         self._waiting_changed()
         # A slot may have freed meanwhile (its release saw no queue yet).
@@ -321,7 +322,7 @@ class Router:
 
     def _send_held(self, q, rep):
         try:
-            ref = _send_call(rep, q.model_id, q.method, q.args, q.kwargs)
+            ref = _send_call(rep, q.meta, q.method, q.args, q.kwargs)
             if _core.never_sent(ref):
                 # The replica died before it saw the call: hold it again, first.
                 self.drop(rep)
@@ -367,10 +368,23 @@ def get_router(app_name, deployment_name):
                                lambda: Router(app_name, deployment_name))
 
 
-def _send_call(rep, model_id, method, args, kwargs):
-    if model_id:
-        return rep.handle.handle_request_with_model.remote(model_id, method, args, kwargs)
-    return rep.call.remote(method, args, kwargs)
+def _send_call(rep, meta, method, args, kwargs):
+    if meta is None:
+        return rep.call.remote(method, args, kwargs)
+    return rep.call.remote(method, args, kwargs, meta)
+
+
+def _call_meta(model_id):
+    """What a handle call passes on besides its arguments: None (a call from
+    outside any request, without a model id: the common case from a driver),
+    else ``(model_id, request_id, route)``: a call made while a replica
+    serves a request carries that request's id and route, as in Ray (where
+    one request's calls through several deployments share its id)."""
+    calls = _request_calls.get()
+    if calls is None:
+        return (model_id, None, "") if model_id else None
+    request_id, route = calls.ids()
+    return (model_id, request_id, route)
 
 
 def _refuse_sync_wait(instead):
@@ -441,21 +455,21 @@ class DeploymentHandle:
         if kwargs:
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
         model_id = self._model_id
+        meta = _call_meta(model_id)
         for attempt in range(_SEND_ATTEMPTS):
             rep = router.reserve(not self._stream, model_id)
             if rep is None:
-                q, ref = router.enqueue(self._method, args, kwargs, model_id)
+                q, ref = router.enqueue(self._method, args, kwargs, model_id, meta)
                 return _noted(DeploymentResponse(ref, router, q))
             try:
                 if self._stream:
-                    if model_id:
-                        gen = rep.handle.handle_request_streaming_with_model.remote(
-                            model_id, self._method, args, kwargs)
-                    else:
+                    if meta is None:
                         gen = rep.stream.remote(self._method, args, kwargs)
+                    else:
+                        gen = rep.stream.remote(self._method, args, kwargs, meta)
                     ref = gen.completed()     # fails at once, like a call's ref, if refused
                 else:
-                    ref = _send_call(rep, model_id, self._method, args, kwargs)
+                    ref = _send_call(rep, meta, self._method, args, kwargs)
             except BaseException as exc:
                 router.release(rep)
                 _raise_serve_cause(exc)
@@ -489,13 +503,31 @@ _request_calls = contextvars.ContextVar("serve_request_calls", default=None)
 class _Calls(list):
     """A replica call's handle calls, those done dropped now and then: a
     long call (a loop that calls another deployment for ever) must not keep
-    every response it ever made."""
+    every response it ever made.  Also which request the call serves: its
+    id and route, passed on to those calls (``ids``)."""
 
-    __slots__ = ("prune_at",)
+    __slots__ = ("prune_at", "request_id", "route", "scope")
 
-    def __init__(self):
+    def __init__(self, request_id=None, route="", scope=None):
         super().__init__()
         self.prune_at = 64
+        self.request_id = request_id
+        self.route = route
+        self.scope = scope
+
+    def ids(self):
+        """``(request_id, route)``; the id is made on first use for a call
+        that came without one (from a driver: a fresh one per call, as Ray)."""
+        request_id = self.request_id
+        if request_id is None:
+            scope = self.scope
+            if scope is not None:
+                request_id = context.scope_request_id(scope)
+                self.route = scope.get("root_path") or "/"
+            if not request_id:
+                request_id = context.new_request_id()
+            self.request_id = request_id
+        return request_id, self.route
 
     def note(self, response):
         if len(self) >= self.prune_at:
@@ -504,12 +536,18 @@ class _Calls(list):
         self.append(response)
 
 
-def calls_of_this_request():
+def calls_of_this_request(meta=None, scope=None):
     """A fresh list that the handle calls made from now on in this context
-    (one replica call's: each runs in a copy) are added to."""
-    calls = _Calls()
+    (one replica call's: each runs in a copy) are added to.  ``meta``: what
+    the call came with (``_call_meta``); ``scope``: the HTTP request's."""
+    calls = _Calls(scope=scope) if meta is None else _Calls(meta[1], meta[2])
     _request_calls.set(calls)
     return calls
+
+
+def current_request_calls():
+    """The running replica call's ``_Calls``, or None outside one."""
+    return _request_calls.get()
 
 
 if sys.version_info >= (3, 11):
