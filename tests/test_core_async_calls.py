@@ -56,6 +56,13 @@ class Mixed:
     async def ping(self):
         return "pong"
 
+    async def swallow_cancel(self):
+        self.gate = asyncio.get_running_loop().create_future()
+        try:
+            await self.gate
+        except asyncio.CancelledError:
+            return "caught its cancellation"
+
 
 def _wait_for(pred, timeout=30):
     import time
@@ -106,4 +113,16 @@ def test_cancel_of_a_plain_method_waiting_on_an_awaitable(rt):
     ray_lite.cancel(blocked)
     with pytest.raises(TaskCancelledError):
         ray_lite.get(blocked, timeout=30)
+    assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back
+
+
+def test_a_cancelled_call_that_caught_its_cancellation_is_still_cancelled(rt):
+    # As on Ray: the caller asked for a cancel and gets TaskCancelledError,
+    # whatever the method returned after catching it.
+    a = Mixed.remote()
+    call = a.swallow_cancel.remote()
+    _wait_for(lambda: ray_lite.get(a.waiting.remote()))
+    ray_lite.cancel(call)
+    with pytest.raises(TaskCancelledError):
+        ray_lite.get(call, timeout=30)
     assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back

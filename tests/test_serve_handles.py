@@ -539,6 +539,31 @@ def test_cancelled_response_raises_request_cancelled(serve_port):
     asyncio.run(asyncio.wait_for(awaited(), T))
 
 
+@serve.deployment
+class HeldCatchingCancel:
+    def __init__(self, gate):
+        self.gate = gate
+
+    async def __call__(self, x):
+        try:
+            await self.gate.enter.remote(x)
+        except asyncio.CancelledError:
+            return "caught its cancellation"
+        return x
+
+
+def test_cancelled_response_raises_even_when_the_handler_caught_it(serve_port):
+    # As Ray: cancel() then result() raises, whatever the handler returned.
+    from ray_lite.serve.exceptions import RequestCancelledError
+    gate = Gate.remote()                         # never opened
+    h = serve.run(HeldCatchingCancel.bind(gate), name="catching", route_prefix=None)
+    r = h.remote(7)
+    assert ray.get(gate.wait_entered.remote(1), timeout=T) == [7]
+    r.cancel()
+    with pytest.raises(RequestCancelledError):
+        r.result(timeout_s=T)
+
+
 def test_a_requests_handle_calls_are_kept_only_while_they_run():
     # What a replica call keeps to cancel with it: a call that loops for
     # ever, calling another deployment, must not keep every response.

@@ -184,6 +184,10 @@ class AsyncActorMixin:
                                         f"returned {type(result).__name__}, not a generator")
                     if type(result) is _COROUTINE or inspect.isawaitable(result):
                         result = await result
+                        if oid in self.cancelled:
+                            # It caught its cancellation and returned: still
+                            # cancelled for the caller, as on Ray.
+                            raise asyncio.CancelledError
                     if nret != 1:
                         result = self._split(result, nret, name)
                 except asyncio.CancelledError:
