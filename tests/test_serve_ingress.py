@@ -626,8 +626,11 @@ def test_handle_errors_as_ray_gives_them(serve_runtime):
         def plain(self):
             return 1
 
+        async def returns_a_generator(self):
+            return self.numbers()
+
     handle = serve.run(Gen.bind(), route_prefix=None)
-    for method in ("numbers", "async_numbers"):
+    for method in ("numbers", "async_numbers", "returns_a_generator"):
         with pytest.raises(TypeError, match=rf"Method '{method}' returned a generator\. You "
                                             r"must use `handle\.options\(stream=True\)`"):
             getattr(handle, method).remote().result(timeout_s=30)
@@ -635,8 +638,12 @@ def test_handle_errors_as_ray_gives_them(serve_runtime):
     with pytest.raises(RayServeException) as info:
         handle.missing.remote().result(timeout_s=30)
     assert "Tried to call a method 'missing' that does not exist" in str(info.value)
-    assert "['async_numbers', 'numbers', 'plain']" in str(info.value)
+    assert "['async_numbers', 'numbers', 'plain', 'returns_a_generator']" in str(info.value)
     assert handle.plain.remote().result(timeout_s=30) == 1
+    with pytest.raises(TypeError, match=r"Called method 'plain' with "
+                                        r"`handle\.options\(stream=True\)` but it did not "
+                                        r"return a generator\."):
+        list(handle.options(stream=True).plain.remote())
 
 
 def test_handle_getters_return_the_same_handle(serve_runtime):

@@ -356,7 +356,7 @@ class ServeReplica:
                 r = fn(*args, **kwargs)
                 if inspect.isawaitable(r):
                     r = await r
-                elif inspect.isgenerator(r) or inspect.isasyncgen(r):
+                if inspect.isgenerator(r) or inspect.isasyncgen(r):
                     raise TypeError(f"Method '{getattr(fn, '__name__', method)}' returned a "
                                     f"generator. You must use `handle.options(stream=True)` "
                                     f"to call generators on a deployment.")
@@ -389,8 +389,9 @@ class ServeReplica:
                     for item in r:
                         yield item
                 else:
-                    raise TypeError(f"{self._deployment}.{method} was called with stream=True "
-                                    f"but returned {type(r).__name__}, not a generator")
+                    raise TypeError(f"Called method '{method}' with "
+                                    f"`handle.options(stream=True)` but it did not return a "
+                                    f"generator.")
         finally:
             self._leave()
 
