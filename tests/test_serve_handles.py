@@ -84,6 +84,17 @@ def test_function_deployment_and_options(serve_port):
     assert st.deployments["dbl"].replica_states == {"RUNNING": 2}
 
 
+def test_handle_shutdown_as_ray_has_it(serve_port):
+    # Ray's DeploymentHandle.shutdown() / shutdown_async(): the handle's
+    # methods (not a call of a deployment method of that name).
+    h = serve.run(Adder.bind(1), name="sd", route_prefix=None)
+    assert h.remote(1).result(timeout_s=30) == 2
+    assert h.shutdown() is None
+    assert asyncio.run(asyncio.wait_for(h.shutdown_async(), 30)) is None
+    other = serve.get_app_handle("sd")      # other handles are not affected
+    assert other.remote(2).result(timeout_s=30) == 3
+
+
 def test_replicas_spread_calls_and_are_not_charged_cpus(serve_port):
     # 6 replicas with num_cpus=1 each on an init(num_cpus=1) runtime.
     app = Adder.options(num_replicas=6, ray_actor_options={"num_cpus": 1}).bind(0)
@@ -203,6 +214,20 @@ class Mortal:
     def pid(self):
         return os.getpid()
 
+    def rank(self):
+        ctx = serve.get_replica_context()
+        return os.getpid(), ctx.rank.rank, ctx.world_size
+
+
+def _ranks(h):
+    by_pid = {}
+    for _ in range(60):
+        pid, rank, world = h.rank.remote().result(timeout_s=30)
+        by_pid[pid] = (rank, world)
+        if len(by_pid) == 2:
+            break
+    return by_pid
+
 
 def test_dead_replica_is_replaced(serve_port):
     h = serve.run(Mortal.bind(), name="m", route_prefix=None)
@@ -212,6 +237,8 @@ def test_dead_replica_is_replaced(serve_port):
         if len(pids) == 2:
             break
     assert len(pids) == 2
+    before = _ranks(h)
+    assert sorted(before.values()) == [(0, 2), (1, 2)]      # Ray's ranks
     victim = sorted(pids)[0]
     os.kill(victim, signal.SIGKILL)
     ctl = serve.context.get_controller()
@@ -231,6 +258,10 @@ def test_dead_replica_is_replaced(serve_port):
     assert len(seen) == 2 and victim not in seen
     for _ in range(10):
         assert h.pid.remote().result(timeout_s=30) != victim
+    after = _ranks(h)       # the replacement took the rank of the replica it replaced
+    assert sorted(after.values()) == [(0, 2), (1, 2)] and victim not in after
+    survivor = (pids - {victim}).pop()
+    assert after[survivor] == before[survivor]
 
 
 @serve.deployment(health_check_period_s=0.1, health_check_timeout_s=5)

@@ -125,14 +125,25 @@ def test_fastapi_dependencies_middleware_and_lifespan_state(serve_port):
             return {"model": request.state.model, "replica": self.replica()}
 
         def replica(self):
-            return serve.get_replica_context().replica_id
+            ctx = serve.get_replica_context()
+            rid = ctx.replica_id
+            return {"tag": ctx.replica_tag, "unique": rid.unique_id,
+                    "deployment": [rid.deployment_id.name, rid.deployment_id.app_name],
+                    "full": rid.to_full_id_str(), "rank": ctx.rank.rank,
+                    "world": ctx.world_size}
 
     serve.run(Api.bind(), route_prefix="/")
     status, hdrs, body = _json(serve_port, "GET", "/whoami", headers={"user-agent": "t/1"})
     assert (status, body, hdrs["x-middleware"]) == (200, {"agent": "t/1"}, "ran")
     status, _, body = _json(serve_port, "GET", "/model")
     assert status == 200 and body["model"] == "loaded-in-lifespan"
-    assert body["replica"].startswith("Api#")
+    # Ray's ReplicaContext: a ReplicaID, the rank among the deployment's
+    # replicas and their number.
+    rep = body["replica"]
+    assert rep["tag"] == rep["unique"] and rep["unique"] and "#" not in rep["unique"]
+    assert rep["deployment"] == ["Api", "default"]
+    assert rep["full"] == f"SERVE_REPLICA::default#Api#{rep['unique']}"
+    assert rep["rank"] in (0, 1) and rep["world"] == 2        # num_replicas=2
 
 
 @needs_fastapi

@@ -43,7 +43,7 @@ def _multiplexed_deployment(num_replicas, max_models):
         async def infer(self):
             model_id = serve.get_multiplexed_model_id()
             model = await self.get_model(model_id)
-            return {"model": model.model_id, "replica": serve.get_replica_context().replica_id}
+            return {"model": model.model_id, "replica": serve.get_replica_context().replica_tag}
 
         def history(self):
             return {"loads": list(self.loads), "unloaded": list(unloaded)}

@@ -38,6 +38,7 @@ class _Dep:
         self.stopping = set()
         self.draining = {}                  # replica id -> handle: ending its requests
         self.target = self.config["num_replicas"]   # what it should run (autoscaling moves it)
+        self.ranks = {}                     # replica id -> its rank (starting or in service)
         self.autoscaler = None              # the task sampling its load, when it autoscales
         self.waiting = {}                   # caller key -> requests it holds (see _demand)
         self.status = "UPDATING"
@@ -281,6 +282,13 @@ class ServeController(Autoscaling):
         ready, so that the first ones serve while the others still start."""
         spec = dep.spec
         rids = [f"{dep.name}#{next(self.ids)}" for _ in range(n)]
+        # Ray's ranks: the smallest ones no live replica holds (a replacement
+        # takes its predecessor's), out of a world the size of the target.
+        taken = set(dep.ranks.values())
+        free = (r for r in itertools.count() if r not in taken)
+        for rid in rids:
+            dep.ranks[rid] = next(free)
+        world = max(dep.target, len(dep.ranks))
         errors = []
         dep.starting += n
         try:
@@ -290,13 +298,14 @@ class ServeController(Autoscaling):
                 cls = cls.options(runtime_env=renv)     # env_vars: the app's and its own
             handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
-                  spec["kwargs"], dict(dep.config)), {}) for rid in rids])
+                  spec["kwargs"], dict(dep.config), dep.ranks[rid], world), {}) for rid in rids])
 
             async def join(rid, h):
                 try:
                     pid = await h.ready.remote()
                 except Exception as exc:   # noqa: BLE001 - its constructor failed, or it died
                     errors.append(exc)
+                    dep.ranks.pop(rid, None)
                     self._kill(h)
                     return
                 finally:
@@ -308,11 +317,13 @@ class ServeController(Autoscaling):
                     self._watch(dep, rid, h)
                     self._bump()
                 else:
+                    dep.ranks.pop(rid, None)
                     self._kill(h)
             joins = []
             for rid, h in zip(rids, handles):
                 if isinstance(h, Exception):
                     errors.append(h)
+                    dep.ranks.pop(rid, None)
                 else:
                     dep.starting_handles[rid] = h
                     joins.append(join(rid, h))
@@ -367,6 +378,7 @@ class ServeController(Autoscaling):
 
     async def _replace(self, dep, rid, h, why):
         dep.pids.pop(rid, None)
+        dep.ranks.pop(rid, None)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
             return
         self._bump()
@@ -401,6 +413,7 @@ class ServeController(Autoscaling):
         for rid, h in list(dep.replicas.items())[-n:]:
             del dep.replicas[rid]
             dep.pids.pop(rid, None)
+            dep.ranks.pop(rid, None)
             dep.stopping.add(rid)
             dep.draining[rid] = h
             asyncio.ensure_future(self._drain_one(dep, rid, h))

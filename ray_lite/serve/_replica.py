@@ -163,7 +163,7 @@ class ServeReplica:
     __ray_lite_instance_methods__ = ("handle_http", "handle_request")
 
     def __init__(self, controller, app_name, deployment_name, replica_id, cls_blob, init_args,
-                 init_kwargs, config):
+                 init_kwargs, config, rank=0, world_size=1):
         context.set_controller(controller)
         self._app = app_name
         self._deployment = deployment_name
@@ -183,7 +183,11 @@ class ServeReplica:
         self._server = None
         self._http_fn = None
         self._niced = False
-        ctx = context.ReplicaContext(app_name, deployment_name, replica_id)
+        # replica_id is "<deployment>#<n>"; Ray's unique_id is the part after it.
+        ctx = context.ReplicaContext(
+            context.ReplicaID(replica_id.rpartition("#")[2],
+                              context.DeploymentID(deployment_name, app_name)),
+            rank=context.ReplicaRank(rank, 0, rank), world_size=world_size)
         context.set_replica_context(ctx)
         target = cloudpickle.loads(cls_blob)
         self._is_function = not inspect.isclass(target)

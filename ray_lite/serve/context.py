@@ -1,5 +1,6 @@
 """Per-process Serve state: the controller's handle, and which replica we are."""
 import contextvars
+import dataclasses
 import os
 import threading
 
@@ -9,19 +10,66 @@ CONTROLLER_NAME = "SERVE_CONTROLLER"
 SERVE_NAMESPACE = "serve"
 
 
+@dataclasses.dataclass(frozen=True)
+class DeploymentID:
+    """A deployment's name and its application's (Ray's ``DeploymentID``)."""
+    name: str
+    app_name: str = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaID:
+    """A replica: its id, unique within its deployment, and the deployment."""
+    unique_id: str
+    deployment_id: DeploymentID
+
+    def to_full_id_str(self):
+        s = f"{self.deployment_id.name}#{self.unique_id}"
+        if self.deployment_id.app_name:
+            s = f"{self.deployment_id.app_name}#{s}"
+        return f"SERVE_REPLICA::{s}"
+
+    def __str__(self):
+        return (f"Replica(id='{self.unique_id}', deployment='{self.deployment_id.name}', "
+                f"app='{self.deployment_id.app_name}')")
+
+    __repr__ = __str__
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaRank:
+    """Which of its deployment's replicas this one is: ``rank`` in
+    ``range(world_size)``, kept by a replacement; one machine, so
+    ``node_rank`` is 0 and ``local_rank`` is ``rank``."""
+    rank: int
+    node_rank: int = 0
+    local_rank: int = 0
+
+
 class ReplicaContext:
     """What ``serve.get_replica_context()`` returns inside a replica."""
 
-    def __init__(self, app_name, deployment, replica_id, servable_object=None):
-        self.app_name = app_name
-        self.deployment = deployment
+    def __init__(self, replica_id, servable_object=None, rank=None, world_size=1):
         self.replica_id = replica_id
-        self.replica_tag = replica_id
         self.servable_object = servable_object
+        self.rank = rank if rank is not None else ReplicaRank(0)
+        self.world_size = world_size
+
+    @property
+    def app_name(self):
+        return self.replica_id.deployment_id.app_name
+
+    @property
+    def deployment(self):
+        return self.replica_id.deployment_id.name
+
+    @property
+    def replica_tag(self):
+        return self.replica_id.unique_id
 
     def __repr__(self):
-        return (f"ReplicaContext(app_name={self.app_name!r}, deployment={self.deployment!r}, "
-                f"replica_id={self.replica_id!r})")
+        return (f"ReplicaContext(replica_id={self.replica_id!r}, rank={self.rank.rank}, "
+                f"world_size={self.world_size})")
 
 
 class _RequestContext:

@@ -485,6 +485,16 @@ class DeploymentHandle:
         _core.on_ready(ref, lambda _x: router.release(rep))
         return _noted(DeploymentResponse(ref))
 
+    def shutdown(self):
+        """Ray's: release what this handle holds.  Its calls go through the
+        process's router of the deployment, shared by every handle to it
+        (and kept for them): this handle lets go of it and would find it
+        again on a later call."""
+        self._router = None
+
+    async def shutdown_async(self):
+        self.shutdown()
+
     def __reduce__(self):
         return (DeploymentHandle, (self.deployment_name, self.app_name, self._method,
                                    self._stream, self._model_id))
