@@ -402,7 +402,7 @@ def test_options_are_made_once_per_set_of_options(rt):
         return x, x + 1
     assert ray.get(pair.options(num_returns=1).remote(3), timeout=T) == (3, 4)
     for _ in range(2):
-        with pytest.raises(ValueError, match="num_returns"):
+        with pytest.raises(TypeError, match="num_returns"):      # Ray's type
             pair.options(num_returns=1.0)
     # Unhashable values work (they are just not kept).
     assert ray.get(double.options(resources={}).remote(5), timeout=T) == 10
@@ -532,3 +532,18 @@ def test_the_older_private_remote_form(rt):
     assert ray.get(add._remote(args=[5]), timeout=T) == 5
     s = Signed._remote(args=[1], kwargs={"label": "y"}, max_concurrency=1)
     assert ray.get(s.take.remote(1), timeout=T) == 2
+    assert ray.get(s.take._remote(args=[1], kwargs={"y": 5}), timeout=T) == 6
+    assert ray.get(s.rest._remote(args=[1, 2], kwargs={"k": 3}, num_returns=1), timeout=T) == 6
+
+
+@ray.remote
+def _call_the_method(method, x):
+    return ray.get(method.remote(x))
+
+
+def test_an_actor_method_passes_to_a_task(rt):
+    # As Ray: a bound method travels as its handle and name (with its options).
+    s = Signed.remote(1)
+    assert ray.get(_call_the_method.remote(s.take, 4), timeout=T) == 5
+    assert ray.get(_call_the_method.remote(s.twice, 4), timeout=T) == 8
+    assert ray.get(_call_the_method.remote([s.take][0], 0), timeout=T) == 1

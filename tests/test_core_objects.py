@@ -304,3 +304,22 @@ def test_a_failing_ready_callback_does_not_cost_the_others_theirs():
     with pytest.raises(RuntimeError, match="callback failed"):
         e.set_value(1)
     assert seen == ["first", "third"]
+
+
+def test_a_ref_as_an_asyncio_future(rt):
+    # Ray's ref.as_future(): an asyncio Future of the running loop; a failed
+    # task's error comes out of it.
+    import asyncio
+
+    @ray.remote
+    def fails():
+        raise KeyError("no")
+
+    async def main():
+        fut = ray.put(41).as_future()
+        assert isinstance(fut, asyncio.Future)
+        value = await fut
+        with pytest.raises(KeyError):
+            await fails.remote().as_future()
+        return value
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == 41

@@ -93,8 +93,26 @@ def test_bad_retry_options_are_refused():
     for value in ("yes", [ValueError, "x"], [], 3):
         with pytest.raises(ValueError, match="retry_exceptions"):
             fail_until.options(retry_exceptions=value)
-    with pytest.raises(ValueError, match="max_retries"):
+    # Ray's checks and words: the wrong type is a TypeError.
+    with pytest.raises(ValueError, match="The keyword 'max_retries' only accepts None, 0, -1"):
         fail_until.options(max_retries=-2)
+    for key in ("max_retries", "num_returns"):
+        with pytest.raises(TypeError, match=f"The type of keyword '{key}' must be"):
+            fail_until.options(**{key: 0.5})
+    with pytest.raises(ValueError, match="The keyword 'num_returns' only accepts None"):
+        fail_until.options(num_returns=-1)
+
+
+def test_none_is_rays_default_for_counting_options(tmp_path):
+    ray.init(num_cpus=1)
+    try:
+        assert ray.get(read_env.options(max_retries=None, num_returns=None).remote("X"),
+                       timeout=T) == [None]
+        a = Phoenix.options(max_restarts=None, max_task_retries=None,
+                            max_concurrency=None).remote(str(tmp_path / "n"))
+        assert ray.get(a.who.remote(), timeout=T)[0] == 0
+    finally:
+        ray.shutdown()
 
 
 # ----------------------------------------------------------------- actors
@@ -209,8 +227,10 @@ def test_async_actor_restarts(rt, tmp_path):
 
 def test_bad_restart_options_are_refused():
     for key in ("max_restarts", "max_task_retries"):
-        for value in (-2, "1", 1.5, True):
-            with pytest.raises(ValueError, match=key):
+        with pytest.raises(ValueError, match=f"The keyword '{key}' only accepts"):
+            Phoenix.options(**{key: -2})
+        for value in ("1", 1.5):
+            with pytest.raises(TypeError, match=f"The type of keyword '{key}' must be"):
                 Phoenix.options(**{key: value})
     with pytest.raises(ValueError, match="max_restarts"):
         fail_until.options(max_restarts=1)     # an actor's option, not a task's

@@ -108,6 +108,16 @@ class ActorMethod:
             raise RuntimeError("Lost reference to actor")     # Ray's words
         return handle
 
+    def _remote(self, args=None, kwargs=None, **options):
+        """Ray's older form: ``m._remote(args=[...], kwargs={...}, num_returns=...)``."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
+
+    def __reduce__(self):
+        # Passed to a task or actor as its handle and name, as Ray allows.
+        name = self._name if type(self._name) is str else self._name[0]
+        return (_rebuild_method, (self._handle(), name, self._options))
+
     def options(self, **opts):
         merged = {**self._options, **opts}
         info = self._info
@@ -230,6 +240,11 @@ class _RetryingActorMethod(ActorMethod):
             for e in (target if type(target) is list else [target]):
                 e.set_error(err)
         return result
+
+
+def _rebuild_method(handle, name, options):
+    method = getattr(handle, name)
+    return method.options(**options) if options else method
 
 
 def _method_type(info, options):

@@ -37,6 +37,37 @@ def _driver_pid():
     return os.getpid() if node is None else node.driver_pid
 
 
+_INT_OR_NONE = (int, type(None))
+
+
+def _check_count(opts, name, infinite=True):
+    """Ray's check of a counting option: TypeError for a value of another
+    type, ValueError below -1 (``infinite``: -1 means no limit) or 0."""
+    if name not in opts:
+        return
+    value = opts[name]
+    if not isinstance(value, _INT_OR_NONE):
+        raise TypeError(f"The type of keyword '{name}' must be {_INT_OR_NONE}, but received "
+                        f"type {type(value)}")
+    if value is not None and value < (-1 if infinite else 0):
+        raise ValueError(
+            f"The keyword '{name}' only accepts None, 0, -1 or a positive integer, where -1 "
+            f"represents infinity." if infinite else
+            f"The keyword '{name}' only accepts None, 0 or a positive integer.")
+
+
+def _check_num_returns(nr):
+    if not isinstance(nr, (int, str, type(None))):
+        raise TypeError(f"The type of keyword 'num_returns' must be {(int, str, type(None))}, "
+                        f"but received type {type(nr)}")
+    if nr == "dynamic":
+        raise ValueError("ray_lite does not support num_returns='dynamic'; use a "
+                         "streaming generator (num_returns='streaming')")
+    if not (nr is None or nr == "streaming" or (isinstance(nr, int) and nr >= 0)):
+        raise ValueError("The keyword 'num_returns' only accepts None, a non-negative integer, "
+                         "'streaming' (for generators), or 'dynamic'.")
+
+
 def _check_options(opts, kind):
     honoured = _TASK_HONOURED if kind == "task" else _ACTOR_HONOURED
     refused = _REFUSED_UNLESS_DEFAULT[kind]
@@ -50,24 +81,16 @@ def _check_options(opts, kind):
             raise ValueError(f"ray_lite does not support the option {key}={value!r} "
                              f"(single machine runtime; see the README's list of options)")
     if kind == "task":
-        nr = opts.get("num_returns", 1)
-        if nr == "dynamic":
-            raise ValueError("ray_lite does not support num_returns='dynamic'; use a "
-                             "streaming generator (num_returns='streaming')")
-        if nr != "streaming" and (not isinstance(nr, int) or nr < 0):
-            raise ValueError(f"num_returns must be a non-negative int or 'streaming', got {nr!r}")
-        mr = opts.get("max_retries", 3)
-        if not isinstance(mr, int) or mr < -1:
-            raise ValueError(f"max_retries must be an int >= -1, got {mr!r}")
+        _check_num_returns(opts.get("num_returns", 1))
+        _check_count(opts, "max_retries")
         check_retry_exceptions(opts.get("retry_exceptions"))
     else:
-        for key in ("max_restarts", "max_task_retries"):
-            v = opts.get(key, 0)
-            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
-                raise ValueError(f"{key} must be an int >= -1, got {v!r}")
+        _check_count(opts, "max_restarts")
+        _check_count(opts, "max_task_retries")
         check_groups(opts.get("concurrency_groups"))
+        _check_count(opts, "max_concurrency", infinite=False)
         mc = opts.get("max_concurrency", None)
-        if mc is not None and (not isinstance(mc, int) or mc < 1):
+        if mc is not None and mc < 1:
             raise ValueError(f"max_concurrency must be a positive int, got {mc!r}")
         lifetime = opts.get("lifetime")
         if lifetime not in (None, "non_detached", "detached"):
@@ -172,7 +195,9 @@ def _make_call_result(node, nret, stream, bp, name, peer):
 
 
 def _stream_opts(opts, is_gen):
-    nr = opts.get("num_returns", "streaming" if is_gen else 1)
+    nr = opts.get("num_returns")
+    if nr is None:      # Ray's default
+        nr = "streaming" if is_gen else 1
     stream = nr == "streaming"
     bp = opts.get("_generator_backpressure_num_objects", -1) or -1
     return (1 if stream else nr), stream, (bp if stream else -1)

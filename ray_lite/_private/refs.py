@@ -138,6 +138,12 @@ class ObjectRef(metaclass=AlsoRay):
     def __await__(self):
         return _await_ref(self).__await__()
 
+    def as_future(self):
+        """An ``asyncio.Future`` of the running loop, done when the object is
+        ready (Ray's; ``await ref`` is the same without the Future)."""
+        import asyncio
+        return asyncio.ensure_future(_await_ref(self))
+
     def future(self):
         """A ``concurrent.futures.Future`` completed when the object is ready."""
         import concurrent.futures

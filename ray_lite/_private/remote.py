@@ -35,7 +35,8 @@ class _TaskPlan:
         self.name = opts.get("name") or function.__qualname__
         self.arity = arity
         self.nret, self.stream, self.bp = _stream_opts(opts, is_gen)
-        self.retries = opts.get("max_retries", 3)
+        retries = opts.get("max_retries")
+        self.retries = 3 if retries is None else retries      # None: Ray's default
         self.demand = demand_of(opts, "task", _driver_pid())
         self.retry_on = check_retry_exceptions(opts.get("retry_exceptions"))
         env = env_vars_of(opts.get("runtime_env"))
