@@ -459,3 +459,18 @@ def test_blocking_get_after_an_event_loop_has_closed(rt):
     assert ray.get(slow.remote(), timeout=T) == "ok"
     assert asyncio.run(first()) == 1       # and a new loop works again
     assert ray.get(slow.remote(), timeout=T) == "ok"
+
+
+def test_a_first_call_starts_the_runtime_unless_ray_enable_auto_connect_is_0(monkeypatch):
+    from ray_lite.exceptions import RaySystemError
+    assert not ray.is_initialized()
+    monkeypatch.setenv("RAY_ENABLE_AUTO_CONNECT", "0")
+    with pytest.raises(RaySystemError, match="Ray has not been started yet"):
+        nested.remote(1)
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ENABLE_AUTO_CONNECT")
+    try:
+        assert ray.get(nested.remote(1), timeout=T) == 2      # started by it, as Ray does
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()

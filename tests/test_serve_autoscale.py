@@ -117,6 +117,17 @@ def test_deployment_options_resolve_the_initial_count():
                                            "initial_replicas": 9})
 
 
+def test_a_deployment_version_is_refused_as_ray_2_60_does():
+    with pytest.raises(ValueError, match=r"`version` in `@serve.deployment` has been removed"):
+        serve.deployment(version="1")
+
+    @serve.deployment
+    class Plain:
+        pass
+    with pytest.raises(ValueError, match=r"`version` in `Deployment.options\(\)` has been"):
+        Plain.options(version="2")
+
+
 # ------------------------------------------------------------- controller
 @ray.remote
 class Gate:

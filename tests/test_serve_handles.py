@@ -194,6 +194,8 @@ class Configured:
         self.v = None
 
     def reconfigure(self, cfg):
+        if cfg["v"] == "bad":
+            raise ValueError("cannot take this config")
         self.v = cfg["v"]
 
     def __call__(self):
@@ -227,6 +229,20 @@ def _ranks(h):
         if len(by_pid) == 2:
             break
     return by_pid
+
+
+def test_an_update_whose_reconfigure_raises_fails_the_app(serve_port):
+    # As Ray: serve.run raises RuntimeError, the app is DEPLOY_FAILED and its
+    # deployment serves no more (not silently the old config).
+    from ray_lite.serve.exceptions import DeploymentUnavailableError
+    h = serve.run(Configured.bind(), name="c2", route_prefix=None)
+    assert h.remote().result(timeout_s=30) == 1
+    with pytest.raises(RuntimeError, match="cannot take this config"):
+        serve.run(Configured.options(user_config={"v": "bad"}).bind(), name="c2",
+                  route_prefix=None)
+    assert serve.status().applications["c2"].status == "DEPLOY_FAILED"
+    with pytest.raises(DeploymentUnavailableError):
+        serve.get_app_handle("c2").remote().result(timeout_s=30)
 
 
 def test_dead_replica_is_replaced(serve_port):

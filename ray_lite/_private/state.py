@@ -4,6 +4,7 @@ This module imports nothing of the runtime: everything else imports it.  The
 driver's first use starts the runtime, as Ray does, through ``auto_start``,
 which ``api`` sets to its ``init`` when it is imported.
 """
+import os
 import threading
 
 node = None
@@ -17,6 +18,10 @@ def get_node():
     if n is None:
         if auto_start is None:
             raise RuntimeError("ray_lite is not initialized (call ray_lite.init())")
+        if os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") == "0":
+            from ray_lite.exceptions import RaySystemError     # (no import at load: see above)
+            raise RaySystemError("Ray has not been started yet. You can start Ray with "
+                                 "'ray.init()'.")
         auto_start()
         n = node
     return n

@@ -126,7 +126,12 @@ class ServeController(Autoscaling):
             self._cold_start(dep)
         while True:
             snap = self._dep_snapshot(app_name, dep_name)
-            if snap[2] or not snap[1] or loop.time() >= end or (held and snap[3]["from_zero"]):
+            dep = self._dep(app_name, dep_name)
+            # A deployment whose deploy failed starts none: the caller is
+            # told at once (DeploymentUnavailableError), as in Ray.
+            failed = dep is not None and dep.status == "DEPLOY_FAILED" and not dep.starting
+            if snap[2] or not snap[1] or loop.time() >= end or failed or \
+                    (held and snap[3]["from_zero"]):
                 if not snap[1]:
                     from .exceptions import RayServeException
                     raise RayServeException(f"Deployment {dep_name!r} of application "
@@ -478,6 +483,7 @@ class ServeController(Autoscaling):
         old = self.apps.get(name)
         app = _App(name, route_prefix, ingress)
         reuse = {}
+        failed = {}         # deployment -> its first error
         if old is not None:
             for dname, spec in specs.items():
                 od = old.deps.get(dname)
@@ -489,8 +495,11 @@ class ServeController(Autoscaling):
                 dep.spec = spec
                 new_cfg = spec["config"]
                 if new_cfg.get("user_config") != dep.config.get("user_config"):
-                    await asyncio.gather(*[h.reconfigure.remote(new_cfg.get("user_config"))
-                                           for h in dep.replicas.values()])
+                    try:
+                        await asyncio.gather(*[h.reconfigure.remote(new_cfg.get("user_config"))
+                                               for h in dep.replicas.values()])
+                    except Exception as exc:   # noqa: BLE001 - its reconfigure raised
+                        failed[dep] = exc      # the update failed, as in Ray (below)
                 limit = new_cfg["max_ongoing_requests"]
                 if limit != dep.config["max_ongoing_requests"]:
                     # Replicas enforce it; proxies and handles learn it
@@ -515,7 +524,6 @@ class ServeController(Autoscaling):
                 brought.append(dep)
             elif len(dep.replicas) > dep.target:
                 self._drain_some(dep, len(dep.replicas) - dep.target)
-        failed = {}         # deployment -> its first error
         for dep, errs in zip(brought, await asyncio.gather(*bring_ups)):
             if errs:
                 failed[dep] = errs[0]

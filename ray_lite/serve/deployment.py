@@ -10,7 +10,7 @@ import inspect
 from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
 from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 # Accepted as in Ray, without effect on one machine (listed in the README).
-_HARMLESS = {"version", "route_prefix", "placement_group_bundles", "placement_group_strategy",
+_HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "logging_config", "request_router_config",
              "max_constructor_retry_count", "is_driver_deployment", "_internal"}
 _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
@@ -140,6 +140,10 @@ class Deployment:
     def options(self, **kwargs):
         """A copy with some options changed (``name=`` renames it)."""
         name = kwargs.pop("name", self._name)
+        if "version" in kwargs and not kwargs.pop("_internal", False):
+            raise ValueError("`version` in `Deployment.options()` has been removed. "
+                             "Serve manages deployment versions internally.")
+        kwargs.pop("version", None)
         merged = {**self._config, **kwargs}
         _check_config(merged)
         return Deployment(self.func_or_class, name, merged)
@@ -195,6 +199,9 @@ def deployment(_func_or_class=None, name=None, **config):
     Serve: with several proxies the deployment can hold up to that many
     waiting requests in each (an HTTP 503 beyond it).
     """
+    if "version" in config:     # Ray 2.60 refuses it: a program using it breaks there
+        raise ValueError("`version` in `@serve.deployment` has been removed. "
+                         "Serve manages deployment versions internally.")
     _check_config(config)
 
     def decorate(obj):
