@@ -10,23 +10,33 @@ T = 30
 NOT_YET = 0.3
 
 
+def _poll_until(pred):
+    # Each group has a loop of its own: what calls of different groups share
+    # is thread-safe, and an async wait for it polls (bounded).
+    async def wait():
+        while not pred():
+            await asyncio.sleep(0.002)
+    return asyncio.wait_for(wait(), T)
+
+
 @ray.remote(concurrency_groups={"io": 2, "compute": 1}, max_concurrency=1)
 class AsyncGroups:
     def __init__(self):
+        self.lock = threading.Lock()
         self.running = {"io": 0, "default": 0}
         self.peak = {"io": 0, "default": 0}
-        self.gate = asyncio.Event()
-        self.changed = asyncio.Condition()
+        self.gate = threading.Event()
+        self.released = threading.Event()
 
     async def _enter(self, group):
-        self.running[group] += 1
-        self.peak[group] = max(self.peak[group], self.running[group])
-        async with self.changed:
-            self.changed.notify_all()
+        with self.lock:
+            self.running[group] += 1
+            self.peak[group] = max(self.peak[group], self.running[group])
         try:
-            await asyncio.wait_for(self.gate.wait(), T)
+            await _poll_until(self.gate.is_set)
         finally:
-            self.running[group] -= 1
+            with self.lock:
+                self.running[group] -= 1
 
     @ray.method(concurrency_group="io")
     async def io(self):
@@ -39,11 +49,9 @@ class AsyncGroups:
 
     @ray.method(concurrency_group="compute")
     async def until_running(self, group, n):
-        async def reached():
-            async with self.changed:
-                await self.changed.wait_for(lambda: self.running[group] >= n)
-        await asyncio.wait_for(reached(), T)
-        return dict(self.running)
+        await _poll_until(lambda: self.running[group] >= n)
+        with self.lock:
+            return dict(self.running)
 
     @ray.method(concurrency_group="compute")
     async def open_gate(self):
@@ -52,6 +60,24 @@ class AsyncGroups:
     @ray.method(concurrency_group="compute")
     async def peaks(self):
         return self.peak
+
+    async def blocks_its_loop(self):
+        # A blocking wait inside an async def: it stalls its own group's loop.
+        assert self.released.wait(T)
+        return threading.get_ident()
+
+    @ray.method(concurrency_group="io")
+    async def io_thread(self):
+        return threading.get_ident()
+
+    @ray.method(concurrency_group="compute")
+    def release(self):
+        self.released.set()
+        return threading.get_ident()
+
+    @ray.method(concurrency_group="io")
+    async def quit(self):
+        ray.actor.exit_actor()
 
 
 def test_async_groups_limit_each_group_on_its_own(rt):
@@ -68,6 +94,23 @@ def test_async_groups_limit_each_group_on_its_own(rt):
     ray.get(a.open_gate.remote(), timeout=T)
     assert ray.get(ios + [held, extra], timeout=T) == ["io"] * 4 + ["default"] * 2
     assert ray.get(a.peaks.remote(), timeout=T) == {"io": 2, "default": 1}
+
+
+@pytest.mark.both_backends
+def test_async_groups_each_run_on_a_thread_and_loop_of_their_own(rt):
+    # As Ray: a call that blocks its group's loop stalls that group only.
+    a = AsyncGroups.remote()
+    blocked = a.blocks_its_loop.remote()
+    io_thread = ray.get(a.io_thread.remote(), timeout=T)       # answered meanwhile
+    assert ray.wait([blocked], timeout=NOT_YET)[0] == []
+    compute_thread = ray.get(a.release.remote(), timeout=T)
+    default_thread = ray.get(blocked, timeout=T)
+    assert len({io_thread, compute_thread, default_thread}) == 3
+    # exit_actor() from a group's call ends the actor, as from any call.
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(a.quit.remote(), timeout=T)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(a.io_thread.remote(), timeout=T)
 
 
 @ray.remote(concurrency_groups={"io": 2})

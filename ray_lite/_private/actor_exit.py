@@ -32,7 +32,8 @@ def begin_exit(node):
     node.actor_init_error = err
     node.notify(P.OP_ACTOR_EXITING)
     if node.loop is not None:
-        node.loop.create_task(_exit_when_idle_async(node))
+        # (From a concurrency group's thread too: see concurrency_groups.)
+        node.loop.call_soon_threadsafe(node.loop.create_task, _exit_when_idle_async(node))
     elif node.executor is not None:
         threading.Thread(target=_exit_when_idle, args=(node,), name="ray_lite-exit",
                          daemon=True).start()
@@ -66,7 +67,9 @@ async def _exit_when_idle_async(node):
         others = [t for t in node.running.values() if t is not me and not t.done()]
         if not others:
             break
-        await asyncio.wait(others)
+        # (A concurrency group's call runs on its own loop: see concurrency_groups.)
+        await asyncio.wait([t if isinstance(t, asyncio.Future) else t.main_loop_future()
+                            for t in others])
     end_process()
 
 

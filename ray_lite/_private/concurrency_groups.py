@@ -6,13 +6,22 @@ or the one a call's ``.options(concurrency_group=...)`` names (the call's
 method then travels as ``(method, group)``); other methods are in the
 default group, whose limit is ``max_concurrency``.  An actor without groups
 never comes here: its calls take the usual path, at the usual cost.
+
+As in Ray, each group of an async actor, the default one included, runs its
+calls on a thread and event loop of its own: a call that blocks its loop (a
+blocking call in an ``async def``) stalls its group only.  The main loop
+only reads the links and hands each call to its group's loop; objects that
+calls of different groups share must be thread-safe (an ``asyncio.Event``
+belongs to one loop).
 """
 import asyncio
+import contextvars
+import threading
 
 from ray_lite.exceptions import TaskCancelledError
 
 from . import protocol as P
-from .aio import AsyncSlots
+from .aio import AsyncSlots, new_event_loop
 
 GROUP_ATTR = "__ray_concurrency_group__"
 
@@ -70,28 +79,77 @@ class _Router:
         return group, msg
 
 
+class _GroupLoop:
+    """A concurrency group's thread and event loop, with its slots."""
+
+    def __init__(self, name, limit):
+        self.slots = AsyncSlots(limit)      # used on this loop only
+        self.loop = new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True,
+                                       name=f"ray_lite-group-{name or 'default'}")
+        self.thread.start()
+        started.wait()
+
+    def _run(self, started):
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(started.set)
+        self.loop.run_forever()
+
+    def submit(self, coro):
+        """``coro`` as a Task of this loop, in a context of its own (see
+        async_actor); its ``concurrent.futures.Future``, whose cancel
+        cancels the Task from any thread."""
+        return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, self.loop)
+
+
+class _GroupCall:
+    """A call running on a group's loop, as ``node.running`` holds it: its
+    cancel and done work from any thread (an asyncio Task's do not)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self):
+        self.future = None      # set once submitted (a cancel before: see _in_group)
+
+    def cancel(self):
+        if self.future is not None:
+            self.future.cancel()
+
+    def done(self):
+        return self.future is not None and self.future.done()
+
+    def main_loop_future(self):
+        """An asyncio Future of the running loop that ends with the call."""
+        return asyncio.wrap_future(self.future)
+
+
 def install_async(node, a):
-    """Route an async actor's calls through one ``AsyncSlots`` per group."""
-    slots = {g: AsyncSlots(n) for g, n in a["concurrency_groups"].items()}
-    slots[None] = AsyncSlots(a["max_concurrency"])
+    """Route an async actor's calls to their group's own loop and slots."""
+    loops = {g: _GroupLoop(g, n) for g, n in a["concurrency_groups"].items()}
+    loops[None] = _GroupLoop(None, a["max_concurrency"])
     node._sem = AsyncSlots(1 << 30)     # the groups' slots do the limiting
     router = _Router(node)
     run = node._run_method_async
 
     def on_method(peer, msg):
         group, msg = router.route(msg)
-        node.live.add(msg[1])
-        node.running[msg[1]] = node.call_task(
-            _in_group(node, slots.get(group, slots[None]), run, peer, msg))
+        group_loop = loops.get(group, loops[None])
+        oid = msg[1]
+        node.live.add(oid)
+        call = node.running[oid] = _GroupCall()      # before it can start (and end)
+        call.future = group_loop.submit(_in_group(node, group_loop.slots, run, peer, msg))
 
     node.handlers[P.METHOD] = on_method
 
 
 async def _in_group(node, slots, run, peer, msg):
+    oid = msg[1]
     try:
-        await slots.__aenter__()      # a slot of the call's group
-    except asyncio.CancelledError:    # cancelled while it waited for one
-        oid = msg[1]
+        if oid in node.cancelled:         # cancelled before it was handed over
+            raise asyncio.CancelledError
+        await slots.__aenter__()          # a slot of the call's group
+    except asyncio.CancelledError:        # cancelled while it waited for one
         node._send_failure(peer, oid, msg[6], TaskCancelledError(), node._call_name(msg[2]))
         node.running.pop(oid, None)
         node.cancelled.discard(oid)
