@@ -22,6 +22,10 @@ def task_context():
     out = _context()
     out["assigned"] = ray.get_runtime_context().get_assigned_resources()
     out["task_name"] = ray.get_runtime_context().get_task_name()
+    # Ray's deprecated get(): id objects, not hex.
+    as_dict = ray.get_runtime_context().get()
+    out["dict"] = {k: v if k == "namespace" else (type(v).__name__, v.hex())
+                   for k, v in as_dict.items()}
     return out
 
 
@@ -74,7 +78,8 @@ def test_driver_context(rt):
         ctx.current_actor
     with pytest.raises(AssertionError):
         ctx.get_assigned_resources()
-    assert ctx.get()["job_id"] == "01000000"
+    assert ctx.get()["job_id"].hex() == "01000000"
+    assert sorted(ctx.get()) == ["job_id", "namespace", "node_id"]
 
 
 def test_task_context(rt):
@@ -87,6 +92,8 @@ def test_task_context(rt):
         assert c["actor"] is None and c["name"] is None
         assert c["assigned"] == {"CPU": 1.0}
         assert c["task_name"] == "task_context"
+        assert c["dict"] == {"job_id": ("JobID", c["job"]), "node_id": ("NodeID", c["node"]),
+                             "task_id": ("TaskID", c["task"]), "namespace": c["namespace"]}
     assert a["task"] != b["task"]
     named = ray.get(task_context.options(name="my_task").remote(), timeout=T)
     assert named["task_name"] == "my_task"

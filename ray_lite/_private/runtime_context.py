@@ -230,16 +230,16 @@ class RuntimeContext:
         return "127.0.0.1:0"
 
     def get(self):
-        """A dict of the context (deprecated in Ray, still there)."""
-        out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
-               "namespace": self.namespace}
+        """A dict of the context (deprecated in Ray, still there): Ray's id
+        objects (``JobID``, ``NodeID``, ``TaskID``, ``ActorID``), not hex."""
+        out = {"job_id": self.job_id, "node_id": self.node_id, "namespace": self.namespace}
         if self._mode == WORKER_MODE:
             task_id = self.get_task_id()
             if task_id is not None:
-                out["task_id"] = task_id
+                out["task_id"] = TaskID.from_hex(task_id)
             actor_id = self.get_actor_id()
             if actor_id is not None:
-                out["actor_id"] = actor_id
+                out["actor_id"] = ActorID.from_hex(actor_id)
         return out
 
 
