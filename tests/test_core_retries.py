@@ -37,7 +37,53 @@ def die_until(path, good_run):
     return "survived"
 
 
+@ray.remote
+def yield_failing(path, good_run, exc_type, n=5, fail_at=3):
+    run = _bump(path)
+    for i in range(n):
+        if i == fail_at and run < good_run:
+            raise exc_type(f"run {run}")
+        yield (i, run)
+
+
 # ------------------------------------------------------------------ tasks
+def test_a_streaming_task_is_run_again_from_its_start(rt, tmp_path):
+    # As Ray: the items the failed run reported are not reported again; the
+    # consumer sees each index once (here it took some before the failure).
+    path = str(tmp_path / "runs")
+    gen = yield_failing.options(max_retries=3, retry_exceptions=[KeyError]).remote(
+        path, 2, KeyError)
+    first = ray.get(next(gen), timeout=T)
+    assert first == (0, 0)
+    rest = [ray.get(ref, timeout=T) for ref in gen]
+    assert [first] + rest == [(0, 0), (1, 0), (2, 0), (3, 2), (4, 2)]
+    assert _count(path) == 3
+    # A stream a task owns (its items pass through the driver) likewise.
+    nested = str(tmp_path / "nested")
+    assert ray.get(_consume_failing.remote(nested), timeout=T) == \
+        [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1)]
+
+
+@ray.remote
+def _consume_failing(path):
+    gen = yield_failing.options(max_retries=3, retry_exceptions=True).remote(path, 1, KeyError)
+    return [ray.get(ref) for ref in gen]
+
+
+def test_a_streaming_task_not_retried_ends_with_its_error(rt, tmp_path):
+    for opts, runs in ((dict(max_retries=3, retry_exceptions=[KeyError]), 1),   # not listed
+                       (dict(max_retries=1, retry_exceptions=True), 2)):      # used up
+        path = str(tmp_path / f"runs{runs}")
+        gen = yield_failing.options(**opts).remote(path, 10, IndexError)
+        got = [ray.get(next(gen), timeout=T) for _ in range(3)]
+        assert [i for i, _ in got] == [0, 1, 2]
+        with pytest.raises(IndexError, match=f"run {runs - 1}"):
+            ray.get(next(gen), timeout=T)
+        with pytest.raises(StopIteration):
+            next(gen)
+        assert _count(path) == runs
+
+
 def test_retry_exceptions_true_retries_application_errors(rt, tmp_path):
     path = str(tmp_path / "runs")
     ref = fail_until.options(max_retries=3, retry_exceptions=True).remote(path, 2, KeyError)

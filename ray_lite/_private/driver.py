@@ -20,7 +20,8 @@ from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
 from .refs import ObjectRef, travels_as_value
 from .restarts import RestartsMixin
-from .scheduler import ResourcesMixin, matches_retry
+from .scheduler import ResourcesMixin
+from .task_retries import TaskRetriesMixin
 from .transport import Link
 from .zygote import ZygoteClient
 
@@ -36,7 +37,8 @@ class _PoolWorker:
         self.blocked = False
 
 
-class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin):
+class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin,
+                 TaskRetriesMixin):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None):
         pid = os.getpid()
         try:
@@ -68,6 +70,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.owned_actors = {}   # creator (a worker) -> its actors (actor_owners.py)
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
+        self.init_task_retries()
         self.pids = {0: pid}
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
@@ -330,24 +333,11 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         if w is not None:           # an actor's result frees no worker
             self._task_finished(w, msg[1])
 
-    def _retry_on_error(self, peer, msg):
-        """A task failed with an exception its retry_exceptions lists: run it again."""
-        w = self.pool.get(peer)
-        spec = None if w is None else w.task
-        if spec is None or spec.oid != msg[1] or spec.retry_on is None or spec.retries == 0 \
-                or spec.cancelled or not matches_retry(spec.retry_on, msg[3]):
-            return False
-        with self._sched:
-            if w.task is not spec:
-                return False
-            spec.retries -= 1
-            self._free_worker(w, spec)
-            w.task = None
-            self.idle.append(w)
-            self._enqueue(spec)
-        return True
-
     def _on_item(self, peer, msg):
+        if self.stream_replayed and self.skip_replayed_item(msg):
+            return
+        if not msg[3] and self._retry_stream_on_error(peer, msg):
+            return
         owner = self.forward.get(msg[1])
         if owner is not None:
             self.send(owner, msg)
@@ -355,6 +345,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             Node._on_item(self, peer, msg)
 
     def _on_end(self, peer, msg):
+        if self.stream_replayed and self.drop_stale_end(peer, msg):
+            return
         owner = self.forward.pop(msg[1], None)
         if owner is not None:
             self.send(owner, msg)

@@ -1,0 +1,73 @@
+"""Tasks run again when they fail with an exception their ``retry_exceptions``
+lists (part of the driver, which schedules them).
+
+A streaming generator is run again from its start, as in Ray: the items its
+earlier run reported are not reported twice (the owner already has them), so
+whoever iterates it sees each index once, then what the new run yields past
+them.  Streams with back-pressure are not run again (the new run would wait
+for acknowledgements of items the consumer took from the earlier one).
+"""
+from .scheduler import matches_retry
+
+
+class TaskRetriesMixin:
+    """Part of ``DriverNode``."""
+
+    def init_task_retries(self):
+        self.stream_replayed = {}    # sid -> items an earlier run reported (skipped now)
+        self.stale_stream_ends = set()     # (sid, peer): the END of a run that failed
+
+    def _retry_on_error(self, peer, msg):
+        """A task failed with an exception its retry_exceptions lists: run it again."""
+        w = self.pool.get(peer)
+        spec = None if w is None else w.task
+        if spec is None or spec.oid != msg[1] or not self._may_retry(spec, msg[3]):
+            return False
+        return self._run_again(w, spec)
+
+    def _retry_stream_on_error(self, peer, msg):
+        """A streaming task's generator raised at item ``msg[2]`` with an
+        exception its retry_exceptions lists: run it again (see above)."""
+        w = self.pool.get(peer)
+        spec = None if w is None else w.task
+        if spec is None or spec.oid != msg[1] or not spec.stream or spec.bp > 0 or \
+                not self._may_retry(spec, msg[4]):
+            return False
+        sid, reported = msg[1], msg[2]
+        if not self._run_again(w, spec):
+            return False
+        self.stream_replayed[sid] = max(reported, self.stream_replayed.get(sid, 0))
+        # The failed run's END follows on the same link (before anything of a
+        # new run there, even one on the same worker): dropped.
+        self.stale_stream_ends.add((sid, peer))
+        return True
+
+    def skip_replayed_item(self, msg):
+        """True for an item of a stream run again whose earlier run reported it."""
+        done = self.stream_replayed.get(msg[1])
+        return done is not None and msg[2] < done
+
+    def drop_stale_end(self, peer, msg):
+        """True for the END of a stream's run that failed and was run again;
+        an END of the last run forgets the stream's replay."""
+        key = (msg[1], peer)
+        if key in self.stale_stream_ends:
+            self.stale_stream_ends.discard(key)
+            return True
+        self.stream_replayed.pop(msg[1], None)
+        return False
+
+    def _may_retry(self, spec, error):
+        return (spec.retry_on is not None and spec.retries != 0 and not spec.cancelled
+                and matches_retry(spec.retry_on, error))
+
+    def _run_again(self, w, spec):
+        with self._sched:
+            if w.task is not spec:
+                return False
+            spec.retries -= 1
+            self._free_worker(w, spec)
+            w.task = None
+            self.idle.append(w)
+            self._enqueue(spec)
+        return True
