@@ -43,13 +43,13 @@ class AsyncGroups:
         await self._enter("io")
         return "io"
 
-    async def blocked_default(self):
-        await self._enter("default")
+    async def blocked_default(self, counted_in="default"):
+        await self._enter(counted_in)
         return "default"
 
     @ray.method(concurrency_group="compute")
-    async def until_running(self, group, n):
-        await _poll_until(lambda: self.running[group] >= n)
+    async def until_running(self, **least):
+        await _poll_until(lambda: all(self.running[g] >= n for g, n in least.items()))
         with self.lock:
             return dict(self.running)
 
@@ -86,11 +86,12 @@ def test_async_groups_limit_each_group_on_its_own(rt):
     held = a.blocked_default.remote()
     # The default group (max_concurrency=1) is full, the io group is at its
     # limit of 2: the compute group still runs.
-    assert ray.get(a.until_running.remote("io", 2), timeout=T) == {"io": 2, "default": 1}
+    assert ray.get(a.until_running.remote(io=2, default=1), timeout=T) == {"io": 2, "default": 1}
     assert ray.wait(ios, num_returns=1, timeout=NOT_YET)[0] == []
-    # A default method sent to the io group waits there, not in the default group.
-    extra = a.blocked_default.options(concurrency_group="io").remote()
-    assert ray.get(a.until_running.remote("default", 1), timeout=T)["io"] == 2
+    # A default method sent to the io group waits there, not in the default
+    # group (counted with the io group's calls: it would make 3 if it ran).
+    extra = a.blocked_default.options(concurrency_group="io").remote("io")
+    assert ray.get(a.until_running.remote(default=1), timeout=T)["io"] == 2
     ray.get(a.open_gate.remote(), timeout=T)
     assert ray.get(ios + [held, extra], timeout=T) == ["io"] * 4 + ["default"] * 2
     assert ray.get(a.peaks.remote(), timeout=T) == {"io": 2, "default": 1}
