@@ -147,6 +147,34 @@ def test_fastapi_dependencies_middleware_and_lifespan_state(serve_port):
 
 
 @needs_fastapi
+@needs_fastapi
+def test_fastapi_method_name_defined_again_for_another_route(serve_port):
+    # ``def handler`` for GET, ``def handler`` again for POST: the first is no
+    # longer in the class's namespace, but still the class's (Ray binds both).
+    from fastapi import FastAPI
+    from ray_lite import serve
+
+    app = FastAPI()
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Twice:
+        def __init__(self):
+            self.word = "hi"
+
+        @app.get("/")
+        def handler(self):
+            return f"{self.word} get"
+
+        @app.post("/")  # noqa: F811 - the point of the test
+        def handler(self):  # noqa: F811
+            return f"{self.word} post"
+
+    serve.run(Twice.bind(), route_prefix="/t")
+    assert _json(serve_port, "GET", "/t/")[::2] == (200, "hi get")
+    assert _json(serve_port, "POST", "/t/")[::2] == (200, "hi post")
+
+
 def test_fastapi_streaming_response_is_streamed(serve_port):
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse

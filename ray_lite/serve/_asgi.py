@@ -117,19 +117,35 @@ def _servable_instance():
     return context.get_replica_context().servable_object
 
 
-def _class_functions(cls):
-    found = set()
-    for klass in cls.__mro__:
-        for v in vars(klass).values():
-            if inspect.isfunction(v):
-                found.add(v)
-    return found
+class _ClassFunctions:
+    """The functions defined in ``cls``'s body or its bases': those in their
+    namespaces, and those a later ``def`` of the same name replaced there
+    (``def f`` for GET, ``def f`` again for POST), known by their qualified
+    name, as Ray matches them."""
+
+    def __init__(self, cls):
+        self.found = set()
+        self.prefixes = set()
+        for klass in cls.__mro__:
+            if klass is object:
+                continue
+            self.prefixes.add(klass.__qualname__ + ".")
+            for v in vars(klass).values():
+                if inspect.isfunction(v):
+                    self.found.add(v)
+
+    def __contains__(self, fn):
+        if fn in self.found:
+            return True
+        qualname = getattr(fn, "__qualname__", "")
+        prefix, _, name = qualname.rpartition(".")
+        return bool(name) and prefix + "." in self.prefixes and "<locals>" not in name
 
 
 def _bind_class_routes(app, cls):
     from fastapi import APIRouter
     routes = app.routes if isinstance(app, APIRouter) else app.router.routes
-    _bind_routes(routes, _class_functions(cls))
+    _bind_routes(routes, _ClassFunctions(cls))
 
 
 def _bind_routes(routes, methods):
