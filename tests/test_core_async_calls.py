@@ -106,23 +106,16 @@ def test_plain_method_returning_an_awaitable_is_awaited(rt):
     assert ray_lite.get(blocked, timeout=30) == "released"
 
 
-def test_cancel_of_a_plain_method_waiting_on_an_awaitable(rt):
+# block: a plain method waiting on an awaitable; swallow_cancel: one that
+# catches its cancellation and returns (still cancelled for the caller, as
+# on Ray, whatever it returned).
+@pytest.mark.parametrize("method", ["block", "swallow_cancel"])
+def test_cancel_of_a_call_waiting_on_an_awaitable(rt, method):
     a = Mixed.remote()
-    blocked = a.block.remote()
+    blocked = getattr(a, method).remote()
     _wait_for(lambda: ray_lite.get(a.waiting.remote()))
     ray_lite.cancel(blocked)
     with pytest.raises(TaskCancelledError):
         ray_lite.get(blocked, timeout=30)
     assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back
 
-
-def test_a_cancelled_call_that_caught_its_cancellation_is_still_cancelled(rt):
-    # As on Ray: the caller asked for a cancel and gets TaskCancelledError,
-    # whatever the method returned after catching it.
-    a = Mixed.remote()
-    call = a.swallow_cancel.remote()
-    _wait_for(lambda: ray_lite.get(a.waiting.remote()))
-    ray_lite.cancel(call)
-    with pytest.raises(TaskCancelledError):
-        ray_lite.get(call, timeout=30)
-    assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back
