@@ -137,9 +137,8 @@ class _ClassFunctions:
     def __contains__(self, fn):
         if fn in self.found:
             return True
-        qualname = getattr(fn, "__qualname__", "")
-        prefix, _, name = qualname.rpartition(".")
-        return bool(name) and prefix + "." in self.prefixes and "<locals>" not in name
+        prefix = getattr(fn, "__qualname__", "").rpartition(".")[0]
+        return prefix + "." in self.prefixes
 
 
 def _bind_class_routes(app, cls):
