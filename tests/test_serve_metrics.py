@@ -291,3 +291,15 @@ def test_a_killed_drivers_metric_directory_goes_at_the_next_serve_start(tmp_path
     assert not dead.exists()
     assert live.is_dir() and (live / "counter_1.db").exists()
     assert not_a_dir.is_file()
+
+
+def test_a_scrape_skips_the_file_of_a_process_still_creating_it(tmp_path, monkeypatch):
+    # A replica that is starting has created its file but not sized it yet:
+    # a scrape in that moment answered nothing (prometheus_client cannot
+    # read an empty file) and the scraper saw its connection reset.
+    from ray_lite.serve._metrics import scrape
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (tmp_path / "counter_4242.db").write_bytes(b"")
+    (tmp_path / "gauge_livesum_4242.db").write_bytes(b"")
+    body = scrape(str(tmp_path))
+    assert isinstance(body, bytes) and b"4242" not in body

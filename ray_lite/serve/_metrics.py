@@ -30,6 +30,7 @@ update.  With metrics off nothing is wrapped: the request path is unchanged.
 per request to standard error: client, method, path, status, latency in ms.
 """
 import asyncio
+import glob
 import os
 import shutil
 import socket
@@ -245,10 +246,14 @@ class ProxyObserver:
                     asyncio.TimeoutError, ConnectionError):
                 return
             from prometheus_client import CONTENT_TYPE_LATEST
-            body = scrape(self.dir)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + CONTENT_TYPE_LATEST.encode() +
-                         b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body) +
-                         body)
+            try:
+                body = scrape(self.dir)
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: " + CONTENT_TYPE_LATEST.encode()
+            except Exception as exc:    # noqa: BLE001 - the scraper gets an answer, not a reset
+                body = f"could not read the metric files: {exc!r}\n".encode()
+                head = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain"
+            writer.write(head + b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                         % len(body) + body)
             await writer.drain()
         except ConnectionError:
             pass
@@ -262,11 +267,14 @@ def scrape(path):
     from prometheus_client import multiprocess
     from prometheus_client.core import CounterMetricFamily
     _forget_dead_processes(path, multiprocess)
-    collector = multiprocess.MultiProcessCollector(None, path=path)
+    # A process that is starting (a replica, a proxy) creates its file and
+    # then sizes it: a scrape in between finds it empty, which
+    # prometheus_client cannot read.  Such a file holds no sample yet.
+    files = [f for f in glob.glob(os.path.join(path, "*.db")) if _has_header(f)]
 
     class WithCounts:
         def collect(self):
-            for family in collector.collect():
+            for family in multiprocess.MultiProcessCollector.merge(files, accumulate=True):
                 yield family
                 derived = _COUNTS_OF.get(family.name)
                 if derived is None:
@@ -281,6 +289,13 @@ def scrape(path):
     registry = pc.CollectorRegistry()
     registry.register(WithCounts())
     return pc.generate_latest(registry)
+
+
+def _has_header(f):
+    try:
+        return os.path.getsize(f) >= 8
+    except OSError:     # gone meanwhile (a dead process's file)
+        return False
 
 
 def _forget_dead_processes(path, multiprocess):
