@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 NO_EXTENSIONS = os.environ.get("RAY_LITE_NO_EXTENSIONS", "") not in ("", "0")
@@ -31,10 +32,23 @@ def extensions():
     ]
     return cythonize(
         exts,
+        # Translating .pyx to C and compiling C are both per module: one job
+        # per core halves a build on two (CI builds a wheel per Python).
+        nthreads=os.cpu_count() or 1,
         compiler_directives={"language_level": "3"},
         # Annotated HTML is a developer aid; generate it with `cython -a` by hand.
         annotate=False,
     )
 
 
-setup(ext_modules=extensions())
+class ParallelBuildExt(build_ext):
+    """``build_ext`` compiling the extensions in parallel unless told
+    otherwise (``--parallel N``)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": ParallelBuildExt})
