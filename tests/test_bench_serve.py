@@ -31,8 +31,10 @@ def test_the_cpu_of_a_process_tree_counts_its_descendants():
     finally:
         proc.stdin.close()
         proc.wait(60)
-    assert during - before >= 0.19      # the grandchild's 0.2 s, to a clock tick
-    assert alone >= 0.19
+    # The grandchild's 0.2 s, less what the kernel's clock ticks drop: a tick
+    # each of its user and system time (0.19 read as 0.18999... once).
+    assert during - before >= 0.175
+    assert alone >= 0.175
     assert _procs.tree_cpu_s(proc.pid) == 0.0   # gone: nothing to count
 
 
