@@ -216,7 +216,7 @@ class DrivingMixin:
                                 hint, left if remaining is None else min(left, remaining)):
                             continue
                         hint_end = None
-                    self._poll(remaining)
+                    self._poll(remaining, pred)
                 finally:
                     self._release_drive()
             else:
@@ -265,7 +265,7 @@ class DrivingMixin:
             self.handlers[msg[0]](peer, msg)
         return True
 
-    def _poll(self, timeout):
+    def _poll(self, timeout, pred=None):
         if self._drain() or timeout == 0:
             return
         if (self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1
@@ -306,6 +306,12 @@ class DrivingMixin:
         # snapshot is in it, one added after it wakes the sleep.
         self._polling = True
         try:
+            # A thread that changes what ``pred`` looks at, with no message
+            # (the last call of an exiting actor ending), wakes the sleep
+            # with ``wake_poll`` if it sees the flag up; if it did not, its
+            # change is visible here.
+            if pred is not None and pred():
+                return
             fds = list(self.sentinels)
             fds.append(wake_fd)
             fired = _wait_rings_or_fds([e[1]._rx for e in self._drain_list[0]], fds,
