@@ -55,6 +55,62 @@ def begin_exit(node):
     return err
 
 
+OUT_OF_SCOPE = "__ray_lite_out_of_scope__"
+
+
+def out_of_scope(actor):
+    """The actor's last handle is gone, its creator's and every copy
+    (``actor_handle._ActorLease``): Ray's out-of-scope end.
+
+    A copy held in another process sent its last calls before its share of
+    the count went back to the creator, and so before the creator sent
+    this: they are in this actor's rings, maybe not read yet, maybe read
+    after this in one drain.  They run first; then the actor exits as by
+    ``exit_actor()``."""
+    from . import state
+    from .runtime_context import exit_actor
+    node = state.node
+    if node.loop is not None:
+        # (Run at once, inside the drain that read it: the calls read after
+        # it in that drain start as tasks before this one looks.)
+        node.loop.call_soon_threadsafe(node.loop.create_task, _out_of_scope_async(node))
+        return None
+    if node.executor is not None:     # a threaded actor
+        # The drain that read this may be reading what came after it right
+        # now, on the thread that drives: once it is over (the drive lock
+        # is free), every call it read is live.
+        while not node._drive_lock.acquire(timeout=0.01):
+            node.wake_poll()        # (the driving thread may be asleep in poll)
+        try:
+            node._drain()
+        finally:
+            node._release_drive()
+        # (With a time limit: no message says that a call ended.)
+        while not node.wait_until(lambda: len(node.live) <= 1, 0.05):   # this call's oid
+            pass
+        exit_actor()
+    node.drive_nowait()
+    if node.tasks:
+        node.tasks.append((0, P.method_msg(node.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0)))
+        return None
+    exit_actor()
+
+
+async def _out_of_scope_async(node):
+    node.drive_nowait()
+    await asyncio.sleep(0)      # the calls just read start
+    me = asyncio.current_task()
+    while True:
+        others = [t for t in node.running.values() if t is not me and not t.done()]
+        if not others:
+            break
+        await asyncio.wait([t if isinstance(t, asyncio.Future) else t.main_loop_future()
+                            for t in others])
+        node.drive_nowait()
+        await asyncio.sleep(0)
+    begin_exit(node)
+
+
 def _exit_when_idle(node):
     # A threaded actor: the calls running on other threads finish first.
     node.wait_until(lambda: not node.live)
@@ -87,5 +143,17 @@ def run_exit_handlers():
 def end_process():
     try:
         run_exit_handlers()
+        give_back_borrowed()
     finally:
         os._exit(0)
+
+
+def give_back_borrowed():
+    """Before ``os._exit``: what this process borrowed goes back to its owners."""
+    from . import state
+    node = state.node
+    if node is not None and not node.closed:
+        try:
+            node.give_back_borrowed()
+        except Exception:   # noqa: BLE001 - ending anyway; the owners keep the objects
+            pass

@@ -21,29 +21,52 @@ from .transport import LinkClosed
 _BUILTIN_ENTRY = (False, None, (0, 0, ()))
 
 
+class _ActorLease(_Entry):
+    """What keeps an actor in scope: an object of its creator's that is never
+    filled.  The creator's handle holds a ref to it, and a copy of the
+    handle passed to another process carries the ref along, with a share
+    of the creator's count (refs.py's weighted reference counting).  When
+    the last ref is gone, here and in every other process, this entry dies
+    and the actor is ended as Ray ends an actor out of scope: after the
+    calls sent to it before."""
+
+    __slots__ = ("node", "actor_id")
+
+    def __init__(self, node, actor_id):
+        _Entry.__init__(self)
+        self.node = node
+        self.actor_id = actor_id
+
+    def __del__(self):
+        node = self.node
+        if node is not None:
+            self.node = None
+            node.actor_handle_dropped(self.actor_id)
+
+
+def actor_lease(node, actor_id):
+    """The ref that the handle ``node`` got on creating actor ``actor_id`` holds."""
+    return ObjectRef(node.new_oid(), node.id, _ActorLease(node, actor_id))
+
+
 class ActorHandle(metaclass=_backend.AlsoRay):
     """A handle to an actor; picklable, so it can be passed to tasks and actors.
 
     As in Ray, the actor ends (gracefully: the calls sent before run first)
-    when the handle its creator got goes away, unless that handle was passed
-    on (pickled) to another process or object: who holds those copies is
-    not tracked, so such an actor lives until ``kill`` or ``shutdown``.
+    when the handle its creator got and every copy of it are gone, in this
+    process and in the others it was passed to (``_ActorLease``).  A
+    handle got by name (``get_actor``, ``get_if_exists``) does not keep the
+    actor, as its creator's handle does.
     """
 
     # The methods made so far live in the instance's __dict__: the next
     # ``handle.method`` is a plain attribute hit (``__getattr__`` runs once);
     # they hold the handle weakly, so that it goes when the user drops it.
-    __slots__ = ("_info", "_creator", "__dict__", "__weakref__")
+    __slots__ = ("_info", "_lease", "__dict__", "__weakref__")
 
-    def __init__(self, info, creator=None):
+    def __init__(self, info, lease=None):
         self._info = info
-        self._creator = creator     # the creating node, while the actor is ours to end
-
-    def __del__(self):
-        node = self._creator
-        if node is not None:
-            self._creator = None
-            node.actor_handle_dropped(self._info.actor_id)
+        self._lease = lease     # an ObjectRef to the actor's _ActorLease, or None
 
     def __getattr__(self, name):
         if name.startswith("__") and name != "__call__" and name not in BUILTIN_METHODS:
@@ -64,8 +87,8 @@ class ActorHandle(metaclass=_backend.AlsoRay):
         return cls(self, name, is_gen, declared, arity, hard=True)
 
     def __reduce__(self):
-        self._creator = None    # passed on: no longer ours alone to end
-        return (ActorHandle, (self._info,))
+        # The lease travels as any ref: the receiver holds a share of it.
+        return (ActorHandle, (self._info, self._lease))
 
     def __dir__(self):
         return sorted(set(object.__dir__(self)) | set(self._info.methods))
@@ -107,6 +130,12 @@ class ActorMethod:
         if handle is None:
             raise RuntimeError("Lost reference to actor")     # Ray's words
         return handle
+
+    def bind(self, *args, **kwargs):
+        """A node of Ray's DAG API: this call when the graph is executed (``ray_lite.dag``)."""
+        from ray_lite.dag import ClassMethodNode
+        name = self._name if type(self._name) is str else self._name[0]
+        return ClassMethodNode(self._handle(), name, args, kwargs, self._options)
 
     def _remote(self, args=None, kwargs=None, **options):
         """Ray's older form: ``m._remote(args=[...], kwargs={...}, num_returns=...)``."""

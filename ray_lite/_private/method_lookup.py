@@ -27,7 +27,9 @@ def ray_ready(actor):
 
 def method_table():
     """A new actor's method -> function table (filled per method on first use)."""
-    return {"__ray_terminate__": ray_terminate, "__ray_ready__": ray_ready}
+    from .actor_exit import OUT_OF_SCOPE, out_of_scope
+    return {"__ray_terminate__": ray_terminate, "__ray_ready__": ray_ready,
+            OUT_OF_SCOPE: out_of_scope}
 
 
 def class_function(cls, name):

@@ -21,6 +21,7 @@ from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedErr
 
 from . import object_store
 from . import protocol as P
+from .actor_exit import OUT_OF_SCOPE
 from .drive import DrivingMixin
 from .interrupts import sleep_point
 from .loop_bridge import BridgesMixin
@@ -53,6 +54,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.fetch_requested = set()
         self.rpc_replies = {}    # req id -> (ok, payload)
         self._deferred = []      # stream releases asked from __del__
+        self.pinned_refs = []    # refs in blobs loaded more than once (refs.pinning_refs)
         self._releases = []      # (owner, oid, weight) to give back
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
         self._drain_list = ((), ())
@@ -183,7 +185,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         if aid in self.dead_peers or self.closed:
             return
         if aid in self.links:
-            self.send(aid, P.method_msg(self.new_oid(), "__ray_terminate__", [], {}, 1, False, 0))
+            self.send(aid, P.method_msg(self.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0))
         elif self.id != 0:
             self.notify(P.OP_KILL, aid, True)
 

@@ -159,6 +159,21 @@ class ObjectsMixin:
             for oid, w in held.items():
                 self._give_back(oid, w)
 
+    def give_back_borrowed(self):
+        """This process is ending, by ``os._exit``, which runs no ``__del__``:
+        the shares it holds of other owners' objects go back now, so that
+        what it kept (an actor whose handle it held, say) can go.  A reader's
+        share of a stored object the driver takes back itself."""
+        with self._export_lock:
+            entries = [e for e in self.borrowed.values() if type(e) is _BorrowedEntry]
+        for e in entries:
+            w = e.weight
+            if w:
+                e.weight = 0
+                self.release_later(e.owner, e.oid, w)
+        if self._releases:
+            self._send_releases()
+
     def release_later(self, owner, oid, weight):
         """Give ``weight`` back to ``owner`` at the next drain (safe from __del__)."""
         self._releases.append((owner, oid, weight))

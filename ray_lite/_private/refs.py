@@ -63,6 +63,36 @@ def probe_serialisable(value):
         _local.freezing = outer
 
 
+class pinning_refs:
+    """``with pinning_refs(): blob = cloudpickle.dumps(fn)`` for a blob that
+    may be loaded any number of times (a function shipped to every worker,
+    a pool's function): a share of a ref's count can be given once, so the
+    refs inside (an actor handle a function captured, say) are pinned in
+    this process until it ends instead, as Ray pins what a remote function
+    captures."""
+
+    def __enter__(self):
+        self.outer = getattr(_local, "pinning", False)
+        _local.pinning = True
+        return self
+
+    def __exit__(self, *exc):
+        _local.pinning = self.outer
+
+
+class not_lending:
+    """``with not_lending(): cloudpickle.dumps(x)`` for bytes that are thrown
+    away (a probe of serialisability): the refs inside lend nothing."""
+
+    def __enter__(self):
+        self.outer = getattr(_local, "freezing", None)
+        _local.freezing = []
+        return self
+
+    def __exit__(self, *exc):
+        _local.freezing = self.outer
+
+
 def _thawed_ref(index):
     return _local.thawing[index]
 
@@ -125,15 +155,23 @@ class ObjectRef(metaclass=AlsoRay):
         if e.ready:
             stored = stored_form(self)
             if stored is not None:
-                node = state.node
-                weight = node.lend(self) if node is not None else None
-                return (_rebuild_stored_ref, (self._id, self._owner, stored.desc, weight))
+                return (_rebuild_stored_ref, (self._id, self._owner, stored.desc, self._lend()))
             # A ready value travels with the ref: the receiver needs no fetch.
             st = (True, e.value) if e.error is None else (False, e.error)
             return (_rebuild_ref, (self._id, self._owner, st))
+        return (_rebuild_ref, (self._id, self._owner, None, self._lend()))
+
+    def _lend(self):
+        """The share of the count that goes with this ref to another process."""
         node = state.node
-        weight = node.lend(self) if node is not None else None
-        return (_rebuild_ref, (self._id, self._owner, None, weight))
+        if node is None:
+            return None
+        if getattr(_local, "pinning", False):
+            # In a blob that may be loaded any number of times (see
+            # pinning_refs): no share to split, the object is kept here.
+            node.pinned_refs.append(self)
+            return None
+        return node.lend(self)
 
     def __await__(self):
         return _await_ref(self).__await__()

@@ -9,7 +9,7 @@ from . import backend as _backend
 from . import protocol as P
 from .protocol import TaskSpec
 from . import state
-from .actor_handle import ActorHandle
+from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_SIMPLE_TYPES, _by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
                            _make_call_result, _stream_opts)
@@ -100,6 +100,16 @@ class _Bound:
     def remote(self, *args, **kwargs):
         return self._target._call(self._how, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        """A node of Ray's DAG API with these options (see ``ray_lite.dag``)."""
+        return _dag_node(self._target, self, args, kwargs)
+
+
+def _dag_node(remote_object, target, args, kwargs):
+    from ray_lite import dag
+    cls = dag.ClassNode if isinstance(remote_object, ActorClass) else dag.FunctionNode
+    return cls(target, args, kwargs)
+
 
 class RemoteFunction:
     """A function run as a task on the worker pool: ``f.remote(...)`` -> ``ObjectRef``."""
@@ -143,6 +153,10 @@ class RemoteFunction:
             bound = _Bound(self, _TaskPlan(self._function, merged, self._is_gen, self._arity))
             _cache_bound(self._bound, key, bound)
         return bound
+
+    def bind(self, *args, **kwargs):
+        """A node of Ray's DAG API: a task when the graph is executed (see ``ray_lite.dag``)."""
+        return _dag_node(self, self, args, kwargs)
 
     def _remote(self, args=None, kwargs=None, **options):
         """Ray's older form, which libraries still call:
@@ -336,6 +350,10 @@ class ActorClass:
         extra = _actor_extra(cls, opts)
         return req if extra is None else req + (extra,)
 
+    def bind(self, *args, **kwargs):
+        """A node of Ray's DAG API: an actor when the graph is executed (see ``ray_lite.dag``)."""
+        return _dag_node(self, self, args, kwargs)
+
     def _remote(self, args=None, kwargs=None, **options):
         """Ray's older form, which libraries still call:
         ``C._remote(args=[...], kwargs={...}, num_cpus=...)``."""
@@ -348,9 +366,10 @@ class ActorClass:
         node = state.get_node()
         req = self._creation_request(node, opts, args, kwargs)
         info = node.request(P.OP_CREATE_ACTOR, *req)
-        # The creator's handle ends the actor when it goes (see ActorHandle);
+        # The creator's handle and its copies keep the actor (see ActorHandle);
         # get_if_exists may have returned another creator's actor.
-        return ActorHandle(info, None if opts.get("get_if_exists") else node)
+        return ActorHandle(info, None if opts.get("get_if_exists")
+                           else actor_lease(node, info.actor_id))
 
     def __reduce__(self):
         return (_rebuild_actor_class, (self._cls, self._options))

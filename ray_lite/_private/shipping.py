@@ -24,8 +24,11 @@ def _origin(obj):
 
 
 def ship(obj):
-    """The blob of a function or class: ``unship`` in the worker."""
-    return cloudpickle.dumps((_TAG, obj, _origin(obj)))
+    """The blob of a function or class: ``unship`` in the worker (in each
+    worker it is sent to: the refs it captured are pinned, see refs.py)."""
+    from .refs import pinning_refs
+    with pinning_refs():
+        return cloudpickle.dumps((_TAG, obj, _origin(obj)))
 
 
 def _recode(code, filename):

@@ -566,7 +566,7 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         name = a["class_name"]
         try:
             cls = unship(a["cls_blob"])
-            args, kwargs = self._resolve(a["args"], a["kwargs"])
+            args, kwargs = self._resolve(*unship(a["args_blob"]))   # zygote._as_sent
             self.actor = cls(*args, **kwargs)
         except BaseException as exc:
             tb = traceback.format_exc()

@@ -46,6 +46,20 @@ def _send_frame(sock, obj):
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
+def _as_sent(spec):
+    """``spec`` as the zygote gets it: an actor's constructor arguments as
+    bytes that the worker loads once it has its node.  Refs among them (an
+    actor handle's lease) then bring their share of the count to the
+    worker, which gives it back; loaded in the zygote, which has no node,
+    the share was lost and what they held was kept for ever."""
+    a = spec.get("actor")
+    if a is None or "args" not in a:
+        return spec
+    a = dict(a)
+    a["args_blob"] = cloudpickle.dumps((a.pop("args"), a.pop("kwargs")), protocol=5)
+    return dict(spec, actor=a)
+
+
 def _recv_exact(sock, n):
     buf = bytearray()
     while len(buf) < n:
@@ -92,8 +106,9 @@ class ZygoteClient:
         """Fork one worker per ``(spec, label)`` in a single round trip (Serve
         starts dozens of replicas at once); a list of pids, with a
         ``RuntimeError`` in place of each worker that could not be started."""
+        items = [(_as_sent(spec), label) for spec, label in items]
         with self._lock:
-            _send_frame(self._sock, ("spawn", list(items)))
+            _send_frame(self._sock, ("spawn", items))
             replies = _recv_frame(self._sock)
         return [pid if status == "ok" else
                 RuntimeError(f"the zygote could not start a worker: {pid}")
@@ -189,6 +204,8 @@ def _spawn_worker(spec, label, ctrl, sel_fds):
             code = 1
         finally:
             try:
+                from .actor_exit import give_back_borrowed
+                give_back_borrowed()
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:

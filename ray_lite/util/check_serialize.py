@@ -51,8 +51,10 @@ class _Report:
 
 
 def _pickle_error(obj):
+    from ray_lite._private.refs import not_lending
     try:
-        cloudpickle.dumps(obj)
+        with not_lending():     # a probe: the refs inside are not passed on
+            cloudpickle.dumps(obj)
         return None
     except Exception as exc:   # any failure of the pickler is an answer here
         return exc

@@ -32,6 +32,7 @@ import cloudpickle
 
 import ray_lite
 from ray_lite._private import backend as _backend
+from ray_lite._private.refs import pinning_refs
 from ray_lite.exceptions import RayActorError
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
@@ -392,8 +393,11 @@ class Pool:
             raise ValueError(f"Tried to start a pool with {processes} processes on a runtime "
                              f"with {cpus} CPUs (Ray refuses it too): ask for at most {cpus}")
         self._processes = processes
-        self._init_blob = None if initializer is None else cloudpickle.dumps(
-            (initializer, tuple(initargs or ())))
+        if initializer is None:
+            self._init_blob = None
+        else:
+            with pinning_refs():    # loaded by every worker
+                self._init_blob = cloudpickle.dumps((initializer, tuple(initargs or ())))
         self._maxtasksperchild = maxtasksperchild
         self._remote_args = dict(ray_remote_args or {})
         self._pending = set()            # AsyncResults not finished yet
@@ -472,7 +476,8 @@ class Pool:
     def _blob(func):
         if not callable(func):
             raise TypeError(f"{type(func).__name__!r} object is not callable")
-        return cloudpickle.dumps(func)
+        with pinning_refs():    # loaded by every worker that runs a chunk
+            return cloudpickle.dumps(func)
 
     # ----------------------------------------------------------------- apply
     def apply(self, func, args=(), kwds=None):
