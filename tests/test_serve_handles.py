@@ -576,6 +576,7 @@ def test_cancelled_response_raises_request_cancelled(serve_port):
     with pytest.raises(RequestCancelledError) as info:
         r.result(timeout_s=T)
     assert isinstance(info.value, TaskCancelledError)    # what Ray code may catch
+    assert str(info.value) == "Request was cancelled."   # Ray Serve's words
 
     async def awaited():
         r2 = h.remote(8)
@@ -584,6 +585,13 @@ def test_cancelled_response_raises_request_cancelled(serve_port):
         with pytest.raises(RequestCancelledError):
             await r2
     asyncio.run(asyncio.wait_for(awaited(), T))
+
+
+def test_request_cancelled_error_says_which_request_and_pickles():
+    import pickle
+    from ray_lite.serve.exceptions import RequestCancelledError
+    err = pickle.loads(pickle.dumps(RequestCancelledError("7f3a")))
+    assert str(err) == "Request 7f3a was cancelled." and err._request_id == "7f3a"
 
 
 @serve.deployment

@@ -32,4 +32,14 @@ class DeploymentUnavailableError(RayServeException):
 
 
 class RequestCancelledError(RayServeException, TaskCancelledError):
-    """The request was cancelled (``DeploymentResponse.cancel()``)."""
+    """The request was cancelled (``DeploymentResponse.cancel()``, or its
+    HTTP client went away); Ray Serve's words, with its id when known."""
+
+    def __init__(self, request_id=None):
+        Exception.__init__(self, request_id)    # args: what pickling rebuilds it from
+        self._request_id = request_id
+
+    def __str__(self):
+        if self._request_id:
+            return f"Request {self._request_id} was cancelled."
+        return "Request was cancelled."

@@ -242,8 +242,7 @@ class Router:
                     pass
         if sent is None:
             self._waiting_changed()
-            _core.set_error(q.ref, RequestCancelledError(
-                "the request was cancelled while it waited for a replica"))
+            _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
         elif sent is not _SENDING:
             _core.cancel(sent)
         # else: _send_held cancels it once the call is out.
@@ -334,14 +333,14 @@ class Router:
                 if held_again:
                     self._waiting_changed()
                     return
-                _core.set_error(q.ref, RequestCancelledError("the request was cancelled"))
+                _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
                 return
         except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
             _core.set_error(q.ref, exc)
             self.release(rep)
             return
         except BaseException:      # Ctrl-C while a full ring made the send wait
-            _core.set_error(q.ref, RequestCancelledError("interrupted while it was being sent"))
+            _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
             self.release(rep)
             raise
         q.args = q.kwargs = None
@@ -356,7 +355,7 @@ class Router:
             if r[0]:
                 _core.set_value(q.ref, r[1])
             elif q.cancelled and isinstance(r[1], TaskCancelledError):
-                _core.set_error(q.ref, RequestCancelledError("the request was cancelled"))
+                _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
             else:
                 _core.set_error(q.ref, r[1])
             self.release(rep)
@@ -590,7 +589,7 @@ def _request_cancelled(exc):
     # Serve reports a cancelled request as RequestCancelledError (a
     # TaskCancelledError too), as Ray Serve does; other errors pass as they are.
     if isinstance(exc, TaskCancelledError) and not isinstance(exc, RequestCancelledError):
-        return RequestCancelledError(str(exc) or "the request was cancelled")
+        return RequestCancelledError()
     return exc
 
 
