@@ -51,8 +51,28 @@ def remote_function(rf):
     return _made_on_ray(rf, rf._function)
 
 
+class _Optioned:
+    """``f.options(...)`` or ``C.options(...)`` on Ray: Ray's, but for ``bind``,
+    which makes ray_lite's DAG node (``ray_lite.dag`` runs a graph with
+    ``.remote``: one graph, whichever backend, with one ``InputNode``)."""
+
+    def __init__(self, on_ray, node_class):
+        self._on_ray = on_ray
+        self._node_class = node_class
+
+    def remote(self, *args, **kwargs):
+        return self._on_ray.remote(*args, **kwargs)
+
+    def bind(self, *args, **kwargs):
+        from ray_lite import dag
+        return getattr(dag, self._node_class)(self, args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._on_ray, name)
+
+
 def function_options(rf, opts):
-    return remote_function(rf).options(**ray_options(opts))
+    return _Optioned(remote_function(rf).options(**ray_options(opts)), "FunctionNode")
 
 
 def actor_class(ac):
@@ -60,7 +80,7 @@ def actor_class(ac):
 
 
 def actor_options(ac, opts):
-    return actor_class(ac).options(**ray_options(opts))
+    return _Optioned(actor_class(ac).options(**ray_options(opts)), "ClassNode")
 
 
 def create_actors(ac, calls):

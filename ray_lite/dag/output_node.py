@@ -1,0 +1,4 @@
+"""``ray.dag.output_node``'s names (Ray code imports them from here)."""
+from . import MultiOutputNode
+
+__all__ = ["MultiOutputNode"]
