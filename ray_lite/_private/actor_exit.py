@@ -97,17 +97,7 @@ def out_of_scope(actor):
 
 
 async def _out_of_scope_async(node):
-    node.drive_nowait()
-    await asyncio.sleep(0)      # the calls just read start
-    me = asyncio.current_task()
-    while True:
-        others = [t for t in node.running.values() if t is not me and not t.done()]
-        if not others:
-            break
-        await asyncio.wait([t if isinstance(t, asyncio.Future) else t.main_loop_future()
-                            for t in others])
-        node.drive_nowait()
-        await asyncio.sleep(0)
+    await _others_done(node, read_links=True)
     begin_exit(node)
 
 
@@ -118,15 +108,24 @@ def _exit_when_idle(node):
 
 
 async def _exit_when_idle_async(node):
+    await _others_done(node)
+    end_process()
+
+
+async def _others_done(node, read_links=False):
+    """Until every call task but this one has ended; ``read_links``: before
+    each look, read what came meanwhile and let those calls start."""
     me = asyncio.current_task()
     while True:
+        if read_links:
+            node.drive_nowait()
+            await asyncio.sleep(0)
         others = [t for t in node.running.values() if t is not me and not t.done()]
         if not others:
-            break
+            return
         # (A concurrency group's call runs on its own loop: see concurrency_groups.)
         await asyncio.wait([t if isinstance(t, asyncio.Future) else t.main_loop_future()
                             for t in others])
-    end_process()
 
 
 def run_exit_handlers():
