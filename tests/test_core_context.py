@@ -211,6 +211,14 @@ def test_task_function_name(rt):
         f"{mod}.NamesItsCalls.__init__", f"{mod}.NamesItsCalls.names")
     assert ray.get(a.async_name.remote(), timeout=T) == f"{mod}.NamesItsCalls.async_name"
 
+    def nested():
+        @ray.remote
+        def inner():
+            return ray.get_runtime_context().get_task_function_name()
+        return inner
+    # A nested function by its __name__, as on Ray (not "...nested.<locals>.inner").
+    assert ray.get(nested().remote(), timeout=T) == f"{mod}.inner"
+
 
 @ray.remote
 def _id_objects():

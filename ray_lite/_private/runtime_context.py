@@ -159,7 +159,8 @@ class RuntimeContext:
             fn = loc.get("fn")
             if fn is None:
                 return None
-            return f"{_module_of(fn, fn)}.{getattr(fn, '__qualname__', repr(fn))}"
+            # Ray's: the function's __name__ (a nested one's too, not its qualname).
+            return f"{_module_of(fn, fn)}.{getattr(fn, '__name__', repr(fn))}"
         cls = _class_being_constructed(node)
         if cls is not None:
             return f"{_module_of(cls, cls.__init__)}.{cls.__qualname__}.__init__"
