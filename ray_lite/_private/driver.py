@@ -83,6 +83,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             P.OP_CREATE_ACTOR: self._req_create_actor,
             P.OP_CREATE_ACTORS: self._req_create_actors,
             P.OP_GET_ACTOR: self._req_get_actor, P.OP_KILL: self._req_kill,
+            P.OP_OUT_OF_SCOPE: lambda peer, actor_id: self.end_dropped_actor(actor_id),
             P.OP_CANCEL: self._req_cancel, P.OP_SUBMIT_PLACED: self._req_submit_placed,
             P.OP_ACTOR_PID: self._req_actor_pid,
             P.OP_PG_CREATE: lambda peer, *a: self.create_placement_group(*a),

@@ -166,28 +166,28 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
 
     # ------------------------------------------------- an actor's last handle
     def actor_handle_dropped(self, aid):
-        """The handle this process got when it created actor ``aid`` is gone
-        (``ActorHandle.__del__``, so at any point of any thread): the actor
-        is ended at the next drain, which the service thread (if it is
-        listening) does now."""
+        """The last handle to actor ``aid``, this process's (its creator's)
+        and every copy, is gone (``_ActorLease.__del__``, so at any point of
+        any thread): the actor is ended at the next drain, which the service
+        thread (if it is listening) does now."""
         if not self.closed:
             self._deferred.append(aid)      # an int among streams: see _run_deferred
             self._kick(False)
 
     def end_dropped_actor(self, aid):
-        """Ray's graceful end (``__ray_terminate__``), queued behind the calls
-        sent before it; its answer (the actor's exit) is awaited by nobody.
+        """Ray's out-of-scope end (``actor_exit.out_of_scope``): after the
+        calls sent before it; its answer is awaited by nobody.
 
         This runs inside a drain: nothing here may wait (``connect`` from a
         worker asks the driver and waits).  A worker with no link to the
-        actor never called it, so no call of its own is queued there: the
-        driver ends it, told by a request that needs no answer."""
+        actor never called it: the driver, linked to every actor, sends the
+        end, told by a request that needs no answer."""
         if aid in self.dead_peers or self.closed:
             return
         if aid in self.links:
             self.send(aid, P.method_msg(self.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0))
         elif self.id != 0:
-            self.notify(P.OP_KILL, aid, True)
+            self.notify(P.OP_OUT_OF_SCOPE, aid)
 
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):

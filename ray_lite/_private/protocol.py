@@ -75,6 +75,7 @@ OP_PG_TABLE = "pg_table"
 OP_RESOURCES = "resources"            # (total, available)
 OP_INTROSPECT = "introspect"        # what, *args: the runtime's state (introspect.py)
 OP_ACTOR_EXITING = "actor_exiting"  # an actor called exit_actor()
+OP_OUT_OF_SCOPE = "out_of_scope"    # an actor's last handle is gone (actor_handle._ActorLease)
 
 # A stream's end "with no more items" for a consumer that dropped it.
 UNLIMITED_ACK = 1 << 62
