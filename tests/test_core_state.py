@@ -73,6 +73,8 @@ def test_list_tasks_and_objects(rt):
     assert ray.get(ref, timeout=T) == "released"
     assert rt.wait_until(lambda: not list_tasks(filters=[("name", "=", "held-task")]), T)
     assert ref.hex() not in {o["object_id"] for o in list_objects()}
+    # The gate's handle went to the task (its lease lent): not an object of the user's.
+    assert gate._lease.hex() not in {o["object_id"] for o in objects}
 
 
 def test_state_listing_from_a_task(rt):
