@@ -80,12 +80,12 @@ def _resolved(value, done, inp):
     return value
 
 
-class FunctionNode(DAGNode):
-    """``f.bind(...)``: a task when executed."""
+class _RemoteNode(DAGNode):
+    """A node whose call is ``.remote`` on what was bound (with its options)."""
 
-    def __init__(self, remote_function, args, kwargs, options=None):
+    def __init__(self, remote_object, args, kwargs, options=None):
         DAGNode.__init__(self, args, kwargs, options)
-        self._body = remote_function
+        self._body = remote_object
 
     def _execute_impl(self, done, inp):
         args, kwargs = self._resolved_arguments(done, inp)
@@ -93,29 +93,21 @@ class FunctionNode(DAGNode):
         return target.remote(*args, **kwargs)
 
     def __repr__(self):
-        return f"FunctionNode({getattr(self._body, '__name__', self._body)!r})"
+        return f"{type(self).__name__}({getattr(self._body, '__name__', self._body)!r})"
 
 
-class ClassNode(DAGNode):
+class FunctionNode(_RemoteNode):
+    """``f.bind(...)``: a task when executed."""
+
+
+class ClassNode(_RemoteNode):
     """``C.bind(...)``: an actor when executed (once per ``execute``);
     ``node.method.bind(...)`` makes a call of it."""
-
-    def __init__(self, actor_class, args, kwargs, options=None):
-        DAGNode.__init__(self, args, kwargs, options)
-        self._body = actor_class
-
-    def _execute_impl(self, done, inp):
-        args, kwargs = self._resolved_arguments(done, inp)
-        target = self._body.options(**self._bound_options) if self._bound_options else self._body
-        return target.remote(*args, **kwargs)
 
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
         return _MethodBinder(self, name, {})
-
-    def __repr__(self):
-        return f"ClassNode({getattr(self._body, '__name__', self._body)!r})"
 
 
 class _MethodBinder:
