@@ -261,6 +261,19 @@ def test_a_handle_a_remote_function_captured_keeps_the_actor(rt):
     assert not wait_dead(pid, 0)
 
 
+@pytest.mark.local_only
+def test_a_pinned_handle_is_kept_once_however_many_blobs_carry_it(rt):
+    # A pool's function is pickled again for every map: its refs are pinned
+    # once, not once per blob (which would grow without bound).
+    import cloudpickle
+    from ray_lite._private.refs import pinning_refs
+    a = Member.remote()
+    for _ in range(3):
+        with pinning_refs():
+            cloudpickle.dumps(lambda: a)
+    assert list(rt.pinned_refs) == [a._lease._id]
+
+
 def test_a_handle_inside_a_put_object_keeps_the_actor(rt):
     a = Member.remote()
     pid = ray.get(a.pid.remote(), timeout=T)

@@ -56,7 +56,7 @@ class ActorHandle(metaclass=_backend.AlsoRay):
     when the handle its creator got and every copy of it are gone, in this
     process and in the others it was passed to (``_ActorLease``).  A
     handle got by name (``get_actor``, ``get_if_exists``) does not keep the
-    actor, as its creator's handle does.
+    actor alive: only the creator's handle and its copies do, as in Ray.
     """
 
     # The methods made so far live in the instance's __dict__: the next

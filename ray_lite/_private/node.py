@@ -54,7 +54,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.fetch_requested = set()
         self.rpc_replies = {}    # req id -> (ok, payload)
         self._deferred = []      # stream releases asked from __del__
-        self.pinned_refs = []    # refs in blobs loaded more than once (refs.pinning_refs)
+        self.pinned_refs = {}    # oid -> ref, in blobs loaded more than once (refs.pinning_refs)
         self._releases = []      # (owner, oid, weight) to give back
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
         self._drain_list = ((), ())

@@ -169,7 +169,7 @@ class ObjectRef(metaclass=AlsoRay):
         if getattr(_local, "pinning", False):
             # In a blob that may be loaded any number of times (see
             # pinning_refs): no share to split, the object is kept here.
-            node.pinned_refs.append(self)
+            node.pinned_refs[self._id] = self     # once, however many blobs
             return None
         return node.lend(self)
 
