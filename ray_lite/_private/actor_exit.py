@@ -88,11 +88,11 @@ def out_of_scope(actor):
         # (With a time limit: no message says that a call ended.)
         while not node.wait_until(lambda: len(node.live) <= 1, 0.05):   # this call's oid
             pass
-        exit_actor()
-    node.drive_nowait()
-    if node.tasks:
-        node.tasks.append((0, P.method_msg(node.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0)))
-        return None
+    else:                             # a sync actor: one thread, calls queued in order
+        node.drive_nowait()
+        if node.tasks:
+            node.tasks.append((0, P.method_msg(node.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0)))
+            return None
     exit_actor()
 
 

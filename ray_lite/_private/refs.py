@@ -45,9 +45,7 @@ def probe_serialisable(value):
     """
     from ray_lite._fast import codec
     from ray_lite._fast.errors import BufferTooSmallError
-    outer = getattr(_local, "freezing", None)
-    _local.freezing = []
-    try:
+    with not_lending():
         buf = getattr(_local, "scratch", None)
         if buf is None:
             buf = _local.scratch = bytearray(4096)
@@ -59,8 +57,6 @@ def probe_serialisable(value):
                 buf = bytearray(max(exc.needed, 2 * len(buf)))
                 if len(buf) <= 1 << 20:
                     _local.scratch = buf
-    finally:
-        _local.freezing = outer
 
 
 class pinning_refs:
