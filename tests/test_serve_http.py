@@ -360,11 +360,15 @@ class Tally:
 @serve.deployment
 class StuckChild:
     async def __call__(self, tally):
-        await tally.add.remote("child started")
         try:
+            # Sent, not awaited: once the tally has it, this call is inside
+            # the try (its answer may come after the cancel does).
+            started = tally.add.remote("child started")    # noqa: F841
             await asyncio.sleep(600)    # the workload: it ends by being cancelled
         except asyncio.CancelledError:
             await tally.add.remote("child cancelled")
+            # Cancelled once: a second cancel would cut this cleanup short.
+            await tally.add.remote("child cleaned up")
             raise
 
 
@@ -427,8 +431,8 @@ def test_a_cancelled_request_cancels_the_handle_calls_it_made(serve_port, parent
                    "the child call to start", 30)
     finally:
         s.close()
-    wait_until(lambda: "child cancelled" in ray.get(tally.seen.remote(), timeout=30),
-               "the child call to be cancelled", 30)
+    wait_until(lambda: "child cleaned up" in ray.get(tally.seen.remote(), timeout=30),
+               "the child call to be cancelled, and its cleanup to end", 30)
 
 
 def test_chunks_that_crossed_together_are_framed_each_alone():

@@ -570,12 +570,17 @@ else:
 
 
 def cancel_calls(calls):
-    """Cancel the handle calls ``calls`` (those done already ignore it)."""
+    """Cancel the handle calls ``calls`` (those done already ignore it), and
+    forget them: each is cancelled once.  A request whose cancellation was
+    caught and returned is seen twice (where it raised, and where it
+    ended), and a second cancel would interrupt the cleanup that the called
+    replica runs on the first."""
     for response in calls:
         try:
             response.cancel()
         except Exception:   # noqa: BLE001 - its replica is gone: nothing to stop
             pass
+    calls.clear()
 
 
 def _noted(response):
