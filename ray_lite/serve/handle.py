@@ -571,10 +571,11 @@ else:
 
 def cancel_calls(calls):
     """Cancel the handle calls ``calls`` (those done already ignore it), and
-    forget them: each is cancelled once.  A request whose cancellation was
-    caught and returned is seen twice (where it raised, and where it
-    ended), and a second cancel would interrupt the cleanup that the called
-    replica runs on the first."""
+    forget them: each is cancelled once.  A cancelled request is seen
+    twice in the replica when its CancelledError propagates (the
+    ``except`` that catches it, then the ``finally`` that asks whether a
+    cancel came), and a second cancel would interrupt the cleanup that the
+    called replica runs on the first."""
     for response in calls:
         try:
             response.cancel()
