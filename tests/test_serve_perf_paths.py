@@ -5,6 +5,7 @@ header checks done as headers arrive."""
 import asyncio
 import importlib.util
 import socket
+import time
 
 import pytest
 from starlette.requests import Request
@@ -186,9 +187,11 @@ class CallSpinner:
         node = state.get_node()
         answer = self.relay.call_back.remote(me)     # messages come back while it spins
         caught = False
-        for _ in range(100):
-            # A spin also ends early when this process lost its CPU for long
-            # (a busy machine): then it just tries again.
+        # A spin also ends early when this process lost its CPU for long: it
+        # then tries again, until a deadline (not a count: on a busy machine
+        # a hundred such spins may end before the relay has even called).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
             if node.spin_for_messages(0.1):
                 caught = True
                 break
