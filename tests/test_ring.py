@@ -636,11 +636,14 @@ def test_spin_poll_ends_with_a_message_or_its_budget_and_never_signals(pair):
 
     # A message put while it spins ends the spin (the compiled one spins
     # without the GIL; the pure one lets the writer in at each GIL switch).
-    # Retried: a spin also ends early when its CPU went elsewhere for long.
+    # Retried until a deadline: a spin also ends early when its CPU went
+    # elsewhere for long.
     writer = threading.Thread(target=producer.put_bytes, args=(b"late",))
     writer.start()
     try:
-        assert any(consumer.spin_poll(0.5) for _ in range(60))
+        deadline = time.monotonic() + 30
+        while not consumer.spin_poll(0.5):
+            assert time.monotonic() < deadline, "the message put during the spin never came"
     finally:
         writer.join(30)
     assert not select.select([fd], [], [], 0)[0]        # not armed: nothing written to the fd
