@@ -93,6 +93,13 @@ class Holder:
     def describe(self, arr):
         return (*mapping_of(arr), arr.nbytes)
 
+    def pass_on(self, other):
+        """Hand the kept ref on to the actor ``other`` (it keeps it and a view)."""
+        return ray.get(other.keep.remote([self.kept_ref]))
+
+    def kept_sum(self):
+        return float(self.kept.sum())
+
 
 @ray.remote
 def make_big(seed):
@@ -257,6 +264,30 @@ def test_a_reader_killed_while_it_maps_an_object(rt):
     del ref
     gc.collect()
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_a_reader_killed_after_passing_an_object_on_leaves_the_next_readers_bytes(rt):
+    # The owner takes back all the weight a dead reader had received, the
+    # share it passed on included (it cannot know that share's fate), so
+    # the object's count can end while the third process still has a view.
+    # Its bytes must not change under it: the segment is neither given to
+    # the pool for the next object nor emptied, only unlinked.
+    ref = ray.put(big_array(5))
+    (name,) = stored_segments(rt)
+    b, c = Holder.remote(), Holder.remote()
+    assert ray.get(b.keep.remote([ref])) == 5.0 * (BIG - 1)
+    assert ray.get(b.pass_on.remote(c)) == 5.0 * (BIG - 1)
+    os.kill(ray.get(b.pid.remote()), signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(b.ping.remote(), timeout=60)
+    del ref
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+    assert not pooled_segments(rt)
+    # The next object of that size gets a segment of its own.
+    again = ray.put(big_array(7))
+    assert name not in stored_segments(rt)
+    assert ray.get(c.kept_sum.remote()) == 5.0 * BIG * (BIG - 1) / 2
+    assert ray.get(again)[-1] == 7.0 * (BIG - 1)
 
 
 def test_the_owner_killed_while_readers_hold_views(rt):

@@ -47,7 +47,9 @@ kept by such idle mappings.  So:
   (at its next drain) and the owner forgets it when the reader gives it back
   or dies.  Weight the dead reader had passed on to a third process is
   taken back too, so that process keeps what it mapped but may fail to pass
-  the ref on further (``ObjectLostError``).  Not covered: a reader killed
+  the ref on further (``ObjectLostError``); what it mapped keeps its bytes,
+  since such a segment is only unlinked when freed, never reused or emptied
+  (``StoredSegment.readers_unknown``).  Not covered: a reader killed
   before its report went out, and a reader the owner has no link to when the
   owner is a worker (the driver relays its messages but does not report its
   death): its weight is lost and the segment lives until the owner exits or
@@ -288,9 +290,17 @@ class StoredSegment:
     ``release()`` (the object is freed everywhere: no ref, no reader's view)
     gives it to the pool under a new name, so that a late descriptor of the
     old object can never map the next one's bytes; ``discard()`` unlinks it.
+
+    ``readers_unknown``: the owner took back the share of a reader that died
+    (``ObjectsMixin.release_dead_holder``), the part it may have passed on
+    to a third process included, so the count can end while that process
+    still reads the object.  Such a segment is only unlinked when freed:
+    never reused for the next object nor emptied, so what that process
+    mapped keeps its bytes (the kernel frees them with its last mapping).
     """
 
-    __slots__ = ("name", "size", "mm", "prefix", "spilled", "offsets", "file_size", "pool_cap")
+    __slots__ = ("name", "size", "mm", "prefix", "spilled", "offsets", "file_size", "pool_cap",
+                 "readers_unknown")
 
     def __init__(self, name, size, mm, prefix, spilled, pool_cap):
         self.name = name
@@ -301,14 +311,15 @@ class StoredSegment:
         self.prefix = prefix
         self.spilled = spilled
         self.offsets = ()
+        self.readers_unknown = False
 
     def release(self):
-        if self.spilled or not _pool.give(self):
+        if self.spilled or self.readers_unknown or not _pool.give(self):
             self.discard()
 
     def discard(self):
         mm, self.mm = self.mm, None
-        if mm is not None:
+        if mm is not None and not self.readers_unknown:
             # Readers keep an idle mapping of a segment for its next object
             # (``map_segment``): its pages are freed here, not when the last
             # of them unmaps it.  Nothing reads them any more: no ref or view

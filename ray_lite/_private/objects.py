@@ -152,9 +152,20 @@ class ObjectsMixin:
         self._give_back(oid, Fraction(num, den))
 
     def release_dead_holder(self, peer):
-        """Take back the weight of stored objects that the dead process ``peer`` held."""
+        """Take back the weight of stored objects that the dead process ``peer`` held.
+
+        All it received, since what it passed on cannot be told apart: so a
+        process it passed an object to may still read it when the count
+        ends, and the segment must not be reused or emptied then
+        (``StoredSegment.readers_unknown``)."""
         with self._export_lock:
             held = self.store_holders.pop(peer, None)
+            if held:
+                for oid in held:
+                    rec = self.exported.get(oid)
+                    seg = getattr(rec[0], "_seg", None) if rec is not None else None
+                    if seg is not None:
+                        seg.readers_unknown = True
         if held:
             for oid, w in held.items():
                 self._give_back(oid, w)
