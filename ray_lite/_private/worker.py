@@ -14,11 +14,12 @@ from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, Ray
                                  TaskCancelledError)
 
 from . import protocol as P
-from .protocol import ITEM, RESULT   # per result and item: a global, not an attribute
+from .protocol import RESULT   # per result: a global, not an attribute
 from . import concurrency_groups, restarts, state
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
 from .async_actor import AsyncActorMixin
+from .worker_streams import GeneratorsMixin
 from .errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                      unpicklable_task_error)
 from .held_calls import HeldCallsMixin
@@ -35,7 +36,7 @@ _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit includ
 _CoroutineType = types.CoroutineType
 
 
-class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
+class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
@@ -454,94 +455,6 @@ class WorkerNode(AsyncActorMixin, HeldCallsMixin, Node):
         self.reply(peer, (RESULT, oid, True, result), name)
 
     _split = staticmethod(split_returns)
-
-    def _wait_backpressure(self, sid, produced, bp):
-        self.wait_until(lambda: produced - self.stream_acks.get(sid, 0) < bp
-                        or sid in self.cancelled)
-
-    def _drain_gen(self, peer, sid, gen, bp, name):
-        # Whatever happens, the owner (or the driver, for a pool task: it
-        # frees the worker on it) gets an end message.
-        i = 0
-        try:
-            while True:
-                try:
-                    self._enter_user_code()
-                    item = next(gen)
-                except StopIteration:
-                    break
-                finally:
-                    self._in_user_code = False
-                if sid in self.cancelled:
-                    gen.close()
-                    break
-                if not self.reply(peer, (ITEM, sid, i, True, item), name):
-                    gen.close()      # reply() sent item i as an error, and the end
-                    return
-                i += 1
-                if bp > 0 and i - self.stream_acks.get(sid, 0) >= bp:
-                    self._wait_backpressure(sid, i, bp)
-                elif i & 31 == 0:
-                    self.drive_nowait()   # notices a cancel without a syscall per item
-        except BaseException as exc:
-            # A KeyboardInterrupt of a cancelled stream is the cancel itself.
-            if not self._end_failed_stream(peer, sid, i, name, exc) and \
-                    isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                raise
-            return
-        finally:
-            self.stream_acks.pop(sid, None)
-        self.send(peer, P.end_msg(sid, i))
-
-    def _end_failed_stream(self, peer, sid, i, name, exc):
-        """The generator of stream ``sid`` raised ``exc`` at item ``i``: item
-        ``i`` is the error, then the stream ends; a cancelled stream just
-        ends.  True when it was cancelled."""
-        if sid in self.cancelled:
-            self.send(peer, P.end_msg(sid, i))
-            return True
-        err = sendable_error(self._failure(sid, name, exc), unpicklable_task_error(name))
-        for m in P.stream_failed_msgs(sid, i, err):
-            self.send(peer, m)
-        return False
-
-    async def _drain_async_gen(self, peer, sid, agen, bp, name):
-        i = 0
-        cancelled = self.cancelled
-        link = self.links.get(peer)
-        send = link.send if link is not None else None
-        try:
-            async for item in agen:
-                if cancelled and sid in cancelled:
-                    break
-                msg = (ITEM, sid, i, True, item)
-                try:
-                    send(msg)          # the common case, without reply()'s checks
-                except Exception:      # noqa: BLE001 - reply() tells what went wrong
-                    if not self.reply(peer, msg, name):
-                        break
-                i += 1
-                if bp > 0:
-                    while i - self.stream_acks.get(sid, 0) >= bp and sid not in self.cancelled:
-                        bridge = self.bridge_for_running_loop()
-                        fut = bridge.loop.create_future()
-                        self.ack_waiters[sid] = bridge.waker(fut)
-                        await fut
-            else:
-                self.send(peer, P.end_msg(sid, i))
-                return
-            await agen.aclose()
-            self.send(peer, P.end_msg(sid, i))
-        except asyncio.CancelledError:
-            self.send(peer, P.end_msg(sid, i))
-            return
-        except BaseException as exc:
-            self._end_failed_stream(peer, sid, i, name, exc)
-            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                raise
-        finally:
-            self.stream_acks.pop(sid, None)
-            self.ack_waiters.pop(sid, None)
 
     # ------------------------------------------------------------- actors
     def await_resources(self):
