@@ -4,12 +4,13 @@ import asyncio
 import gc
 import os
 import select
+import signal
 import time
 
 import pytest
 
 import ray_lite as ray
-from ray_lite.exceptions import RayActorError
+from ray_lite.exceptions import RayActorError, WorkerCrashedError
 
 from procs import wait_dead
 
@@ -115,6 +116,34 @@ def test_an_actor_ends_when_the_last_copy_in_another_process_goes(rt):
     gc.collect()
     assert wait_dead(keeper_pid, T)
     assert wait_dead(pid, T), "the actor outlived the last copy of its handle"
+
+
+def test_an_actor_ends_when_the_process_holding_its_last_copy_is_killed(rt):
+    a = Member.remote()
+    pid = ray.get(a.pid.remote(), timeout=T)
+    keeper = Keeper.remote(a)
+    assert ray.get(keeper.call.remote(), timeout=T) == "through a copy"
+    keeper_pid = ray.get(keeper.pid.remote(), timeout=T)
+    del a
+    gc.collect()
+    os.kill(keeper_pid, signal.SIGKILL)
+    assert wait_dead(keeper_pid, T)
+    assert wait_dead(pid, T), "the actor outlived the process that held its last handle"
+
+
+@ray.remote(max_retries=0)
+def crash_holding(handles):
+    os._exit(1)
+
+
+def test_an_actor_ends_when_a_task_holding_a_copy_crashed(rt):
+    a = Member.remote()
+    pid = ray.get(a.pid.remote(), timeout=T)
+    with pytest.raises(WorkerCrashedError):
+        ray.get(crash_holding.remote([a]), timeout=T)
+    del a
+    gc.collect()
+    assert wait_dead(pid, T), "the actor outlived the crashed task that held a copy"
 
 
 def test_an_actor_passed_to_a_task_ends_after_the_task_and_the_handle(rt):

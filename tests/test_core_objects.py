@@ -75,6 +75,9 @@ class Holder:
         self.kept = None
         return True
 
+    def pass_kept_to(self, other):
+        return ray.get(other.keep.remote(self.kept))
+
     def value_of(self, x):
         return x
 
@@ -216,6 +219,44 @@ def test_borrowers_give_their_share_back(rt):
     assert ray.get(h.drop.remote(), timeout=T)
     assert _drained(node), f"still lent: {_objects_lent(node)}"
     assert ray.get(refs, timeout=T) == [0, 1, 2, 3]
+
+
+@pytest.mark.local_only
+def test_a_borrower_killed_while_it_holds_refs_gives_their_share_back(rt):
+    # Its share cannot come back from the dead process: the owner takes
+    # back what the borrower reported holding (reported before the call ran).
+    node = rt
+    gate = Gate.remote()
+    h = Holder.remote()
+    refs = [gated.remote(gate, i) for i in range(3)]
+    assert ray.get(h.keep.remote(refs), timeout=T) == 3
+    assert _objects_lent(node) == {r._id for r in refs}
+    os.kill(ray.get(h.pid.remote(), timeout=T), signal.SIGKILL)
+    with pytest.raises(RayActorError):
+        ray.get(h.pid.remote(), timeout=T)
+    assert _drained(node), f"still lent: {_objects_lent(node)}"
+    ray.get(gate.open.remote(), timeout=T)
+    assert ray.get(refs, timeout=T) == [0, 1, 2]
+
+
+@pytest.mark.local_only
+def test_a_borrower_killed_after_passing_refs_on_gives_back_only_what_it_kept(rt):
+    node = rt
+    gate = Gate.remote()
+    first, second = Holder.remote(), Holder.remote()
+    refs = [gated.remote(gate, i) for i in range(2)]
+    assert ray.get(first.keep.remote(refs), timeout=T) == 2
+    assert ray.get(first.pass_kept_to.remote(second), timeout=T) == 2
+    os.kill(ray.get(first.pid.remote(), timeout=T), signal.SIGKILL)
+    with pytest.raises(RayActorError):
+        ray.get(first.pid.remote(), timeout=T)
+    # The death is handled (the error above came from it): the second
+    # holder's share still keeps the objects lent.
+    assert _objects_lent(node) == {r._id for r in refs}
+    assert all(w > 0 for held in node.holders.values() for w in held.values())
+    assert ray.get(second.drop.remote(), timeout=T)
+    assert _drained(node), f"still lent: {_objects_lent(node)}"
+    assert not {oid for held in node.holders.values() for oid in held} & {r._id for r in refs}
 
 
 @pytest.mark.local_only

@@ -97,8 +97,25 @@ class Holder:
         """Hand the kept ref on to the actor ``other`` (it keeps it and a view)."""
         return ray.get(other.keep.remote([self.kept_ref]))
 
+    def keep_and_mark(self, refs, mark):
+        kept = self.keep(refs)
+        open(mark, "w").close()
+        return kept
+
+    def pass_on_and_exit(self, other, mark):
+        """Hand the kept ref on, then die once ``other`` mapped it, before this
+        process drains its links again (where it would report the hand-over)."""
+        other.keep_and_mark.remote([self.kept_ref], mark)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(mark) and time.monotonic() < deadline:
+            time.sleep(0.005)        # not a drain: nothing is reported meanwhile
+        os._exit(1)
+
     def kept_sum(self):
-        return float(self.kept.sum())
+        return None if self.kept is None else float(self.kept.sum())
+
+    def describe_kept(self):
+        return ray.get(describe.remote(self.kept_ref))
 
 
 @ray.remote
@@ -266,12 +283,9 @@ def test_a_reader_killed_while_it_maps_an_object(rt):
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
 
 
-def test_a_reader_killed_after_passing_an_object_on_leaves_the_next_readers_bytes(rt):
-    # The owner takes back all the weight a dead reader had received, the
-    # share it passed on included (it cannot know that share's fate), so
-    # the object's count can end while the third process still has a view.
-    # Its bytes must not change under it: the segment is neither given to
-    # the pool for the next object nor emptied, only unlinked.
+def test_a_reader_killed_after_passing_an_object_on_leaves_it_to_the_next_reader(rt):
+    # The dead reader's report that it passed half of its share on went out
+    # before it died: the owner takes back only what it still held.
     ref = ray.put(big_array(5))
     (name,) = stored_segments(rt)
     b, c = Holder.remote(), Holder.remote()
@@ -281,10 +295,33 @@ def test_a_reader_killed_after_passing_an_object_on_leaves_the_next_readers_byte
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(b.ping.remote(), timeout=60)
     del ref
+    gc.collect()
+    # c's share keeps the object: c can still pass it on (to describe).
+    assert ray.get(c.kept_sum.remote()) == 5.0 * BIG * (BIG - 1) / 2
+    assert ray.get(c.describe_kept.remote())[2] == 5.0 * (BIG - 1)
+    assert stored_segments(rt) == {name}
+    ray.get(c.drop.remote())
+    assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
+
+
+def test_a_reader_killed_before_it_reported_passing_an_object_on(rt, tmp_path):
+    # It died right after passing the object on: the owner takes back all
+    # it had received, the share passed on included, so the count ends
+    # while the next reader still has a view.  Its bytes must not change:
+    # the segment is only unlinked, neither pooled for the next object nor
+    # emptied.
+    ref = ray.put(big_array(5))
+    (name,) = stored_segments(rt)
+    b, c = Holder.remote(), Holder.remote()
+    assert ray.get(b.keep.remote([ref])) == 5.0 * (BIG - 1)
+    mark = str(tmp_path / "mapped")
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(b.pass_on_and_exit.remote(c, mark), timeout=60)
+    assert os.path.exists(mark)
+    del ref
     assert wait_until(lambda: not os.path.exists(shm.segment_path(name)))
     assert not pooled_segments(rt)
-    # The next object of that size gets a segment of its own.
-    again = ray.put(big_array(7))
+    again = ray.put(big_array(7))           # would take a pooled segment of this size
     assert name not in stored_segments(rt)
     assert ray.get(c.kept_sum.remote()) == 5.0 * BIG * (BIG - 1) / 2
     assert ray.get(again)[-1] == 7.0 * (BIG - 1)

@@ -9,8 +9,6 @@ subclass these.
 import copy
 import threading
 
-from . import object_store
-
 
 # How many entries were failed in this process so far: a get of many refs
 # looks among them for a failed one only when this has moved (it raises the
@@ -132,15 +130,28 @@ class _BorrowedEntry(_Entry):
         self.node = node        # ids are per runtime: never give back to another one
 
     def __del__(self):
-        _give_weight_back(self, None)
+        _give_weight_back(self)
 
 
-def _give_weight_back(entry, as_holder):
-    """``__del__`` of an entry holding weight of another owner's object: give it back.
+class HolderWeight:
+    """A change of the weight a borrower holds, reported to the owner
+    (``ObjectsMixin._on_holder_report``), so that the owner can take back
+    itself what a borrower held when it died: ``HELD`` "I received it",
+    ``PASSED_ON`` "I passed it on to another process" (the receiver reports
+    it as ``HELD``), ``GIVEN_BACK`` "I give it back" (the owner's count goes
+    down).  Every share a borrower's entry holds was reported ``HELD``."""
 
-    ``as_holder``: the weight goes as an ``object_store.HolderWeight`` (a
-    reader of a stored object also tells the owner it holds nothing any more).
-    """
+    __slots__ = ("weight", "kind")
+
+    HELD, PASSED_ON, GIVEN_BACK = 0, 1, 2
+
+    def __init__(self, weight, kind):
+        self.weight = weight
+        self.kind = kind
+
+
+def _give_weight_back(entry):
+    """``__del__`` of an entry holding weight of another owner's object: give it back."""
     w = entry.weight
     if w:
         entry.weight = 0
@@ -148,7 +159,7 @@ def _give_weight_back(entry, as_holder):
         if node is not None and not node.closed:
             # Only queued: __del__ may run inside a send or a drain.
             node.release_later(entry.owner, entry.oid,
-                               w if as_holder is None else object_store.HolderWeight(w, False))
+                               HolderWeight(w, HolderWeight.GIVEN_BACK))
 
 
 # Immutable values that ``put`` can keep by reference (no copy needed).

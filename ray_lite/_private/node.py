@@ -48,7 +48,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
         self.streams = {}        # sid -> _StreamState (streams this process owns)
         self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
-        self.store_holders = {}  # peer -> {oid: weight} stored objects it reported holding
+        self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
         self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
         self.fetching = {}       # oid -> [entries] borrowed objects being fetched
         self.fetch_requested = set()
@@ -219,7 +219,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         if pid and self.id == 0:
             # Its stored objects are lost (readers keep what they mapped).
             object_store.release_dead_owner(self, pid)
-        if self.store_holders:
+        if self.holders:
             self.release_dead_holder(peer)
         for oid, k in list(self.inflight.pop(peer, {}).items()):
             err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)

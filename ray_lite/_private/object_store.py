@@ -43,12 +43,13 @@ kept by such idle mappings.  So:
   a ref that reaches a process only after the owner's death cannot be mapped
   any more and ``get`` raises ``ObjectLostError``, as in Ray;
 - a reader dies: the kernel drops its mappings, and the owner takes back
-  the weight the reader held: each reader reports the weight it receives
-  (at its next drain) and the owner forgets it when the reader gives it back
-  or dies.  Weight the dead reader had passed on to a third process is
-  taken back too, so that process keeps what it mapped but may fail to pass
-  the ref on further (``ObjectLostError``); what it mapped keeps its bytes,
-  since such a segment is only unlinked when freed, never reused or emptied
+  the weight the reader held, as for any borrowed ref (``objects.py``: each
+  borrower reports what it receives and what it passes on, at its next
+  drain or before a call's code runs).  Weight the dead reader had passed
+  on but not yet reported is taken back too, so the third process keeps
+  what it mapped but may fail to pass the ref on further
+  (``ObjectLostError``); what it mapped keeps its bytes, since such a
+  segment is only unlinked when freed, never reused or emptied
   (``StoredSegment.readers_unknown``).  Not covered: a reader killed
   before its report went out, and a reader the owner has no link to when the
   owner is a worker (the driver relays its messages but does not report its
@@ -656,17 +657,3 @@ def release_dead_owner(node, pid):
         if entry.startswith(f"o{pid}_"):
             free(os.path.join(spill, entry))
 
-
-class HolderWeight:
-    """A weight a reader of stored objects reports to the owner (``objects.py``).
-
-    ``held=True``: "I received this weight": the owner notes the reader as a
-    holder, to take the weight back itself if the reader dies.  ``held=False``:
-    "I give this weight back and hold nothing any more".
-    """
-
-    __slots__ = ("weight", "held")
-
-    def __init__(self, weight, held):
-        self.weight = weight
-        self.held = held

@@ -3,13 +3,20 @@
 Weighted reference counting of refs that leave the process unready (see
 ``refs.py``): weights are exact fractions; the owner lends 1 per
 serialisation, a borrower halves what it holds to pass a ref on.
+
+A share cannot come back from a process that died.  So each borrower
+reports to the owner what it received and what it passed on
+(``HolderWeight``, batched with its releases), and the owner keeps, per
+borrower, what it holds now (``holders``): when the borrower dies, the owner
+takes that back itself (``release_dead_holder``), as Ray's owner drops a
+dead borrower's references.
 """
 from fractions import Fraction
 
 from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
 from . import protocol as P
-from .object_store import HolderWeight
+from .entries import HolderWeight
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
                    adopt_stored, error_entry, loaded, map_stored,
                    stored_form)
@@ -76,6 +83,9 @@ class ObjectsMixin:
                 return None
             half = Fraction(w) / 2
             e.weight = w - half
+            # The receiver will report it HELD; if this process dies first,
+            # the owner must not count it among what it takes back.
+            self._releases.append((ref._owner, oid, HolderWeight(half, HolderWeight.PASSED_ON)))
             return (half.numerator, half.denominator)
 
     def lookup_owned(self, oid):
@@ -110,6 +120,8 @@ class ObjectsMixin:
                 else:
                     w = weight if type(weight) is int else Fraction(*weight)
                     e.weight = e.weight + w if e.weight else w
+                    # The owner takes it back itself should this process die.
+                    self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
         return e
 
     def receive_stored(self, oid, owner, desc, weight):
@@ -134,32 +146,44 @@ class ObjectsMixin:
                 w = weight if type(weight) is int else Fraction(*weight)
                 e.weight = e.weight + w if e.weight else w
                 # The owner takes it back itself should this process die.
-                self._releases.append((owner, oid, HolderWeight(w, True)))
+                self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
         return e
 
-    def _on_holder_report(self, oid, num, den, holder):
-        """A reader of a stored object received (``den < 0``) or gave back weight."""
+    def _on_holder_report(self, oid, num, den, holder, kind):
+        """A borrower's ``HolderWeight``: ``holders`` notes what each one
+        holds now (received, less what it passed on or gave back)."""
+        w = num if den == 1 else Fraction(num, den)
         with self._export_lock:
-            held = self.store_holders.get(holder)
-            if den < 0:
+            if kind == HolderWeight.HELD:
                 if oid in self.exported:
+                    held = self.holders.get(holder)
                     if held is None:
-                        held = self.store_holders[holder] = {}
-                    held[oid] = held.get(oid, 0) + Fraction(num, -den)
+                        held = self.holders[holder] = {}
+                    held[oid] = held.get(oid, 0) + w
                 return
+            held = self.holders.get(holder)
             if held is not None:
-                held.pop(oid, None)
-        self._give_back(oid, Fraction(num, den))
+                left = held.get(oid)
+                if left is not None:
+                    left -= w
+                    if left > 0:
+                        held[oid] = left
+                    else:
+                        del held[oid]
+                        if not held:
+                            del self.holders[holder]
+        if kind == HolderWeight.GIVEN_BACK:
+            self._give_back(oid, w)
 
     def release_dead_holder(self, peer):
-        """Take back the weight of stored objects that the dead process ``peer`` held.
+        """Take back the weight that the dead process ``peer`` held.
 
-        All it received, since what it passed on cannot be told apart: so a
-        process it passed an object to may still read it when the count
-        ends, and the segment must not be reused or emptied then
-        (``StoredSegment.readers_unknown``)."""
+        What it passed on shortly before it died, and had not reported yet,
+        cannot be told apart: so a process it passed a stored object to may
+        still read it when the count ends, and the segment must not be
+        reused or emptied then (``StoredSegment.readers_unknown``)."""
         with self._export_lock:
-            held = self.store_holders.pop(peer, None)
+            held = self.holders.pop(peer, None)
             if held:
                 for oid in held:
                     rec = self.exported.get(oid)
@@ -181,7 +205,7 @@ class ObjectsMixin:
             w = e.weight
             if w:
                 e.weight = 0
-                self.release_later(e.owner, e.oid, w)
+                self.release_later(e.owner, e.oid, HolderWeight(w, HolderWeight.GIVEN_BACK))
         if self._releases:
             self._send_releases()
 
@@ -222,7 +246,7 @@ class ObjectsMixin:
             if type(w) is HolderWeight:
                 f = Fraction(w.weight)
                 by_owner.setdefault(owner, []).append(
-                    (oid, f.numerator, -f.denominator if w.held else f.denominator, self.id))
+                    (oid, f.numerator, f.denominator, self.id, w.kind))
                 continue
             if type(w) is tuple:
                 num, den = w
@@ -315,4 +339,4 @@ class ObjectsMixin:
                     w, e.weight = e.weight, 0
                 if w:
                     # The value is here: this process never needs the owner for it again.
-                    self.release_later(peer, oid, w)
+                    self.release_later(peer, oid, HolderWeight(w, HolderWeight.GIVEN_BACK))

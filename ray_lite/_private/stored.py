@@ -126,7 +126,7 @@ class _MappedEntry(_FrozenEntry):
         self.oid = oid
         self.owner = owner
         hold = self.hold = _MapHold(oid, owner, node)
-        weakref.finalize(window, _give_weight_back, hold, True).atexit = False
+        weakref.finalize(window, _give_weight_back, hold).atexit = False
 
     @property
     def weight(self):

@@ -243,10 +243,17 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
 
     # -------------------------------------------------------------- tasks
     def _on_task(self, peer, msg):
+        if self._releases:
+            self._send_releases()     # see _on_method
         self.live.add(msg[1])
         self.tasks.append((peer, msg))
 
     def _on_method(self, peer, msg):
+        if self._releases:
+            # The shares of refs the call's arguments brought are reported
+            # before its code runs: should it crash the process, their
+            # owners take them back (ObjectsMixin.release_dead_holder).
+            self._send_releases()
         self.live.add(msg[1])
         if self.loop is not None:
             # (An async def method is known after its first call: no detour.)
