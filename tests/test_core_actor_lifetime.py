@@ -131,6 +131,39 @@ def test_an_actor_ends_when_the_process_holding_its_last_copy_is_killed(rt):
     assert wait_dead(pid, T), "the actor outlived the process that held its last handle"
 
 
+@ray.remote
+class Creator:
+    """Creates an actor of its own (it owns it) and hands out its handle."""
+
+    def make(self):
+        self.child = Member.remote()
+        return [self.child]
+
+    def forget(self):
+        self.child = None
+        gc.collect()
+        return True
+
+
+def test_an_actor_ends_when_a_process_without_a_link_to_its_owner_held_the_last_copy(rt):
+    # The keeper got the handle from the driver, not from the actor's
+    # creator: what it holds is reported to the creator through the driver,
+    # and so is its death.
+    creator = Creator.remote()
+    (child,) = ray.get(creator.make.remote(), timeout=T)
+    pid = ray.get(child.pid.remote(), timeout=T)
+    keeper = Keeper.remote(child)
+    assert ray.get(keeper.call.remote(), timeout=T) == "through a copy"
+    keeper_pid = ray.get(keeper.pid.remote(), timeout=T)
+    del child
+    gc.collect()
+    assert ray.get(creator.forget.remote(), timeout=T)
+    assert ray.get(keeper.call.remote(), timeout=T) == "through a copy"
+    os.kill(keeper_pid, signal.SIGKILL)
+    assert wait_dead(keeper_pid, T)
+    assert wait_dead(pid, T), "the actor outlived the process that held its last handle"
+
+
 @ray.remote(max_retries=0)
 def crash_holding(handles):
     os._exit(1)

@@ -49,6 +49,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self.streams = {}        # sid -> _StreamState (streams this process owns)
         self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
         self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
+        self.relayed_holders = {}   # peer -> owners its HolderWeights were relayed to
         self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
         self.fetching = {}       # oid -> [entries] borrowed objects being fetched
         self.fetch_requested = set()
@@ -221,6 +222,8 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
             object_store.release_dead_owner(self, pid)
         if self.holders:
             self.release_dead_holder(peer)
+        if self.relayed_holders:
+            self.tell_owners_holder_died(peer)
         for oid, k in list(self.inflight.pop(peer, {}).items()):
             err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)
             if k == P.STREAM:

@@ -51,10 +51,8 @@ kept by such idle mappings.  So:
   (``ObjectLostError``); what it mapped keeps its bytes, since such a
   segment is only unlinked when freed, never reused or emptied
   (``StoredSegment.readers_unknown``).  Not covered: a reader killed
-  before its report went out, and a reader the owner has no link to when the
-  owner is a worker (the driver relays its messages but does not report its
-  death): its weight is lost and the segment lives until the owner exits or
-  the runtime shuts down;
+  before its report went out: its weight is lost and the segment lives
+  until the owner exits or the runtime shuts down;
 - the runtime's shutdown unlinks every segment of its prefix (the pools'
   too), and the next start removes those of a killed driver
   (``shm.cleanup_stale_segments``).

@@ -229,15 +229,29 @@ class ObjectsMixin:
 
     def _on_release(self, peer, msg):
         if len(msg) > 2 and msg[2] != self.id:
-            # Relayed by the driver for a borrower with no link to the owner.
-            self.send(msg[2], P.release_msg(msg[1]))
+            # Relayed by the driver for a borrower with no link to the owner;
+            # the owner hears of that borrower's death from it too.
+            owner = msg[2]
+            self.send(owner, P.release_msg(msg[1]))
+            if any(len(item) == 5 for item in msg[1]):
+                self.relayed_holders.setdefault(peer, set()).add(owner)
             return
         for item in msg[1]:
             if len(item) == 3:
                 oid, num, den = item
                 self._give_back(oid, num if den == 1 else Fraction(num, den))
+            elif item[0] == P.HOLDER_DIED:
+                self.release_dead_holder(item[1])
             else:
                 self._on_holder_report(*item)
+
+    def tell_owners_holder_died(self, peer):
+        """The owners whose borrower ``peer`` reported through this process
+        (the driver's relay) have no link to it: they learn of its death here,
+        after everything it reported (relayed in order before)."""
+        for owner in self.relayed_holders.pop(peer, ()):
+            if owner not in self.dead_peers:
+                self.send(owner, P.release_msg([(P.HOLDER_DIED, peer)]))
 
     def _send_releases(self):
         items, self._releases = self._releases, []

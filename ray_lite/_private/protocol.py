@@ -14,8 +14,11 @@ tag to the method that handles it (``Node.handlers``).
   CANCEL     owner -> executor           oid, force
   FETCH      borrower -> owner           oid; answered by FETCHED (oid, ok, payload)
   RELEASE    borrower -> owner           [(oid, numerator, denominator)] ref weights given
-                                         back; relayed by the driver as (batch, owner)
-                                         when the borrower has no link to the owner
+                                         back, [(oid, num, den, holder, kind)] a
+                                         borrower's HolderWeight; relayed by the driver
+                                         as (batch, owner) when the borrower has no link
+                                         to the owner; the driver then tells the owner
+                                         when that borrower died: [(HOLDER_DIED, peer)]
   REQUEST    worker -> driver            req_id, op, args; answered by REPLY
                                          (req_id, ok, payload) unless req_id is 0
   ATTACH     driver -> worker            peer, pid, names (a link a peer created)
@@ -40,6 +43,7 @@ CANCEL = "X"
 FETCH = "F"
 FETCHED = "O"
 RELEASE = "D"
+HOLDER_DIED = "holder died"     # an item of a RELEASE batch (see above)
 REQUEST = "Q"
 REPLY = "P"
 ATTACH = "A"
