@@ -270,8 +270,9 @@ class ObjectsMixin:
             by_owner.setdefault(owner, []).append((oid, num, den))
         for owner, batch in by_owner.items():
             if owner == self.id:
-                for oid, num, den in batch:
-                    self._give_back(oid, Fraction(num, den))
+                for item in batch:
+                    if len(item) == 3 or item[4] == HolderWeight.GIVEN_BACK:
+                        self._give_back(item[0], Fraction(item[1], item[2]))
             elif owner in self.links:
                 self.send(owner, P.release_msg(batch))
             elif self.id != 0 and owner not in self.dead_peers:
