@@ -247,11 +247,14 @@ def test_a_borrower_killed_after_passing_refs_on_gives_back_only_what_it_kept(rt
     refs = [gated.remote(gate, i) for i in range(2)]
     assert ray.get(first.keep.remote(refs), timeout=T) == 2
     assert ray.get(first.pass_kept_to.remote(second), timeout=T) == 2
+    peer = first._info.actor_id
+    assert peer in node.holders             # it reported what it received
     os.kill(ray.get(first.pid.remote(), timeout=T), signal.SIGKILL)
     with pytest.raises(RayActorError):
         ray.get(first.pid.remote(), timeout=T)
-    # The death is handled (the error above came from it): the second
-    # holder's share still keeps the objects lent.
+    # Its death handled (what it held taken back), the second holder's
+    # share still keeps the objects lent.
+    assert node.wait_until(lambda: peer not in node.holders, T)
     assert _objects_lent(node) == {r._id for r in refs}
     assert all(w > 0 for held in node.holders.values() for w in held.values())
     assert ray.get(second.drop.remote(), timeout=T)
