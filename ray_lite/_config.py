@@ -19,6 +19,7 @@ __all__ = [
     "VARIABLES", "ConfigVar",
     "NO_EXTENSIONS", "SHM_PREFIX",
     "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE", "BACKEND",
+    "SERVE_PACK_BELOW_S",
     "SERVE_MEMDEBUG",
 ]
 
@@ -110,6 +111,11 @@ VARIABLES = (
               "microseconds from 0 to 1000000",
               "how long a replica whose requests come in quick succession spins "
               "for the next one after answering (0: never spins)", _micros_to_s),
+    ConfigVar("RAY_LITE_SERVE_PACK_BELOW_US", "200",
+              "microseconds from 0 to 1000000",
+              "an HTTP proxy packs a route's requests onto its first replicas that are "
+              "under max_ongoing_requests while the route's replicas answer in less "
+              "than this on average (0: never packs; requests are spread)", _micros_to_s),
     ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "10", "an integer from 0 to 19",
               "the nice value Serve replicas lower their CPU priority by once "
               "started (0: not at all)", _nice),
@@ -133,6 +139,7 @@ SHM_PREFIX = read("RAY_LITE_SHM_PREFIX")
 SERVE_PROXY_SPIN_S = read("RAY_LITE_SERVE_PROXY_SPIN_US")
 SERVE_REPLICA_SPIN_S = read("RAY_LITE_SERVE_REPLICA_SPIN_US")
 SERVE_REPLICA_NICE = read("RAY_LITE_SERVE_REPLICA_NICE")
+SERVE_PACK_BELOW_S = read("RAY_LITE_SERVE_PACK_BELOW_US")
 SERVE_MEMDEBUG = read("RAY_LITE_SERVE_MEMDEBUG")
 
 

@@ -23,6 +23,7 @@ import inspect
 import sys
 import threading
 import traceback
+from time import monotonic as _monotonic
 
 import cloudpickle
 
@@ -257,7 +258,7 @@ class AsgiIngress:
     async def handle_http(self, method, path, query, headers, body, client, root_path,
                           http_version, server):
         """The replica's ``handle_http`` for an ASGI app: the same answer,
-        ``(status, header block, body, stream token)``."""
+        ``(status, header block, body, stream token, seconds it took)``."""
         rep = self._replica
         rep._inflight += 1
         slots = rep._slots
@@ -266,6 +267,7 @@ class AsgiIngress:
         except BaseException:
             rep._leave()
             raise
+        t0 = _monotonic()
         try:
             scope = {
                 "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -293,11 +295,11 @@ class AsgiIngress:
             if reply.stream is None:
                 body = b"".join(reply.body)
                 return stored_if_large((reply.status, _headers_block(reply.headers, len(body)),
-                                        body, 0))
+                                        body, 0, _monotonic() - t0))
             reply.stream.task = task
             reply.stream.calls = calls
             return (reply.status, _headers_block(reply.headers, None), None,
-                    rep._new_stream(reply.stream))
+                    rep._new_stream(reply.stream), _monotonic() - t0)
         finally:
             slots.release()
             rep._leave()

@@ -30,8 +30,7 @@ from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
-from ._routing import first_idle_else_power_of_two as _choose
-from ._routing import for_model, set_proxy_rank, slots_for
+from ._routing import ServiceTime, choose_for_http, for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
 from .multiplex import MODEL_ID_HEADER, header_value
 
@@ -62,7 +61,8 @@ def _framed(chunks):
 
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
-                 "max_queued", "waiting", "spin", "multiplexed", "report", "from_zero")
+                 "max_queued", "waiting", "spin", "service", "multiplexed", "report",
+                 "from_zero")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -75,6 +75,7 @@ class _Route:
         self.max_queued = max_queued
         self.waiting = collections.deque()
         self.spin = SpinPolicy(SPIN_BUDGET_S)   # learns from answers with nothing else in flight
+        self.service = ServiceTime()    # the replicas' time per request (packs a fast route)
         self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
         self.report = None      # a WaitingReport when the deployment autoscales
         self.from_zero = False  # it may run no replica: requests wait for one
@@ -103,7 +104,7 @@ def _choose_for_model(route, req):
     model_id = header_value(req.headers, MODEL_ID_HEADER)
     if model_id:
         return for_model(route.replicas, route.max_ongoing, model_id)
-    return _choose(route.replicas, route.max_ongoing)
+    return choose_for_http(route.replicas, route.max_ongoing, route.service)
 
 
 class ProxyActor:
@@ -185,6 +186,8 @@ class ProxyActor:
                 route = _Route(prefix, app, dep, reps, max_ongoing, max_queued, multiplexed)
             else:
                 # The same object: requests in flight and waiting refer to it.
+                if (route.app, route.deployment) != (app, dep):
+                    route.service = ServiceTime()   # another deployment's handler
                 route.app, route.deployment, route.replicas = app, dep, reps
                 route.max_ongoing, route.max_queued = max_ongoing, max_queued
                 route.multiplexed = multiplexed
@@ -295,7 +298,8 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+        rep = choose_for_http(route.replicas, route.max_ongoing, route.service) \
+            if not route.multiplexed else \
             _choose_for_model(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
@@ -372,7 +376,8 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = _choose(route.replicas, route.max_ongoing) if not route.multiplexed else \
+            rep = choose_for_http(route.replicas, route.max_ongoing, route.service) \
+            if not route.multiplexed else \
                 _choose_for_model(route, req)
             if rep is None:
                 break
@@ -425,10 +430,12 @@ class ProxyActor:
             req.route.spin.observe(_monotonic() - req.sent)
         r = _core.peek(req.ref)
         if r[0]:
-            status, headers, body, token = r[1]
+            status, headers, body, token, service_s = r[1]
             if token:
+                req.route.service.observe_stream()
                 self.loop.create_task(self._stream(conn, req, status, headers, token))
                 return
+            req.route.service.observe(service_s)
             req.finished = True
             self.release(req)
             conn.respond(req, status, headers, body)

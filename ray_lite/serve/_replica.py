@@ -121,7 +121,7 @@ class _Receive:
 
 
 class StoredReply(tuple):
-    """An HTTP reply ``(status, header block, body, 0)`` whose whole body is
+    """An HTTP reply ``(status, header block, body, 0, service s)`` whose whole body is
     large: the core stores it in the object store as it does any large
     result (its ``nbytes`` says it is one), the body as an out-of-band
     buffer, and the proxy maps that one copy: the body arrives there as a
@@ -135,8 +135,8 @@ class StoredReply(tuple):
         return len(self[2])
 
     def __reduce__(self):
-        status, head, body, token = self
-        return (tuple, ((status, head, pickle.PickleBuffer(body), token),))
+        status, head, body, token, service_s = self
+        return (tuple, ((status, head, pickle.PickleBuffer(body), token, service_s),))
 
 
 def stored_if_large(reply):
@@ -406,7 +406,9 @@ class ServeReplica:
     # -------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,
                           http_version, server):
-        """One HTTP request: ``(status, header block, body, stream token)``."""
+        """One HTTP request: ``(status, header block, body, stream token, the
+        seconds it took once it had a slot)`` (the proxy packs the requests of
+        a fast route: _routing.choose_for_http)."""
         # The per-request path is kept flat (one coroutine for the common
         # case): with dozens of replicas sharing two cores, each request's
         # Python work is most of what a replica costs.
@@ -423,6 +425,7 @@ class ServeReplica:
             except BaseException:
                 self._leave()
                 raise
+        t0 = _monotonic()
         try:
             if server != self._server_str:
                 self._server_str = server
@@ -450,12 +453,15 @@ class ServeReplica:
                 t = type(r)
                 if t is str:
                     b = r.encode()
-                    return (200, _TEXT + b"content-length: %d\r\n" % len(b), b, 0)
+                    return (200, _TEXT + b"content-length: %d\r\n" % len(b), b, 0,
+                            _monotonic() - t0)
                 if t is bytes:
                     if len(r) >= _core.LARGE_BYTES:
-                        return StoredReply((200, _sized(_OCTET, r), r, 0))
-                    return (200, _OCTET + b"content-length: %d\r\n" % len(r), r, 0)
-                return stored_if_large(await self._to_http(r, scope, receive))
+                        return StoredReply((200, _sized(_OCTET, r), r, 0, _monotonic() - t0))
+                    return (200, _OCTET + b"content-length: %d\r\n" % len(r), r, 0,
+                            _monotonic() - t0)
+                return stored_if_large(await self._to_http(r, scope, receive)
+                                       + (_monotonic() - t0,))
             except asyncio.CancelledError:
                 cancel_calls(calls)     # the handle calls it made go with it
                 raise
@@ -464,7 +470,7 @@ class ServeReplica:
                 print(f"Replica {self._deployment}#{self._id}: {method} {path} failed:\n"
                       f"{tb}", file=sys.stderr, end="", flush=True)
                 msg = b"Internal Server Error"
-                return (500, _sized(_TEXT, msg), msg, 0)
+                return (500, _sized(_TEXT, msg), msg, 0, _monotonic() - t0)
             finally:
                 if calls and cancel_requested():
                     cancel_calls(calls)     # (it caught its cancellation and returned)
@@ -482,7 +488,8 @@ class ServeReplica:
             self._spin.run(_core.spin_for_messages, _SPIN_S)
 
     async def _to_http(self, r, scope, receive):
-        """The reply for a result other than str or bytes (handled inline)."""
+        """The reply for a result other than str or bytes (handled inline),
+        ``(status, header block, body, stream token)``."""
         t = type(r)
         if t is dict or t is list or r is None or t in (int, float, bool):
             b = json.dumps(r, separators=(",", ":")).encode()

@@ -2,13 +2,16 @@
 picks a replica: one slot per replica with this caller's in-flight count,
 the power of two choices among those under ``max_ongoing_requests``, and,
 for the proxies, one replica of choice (a different one for each proxy)
-while it is idle.
+while it is idle.  A proxy packs the requests of a route whose replicas
+answer fast onto its first replicas instead (``choose_for_http``).
 
 The caller counts its own calls (``slot.inflight``): Ray's limits are per
 caller, and no process needs to ask another how busy a replica is.
 """
 from random import random as _random
 from zlib import crc32 as _crc32
+
+from ray_lite._config import SERVE_PACK_BELOW_S
 
 from . import _core
 
@@ -128,3 +131,62 @@ def for_model(slots, limit, model_id):
             if rank > best_rank:
                 best, best_rank = s, rank
     return best
+
+
+class ServiceTime:
+    """How long a route's replicas take per request, as they measure it (the
+    handler's time, from taking a slot to the answer; not the queueing in
+    front of it): a moving mean of the last ~32 answers, None until one came.
+
+    One answer counts for at most ``ANSWER_CAP_S``: on a busy machine a fast
+    handler preempted for a time slice must not turn the route's routing for
+    the next hundred requests.  A streamed answer counts as
+    ``STREAM_SAMPLE_S``, uncapped: it holds its replica for as long as it
+    lasts, so a route that streams is spread."""
+
+    __slots__ = ("mean",)
+
+    ANSWER_CAP_S = 5 * SERVE_PACK_BELOW_S
+    STREAM_SAMPLE_S = 0.01
+
+    def __init__(self):
+        self.mean = None
+
+    def observe(self, seconds):
+        self._add(seconds if seconds < self.ANSWER_CAP_S else self.ANSWER_CAP_S)
+
+    def observe_stream(self):
+        self._add(self.STREAM_SAMPLE_S)
+
+    def _add(self, seconds):
+        m = self.mean
+        self.mean = seconds if m is None else m + (seconds - m) * 0.03125
+
+    def fast(self):
+        m = self.mean
+        return m is not None and m < SERVE_PACK_BELOW_S
+
+
+def choose_for_http(slots, limit, service):
+    """An HTTP proxy's choice for a route: while the route's replicas answer
+    in less than ``RAY_LITE_SERVE_PACK_BELOW_US`` on average, the first
+    replica under ``limit`` in the controller's order (the same in every
+    proxy; None when all are at the limit); else
+    ``first_idle_else_power_of_two``.
+
+    Spread by the power of two choices, a fast route's requests reach each of
+    many replicas a few milliseconds apart: each one finds its replica asleep,
+    costs a wake-up (a descriptor write, two context switches) and runs on
+    caches that the other replicas evicted.  Packed, they queue in a few
+    replicas, each of which reads several per wake-up and stays warm: a
+    third less CPU per request and a third more requests per second with 48
+    replicas on 2 cores (benchmarks/SERVE_CPU.md).  Packing costs a request
+    at most ``max_ongoing_requests - 1`` handler times of waiting, so it is
+    kept to routes whose handlers are fast; a slow one (or one whose answers
+    are streams) gets its requests spread for concurrency, as in Ray."""
+    if service.fast():
+        for s in slots:
+            if s.inflight < limit:
+                return s
+        return None
+    return first_idle_else_power_of_two(slots, limit)
