@@ -81,6 +81,24 @@ def test_a_fast_route_packs_in_the_controllers_order_up_to_the_limit():
     assert choose_for_http([], 2, fast) is None
 
 
+def test_a_packed_replica_takes_no_more_than_a_short_wait_of_requests():
+    # max_ongoing_requests=100 on a fast route: a replica takes only as many
+    # as keep a request's wait behind the others within PACK_WAIT_S.
+    slots = [_Slot(0) for _ in range(3)]
+    fast = _service(ServiceTime.PACK_WAIT_S / 20)
+    assert fast.depth == 20
+    slots[0].inflight = 19
+    assert choose_for_http(slots, 100, fast) is slots[0]
+    slots[0].inflight = 20
+    assert choose_for_http(slots, 100, fast) is slots[1]
+    for s in slots:
+        s.inflight = 20                   # every one at its depth: spread the rest
+    slots[2].inflight = 30
+    picks = {choose_for_http(slots, 100, fast) for _ in range(50)}
+    assert picks == {slots[0], slots[1]}
+    assert _service(THRESHOLD_S * 0.99).depth >= 5    # fast: at least Ray's default limit
+
+
 def test_a_slow_or_unknown_route_is_spread():
     slots = [_Slot(0) for _ in range(4)]
     for service in (ServiceTime(), _service(THRESHOLD_S * 3)):
@@ -93,6 +111,7 @@ def test_a_slow_or_unknown_route_is_spread():
 def test_packing_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(_routing, "SERVE_PACK_BELOW_S", 0.0)
     assert not _service(0.0).fast()
+    assert choose_for_http([_Slot(1), _Slot(0)], 5, _service(0.0)) is not None
 
 
 # ------------------------------------------------------------- end to end

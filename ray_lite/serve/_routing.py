@@ -142,15 +142,20 @@ class ServiceTime:
     handler preempted for a time slice must not turn the route's routing for
     the next hundred requests.  A streamed answer counts as
     ``STREAM_SAMPLE_S``, uncapped: it holds its replica for as long as it
-    lasts, so a route that streams is spread."""
+    lasts, so a route that streams is spread.
 
-    __slots__ = ("mean",)
+    ``depth``: how many requests a packed replica takes, so that one waits
+    for at most ``PACK_WAIT_S`` of handler time ahead of it (0: the route is
+    not fast, it is spread)."""
 
-    ANSWER_CAP_S = 5 * SERVE_PACK_BELOW_S
+    __slots__ = ("mean", "depth")
+
+    PACK_WAIT_S = ANSWER_CAP_S = 5 * SERVE_PACK_BELOW_S
     STREAM_SAMPLE_S = 0.01
 
     def __init__(self):
         self.mean = None
+        self.depth = 0
 
     def observe(self, seconds):
         self._add(seconds if seconds < self.ANSWER_CAP_S else self.ANSWER_CAP_S)
@@ -160,33 +165,38 @@ class ServiceTime:
 
     def _add(self, seconds):
         m = self.mean
-        self.mean = seconds if m is None else m + (seconds - m) * 0.03125
+        m = self.mean = seconds if m is None else m + (seconds - m) * 0.03125
+        self.depth = 0 if m >= SERVE_PACK_BELOW_S else \
+            int(self.PACK_WAIT_S / m) if m > 0 else 1 << 30
 
     def fast(self):
-        m = self.mean
-        return m is not None and m < SERVE_PACK_BELOW_S
+        return self.depth > 0
 
 
 def choose_for_http(slots, limit, service):
-    """An HTTP proxy's choice for a route: while the route's replicas answer
-    in less than ``RAY_LITE_SERVE_PACK_BELOW_US`` on average, the first
-    replica under ``limit`` in the controller's order (the same in every
-    proxy; None when all are at the limit); else
-    ``first_idle_else_power_of_two``.
+    """An HTTP proxy's choice for a route.  While the route's replicas answer
+    in less than ``RAY_LITE_SERVE_PACK_BELOW_US`` on average: the first
+    replica, in the controller's order (the same in every proxy), with fewer
+    than ``service.depth`` requests (and ``limit``) in flight; when every
+    one has that many, the power of two choices under ``limit``.  Otherwise
+    ``first_idle_else_power_of_two``.  None when all are at ``limit``.
 
     Spread by the power of two choices, a fast route's requests reach each of
     many replicas a few milliseconds apart: each one finds its replica asleep,
     costs a wake-up (a descriptor write, two context switches) and runs on
     caches that the other replicas evicted.  Packed, they queue in a few
     replicas, each of which reads several per wake-up and stays warm: a
-    third less CPU per request and a third more requests per second with 48
-    replicas on 2 cores (benchmarks/SERVE_CPU.md).  Packing costs a request
-    at most ``max_ongoing_requests - 1`` handler times of waiting, so it is
-    kept to routes whose handlers are fast; a slow one (or one whose answers
-    are streams) gets its requests spread for concurrency, as in Ray."""
-    if service.fast():
+    third less CPU per request and 40 % more requests per second with 48
+    replicas on 2 cores (benchmarks/SERVE_CPU.md).  A packed request waits
+    for the handlers of those ahead of it in its replica, so packing is kept
+    to fast routes and to ``PACK_WAIT_S`` of waiting; a slow route (or one
+    whose answers are streams) gets its requests spread for concurrency, as
+    in Ray."""
+    depth = service.depth
+    if depth:
+        cap = depth if depth < limit else limit
         for s in slots:
-            if s.inflight < limit:
+            if s.inflight < cap:
                 return s
-        return None
+        return power_of_two(slots, limit)
     return first_idle_else_power_of_two(slots, limit)
