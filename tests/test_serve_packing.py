@@ -10,6 +10,8 @@ requests in enough rounds that the other policy could not pass them."""
 import os
 import threading
 
+import pytest
+
 from ray_lite import serve
 from ray_lite.serve import _routing
 from ray_lite.serve._routing import ServiceTime, choose_for_http
@@ -174,3 +176,89 @@ def test_a_slow_routes_overlapping_requests_are_spread(serve_port):
     http(serve_port, "GET", "/")
     pids = _overlapping_rounds(serve_port, ROUNDS // 2)
     assert len(set(pids)) >= 2, "a slow route's requests queued in one replica"
+
+
+# ------------------------------------------------- the replica's own side
+class _AlwaysSpin:
+    """A SpinPolicy that would always spin, and counts the spins asked for."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def observe(self, waited):
+        pass
+
+    def worth_it(self):
+        return True
+
+    def run(self, spin, *args):
+        self.runs += 1
+        return False
+
+
+def _replica_with(cls, monkeypatch):
+    """A replica object made in this process (no runtime, no links)."""
+    import cloudpickle
+
+    from ray_lite.serve import _replica, context
+    monkeypatch.setattr(_replica, "_SPIN_S", 0.001)
+    # The replica sets the process's replica context: put it back after.
+    monkeypatch.setattr(context, "_replica_context", context._replica_context)
+    rep = _replica.ServeReplica(None, "app", "D", "r0", cloudpickle.dumps(cls), (), {}, {})
+    rep._spin = _AlwaysSpin()
+    return rep
+
+
+def _get(rep, lone=True):
+    return rep.handle_http("GET", "/", b"", b"host:x", b"", "127.0.0.1:1", "", "1.1",
+                           "127.0.0.1:8000", lone)
+
+
+class _Hi:
+    async def __call__(self, request):
+        return "hi"
+
+
+def test_an_answer_carries_the_handlers_time(monkeypatch):
+    import asyncio
+    rep = _replica_with(_Hi, monkeypatch)
+    status, _, body, token, service_s = asyncio.run(_get(rep))
+    assert (status, body, token) == (200, b"hi", 0)
+    assert 0 <= service_s < 5.0
+
+
+@pytest.mark.parametrize("lone, free, spins", [
+    (True, True, 1),
+    (False, True, 0),         # the proxy serves other clients too: they need the CPU
+    (True, False, 0),         # more threads run than there are CPUs
+])
+def test_a_replica_spins_for_a_lone_clients_next_request_while_a_cpu_is_free(
+        monkeypatch, lone, free, spins):
+    import asyncio
+
+    from ray_lite.serve import _replica
+    rep = _replica_with(_Hi, monkeypatch)
+    monkeypatch.setattr(_replica, "cpu_free", lambda: free)
+
+    async def main():
+        await _get(rep, lone)
+        await asyncio.sleep(0)              # the spin is called soon after the answer
+        return rep._spin.runs
+
+    assert asyncio.run(main()) == spins
+
+
+@pytest.mark.parametrize("loadavg, free", [
+    (b"0.50 0.40 0.30 1/120 4242\n", True),      # only this thread runs
+    (b"2.50 2.40 2.30 %d/120 4242\n", False),    # one more than the CPUs
+    (b"garbage", True),                          # unreadable: as before, spin
+])
+def test_a_cpu_is_free_while_no_more_threads_run_than_there_are_cpus(monkeypatch, loadavg,
+                                                                     free):
+    from ray_lite.serve import _spin
+    if b"%d" in loadavg:
+        loadavg = loadavg % (_spin._CPUS + 1)
+    assert _spin.cpu_free() in (True, False)     # the real file: read and parsed
+    assert _spin._loadavg_fd >= 0
+    monkeypatch.setattr(_spin.os, "pread", lambda fd, n, off: loadavg)
+    assert _spin.cpu_free() is free

@@ -256,9 +256,10 @@ class AsgiIngress:
 
     # ---------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,
-                          http_version, server):
+                          http_version, server, lone=False):
         """The replica's ``handle_http`` for an ASGI app: the same answer,
-        ``(status, header block, body, stream token, seconds it took)``."""
+        ``(status, header block, body, stream token, seconds it took)``
+        (``lone``: unused, an ASGI app's replica does not spin)."""
         rep = self._replica
         rep._inflight += 1
         slots = rep._slots

@@ -363,12 +363,12 @@ class ReplicaObserver:
         call = rep.handle_request
 
         async def handle_http(method, path, query, headers, body, client, root_path,
-                              http_version, server):
+                              http_version, server, lone=False):
             latency, errors = self.child(root_path or "/")
             t0 = _monotonic()
             try:
                 r = await http(method, path, query, headers, body, client, root_path,
-                               http_version, server)
+                               http_version, server, lone)
             except BaseException:
                 errors.inc()
                 raise

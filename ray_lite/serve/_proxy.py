@@ -330,8 +330,11 @@ class ProxyActor:
             header = REQUEST_ID_HEADER + b":" + req.request_id
             req.headers = req.headers + b"\r\n" + header if req.headers else header
         try:
+            # The last argument, ``lone`` (one client, nothing else in flight),
+            # lets the replica spin for this client's next request (_replica._SPIN_S).
             ref = rep.http.remote(req.method, path, query, req.headers, req.body, conn.client,
-                                  route.root_path, req.version, self.server_addr)
+                                  route.root_path, req.version, self.server_addr,
+                                  self.inflight == 1 and len(self.conns) == 1)
         except Exception as exc:   # noqa: BLE001
             rep.inflight -= 1
             self.inflight -= 1

@@ -29,7 +29,7 @@ from ._http import JSON as _JSON
 from ._http import OCTET as _OCTET
 from ._http import TEXT as _TEXT
 from ._http import sized as _sized
-from ._spin import SpinPolicy
+from ._spin import SpinPolicy, cpu_free
 
 logger = logging.getLogger("ray_lite.serve")
 
@@ -42,15 +42,21 @@ logger = logging.getLogger("ray_lite.serve")
 # turns it off.
 _NICE = SERVE_REPLICA_NICE
 
-# A replica whose HTTP requests come in quick succession (most arriving
-# within this long of the previous one's answer) spins, bounded, for the
-# next one after answering, instead of sleeping in epoll: on a VM, waking a
-# sleeping process and its idle CPU costs tens of microseconds on each side,
-# which at low load was half of a request's latency.  It spins on the thread
+# A replica whose HTTP requests come one at a time from a lone client (the
+# proxy says so: it had no other request in flight and one connection) in
+# quick succession (most arriving within this long of the previous one's
+# answer) spins, bounded, for the next one after answering, instead of
+# sleeping in epoll: on a VM, waking a sleeping process and its idle CPU
+# costs tens of microseconds on each side, which at low load was half of a
+# request's latency (wrk -c1: 6,100-6,900 against 4,200-4,400 requests/s).  It spins on the thread
 # that waits and yields the CPU every few microseconds; a replica whose
 # requests come further apart, or whose spins get preempted (a busy CPU),
-# does not spin (see _spin.SpinPolicy).  RAY_LITE_SERVE_REPLICA_SPIN_US=0
-# turns it off.
+# does not spin (see _spin.SpinPolicy), nor one serving several clients, nor
+# while more threads run than the machine has CPUs (``_spin.cpu_free``):
+# the proxies and the other replicas then need the CPU the spin would take,
+# and the next request comes anyway (a fast route's packed replicas at wrk
+# -c4 to -c100: 15-70 % more requests/s without their spins).
+# RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
 _COROUTINE = types.CoroutineType
@@ -405,10 +411,11 @@ class ServeReplica:
 
     # -------------------------------------------------------------- HTTP
     async def handle_http(self, method, path, query, headers, body, client, root_path,
-                          http_version, server):
+                          http_version, server, lone=False):
         """One HTTP request: ``(status, header block, body, stream token, the
         seconds it took once it had a slot)`` (the proxy packs the requests of
-        a fast route: _routing.choose_for_http)."""
+        a fast route: _routing.choose_for_http).  ``lone``: the proxy had no
+        other request in flight and one client (see ``_SPIN_S``)."""
         # The per-request path is kept flat (one coroutine for the common
         # case): with dozens of replicas sharing two cores, each request's
         # Python work is most of what a replica costs.
@@ -479,12 +486,12 @@ class ServeReplica:
             self._leave()
             if self._inflight == 0 and _SPIN_S > 0:
                 self._idle_since = _monotonic()
-                if self._spin.worth_it():
+                if lone and self._spin.worth_it():
                     # After this step, which sends the answer.
                     asyncio.get_running_loop().call_soon(self._spin_for_next)
 
     def _spin_for_next(self):
-        if self._inflight == 0:
+        if self._inflight == 0 and cpu_free():
             self._spin.run(_core.spin_for_messages, _SPIN_S)
 
     async def _to_http(self, r, scope, receive):

@@ -20,6 +20,7 @@ waits have been seen again, so beside a CPU-bound program the spins cost it
 (and us) nothing.  A spin that yielded to another thread and still caught
 its event did what a spin should: it keeps going.
 """
+import os
 from resource import RUSAGE_THREAD, getrusage
 from time import monotonic as _monotonic
 
@@ -29,6 +30,25 @@ HIT_RATE = 0.75
 _WEIGHT = 0.125
 # ... and in the moving average (about the last 4).
 _MEAN_WEIGHT = 0.25
+
+
+_CPUS = len(os.sched_getaffinity(0))
+_loadavg_fd = -1
+
+
+def cpu_free():
+    """True when no more threads are running on the machine than it has
+    CPUs, this one included (``/proc/loadavg``'s running count): a spin now
+    takes a CPU that no other process is waiting for.  True where the count
+    cannot be read."""
+    global _loadavg_fd
+    try:
+        if _loadavg_fd < 0:
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        running = int(os.pread(_loadavg_fd, 80, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True
+    return running <= _CPUS
 
 
 def involuntary_switches():
