@@ -100,10 +100,12 @@ class _Route:
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
 
 
-def _choose_for_model(route, req):
-    model_id = header_value(req.headers, MODEL_ID_HEADER)
-    if model_id:
-        return for_model(route.replicas, route.max_ongoing, model_id)
+def _choose(route, req):
+    """The replica for ``req`` on ``route`` (None: all are at the limit)."""
+    if route.multiplexed:
+        model_id = header_value(req.headers, MODEL_ID_HEADER)
+        if model_id:
+            return for_model(route.replicas, route.max_ongoing, model_id)
     return choose_for_http(route.replicas, route.max_ongoing, route.service)
 
 
@@ -298,9 +300,7 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
-        rep = choose_for_http(route.replicas, route.max_ongoing, route.service) \
-            if not route.multiplexed else \
-            _choose_for_model(route, req)
+        rep = _choose(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
@@ -379,9 +379,7 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = choose_for_http(route.replicas, route.max_ongoing, route.service) \
-            if not route.multiplexed else \
-                _choose_for_model(route, req)
+            rep = _choose(route, req)
             if rep is None:
                 break
             waiting.popleft()

@@ -42,20 +42,20 @@ logger = logging.getLogger("ray_lite.serve")
 # turns it off.
 _NICE = SERVE_REPLICA_NICE
 
-# A replica whose HTTP requests come one at a time from a lone client (the
-# proxy says so: it had no other request in flight and one connection) in
-# quick succession (most arriving within this long of the previous one's
-# answer) spins, bounded, for the next one after answering, instead of
-# sleeping in epoll: on a VM, waking a sleeping process and its idle CPU
-# costs tens of microseconds on each side, which at low load was half of a
-# request's latency (wrk -c1: 6,100-6,900 against 4,200-4,400 requests/s).  It spins on the thread
-# that waits and yields the CPU every few microseconds; a replica whose
-# requests come further apart, or whose spins get preempted (a busy CPU),
-# does not spin (see _spin.SpinPolicy), nor one serving several clients, nor
-# while more threads run than the machine has CPUs (``_spin.cpu_free``):
-# the proxies and the other replicas then need the CPU the spin would take,
-# and the next request comes anyway (a fast route's packed replicas at wrk
-# -c4 to -c100: 15-70 % more requests/s without their spins).
+# A replica whose HTTP requests come from a lone client (the proxy says so:
+# it had no other request in flight and one connection) in quick succession
+# (most arriving within this long of the previous one's answer) spins,
+# bounded, for the next one after answering, instead of sleeping in epoll:
+# on a VM, waking a sleeping process and its idle CPU costs tens of
+# microseconds on each side, which at low load was half of a request's
+# latency.  It spins on the thread that waits and yields the CPU every few
+# microseconds.  It does not spin when its requests come further apart,
+# when its spins get preempted (a busy CPU, see _spin.SpinPolicy), when it
+# serves several clients, or while more threads run than the machine has
+# CPUs (``_spin.cpu_free``).  In those cases the proxies and the other
+# replicas need the CPU that the spin would take, and the next request comes
+# anyway: packed replicas that spun after every request cost 20-70 % of the
+# requests/s at wrk -c4 to -c100 (benchmarks/SERVE_CPU.md).
 # RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
