@@ -119,3 +119,54 @@ def test_cancel_of_a_call_waiting_on_an_awaitable(rt, method):
         ray_lite.get(blocked, timeout=30)
     assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back
 
+
+
+# An async method's call runs in a Task of its own; where Python has eager
+# tasks (3.12+) its first step runs as the call arrives (async_actor.start_call).
+@ray_lite.remote
+class Tasks:
+    async def own_task(self):
+        task = asyncio.current_task()
+        # anyio's cancel scopes (FastAPI's thread pool) need the call's Task.
+        return task.get_name(), task.cancelling() if hasattr(task, "cancelling") else 0
+
+    async def waits_then_answers(self):
+        await asyncio.sleep(0)
+        return asyncio.current_task().get_name()
+
+
+def test_async_calls_run_in_a_task_of_their_own(rt):
+    a = Tasks.remote()
+    names = [n for n, cancelling in ray_lite.get([a.own_task.remote() for _ in range(20)])]
+    assert len(set(names)) == 20
+    assert ray_lite.get(a.own_task.remote())[1] == 0
+    later = ray_lite.get([a.waits_then_answers.remote() for _ in range(20)])
+    assert len(set(later)) == 20
+
+
+@ray_lite.remote
+def _gated(q):
+    return q.get(timeout=60)
+
+
+@ray_lite.remote
+class BuiltSlowly:
+    def __init__(self, started, refs):
+        # Reads the links while it waits for the driver's object: the call
+        # sent meanwhile arrives here first (the object comes after it on
+        # the same ring), and must wait for the constructor to end.
+        started.put(True)
+        self.built = ray_lite.get(refs[0])
+
+    async def value(self):
+        return self.built
+
+
+def test_async_call_arriving_during_the_constructor_waits_for_it(rt):
+    from ray_lite.util.queue import Queue
+    started, gate = Queue(), Queue()
+    a = BuiltSlowly.remote(started, [_gated.remote(gate)])
+    assert started.get(timeout=60)
+    ref = a.value.remote()      # sent while the constructor waits
+    gate.put("built")
+    assert ray_lite.get(ref, timeout=60) == "built"

@@ -259,8 +259,7 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             # (An async def method is known after its first call: no detour.)
             if self._sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
                 return
-            # Registered now, so that a cancel arriving before it starts finds it.
-            self.running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
+            self.start_call(peer, msg)
         elif self.executor is not None:
             self.executor.submit(self._run_method, peer, msg)
         else:
