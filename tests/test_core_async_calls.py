@@ -1,7 +1,10 @@
 """An async actor's plain ``def`` methods run without an asyncio Task: the
-same answers, order, context and cancellation as calls that run in one."""
+same answers, order, context and cancellation as calls that run in one.  Its
+``async def`` calls each run in a Task of their own, started eagerly where
+Python has eager tasks (3.12+)."""
 import asyncio
 import contextvars
+import sys
 
 import pytest
 
@@ -170,3 +173,42 @@ def test_async_call_arriving_during_the_constructor_waits_for_it(rt):
     ref = a.value.remote()      # sent while the constructor waits
     gate.put("built")
     assert ray_lite.get(ref, timeout=60) == "built"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
+def test_a_first_step_raising_past_its_call_leaves_the_calls_after_it_to_tasks():
+    from ray_lite._private.async_actor import AsyncActorMixin
+
+    class Node(AsyncActorMixin):
+        def __init__(self, loop):
+            self.loop, self.running, self.cancelled, self.live = loop, {}, set(), set()
+            self.ran = []
+
+        async def _run_method_async(self, peer, msg):
+            if msg[2] == "interrupted":
+                raise KeyboardInterrupt     # past the call's own handling
+            self.ran.append(msg[1])
+
+    loop = asyncio.new_event_loop()
+    try:
+        node = Node(loop)
+        node.deferred_calls = [(0, ("M", 1, "interrupted")), (0, ("M", 2, "m")),
+                               (0, ("M", 3, "m"))]
+        seen = {}
+
+        def flush():        # as the bridge does: from a callback of the running loop
+            try:
+                node.start_deferred_calls()
+            except KeyboardInterrupt:
+                seen["raised"] = True
+            seen["ran"], seen["running"] = list(node.ran), list(node.running)
+            flushed.set_result(None)
+
+        flushed = loop.create_future()
+        loop.call_soon(flush)
+        loop.run_until_complete(asyncio.wait_for(flushed, 30))
+        assert seen == {"raised": True, "ran": [], "running": [2, 3]}
+        loop.run_until_complete(asyncio.wait_for(asyncio.gather(*node.running.values()), 30))
+        assert node.ran == [2, 3]
+    finally:
+        loop.close()

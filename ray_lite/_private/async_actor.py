@@ -101,19 +101,28 @@ class AsyncActorMixin:
         for a cancel to find."""
         calls, self.deferred_calls = self.deferred_calls, ()
         running, loop = self.running, self.loop
-        for peer, msg in calls:
-            oid = msg[1]
-            if oid in self.cancelled:
-                # Cancelled before it started: it does not run (as a Task
-                # cancelled before its first step).
-                self.cancelled.discard(oid)
-                self.live.discard(oid)
-                name = self._call_name(msg[2])
-                self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
-                continue
-            task = _eager_task_in(_new_context(), loop, self._run_method_async(peer, msg))
-            if not task.done():
-                running[oid] = task
+        i = 0
+        try:
+            for peer, msg in calls:
+                i += 1
+                oid = msg[1]
+                if oid in self.cancelled:
+                    # Cancelled before it started: it does not run (as a Task
+                    # cancelled before its first step).
+                    self.cancelled.discard(oid)
+                    self.live.discard(oid)
+                    name = self._call_name(msg[2])
+                    self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid),
+                                       name)
+                    continue
+                task = _eager_task_in(_new_context(), loop, self._run_method_async(peer, msg))
+                if not task.done():
+                    running[oid] = task
+        finally:
+            # A step that raised past its call (KeyboardInterrupt, SystemExit)
+            # leaves the calls after it to Tasks, as they would have had.
+            for peer, msg in calls[i:]:
+                running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
 
     async def _resolve_async(self, args, kwargs):
         if any(type(a) is ObjectRef for a in args):
