@@ -176,7 +176,7 @@ def test_async_call_arriving_during_the_constructor_waits_for_it(rt):
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
-def test_a_first_step_raising_past_its_call_leaves_the_calls_after_it_to_tasks():
+def test_a_first_step_raising_past_its_call_does_not_stop_the_calls_after_it():
     from ray_lite._private.async_actor import AsyncActorMixin
 
     class Node(AsyncActorMixin):
@@ -187,28 +187,18 @@ def test_a_first_step_raising_past_its_call_leaves_the_calls_after_it_to_tasks()
         async def _run_method_async(self, peer, msg):
             if msg[2] == "interrupted":
                 raise KeyboardInterrupt     # past the call's own handling
-            self.ran.append(msg[1])
+            self.ran.append((msg[1], asyncio.current_task() is not None))
 
     loop = asyncio.new_event_loop()
     try:
         node = Node(loop)
-        node.deferred_calls = [(0, ("M", 1, "interrupted")), (0, ("M", 2, "m")),
-                               (0, ("M", 3, "m"))]
-        seen = {}
-
-        def flush():        # as the bridge does: from a callback of the running loop
-            try:
-                node.start_deferred_calls()
-            except KeyboardInterrupt:
-                seen["raised"] = True
-            seen["ran"], seen["running"] = list(node.ran), list(node.running)
-            flushed.set_result(None)
-
-        flushed = loop.create_future()
-        loop.call_soon(flush)
-        loop.run_until_complete(asyncio.wait_for(flushed, 30))
-        assert seen == {"raised": True, "ran": [], "running": [2, 3]}
-        loop.run_until_complete(asyncio.wait_for(asyncio.gather(*node.running.values()), 30))
-        assert node.ran == [2, 3]
+        for oid, method in ((1, "interrupted"), (2, "m"), (3, "m")):
+            node.start_call(0, ("M", oid, method))
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(asyncio.sleep(0))
+        assert node.ran == []
+        loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0), 30))
+        # Each ran in a Task of its own, done in its first step.
+        assert node.ran == [(2, True), (3, True)] and node.running == {}
     finally:
         loop.close()

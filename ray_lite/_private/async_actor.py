@@ -3,11 +3,12 @@
 A call of a plain ``def`` method that can start at once runs directly from
 the handler of its message (``_run_method_now``: no asyncio Task, which is
 most of the cost of a small call); every other call runs in a Task of its
-own (``_run_method_async``), at most ``max_concurrency`` at once, whose first
-step runs as soon as the loop has read the call where Python has eager tasks
-(3.12+: ``start_call``).
+own (``_run_method_async``), at most ``max_concurrency`` at once; where
+Python has eager tasks (3.12+), a Task made when the loop comes to the call,
+its first step run at once (``start_call``).
 """
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
@@ -28,7 +29,6 @@ _COROUTINE = types.CoroutineType
 # and a copy of that context would hand it the other call's context
 # variables (a Serve replica's request: its id, its HTTP scope).
 _new_context = contextvars.Context
-_current_task = asyncio.current_task
 
 
 if sys.version_info >= (3, 11):
@@ -54,9 +54,9 @@ else:
 if sys.version_info >= (3, 12):
     def _eager_task_in(context, loop, coro):
         """``_task_in``, but the Task's first step runs now, inside this call
-        (Python's eager tasks): a call that ends without waiting, as most of
-        a Serve replica's requests do, never goes round the loop, and its
-        Task is done when this returns.  The Task is the current task while
+        (Python's eager tasks; from a loop callback, where no Task runs): a
+        call that ends without waiting, as most of a Serve replica's requests
+        do, is done when this returns.  The Task is the current task while
         it runs, as any Task's step."""
         return asyncio.Task(coro, loop=loop, context=context, eager_start=True)
 else:
@@ -69,6 +69,8 @@ else:
 class AsyncActorMixin:
     """Part of ``WorkerNode``: running an async actor's calls."""
 
+    deferred_calls = ()     # calls read and not started yet (see start_call)
+
     def call_task(self, coro):
         """The Task that runs one call's ``coro``, in a context of its own."""
         return _task_in(_new_context(), self.loop, coro)
@@ -76,53 +78,43 @@ class AsyncActorMixin:
     def start_call(self, peer, msg):
         """Run an async actor's call ``msg`` in a Task of its own.
 
-        Where Python has eager tasks, the Task's first step runs when the
-        loop's bridge lets go of the links it is reading (not in the middle:
-        the call's code may wait for what is not read yet), provided every
-        call that came before has started (calls start in arrival order).
-        Read by other code (the constructor's wait, a call's code reading
-        the links while it blocks), the call's Task starts at the loop's
-        next turn instead, as everywhere on 3.10 and 3.11.
+        Where Python has eager tasks, the call is kept and its start is put
+        on the loop's queue, where a Task's first step would have gone: when
+        the loop gets there, the Task is made and its first step runs at
+        once, so a call that ends without waiting (most of a Serve replica's
+        requests) costs no Task scheduled on the loop.  The order against
+        everything else on the loop is a plain Task's: run at once, inside
+        whatever read the call (the bridge's drain, a constructor, a call
+        blocking on the links), it would overtake the callbacks and Task
+        steps queued before it (a replica's death seen in the same drain).
         """
-        running = self.running
-        if (_eager_task_in is not None and self.bridge_driving
-                and _current_task(self.loop) is None
-                and not (running and _not_started(next(reversed(running.values()))))):
-            if not self.deferred_calls:
-                self.deferred_calls = []
-            self.deferred_calls.append((peer, msg))
+        if _eager_task_in is None:
+            # Registered now, so that a cancel arriving before it starts finds it.
+            self.running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
             return
-        # Registered now, so that a cancel arriving before it starts finds it.
-        running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
+        kept = self.deferred_calls
+        if not kept:
+            kept = self.deferred_calls = collections.deque()
+        kept.append((peer, msg))
+        self.loop.call_soon(self._start_kept_call)
 
-    def start_deferred_calls(self):
-        """Start the calls ``start_call`` kept for now, in order, each with its
-        first step at once; one still running after it is in ``running``,
-        for a cancel to find."""
-        calls, self.deferred_calls = self.deferred_calls, ()
-        running, loop = self.running, self.loop
-        i = 0
-        try:
-            for peer, msg in calls:
-                i += 1
-                oid = msg[1]
-                if oid in self.cancelled:
-                    # Cancelled before it started: it does not run (as a Task
-                    # cancelled before its first step).
-                    self.cancelled.discard(oid)
-                    self.live.discard(oid)
-                    name = self._call_name(msg[2])
-                    self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid),
-                                       name)
-                    continue
-                task = _eager_task_in(_new_context(), loop, self._run_method_async(peer, msg))
-                if not task.done():
-                    running[oid] = task
-        finally:
-            # A step that raised past its call (KeyboardInterrupt, SystemExit)
-            # leaves the calls after it to Tasks, as they would have had.
-            for peer, msg in calls[i:]:
-                running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
+    def _start_kept_call(self):
+        """The first call ``start_call`` kept: its Task, first step at once (a
+        loop callback: no other Task runs).  One still running after it is
+        in ``running``, for a cancel to find."""
+        peer, msg = self.deferred_calls.popleft()
+        oid = msg[1]
+        if oid in self.cancelled:
+            # Cancelled before it started: it does not run (as a Task
+            # cancelled before its first step).
+            self.cancelled.discard(oid)
+            self.live.discard(oid)
+            name = self._call_name(msg[2])
+            self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
+            return
+        task = _eager_task_in(_new_context(), self.loop, self._run_method_async(peer, msg))
+        if not task.done():
+            self.running[oid] = task
 
     async def _resolve_async(self, args, kwargs):
         if any(type(a) is ObjectRef for a in args):

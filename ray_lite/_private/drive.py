@@ -55,10 +55,6 @@ class DrivingMixin:
     _interrupt = None
     _cancel_signalled = False
     _bridge_waiting = False     # some bridge may be waiting (see _release_drive)
-    # An event loop's bridge drives the links now: an async actor's calls
-    # read meanwhile start when it lets go (AsyncActorMixin.start_call).
-    bridge_driving = False
-    deferred_calls = ()
     _relink_fd = -1             # eventfd: ends a sleep in _poll (see links_changed)
     _polling = False            # a wait sleeps (or is about to) in _poll
     _svc_parked = False         # (ServiceMixin) a service thread waits for a wait's end

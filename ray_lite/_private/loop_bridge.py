@@ -180,7 +180,6 @@ class _LoopBridge:
         node._bridge_waiting = True
         if node._drive_lock.acquire(False):
             self.waiting = False
-            node.bridge_driving = True
             return True
         self._suspend()
         return False
@@ -252,11 +251,8 @@ class _LoopBridge:
 
     def _let_go(self):
         node = self.node
-        node.bridge_driving = False
         node._release_drive()
         node._wait_epoch += 1
-        if node.deferred_calls:
-            node.start_deferred_calls()
         if node._interrupt is not None:
             node._raise_interrupt()
 
