@@ -123,9 +123,9 @@ def test_cancel_of_a_call_waiting_on_an_awaitable(rt, method):
     assert ray_lite.get(a.later.remote(3)) == 6          # the slot came back
 
 
-
 # An async method's call runs in a Task of its own; where Python has eager
-# tasks (3.12+) its first step runs as the call arrives (async_actor.start_call).
+# tasks (3.12+) the Task is made when the loop comes to the call, and its
+# first step runs at once (async_actor.start_call).
 @ray_lite.remote
 class Tasks:
     async def own_task(self):
