@@ -122,7 +122,12 @@ async def _others_done(node, read_links=False):
             await asyncio.sleep(0)
         others = [t for t in node.running.values() if t is not me and not t.done()]
         if not others:
-            return
+            if not node.deferred_calls:
+                return
+            # Calls read and not started yet (3.12+: async_actor.start_call):
+            # their starts are queued before this step's next turn.
+            await asyncio.sleep(0)
+            continue
         # (A concurrency group's call runs on its own loop: see concurrency_groups.)
         await asyncio.wait([t if isinstance(t, asyncio.Future) else t.main_loop_future()
                             for t in others])
