@@ -107,10 +107,7 @@ class AsyncActorMixin:
         if oid in self.cancelled:
             # Cancelled before it started: it does not run (as a Task
             # cancelled before its first step).
-            self.cancelled.discard(oid)
-            self.live.discard(oid)
-            name = self._call_name(msg[2])
-            self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
+            self._answer_cancelled_before_start(peer, msg)
             return
         task = _eager_task_in(_new_context(), self.loop, self._run_method_async(peer, msg))
         if not task.done():
@@ -187,11 +184,14 @@ class AsyncActorMixin:
         # (no finally either): answer and clean up for it here.
         if not task.cancelled():
             return
-        oid = msg[1]
         if hasattr(pending, "close"):
             pending.close()
         self._sem.release()
-        self.running.pop(oid, None)
+        self.running.pop(msg[1], None)
+        self._answer_cancelled_before_start(peer, msg)
+
+    def _answer_cancelled_before_start(self, peer, msg):
+        oid = msg[1]
         self.cancelled.discard(oid)
         self.live.discard(oid)
         name = self._call_name(msg[2])
