@@ -2,6 +2,7 @@
 import http.client as _httpc
 import socket
 import time
+import urllib.request
 
 
 def http(port, method, path, body=None, headers=None, timeout=30):
@@ -48,3 +49,26 @@ def wait_until(cond, what, timeout=60):
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_metrics(port):
+    """The samples served on ``port``'s /metrics: name -> [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def metric_value(samples, name, **labels):
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for lab, v in samples.get(name, ())
+               if all(lab.get(k) == want for k, want in labels.items()))

@@ -193,6 +193,12 @@ def test_context_resources_and_util_are_rays(on_ray):
     pool = ray_lite.util.ActorPool([Counter.remote()])
     assert isinstance(pool, ray.util.ActorPool)
     assert list(pool.map(lambda a, _: a.incr.remote(), range(3))) == [1, 2, 3]
+    import ray.util.metrics
+    from ray_lite.util import metrics
+    for made, rays in ((metrics.Counter("c", tag_keys=("a",)), ray.util.metrics.Counter),
+                       (metrics.Gauge("g"), ray.util.metrics.Gauge),
+                       (metrics.Histogram("h", boundaries=[1.0]), ray.util.metrics.Histogram)):
+        assert type(made) is rays
 
 
 @ray_lite.remote

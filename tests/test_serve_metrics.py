@@ -11,38 +11,19 @@ import socket
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 from starlette.requests import Request
 
 from ray_lite import serve
 
+from serve_helpers import free_port as _free_port
 from serve_helpers import http
+from serve_helpers import metric_value as _value
+from serve_helpers import scrape_metrics as _scrape
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None,
                                 reason="prometheus_client is not installed")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _scrape(port):
-    from prometheus_client.parser import text_string_to_metric_families
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
-    samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
-    return samples
-
-
-def _value(samples, name, **labels):
-    return sum(v for lab, v in samples.get(name, ())
-               if all(lab.get(k) == want for k, want in labels.items()))
 
 
 def _until(check, timeout=60):

@@ -11,6 +11,7 @@ import inspect
 
 import ray
 import ray.util
+import ray.util.metrics
 import ray.util.multiprocessing
 import ray.util.queue
 import ray.util.scheduling_strategies as ray_strategies
@@ -80,4 +81,6 @@ class RayQueue(ray.util.queue.Queue):
 CLASSES = {"ActorPool": ray.util.ActorPool, "Queue": RayQueue,
            "Pool": ray.util.multiprocessing.Pool,
            "PlacementGroupSchedulingStrategy": ray_strategies.PlacementGroupSchedulingStrategy,
-           "NodeAffinitySchedulingStrategy": ray_strategies.NodeAffinitySchedulingStrategy}
+           "NodeAffinitySchedulingStrategy": ray_strategies.NodeAffinitySchedulingStrategy,
+           "Counter": ray.util.metrics.Counter, "Gauge": ray.util.metrics.Gauge,
+           "Histogram": ray.util.metrics.Histogram}

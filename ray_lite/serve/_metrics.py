@@ -41,8 +41,8 @@ import time
 from time import monotonic as _monotonic
 
 from ray_lite._fast import shm
+from ray_lite._private import metrics_files
 
-from . import _core
 
 # Ray Serve's DEFAULT_LATENCY_BUCKET_MS.
 LATENCY_BUCKETS_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
@@ -59,15 +59,9 @@ _COUNTS_OF = {
 }
 
 
-_DIR_PREFIX = "ray_lite_serve_metrics_"
-
-
-def metrics_dir():
-    """This runtime's directory of metric files (None before ``init``)."""
-    node = _core.current_node()
-    if node is None:
-        return None
-    return os.path.join(tempfile.gettempdir(), _DIR_PREFIX + node.shm_prefix)
+_DIR_PREFIX = metrics_files.DIR_PREFIX
+metrics_dir = metrics_files.metrics_dir
+_prometheus = metrics_files.multiprocess_client
 
 
 def cleanup_stale_dirs():
@@ -106,6 +100,7 @@ def prepare(http_options):
     path = metrics_dir()
     if path is not None and not os.path.isdir(path):
         os.makedirs(path, exist_ok=True)
+        metrics_files.directory_changed()
 
 
 def remove():
@@ -113,17 +108,7 @@ def remove():
     path = metrics_dir()
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _prometheus(path):
-    """prometheus_client in multiprocess mode, writing into ``path``."""
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
-    import prometheus_client
-    from prometheus_client import values
-    # Chosen when it was imported: a process that imported it before the
-    # variable was set would keep its values to itself.
-    values.ValueClass = values.get_value_class()
-    return prometheus_client
+        metrics_files.directory_changed()
 
 
 # ================================================================ the proxy

@@ -3,7 +3,8 @@
 ``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``,
 ``inspect_serializability`` and the placement-group functions are here;
 ``ray_lite.util.queue`` (``Queue``), ``ray_lite.util.multiprocessing``
-(``Pool``), ``ray_lite.util.state`` and
+(``Pool``), ``ray_lite.util.metrics`` (``Counter``, ``Gauge``,
+``Histogram``), ``ray_lite.util.state`` and
 ``ray_lite.util.scheduling_strategies`` are imported on first use, as in Ray,
 where they are submodules too.
 """
@@ -23,10 +24,10 @@ from ray_lite.util.placement_group import (PlacementGroup, get_current_placement
 __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
            "inspect_serializability", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
-           "get_current_placement_group", "queue", "multiprocessing", "state",
+           "get_current_placement_group", "queue", "multiprocessing", "metrics", "state",
            "scheduling_strategies"]
 
-_LAZY_SUBMODULES = ("queue", "multiprocessing", "state", "scheduling_strategies")
+_LAZY_SUBMODULES = ("queue", "multiprocessing", "metrics", "state", "scheduling_strategies")
 
 
 def __getattr__(name):
