@@ -18,6 +18,7 @@ import weakref
 
 from ray_lite._private import backend
 
+from .config import AutoscalingConfig
 from .deployment import Application, Deployment
 
 __all__ = ["run", "start", "status", "delete", "shutdown", "get_app_handle",
@@ -69,6 +70,8 @@ def _activate_in_replica():
 def _ray_options(dep, serve):
     known = inspect.signature(serve.deployment).parameters
     options = {k: v for k, v in dep._config.items() if k in known and k != "name"}
+    if isinstance(options.get("autoscaling_config"), AutoscalingConfig):
+        options["autoscaling_config"] = options["autoscaling_config"].dict(exclude_unset=True)
     actor_options = dict(options.get("ray_actor_options") or {})
     actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
     options["ray_actor_options"] = actor_options

@@ -26,6 +26,7 @@ deployments in place, as Ray's lightweight update does (``num_replicas``
 scaled, ``user_config`` given to the replicas' ``reconfigure``).  A change of
 any of those imports it anew and rolls its replicas.
 """
+import enum
 import hashlib
 import importlib
 import json
@@ -33,6 +34,7 @@ import os
 import sys
 
 from ._defaults import DEPLOYMENT_OPTIONS
+from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOptions
 from ._http import check_route_prefix
 
 
@@ -86,10 +88,26 @@ def _number(where, value, *, minimum=0.0, positive=False, integer=False):
     return value
 
 
+def _given_autoscaling(cfg, where):
+    """The fields set in ``cfg``: a mapping, an ``AutoscalingConfig`` (this
+    module's, or another pydantic-style one, as Ray's), or None."""
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    for dump in ("model_dump", "dict"):
+        method = getattr(cfg, dump, None)
+        if callable(method):
+            return dict(method(exclude_unset=True))
+    raise ConfigError(f"{where}: expected a mapping or an AutoscalingConfig, got "
+                      f"{type(cfg).__name__}")
+
+
 def normalize_autoscaling(cfg, where="autoscaling_config", auto=False):
-    """``cfg`` (a dict or None) with Ray's defaults filled in and checked; with
-    ``auto`` (num_replicas="auto") the defaults of that mode first."""
-    given = dict(cfg or {})
+    """``cfg`` (a dict, an ``AutoscalingConfig`` or None) with Ray's defaults
+    filled in and checked; with ``auto`` (num_replicas="auto") the defaults
+    of that mode first."""
+    given = _given_autoscaling(cfg, where)
     _unknown(where, given, AUTOSCALING_DEFAULTS)
     out = dict(AUTOSCALING_DEFAULTS)
     if auto:
@@ -417,3 +435,80 @@ def _forget_modules(files):
         except (OSError, ValueError, NotImplementedError):
             pass
     importlib.invalidate_caches()
+
+
+# ------------------------------------------------- Ray's ray.serve.config names
+class AutoscalingConfig:
+    """Ray Serve's ``AutoscalingConfig``: ``deployment(autoscaling_config=
+    AutoscalingConfig(min_replicas=1, max_replicas=4))`` is the dict with
+    those keys.  Checked when made, as the dict is when deployed (an unknown
+    field, a bad number or min above max: ``ConfigError``, a ValueError as
+    pydantic's errors are); every field reads back with Ray's default filled
+    in, and ``dict()``/``model_dump()`` give them (``exclude_unset=True``:
+    only those given)."""
+
+    def __init__(self, **fields):
+        full = normalize_autoscaling(fields, "AutoscalingConfig")
+        self.__dict__["_given"] = dict(fields)
+        self.__dict__.update(full)
+
+    def __setattr__(self, name, value):
+        fields = {**self._given, name: value}
+        full = normalize_autoscaling(fields, "AutoscalingConfig")
+        self.__dict__["_given"] = fields
+        self.__dict__.update(full)
+
+    def dict(self, exclude_unset=False):
+        if exclude_unset:
+            return dict(self._given)
+        return {k: self.__dict__[k] for k in AUTOSCALING_DEFAULTS}
+
+    model_dump = dict
+
+    def __eq__(self, other):
+        return isinstance(other, AutoscalingConfig) and self.dict() == other.dict()
+
+    def __repr__(self):
+        return "AutoscalingConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._given.items()) + ")"
+
+
+class ProxyLocation(str, enum.Enum):
+    """Where Ray Serve runs proxies (``serve.start(proxy_location=...)``).  On
+    one machine ``HeadOnly`` and ``EveryNode`` are the same; ``Disabled``
+    starts none."""
+
+    Disabled = "Disabled"
+    HeadOnly = "HeadOnly"
+    EveryNode = "EveryNode"
+
+
+class DeploymentMode(str, enum.Enum):
+    """Ray's older spelling of ``ProxyLocation`` (``HTTPOptions(location=...)``,
+    accepted and ignored)."""
+
+    NoServer = "NoServer"
+    HeadOnly = "HeadOnly"
+    EveryNode = "EveryNode"
+    FixedNumber = "FixedNumber"
+
+
+class gRPCOptions:  # noqa: N801 - Ray's name
+    """Ray Serve's ``gRPCOptions``.  ray_lite.serve has no gRPC ingress:
+    ``serve.start`` refuses options that list servicer functions."""
+
+    def __init__(self, port=9000, grpc_servicer_functions=None, request_timeout_s=None):
+        self.port = port
+        self.grpc_servicer_functions = list(grpc_servicer_functions or [])
+        self.request_timeout_s = request_timeout_s
+
+
+class RequestRouterConfig:
+    """Ray Serve's ``RequestRouterConfig``: accepted and not used (ray_lite's
+    proxies route by their own rules; see the README)."""
+
+    def __init__(self, request_router_class=None, request_router_kwargs=None,
+                 request_routing_stats_period_s=10, request_routing_stats_timeout_s=30):
+        self.request_router_class = request_router_class
+        self.request_router_kwargs = dict(request_router_kwargs or {})
+        self.request_routing_stats_period_s = request_routing_stats_period_s
+        self.request_routing_stats_timeout_s = request_routing_stats_timeout_s

@@ -1,0 +1,91 @@
+"""Ray's ``ray.serve.config`` names, as Serve programs import them:
+``AutoscalingConfig`` (a deployment's ``autoscaling_config``, checked when
+made), ``HTTPOptions``, ``ProxyLocation``, ``DeploymentMode``,
+``gRPCOptions``, ``RequestRouterConfig``."""
+import pickle
+
+import pytest
+
+from ray_lite import serve
+from ray_lite.serve.config import (AutoscalingConfig, ConfigError, DeploymentMode,
+                                   HTTPOptions, ProxyLocation, RequestRouterConfig,
+                                   gRPCOptions)
+
+from serve_helpers import http
+
+
+def test_autoscaling_config_reads_back_with_rays_defaults():
+    a = AutoscalingConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3)
+    assert (a.min_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 4, 3)
+    assert a.upscale_delay_s == 30.0 and a.downscale_delay_s == 600.0   # Ray's defaults
+    assert a.initial_replicas is None
+    assert a.dict(exclude_unset=True) == {"min_replicas": 1, "max_replicas": 4,
+                                          "target_ongoing_requests": 3}
+    assert a.model_dump()["look_back_period_s"] == 30.0
+    a.max_replicas = 6
+    assert a.max_replicas == 6 and a.dict(exclude_unset=True)["max_replicas"] == 6
+    assert pickle.loads(pickle.dumps(a)) == a
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"min_replicas": 5, "max_replicas": 2}, r"min_replicas \(5\) is greater than max_replicas"),
+    ({"max_replica": 2}, "unknown key 'max_replica'"),
+    ({"target_ongoing_requests": 0}, "target_ongoing_requests"),
+    ({"min_replicas": 1, "max_replicas": 3, "initial_replicas": 9}, "initial_replicas"),
+])
+def test_autoscaling_config_is_checked_when_made(fields, words):
+    with pytest.raises(ValueError, match=words):     # ConfigError, as pydantic's, a ValueError
+        AutoscalingConfig(**fields)
+
+
+def test_a_bad_field_set_later_leaves_the_config_as_it_was():
+    a = AutoscalingConfig(min_replicas=1, max_replicas=2)
+    with pytest.raises(ConfigError, match="greater than max_replicas"):
+        a.min_replicas = 3
+    assert a.min_replicas == 1 and a.dict(exclude_unset=True) == {"min_replicas": 1,
+                                                                   "max_replicas": 2}
+
+
+def test_a_deployment_takes_an_autoscaling_config_object():
+    @serve.deployment(autoscaling_config=AutoscalingConfig(min_replicas=2, max_replicas=5))
+    class Scaled:
+        pass
+    assert Scaled.num_replicas == 2
+    cfg = Scaled.full_config()["autoscaling_config"]
+    assert (cfg["min_replicas"], cfg["max_replicas"]) == (2, 5)
+    assert Scaled.options(autoscaling_config=AutoscalingConfig(
+        min_replicas=1, max_replicas=3, initial_replicas=3)).num_replicas == 3
+    with pytest.raises(ConfigError, match="expected a mapping or an AutoscalingConfig, got "
+                                          "list"):
+        serve.deployment(autoscaling_config=[1, 2])(Scaled.func_or_class)
+
+
+def test_enums_and_options_objects_spell_rays_values():
+    assert [p.value for p in ProxyLocation] == ["Disabled", "HeadOnly", "EveryNode"]
+    assert ProxyLocation("EveryNode") is ProxyLocation.EveryNode
+    assert ProxyLocation.Disabled == "Disabled"     # a str, as Ray's enum
+    assert DeploymentMode.NoServer == "NoServer"
+    assert HTTPOptions is serve.HTTPOptions
+    assert HTTPOptions(port=8123, location=DeploymentMode.EveryNode).to_dict()["port"] == 8123
+    g = gRPCOptions()
+    assert (g.port, g.grpc_servicer_functions) == (9000, [])
+    r = RequestRouterConfig(request_router_kwargs={"k": 1})
+    assert r.request_router_kwargs == {"k": 1}
+
+
+@serve.deployment
+class Hello:
+    async def __call__(self, request):
+        return "hi"
+
+
+def test_serve_start_takes_the_enum_and_grpc_options(serve_runtime):
+    from ray_lite.serve.api import _http_port
+    with pytest.raises(ValueError, match="no gRPC ingress"):
+        serve.start(grpc_options=gRPCOptions(grpc_servicer_functions=["mod.add_servicer"]))
+    serve.start(proxy_location=ProxyLocation.EveryNode, grpc_options=gRPCOptions(),
+                http_options=HTTPOptions(port=0, proxies=1))
+    serve.run(Hello.options(autoscaling_config=AutoscalingConfig(
+        min_replicas=1, max_replicas=2)).bind(), name="hello", route_prefix="/hello")
+    status, _, body = http(_http_port(), "GET", "/hello")
+    assert (status, body) == (200, b"hi")
