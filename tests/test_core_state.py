@@ -1,5 +1,6 @@
 """ray_lite.util.state: list_actors, list_tasks, list_objects for what is running."""
 import asyncio
+import os
 
 import pytest
 
@@ -87,3 +88,55 @@ def test_state_listing_from_a_task(rt):
     names, tasks = ray.get(look.remote(), timeout=T)
     assert names == ["seen"]
     assert [n for n in tasks if n.endswith("look")]     # the task sees itself running
+
+
+def test_workers_nodes_and_placement_groups(rt):
+    from ray_lite.util import placement_group, remove_placement_group
+    from ray_lite.util.state import list_nodes, list_placement_groups, list_workers
+    g = Gate.remote()
+    ray.get(g.open.remote(), timeout=T)
+    workers = list_workers()
+    ctx = ray.get_runtime_context()
+    assert [w["pid"] for w in workers if w["worker_type"] == "DRIVER"] == [os.getpid()]
+    assert [w for w in workers if w["pid"] == g._info.pid][0]["worker_type"] == "WORKER"
+    assert {w["worker_id"] for w in workers if w["pid"] == os.getpid()} == {ctx.get_worker_id()}
+    assert all(w["is_alive"] and w["node_id"] == ctx.get_node_id() for w in workers)
+    assert list_workers(filters=[("pid", "=", str(g._info.pid))])[0]["pid"] == g._info.pid
+    (node,) = list_nodes()
+    assert node.state == "ALIVE" and node.is_head_node and node.node_id == ctx.get_node_id()
+    assert node.resources_total["CPU"] == 2
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK", name="pair")
+    ray.get(pg.ready(), timeout=T)
+    (row,) = list_placement_groups(filters=[("name", "=", "pair")])
+    assert row.state == "CREATED" and row.strategy == "PACK"
+    assert [b["unit_resources"] for b in row.bundles] == [{"CPU": 1}, {"CPU": 1}]
+    remove_placement_group(pg)
+    # Kept, as in Ray, as removed.
+    assert rt.wait_until(lambda: list_placement_groups(
+        filters=[("name", "=", "pair")])[0].state == "REMOVED", T)
+    ray.kill(g)
+    assert rt.wait_until(lambda: g._info.pid not in {w["pid"] for w in list_workers()}, T)
+
+
+def test_summaries_and_named_actors(rt):
+    from ray_lite.util import list_named_actors
+    from ray_lite.util.state import summarize_actors, summarize_tasks
+    gates = [Gate.options(name="g1").remote(), Gate.options(name="g2", namespace="other").remote(),
+             Gate.remote()]
+    ray.get([g.open.remote() for g in gates], timeout=T)
+    gate = Gate.remote()
+    refs = [held.options(name="held-task").remote(gate)]
+    ray.get(gate.wait_arrived.remote(), timeout=T)
+    actors = summarize_actors()["cluster"]
+    assert actors["summary"]["Gate"] == {"class_name": "Gate", "state_counts": {"ALIVE": 4}}
+    assert actors["total_actors"] == 4 and actors["summary_by"] == "class"
+    tasks = summarize_tasks()["cluster"]
+    assert tasks["summary"]["held-task"]["state_counts"] == {"RUNNING": 1}
+    assert tasks["summary"]["held-task"]["type"] == "NORMAL_TASK"
+    assert tasks["total_tasks"] == 1 and tasks["summary_by"] == "func_name"
+    assert sorted(list_named_actors()) == ["g1"]
+    assert sorted(list_named_actors(all_namespaces=True), key=lambda d: d["name"]) == [
+        {"name": "g1", "namespace": ray.get_runtime_context().namespace},
+        {"name": "g2", "namespace": "other"}]
+    ray.get(gate.open.remote(), timeout=T)
+    assert ray.get(refs, timeout=T) == ["released"]

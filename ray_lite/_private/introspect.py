@@ -128,6 +128,19 @@ def _list_objects(driver, peer):
     return out
 
 
+def _list_workers(driver, peer):
+    """The runtime's processes: the driver, pool workers, actors (all alive)."""
+    node_hex = node_id_hex(driver.driver_pid)
+    procs = [(0, driver.driver_pid, "DRIVER")]
+    with driver._sched:
+        procs += [(w.id, w.pid, "WORKER") for w in driver.pool.values()]
+    procs += [(aid, info.pid, "WORKER") for aid, info in sorted(driver.actors.items())
+              if info.pid]
+    return [{"worker_id": worker_id_hex(node_hex, wid), "is_alive": True,
+             "worker_type": kind, "exit_type": None, "node_id": node_hex, "ip": NODE_IP,
+             "pid": pid, "exit_detail": None} for wid, pid, kind in procs]
+
+
 def _object_row(driver, oid, status):
     return {"object_id": f"{driver.id & 0xffffffff:08x}{oid:016x}", "object_size": None,
             "task_status": status, "reference_type": "LOCAL_REFERENCE", "call_site": "",
@@ -137,5 +150,5 @@ def _object_row(driver, oid, status):
 _ANSWERS = {
     "actor_info": _actor_info, "assigned": _assigned, "restarted": _restarted,
     "resources": _resources, "nodes": _nodes, "list_actors": _list_actors,
-    "list_tasks": _list_tasks, "list_objects": _list_objects,
+    "list_tasks": _list_tasks, "list_objects": _list_objects, "list_workers": _list_workers,
 }

@@ -1,7 +1,8 @@
 """Ray's ``ray.util`` for ray_lite: utilities built on the public core API.
 
 ``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``,
-``inspect_serializability`` and the placement-group functions are here;
+``list_named_actors``, ``inspect_serializability`` and the placement-group
+functions are here;
 ``ray_lite.util.queue`` (``Queue``), ``ray_lite.util.multiprocessing``
 (``Pool``), ``ray_lite.util.metrics`` (``Counter``, ``Gauge``,
 ``Histogram``), ``ray_lite.util.state`` and
@@ -22,6 +23,7 @@ from ray_lite.util.placement_group import (PlacementGroup, get_current_placement
                                            placement_group_table, remove_placement_group)
 
 __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
+           "list_named_actors",
            "inspect_serializability", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "queue", "multiprocessing", "metrics", "state",
@@ -34,6 +36,20 @@ def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def list_named_actors(all_namespaces=False):
+    """The names of the live named actors in this job's namespace; with
+    ``all_namespaces``, ``{"name", "namespace"}`` of every one (Ray's)."""
+    if _backend.RAY:
+        return _ray.util.UTIL["list_named_actors"](all_namespaces)
+    import ray_lite
+    from ray_lite.util.state import list_actors
+    named = [a for a in list_actors(limit=1 << 62) if a["name"]]
+    if all_namespaces:
+        return [{"name": a["name"], "namespace": a["ray_namespace"]} for a in named]
+    namespace = ray_lite.get_runtime_context().namespace
+    return [a["name"] for a in named if a["ray_namespace"] == namespace]
 
 
 def get_node_ip_address(address="8.8.8.8:53"):

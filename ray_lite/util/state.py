@@ -1,18 +1,24 @@
 """``ray_lite.util.state``: Ray's state API for what is running now.
 
-``list_actors``, ``list_tasks`` and ``list_objects`` ask the driver (one
-request) and return one record per actor, task or object with Ray's field
-names; a record reads both as a dict (``a["state"]``) and by attribute
-(``a.state``), as Ray's state records do.  Unlike Ray, nothing is kept
-about what has finished: actors that died, tasks and calls that returned and
-objects that were freed are not listed.
+``list_actors``, ``list_tasks``, ``list_objects``, ``list_workers``,
+``list_nodes`` and ``list_placement_groups`` ask the driver (one request) and
+return one record per actor, task, object, process, node (this machine) or
+placement group with Ray's field names; a record reads both as a dict
+(``a["state"]``) and by attribute (``a.state``), as Ray's state records do.
+``summarize_tasks`` and ``summarize_actors`` count them by function or class
+and state, in Ray's shape.  Unlike Ray, nothing is kept about what has
+finished: actors that died, tasks and calls that returned, objects that were
+freed and processes that ended are not listed.
 """
 from ray_lite import _ray
 from ray_lite._private import backend as _backend
 from ray_lite._private import protocol as P
 from ray_lite._private import state as _state
+from ray_lite._private.ids import JOB_ID_HEX as _JOB_ID_HEX
 
-__all__ = ["list_actors", "list_tasks", "list_objects", "get_actor", "get_task"]
+__all__ = ["list_actors", "list_tasks", "list_objects", "list_workers", "list_nodes",
+           "list_placement_groups", "get_actor", "get_task", "summarize_tasks",
+           "summarize_actors"]
 
 DEFAULT_LIMIT = 100
 _PREDICATES = {"=": lambda a, b: _same(a, b), "!=": lambda a, b: not _same(a, b)}
@@ -41,11 +47,34 @@ def _check_filters(filters):
             raise ValueError(f"Unsupported filter predicate {f[1]!r}: use '=' or '!='")
 
 
+def _rows(what):
+    node = _state.get_node()
+    if what == "list_nodes":
+        return [_node_row(n) for n in node.request(P.OP_INTROSPECT, "nodes")]
+    if what == "list_placement_groups":
+        return [_placement_group_row(t) for t in node.request(P.OP_PG_TABLE, None).values()]
+    return node.request(P.OP_INTROSPECT, what)
+
+
+def _node_row(n):
+    return {"node_id": n["NodeID"], "node_ip": n["NodeManagerAddress"], "is_head_node": True,
+            "state": "ALIVE", "state_message": None, "node_name": n["NodeName"],
+            "resources_total": dict(n["Resources"]), "labels": dict(n["Labels"])}
+
+
+def _placement_group_row(t):
+    return {"placement_group_id": t["placement_group_id"], "name": t["name"],
+            "creator_job_id": _JOB_ID_HEX, "state": t["state"],
+            "strategy": t["strategy"], "is_detached": False, "stats": None,
+            "bundles": [{"bundle_id": f"{t['placement_group_id']}:{i}", "node_id": None,
+                         "unit_resources": dict(b)} for i, b in sorted(t["bundles"].items())]}
+
+
 def _list(what, filters, limit, detail, raise_on_missing_output):
     _check_filters(filters)
     if not isinstance(limit, int) or limit < 0:
         raise ValueError(f"limit must be a non-negative int, got {limit!r}")
-    rows = _state.get_node().request(P.OP_INTROSPECT, what)
+    rows = _rows(what)
     out = []
     for row in rows:
         if all(f[0] in row and _PREDICATES[f[1]](row[f[0]], f[2]) for f in filters or ()):
@@ -86,6 +115,69 @@ def list_objects(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, de
     processes borrow (``object_id``, ``task_status``, ``pid``...)."""
     return _listing("list_objects", address, filters, limit, timeout, detail,
                     raise_on_missing_output, _explain)
+
+
+def list_workers(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
+                 raise_on_missing_output=True, _explain=False):
+    """The runtime's live processes: ``worker_id``, ``worker_type`` ("DRIVER"
+    or "WORKER": pool workers and actors), ``pid``, ``is_alive``..."""
+    return _listing("list_workers", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
+
+
+def list_nodes(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
+               raise_on_missing_output=True, _explain=False):
+    """This machine, the head node: ``node_id``, ``node_ip``, ``state`` ("ALIVE"),
+    ``resources_total``, ``labels``..."""
+    return _listing("list_nodes", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
+
+
+def list_placement_groups(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30,
+                          detail=False, raise_on_missing_output=True, _explain=False):
+    """The placement groups made, removed ones too (``state`` "REMOVED", as
+    Ray keeps them): ``placement_group_id``, ``name``, ``state``,
+    ``strategy``, ``bundles`` (each ``unit_resources``)..."""
+    return _listing("list_placement_groups", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
+
+
+def summarize_tasks(address=None, timeout=30, raise_on_missing_output=True, _explain=False):
+    """Ray's task summary of what waits or runs, by function name: ``{"cluster":
+    {"summary": {name: {"func_or_class_name", "type", "state_counts"}},
+    "total_tasks", "total_actor_tasks", "total_actor_scheduled", "summary_by"}}``."""
+    if _backend.RAY:
+        return _ray.util.state_function("summarize_tasks")(address, timeout,
+                                                           raise_on_missing_output, _explain)
+    summary, totals = {}, {"NORMAL_TASK": 0, "ACTOR_TASK": 0, "ACTOR_CREATION_TASK": 0}
+    for t in _rows("list_tasks"):
+        name = t["func_or_class_name"]
+        entry = summary.setdefault(name, {"func_or_class_name": name, "type": t["type"],
+                                          "state_counts": {}})
+        counts = entry["state_counts"]
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+        totals[t["type"]] = totals.get(t["type"], 0) + 1
+    return {"cluster": {"summary": summary, "total_tasks": totals["NORMAL_TASK"],
+                        "total_actor_tasks": totals["ACTOR_TASK"],
+                        "total_actor_scheduled": totals["ACTOR_CREATION_TASK"],
+                        "summary_by": "func_name"}}
+
+
+def summarize_actors(address=None, timeout=30, raise_on_missing_output=True, _explain=False):
+    """Ray's actor summary of the live actors, by class: ``{"cluster": {"summary":
+    {class_name: {"class_name", "state_counts"}}, "total_actors", "summary_by"}}``."""
+    if _backend.RAY:
+        return _ray.util.state_function("summarize_actors")(address, timeout,
+                                                            raise_on_missing_output, _explain)
+    summary = {}
+    actors = _rows("list_actors")
+    for a in actors:
+        entry = summary.setdefault(a["class_name"], {"class_name": a["class_name"],
+                                                     "state_counts": {}})
+        counts = entry["state_counts"]
+        counts[a["state"]] = counts.get(a["state"], 0) + 1
+    return {"cluster": {"summary": summary, "total_actors": len(actors),
+                        "summary_by": "class"}}
 
 
 def get_actor(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
