@@ -1,7 +1,8 @@
 """Ray's ``ray.serve.config`` names, as Serve programs import them:
 ``AutoscalingConfig`` (a deployment's ``autoscaling_config``, checked when
 made), ``HTTPOptions``, ``ProxyLocation``, ``DeploymentMode``,
-``gRPCOptions``, ``RequestRouterConfig``."""
+``gRPCOptions``, ``RequestRouterConfig``; and ``ray.serve.schema``'s status
+enums, which ``serve.status()`` reports in."""
 import pickle
 
 import pytest
@@ -89,3 +90,16 @@ def test_serve_start_takes_the_enum_and_grpc_options(serve_runtime):
         min_replicas=1, max_replicas=2)).bind(), name="hello", route_prefix="/hello")
     status, _, body = http(_http_port(), "GET", "/hello")
     assert (status, body) == (200, b"hi")
+
+
+def test_status_values_are_rays_enums(serve_port):
+    from ray_lite.serve.schema import (ApplicationStatus, DeploymentStatus, ReplicaState,
+                                       ServeStatus)
+    serve.run(Hello.bind(), name="hello", route_prefix="/hello")
+    st = serve.status()
+    assert isinstance(st, ServeStatus)
+    app = st.applications["hello"]
+    assert app.status is ApplicationStatus.RUNNING and app.status == "RUNNING"
+    dep = app.deployments["Hello"]
+    assert dep.status is DeploymentStatus.HEALTHY
+    assert dep.replica_states == {ReplicaState.RUNNING: 1} == {"RUNNING": 1}

@@ -14,6 +14,7 @@ from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from ._asgi import asgi_app_of_class, pickle_deployment_class
 from .multiplex import is_multiplexed
+from .schema import ServeStatus
 
 _lock = threading.RLock()
 
@@ -348,36 +349,3 @@ def _http_port():
     """The port the proxies listen on (useful with ``http_options={"port": 0}``)."""
     ctl = context.get_controller()
     return _core.get(ctl.http_address.remote())[1]
-
-
-class _Obj:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.__dict__!r})"
-
-
-class DeploymentStatusOverview(_Obj):
-    pass
-
-
-class ApplicationStatusOverview(_Obj):
-    pass
-
-
-class ServeStatus:
-    def __init__(self, apps, http_port, proxies):
-        self.applications = {}
-        for name, a in apps.items():
-            deps = {dn: DeploymentStatusOverview(status=d["status"], message=d["message"],
-                                                 replica_states=d["replica_states"])
-                    for dn, d in a["deployments"].items()}
-            self.applications[name] = ApplicationStatusOverview(
-                status=a["status"], message=a["message"], route_prefix=a["route_prefix"],
-                deployments=deps)
-        self.http_port = http_port
-        self.proxies = proxies
-
-    def __repr__(self):
-        return f"ServeStatus(applications={self.applications!r})"
