@@ -24,7 +24,8 @@ __all__ = ["ray_strategy", "RayQueue", "UTIL", "state_function", "CLASSES"]
 UTIL = {name: getattr(ray.util, name) for name in (
     "as_completed", "map_unordered", "get_node_ip_address", "inspect_serializability",
     "placement_group", "remove_placement_group", "get_placement_group",
-    "placement_group_table", "get_current_placement_group", "list_named_actors")}
+    "placement_group_table", "get_current_placement_group", "list_named_actors",
+    "register_serializer", "deregister_serializer")}
 
 
 def state_function(name):

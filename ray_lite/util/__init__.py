@@ -1,7 +1,8 @@
 """Ray's ``ray.util`` for ray_lite: utilities built on the public core API.
 
 ``ActorPool``, ``as_completed``, ``map_unordered``, ``get_node_ip_address``,
-``list_named_actors``, ``inspect_serializability`` and the placement-group
+``list_named_actors``, ``inspect_serializability``,
+``register_serializer``/``deregister_serializer`` and the placement-group
 functions are here;
 ``ray_lite.util.queue`` (``Queue``), ``ray_lite.util.multiprocessing``
 (``Pool``), ``ray_lite.util.metrics`` (``Counter``, ``Gauge``,
@@ -21,9 +22,10 @@ from ray_lite.util.helpers import as_completed, map_unordered
 from ray_lite.util.placement_group import (PlacementGroup, get_current_placement_group,
                                            get_placement_group, placement_group,
                                            placement_group_table, remove_placement_group)
+from ray_lite.util.serialization import deregister_serializer, register_serializer
 
 __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
-           "list_named_actors",
+           "list_named_actors", "register_serializer", "deregister_serializer",
            "inspect_serializability", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "queue", "multiprocessing", "metrics", "state",
