@@ -17,6 +17,7 @@ needs_prometheus = pytest.mark.skipif(importlib.util.find_spec("prometheus_clien
 
 @pytest.mark.parametrize("make, error, words", [
     (lambda: metrics.Counter(""), ValueError, "Empty name"),
+    (lambda: metrics.Counter(7), TypeError, "name must be a str"),
     (lambda: metrics.Counter("c", tag_keys=["a"]), TypeError, "tuple"),
     (lambda: metrics.Gauge("g", tag_keys=("a", 1)), TypeError, "Tag keys must be str"),
     (lambda: metrics.Histogram("h"), ValueError, "boundaries argument should be provided"),

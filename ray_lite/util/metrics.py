@@ -98,7 +98,9 @@ class Metric:
     default tags; see the module docstring."""
 
     def __init__(self, name, description="", tag_keys=None):
-        if not isinstance(name, str) or len(name) == 0:
+        if not isinstance(name, str):
+            raise TypeError(f"A metric's name must be a str, got {type(name)}.")
+        if len(name) == 0:
             raise ValueError("Empty name is not allowed. Please provide a metric name.")
         self._discard = _VALID_NAME.match(name) is None
         if self._discard:
@@ -169,7 +171,8 @@ class Metric:
 
 
 def _check_number(value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    # (a bool is an int here, as in Ray)
+    if not isinstance(value, (int, float)):
         raise TypeError(f"value must be int or float, got {type(value)}.")
 
 
