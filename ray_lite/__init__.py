@@ -42,16 +42,23 @@ __all__ = [
     "MessageQueue", "method", "get_runtime_context", "available_resources",
     "cluster_resources", "nodes", "get_gpu_ids", "actor", "backend",
     "ActorClassID", "ActorID", "FunctionID", "JobID", "NodeID", "ObjectID",
-    "PlacementGroupID", "TaskID", "UniqueID", "WorkerID",
+    "PlacementGroupID", "TaskID", "UniqueID", "WorkerID", "LoggingConfig",
 ]
 
 
+_LAZY_SUBMODULES = ("util", "runtime_env", "job_config")
+
+
 def __getattr__(name):
-    # ``ray_lite.util`` is imported on first use, as ``ray.util`` is reachable
-    # after ``import ray``, without slowing down ``import ray_lite``.
-    if name == "util":
+    # ``ray_lite.util`` (and the others) are imported on first use, as
+    # ``ray.util`` is reachable after ``import ray``, without slowing down
+    # ``import ray_lite``.
+    if name in _LAZY_SUBMODULES:
         import importlib
-        return importlib.import_module("ray_lite.util")
+        return importlib.import_module(f"ray_lite.{name}")
+    if name == "LoggingConfig":
+        from ray_lite._private.logging_config import LoggingConfig
+        return LoggingConfig
     raise AttributeError(f"module 'ray_lite' has no attribute {name!r}")
 
 # In a process Ray started for a task or an actor, ray_lite runs on Ray.

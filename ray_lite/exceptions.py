@@ -239,8 +239,16 @@ class NodeDiedError(RayError):
 
 
 class RuntimeEnvSetupError(RayError):
-    """A runtime environment could not be set up (ray_lite refuses the kinds it
-    cannot set up when the task is declared)."""
+    """A runtime environment could not be set up: the job's
+    ``worker_process_setup_hook`` failed in the process a task went to
+    (ray_lite refuses the kinds it cannot set up when the task is declared)."""
+
+    def __init__(self, error_message=None):
+        super().__init__(error_message)
+        self.error_message = error_message
+
+    def __str__(self):
+        return self.error_message or "The runtime_env could not be set up."
 
 
 class PendingCallsLimitExceeded(RayError):

@@ -92,7 +92,8 @@ def test_state_listing_from_a_task(rt):
 
 def test_workers_nodes_and_placement_groups(rt):
     from ray_lite.util import placement_group, remove_placement_group
-    from ray_lite.util.state import list_nodes, list_placement_groups, list_workers
+    from ray_lite.util.state import (get_node, get_placement_group, get_worker, list_nodes,
+                                     list_placement_groups, list_workers)
     g = Gate.remote()
     ray.get(g.open.remote(), timeout=T)
     workers = list_workers()
@@ -102,7 +103,10 @@ def test_workers_nodes_and_placement_groups(rt):
     assert {w["worker_id"] for w in workers if w["pid"] == os.getpid()} == {ctx.get_worker_id()}
     assert all(w["is_alive"] and w["node_id"] == ctx.get_node_id() for w in workers)
     assert list_workers(filters=[("pid", "=", str(g._info.pid))])[0]["pid"] == g._info.pid
+    assert get_worker(ctx.get_worker_id())["pid"] == os.getpid()
+    assert get_worker("f" * 56) is None
     (node,) = list_nodes()
+    assert get_node(ctx.get_node_id()) == node
     assert node.state == "ALIVE" and node.is_head_node and node.node_id == ctx.get_node_id()
     assert node.resources_total["CPU"] == 2
     pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK", name="pair")
@@ -110,12 +114,30 @@ def test_workers_nodes_and_placement_groups(rt):
     (row,) = list_placement_groups(filters=[("name", "=", "pair")])
     assert row.state == "CREATED" and row.strategy == "PACK"
     assert [b["unit_resources"] for b in row.bundles] == [{"CPU": 1}, {"CPU": 1}]
+    assert get_placement_group(pg.id.hex()) == row
     remove_placement_group(pg)
     # Kept, as in Ray, as removed.
     assert rt.wait_until(lambda: list_placement_groups(
         filters=[("name", "=", "pair")])[0].state == "REMOVED", T)
     ray.kill(g)
     assert rt.wait_until(lambda: g._info.pid not in {w["pid"] for w in list_workers()}, T)
+
+
+def test_the_job_is_listed(rt):
+    from ray_lite.util.state import get_job, list_jobs
+    (job,) = list_jobs()
+    assert job.job_id == ray.get_runtime_context().get_job_id()
+    assert (job.type, job.status, job.metadata) == ("DRIVER", "RUNNING", {})
+    assert job.driver_info["pid"] == str(os.getpid())
+    assert get_job(job.job_id) == job and get_job("ffffffff") is None
+    # From a task too (the driver answers).
+    assert ray.get(_jobs_seen_in_a_task.remote(), timeout=T) == [job.job_id]
+
+
+@ray.remote
+def _jobs_seen_in_a_task():
+    from ray_lite.util.state import list_jobs
+    return [j["job_id"] for j in list_jobs()]
 
 
 def test_summaries_and_named_actors(rt):

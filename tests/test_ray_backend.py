@@ -201,6 +201,26 @@ def test_context_resources_and_util_are_rays(on_ray):
         assert type(made) is rays
 
 
+def test_job_config_logging_config_and_runtime_env_become_rays(on_ray):
+    import ray
+    import ray.job_config
+    from ray_lite._private.job_setup import ray_init_kwargs
+    from ray_lite.job_config import JobConfig
+    from ray_lite.runtime_env import RuntimeEnv
+    jc = JobConfig(runtime_env={"env_vars": {"A": "1"}}, metadata={"k": "v"},
+                   ray_namespace="ns")
+    jc.set_py_logging_config(ray_lite.LoggingConfig(encoding="JSON"))
+    env, kwargs = ray_init_kwargs(RuntimeEnv(env_vars={"B": "2"}),
+                                  {"job_config": jc, "logging_config": ray_lite.LoggingConfig()})
+    assert env == {"env_vars": {"B": "2"}} and type(env) is dict
+    rays = kwargs["job_config"]
+    assert type(rays) is ray.job_config.JobConfig
+    assert (rays.metadata, rays.ray_namespace) == ({"k": "v"}, "ns")
+    assert rays.runtime_env == {"env_vars": {"A": "1"}}
+    assert rays.py_logging_config.encoding == "JSON"
+    assert type(kwargs["logging_config"]) is ray.LoggingConfig
+
+
 @ray_lite.remote
 class Quitter:
     def quit(self):

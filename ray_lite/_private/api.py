@@ -17,7 +17,7 @@ from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from .actor_handle import ActorHandle
 from .remote import ActorClass, RemoteFunction
-from .runtime_env import env_vars_of
+from .job_setup import JobSetup
 from .scheduler import check_resource_dict
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
@@ -31,7 +31,7 @@ _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logg
                   "configure_logging", "log_to_driver",
                   "_system_config", "num_gpus", "_temp_dir", "logging_format",
                   "_memory"}
-_REFUSED_INIT = {"local_mode", "storage", "_node_ip_address", "job_config"}
+_REFUSED_INIT = {"local_mode", "storage", "_node_ip_address"}
 
 
 class RayContext(Mapping):
@@ -86,7 +86,8 @@ class RayContext(Mapping):
 
 
 def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=None,
-         resources=None, runtime_env=None, object_store_memory=None, backend=None, **kwargs):
+         resources=None, runtime_env=None, object_store_memory=None, backend=None,
+         job_config=None, logging_config=None, **kwargs):
     """Start the runtime: a zygote and ``num_cpus`` worker processes (default: CPU count).
 
     ``object_store_memory``: bytes that large objects may take in shared
@@ -95,6 +96,9 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
     ``backend="ray"``, an ``address`` of a Ray cluster (``"auto"``,
     ``"host:6379"``, ``"ray://host:10001"``) or ``RAY_LITE_BACKEND=ray`` run
     the program on Ray instead (see ``_private/backend.py``).
+
+    ``job_config`` (``ray_lite.job_config.JobConfig``) and ``logging_config``
+    (``ray_lite.LoggingConfig``): as in Ray; see ``_private/job_setup.py``.
     """
     global _atexit_registered
     engine = _backend.choose(backend, address)
@@ -102,6 +106,12 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if state.node is not None:
             raise RuntimeError("ray_lite is already running on the local backend: "
                                "call ray_lite.shutdown() before init(backend='ray')")
+        from .job_setup import ray_init_kwargs
+        if job_config is not None:
+            kwargs["job_config"] = job_config
+        if logging_config is not None:
+            kwargs["logging_config"] = logging_config
+        runtime_env, kwargs = ray_init_kwargs(runtime_env, kwargs)
         context = _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
                             resources=resources, runtime_env=runtime_env,
                             object_store_memory=object_store_memory,
@@ -114,7 +124,8 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         raise RuntimeError("ray_lite is already running on Ray: call ray_lite.shutdown() "
                            "before init(backend='local')")
     resources = check_resource_dict(resources, "init(resources=...)")
-    env_vars = env_vars_of(runtime_env, "init(runtime_env=...)")
+    job = JobSetup(namespace, runtime_env, job_config, logging_config)
+    namespace = job.namespace
     for key, value in kwargs.items():
         if key in _REFUSED_INIT and value not in (None, False, {}):
             raise ValueError(f"ray_lite.init does not support {key}= (single machine runtime)")
@@ -138,13 +149,16 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         capacity = object_store.check_capacity(object_store_memory)
         object_store.cleanup_stale_spill_dirs()
         from .driver import DriverNode
-        node = DriverNode(num_cpus, namespace, resources, env_vars)
+        node = DriverNode(num_cpus, namespace, resources, job.env_vars, job.for_workers)
+        node.job = job.record()
         try:
             object_store.configure(node, capacity)
         except BaseException:
             node.shutdown()
             raise
         state.node = node
+        if job.logging_config is not None:
+            job.logging_config._apply()      # the driver's own records too, as in Ray
         interrupts.install()
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)

@@ -39,7 +39,7 @@ class _PoolWorker:
 
 class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin,
                  TaskRetriesMixin):
-    def __init__(self, num_cpus, namespace, resources=None, env_vars=None):
+    def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
             # Segments of drivers that were killed before they could unlink them.
@@ -50,6 +50,9 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.num_cpus = num_cpus
         self.namespace = namespace
         self.env_vars = env_vars or {}      # init(runtime_env={"env_vars": ...})
+        # The job's setup for every worker process it starts: its
+        # worker_process_setup_hook and LoggingConfig (see worker_main).
+        self.job_setup = job_setup or {}
         self.init_resources(num_cpus, resources or {})
         self.restartable = {}  # actor id -> restarts._ActorRecord
         self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
@@ -109,7 +112,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
     def _spawn_spec(self, node_id, kind, link):
         return {"node_id": node_id, "kind": kind, "driver_pid": self.driver_pid,
                 "shm_prefix": self.shm_prefix, "env_vars": self.env_vars,
-                "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd()}
+                "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd(),
+                **self.job_setup}
 
     def _spawn_pool_worker(self):
         wid = next(self._ids)

@@ -141,6 +141,19 @@ def _list_workers(driver, peer):
              "pid": pid, "exit_detail": None} for wid, pid, kind in procs]
 
 
+def _list_jobs(driver, peer):
+    """This job (the one driver): Ray's job record, ``type`` "DRIVER"."""
+    job = getattr(driver, "job", None) or {}
+    return [{"job_id": JOB_ID_HEX, "submission_id": None, "type": "DRIVER",
+             "status": "RUNNING", "entrypoint": job.get("entrypoint", ""), "message": None,
+             "error_type": None, "start_time": job.get("start_time_ms"), "end_time": None,
+             "metadata": dict(job.get("metadata") or {}),
+             "runtime_env": dict(job.get("runtime_env") or {}),
+             "driver_info": {"id": JOB_ID_HEX, "node_ip_address": NODE_IP,
+                             "pid": str(driver.driver_pid)},
+             "driver_node_id": node_id_hex(driver.driver_pid), "driver_exit_code": None}]
+
+
 def _object_row(driver, oid, status):
     return {"object_id": f"{driver.id & 0xffffffff:08x}{oid:016x}", "object_size": None,
             "task_status": status, "reference_type": "LOCAL_REFERENCE", "call_site": "",
@@ -151,4 +164,5 @@ _ANSWERS = {
     "actor_info": _actor_info, "assigned": _assigned, "restarted": _restarted,
     "resources": _resources, "nodes": _nodes, "list_actors": _list_actors,
     "list_tasks": _list_tasks, "list_objects": _list_objects, "list_workers": _list_workers,
+    "list_jobs": _list_jobs,
 }

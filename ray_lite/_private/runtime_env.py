@@ -1,10 +1,13 @@
-"""``runtime_env`` on one machine: ``env_vars`` only.
+"""``runtime_env`` on one machine: ``env_vars``, ``config`` (checked; nothing
+to set up) and the job's ``worker_process_setup_hook``.
 
 The job's variables (``init(runtime_env=...)``) are set in every worker and
 actor process when it starts; an actor's own are set in its process before
 its constructor runs; a task's own are set around each run of the task in
 the pool worker that runs it, and put back afterwards (pool workers are
-shared by every task).  Every other key (``pip``, ``working_dir``,
+shared by every task).  The job's setup hook (a function, or a module path
+``"pkg.mod.fn"``) runs in every worker and actor process of the job before
+it runs anything (``worker._set_up_for_the_job``).  Every other key (``pip``, ``working_dir``,
 ``conda``, ...) installs or ships something, which a single-machine runtime
 does not do: it is refused by name rather than ignored.
 """
@@ -14,17 +17,35 @@ import os
 from .shipping import ship, unship
 
 
-def env_vars_of(runtime_env, where="runtime_env"):
-    """The ``env_vars`` of ``runtime_env`` (a dict, or None); other keys refused."""
+# Keys that ask for nothing to be installed or shipped.  ``config`` (setup
+# timeout, eager install) is checked and has nothing to set up here.
+_HONOURED = ("env_vars", "config")
+SETUP_HOOK = "worker_process_setup_hook"
+
+
+def env_vars_of(runtime_env, where="runtime_env", job=False):
+    """The ``env_vars`` of ``runtime_env`` (a dict, a ``RuntimeEnv``, or
+    None); keys that install or ship something refused by name.  ``job``:
+    the job's (``init``), where ``worker_process_setup_hook`` is allowed too
+    (``setup_hook_of`` reads it)."""
     if runtime_env is None:
         return None
     if not isinstance(runtime_env, dict):
         raise TypeError(f"{where} must be a dict, got {type(runtime_env).__name__}")
-    other = sorted(k for k in runtime_env if k != "env_vars")
+    honoured = _HONOURED + (SETUP_HOOK,) if job else _HONOURED
+    other = sorted(k for k in runtime_env if k not in honoured)
+    if SETUP_HOOK in other:
+        # As in Ray: the hook is the job's, set up once per worker process.
+        raise ValueError(f"{SETUP_HOOK} is only supported in the job's runtime_env "
+                         f"(init(runtime_env=...)), not in {where}")
     if other:
-        raise ValueError(f"ray_lite supports only 'env_vars' in {where}; it does not support "
+        raise ValueError(f"ray_lite supports only 'env_vars', 'config' and (in init) "
+                         f"'{SETUP_HOOK}' in {where}; it does not support "
                          f"{', '.join(map(repr, other))} (single machine runtime: nothing "
                          f"is installed or shipped)")
+    if runtime_env.get("config") is not None:
+        from ray_lite.runtime_env import RuntimeEnvConfig
+        RuntimeEnvConfig.parse_and_validate_runtime_env_config(runtime_env["config"])
     env = runtime_env.get("env_vars")
     if env is None:
         return None
@@ -32,6 +53,49 @@ def env_vars_of(runtime_env, where="runtime_env"):
                                             for k, v in env.items()):
         raise TypeError(f"{where}['env_vars'] must be a dict of str to str, got {env!r}")
     return dict(env) or None
+
+
+def setup_hook_of(runtime_env):
+    """The job's ``worker_process_setup_hook`` as it travels to the workers:
+    ``("module", "pkg.mod.fn")`` for a module path, ``("blob", bytes)`` for a
+    function (cloudpickle, loaded in each worker); None without one."""
+    hook = (runtime_env or {}).get(SETUP_HOOK)
+    if hook is None:
+        return None
+    if isinstance(hook, str):
+        if "." not in hook:
+            raise ValueError(f"{SETUP_HOOK} {hook!r} is not a module path: give "
+                             f"'package.module.function'")
+        return ("module", hook)
+    if not callable(hook):
+        raise TypeError(f"{SETUP_HOOK} must be a function or a module path (str), got "
+                        f"{type(hook)}.")
+    try:
+        return ("blob", ship(hook))
+    except Exception as exc:    # noqa: BLE001 - cloudpickle's many errors
+        raise TypeError(f"Cannot serialize the {SETUP_HOOK} {getattr(hook, '__name__', hook)!r}: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+
+def run_setup_hook(hook):
+    """Run the job's setup hook in this worker process (before it runs any
+    task or constructor); None, or the error text naming the hook."""
+    import importlib
+    import traceback
+    kind, what = hook
+    shown = what if kind == "module" else "function"
+    try:
+        if kind == "module":
+            module, _, name = what.rpartition(".")
+            fn = getattr(importlib.import_module(module), name)
+        else:
+            fn = unship(what)
+            shown = getattr(fn, "__qualname__", shown)
+        fn()
+        return None
+    except Exception:   # noqa: BLE001 - reported to every caller of this process
+        return (f"Failed to execute the {SETUP_HOOK} {shown} from "
+                f"init(runtime_env={{'{SETUP_HOOK}': ...}}):\n{traceback.format_exc()}")
 
 
 class _Environment:

@@ -11,7 +11,7 @@ import traceback
 import types
 
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
-                                 TaskCancelledError)
+                                 RuntimeEnvSetupError, TaskCancelledError)
 
 from . import protocol as P
 from .protocol import RESULT   # per result: a global, not an attribute
@@ -66,6 +66,7 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         self.actor = None
         self.actor_name = None
         self.actor_init_error = None   # or why it exited: every call is refused with it
+        self.setup_error = None        # why the job's setup hook failed here (text)
         self.loop = None
         self.loop_done = None   # resolved to end an async actor's loop (worker_main)
         self.executor = None
@@ -373,6 +374,15 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             return False
         return True
 
+    def fail_pool_task(self, peer, msg):
+        """``run_pool_task`` of a process whose job setup hook failed."""
+        oid, stream, name = msg[1], msg[7], msg[9]
+        try:
+            self._send_failure(peer, oid, stream, RuntimeEnvSetupError(self.setup_error), name)
+        finally:
+            self.cancelled.discard(oid)
+            self.live.discard(oid)
+
     def run_pool_task(self, peer, msg):
         _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
         self.current_thread_busy = True
@@ -483,6 +493,11 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
 
     def start_actor(self, a):
         name = a["class_name"]
+        if self.setup_error is not None:
+            self.actor_init_error = ActorDiedError(
+                f"The actor {name} died because the job's worker_process_setup_hook failed "
+                f"in its process:\n{self.setup_error}")
+            return
         try:
             cls = unship(a["cls_blob"])
             args, kwargs = self._resolve(*unship(a["args_blob"]))   # zygote._as_sent
@@ -547,6 +562,23 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
                 self.wake_poll()
 
 
+def _set_up_for_the_job(node, spec):
+    """The job's LoggingConfig and worker_process_setup_hook, before this
+    process runs any task or constructor (as Ray's workers do).  A hook that
+    fails is reported to every caller of this process: each task it gets
+    fails with ``RuntimeEnvSetupError``, an actor's calls with
+    ``ActorDiedError`` (see ``start_actor``)."""
+    state.node = node       # the hook may use the runtime context
+    if spec.get("logging_config"):
+        from .logging_config import LoggingConfig
+        LoggingConfig.from_dict(spec["logging_config"])._apply()
+    if spec.get("setup_hook"):
+        from .runtime_env import run_setup_hook
+        node.setup_error = run_setup_hook(spec["setup_hook"])
+        if node.setup_error is not None:
+            print(node.setup_error, file=sys.stderr, end="", flush=True)
+
+
 async def _until_done(fut):
     await fut
 
@@ -555,6 +587,8 @@ def worker_main(spec):
     if spec.get("env_vars"):
         os.environ.update(spec["env_vars"])     # runtime_env (the job's, the actor's)
     node = WorkerNode(spec)
+    if spec.get("logging_config") or spec.get("setup_hook"):
+        _set_up_for_the_job(node, spec)
     if spec.get("seq_start"):
         node._seq = itertools.count(spec["seq_start"])   # a restarted actor's new ids
     restarts.install(node)
@@ -563,7 +597,8 @@ def worker_main(spec):
     if spec["kind"] == "pool":
         node.single_waiter = True
         signal.signal(CANCEL_SIGNAL, node.on_cancel_signal)
-        node.serve_calls(node.run_pool_task)
+        node.serve_calls(node.run_pool_task if node.setup_error is None
+                         else node.fail_pool_task)
         return
     a = spec["actor"]
     early = node.await_resources() if a.get("await_resources") else ()

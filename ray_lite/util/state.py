@@ -1,9 +1,10 @@
 """``ray_lite.util.state``: Ray's state API for what is running now.
 
 ``list_actors``, ``list_tasks``, ``list_objects``, ``list_workers``,
-``list_nodes`` and ``list_placement_groups`` ask the driver (one request) and
-return one record per actor, task, object, process, node (this machine) or
-placement group with Ray's field names; a record reads both as a dict
+``list_nodes``, ``list_placement_groups`` and ``list_jobs`` ask the driver (one request) and
+return one record per actor, task, object, process, node (this machine),
+placement group or job (this one) with Ray's field names; ``get_<kind>(id)``
+finds one by its id; a record reads both as a dict
 (``a["state"]``) and by attribute (``a.state``), as Ray's state records do.
 ``summarize_tasks`` and ``summarize_actors`` count them by function or class
 and state, in Ray's shape.  Unlike Ray, nothing is kept about what has
@@ -17,7 +18,8 @@ from ray_lite._private import state as _state
 from ray_lite._private.ids import JOB_ID_HEX as _JOB_ID_HEX
 
 __all__ = ["list_actors", "list_tasks", "list_objects", "list_workers", "list_nodes",
-           "list_placement_groups", "get_actor", "get_task", "summarize_tasks",
+           "list_placement_groups", "list_jobs", "get_actor", "get_task", "get_job",
+           "get_node", "get_worker", "get_placement_group", "summarize_tasks",
            "summarize_actors"]
 
 DEFAULT_LIMIT = 100
@@ -182,15 +184,45 @@ def summarize_actors(address=None, timeout=30, raise_on_missing_output=True, _ex
 
 def get_actor(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
     """The record of the actor with this hex id, or None."""
-    if _backend.RAY:
-        return _ray.util.state_function("get_actor")(id, address, timeout, _explain)
-    found = list_actors(filters=[("actor_id", "=", id)], limit=1)
-    return found[0] if found else None
+    return _get("actor", "actor_id", id, address, timeout, _explain)
 
 
 def get_task(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
     """The record of the waiting or running task with this hex id, or None."""
+    return _get("task", "task_id", id, address, timeout, _explain)
+
+
+def list_jobs(address=None, filters=None, limit=DEFAULT_LIMIT, timeout=30, detail=False,
+              raise_on_missing_output=True, _explain=False):
+    """This job, as Ray lists a driver's job: ``job_id``, ``type`` ("DRIVER"),
+    ``status`` ("RUNNING"), ``metadata`` (``JobConfig``'s), ``runtime_env``,
+    ``start_time``, ``driver_info``..."""
+    return _listing("list_jobs", address, filters, limit, timeout, detail,
+                    raise_on_missing_output, _explain)
+
+
+def _get(kind, key, id, address, timeout, _explain):   # noqa: A002
     if _backend.RAY:
-        return _ray.util.state_function("get_task")(id, address, timeout, _explain)
-    found = list_tasks(filters=[("task_id", "=", id)], limit=1)
+        return _ray.util.state_function(f"get_{kind}")(id, address, timeout, _explain)
+    found = _list(f"list_{kind}s", [(key, "=", id)], 1, False, True)
     return found[0] if found else None
+
+
+def get_job(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
+    """The record of the job with this id, or None."""
+    return _get("job", "job_id", id, address, timeout, _explain)
+
+
+def get_node(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
+    """The record of the node with this hex id (this machine's), or None."""
+    return _get("node", "node_id", id, address, timeout, _explain)
+
+
+def get_worker(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
+    """The record of the process with this worker id, or None."""
+    return _get("worker", "worker_id", id, address, timeout, _explain)
+
+
+def get_placement_group(id, address=None, timeout=30, _explain=False):  # noqa: A002
+    """The record of the placement group with this hex id, or None."""
+    return _get("placement_group", "placement_group_id", id, address, timeout, _explain)

@@ -1,0 +1,80 @@
+"""What ``init`` makes of the job's ``job_config``, ``logging_config`` and
+``runtime_env`` (Ray's precedence: an argument of ``init`` wins over the same
+field of the ``JobConfig``), and their Ray twins for the Ray backend."""
+from .runtime_env import env_vars_of, setup_hook_of
+
+
+class JobSetup:
+    """The job's settings on the local backend: ``namespace`` (None: a fresh
+    one), ``env_vars``, ``logging_config``, ``metadata``, and ``for_workers``,
+    what every worker process gets in its spawn spec."""
+
+    def __init__(self, namespace=None, runtime_env=None, job_config=None, logging_config=None):
+        metadata = {}
+        if job_config is not None:
+            from ray_lite.job_config import JobConfig
+            if not isinstance(job_config, JobConfig):
+                raise TypeError(f"init(job_config=...) must be a ray_lite.job_config.JobConfig, "
+                                f"got {type(job_config).__name__}")
+            if job_config.jvm_options or job_config.code_search_path:
+                raise ValueError("ray_lite does not support jvm_options or code_search_path in "
+                                 "job_config (Python only)")
+            if job_config.default_actor_lifetime == "detached":
+                raise ValueError("ray_lite does not support default_actor_lifetime='detached': "
+                                 "actors end with the driver that started them")
+            if not runtime_env:
+                runtime_env = job_config.runtime_env or None
+            if namespace is None:
+                namespace = job_config.ray_namespace
+            if logging_config is None:
+                logging_config = job_config.py_logging_config
+            metadata = dict(job_config.metadata)
+        if logging_config is not None and not _is_logging_config(logging_config):
+            raise TypeError(f"init(logging_config=...) must be a ray_lite.LoggingConfig, got "
+                            f"{type(logging_config).__name__}")
+        self.namespace = namespace
+        self.runtime_env = runtime_env
+        self.env_vars = env_vars_of(runtime_env, "init(runtime_env=...)", job=True)
+        self.logging_config = logging_config
+        self.metadata = metadata
+        self.for_workers = {}
+        hook = setup_hook_of(runtime_env)
+        if hook is not None:
+            self.for_workers["setup_hook"] = hook
+        if logging_config is not None:
+            self.for_workers["logging_config"] = logging_config.to_dict()
+
+    def record(self):
+        """What ``util.state.list_jobs`` reports of the job (the driver keeps it)."""
+        import sys
+        import time
+        env = {}
+        if self.env_vars:
+            env["env_vars"] = dict(self.env_vars)
+        hook = self.for_workers.get("setup_hook")
+        if hook is not None:
+            env["worker_process_setup_hook"] = hook[1] if hook[0] == "module" else "<function>"
+        return {"metadata": self.metadata, "runtime_env": env,
+                "start_time_ms": int(time.time() * 1000),
+                "entrypoint": " ".join(sys.argv) if sys.argv and sys.argv[0] else ""}
+
+
+def _is_logging_config(obj):
+    from ray_lite._private.logging_config import LoggingConfig
+    return isinstance(obj, LoggingConfig)
+
+
+def ray_init_kwargs(runtime_env, kwargs):
+    """``init``'s arguments for Ray: ray_lite's ``JobConfig``, ``LoggingConfig``
+    and ``RuntimeEnv`` as Ray's own."""
+    from ray_lite.runtime_env import RuntimeEnv
+    out = dict(kwargs)
+    job_config = out.get("job_config")
+    if job_config is not None and hasattr(job_config, "_to_ray"):
+        out["job_config"] = job_config._to_ray()
+    logging_config = out.get("logging_config")
+    if logging_config is not None and hasattr(logging_config, "_to_ray"):
+        out["logging_config"] = logging_config._to_ray()
+    if isinstance(runtime_env, RuntimeEnv):
+        runtime_env = runtime_env.to_dict()
+    return runtime_env, out
