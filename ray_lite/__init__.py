@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-_LAZY_SUBMODULES = ("util", "runtime_env", "job_config")
+_LAZY_SUBMODULES = ("util", "runtime_env", "job_config", "remote_function")
 
 
 def __getattr__(name):

@@ -17,7 +17,11 @@ __all__ = [
     "NodeDiedError", "RuntimeEnvSetupError", "PendingCallsLimitExceeded",
     "TaskPlacementGroupRemoved", "ActorPlacementGroupRemoved", "LocalRayletDiedError",
     "RpcError", "CrossLanguageError", "UserCodeException", "UnserializableException",
-    "ObjectRefStreamEndOfStreamError",
+    "ObjectRefStreamEndOfStreamError", "ReferenceCountingAssertionError",
+    "ActorHandleNotFoundError", "AuthenticationError", "PlasmaObjectNotAvailable",
+    "RayChannelError", "RayChannelTimeoutError", "RayCgraphCapacityExceeded",
+    "RayDirectTransportError", "StreamingGeneratorReplayInconsistentError",
+    "OufOfBandObjectRefSerializationException", "RAY_EXCEPTION_TYPES",
 ]
 
 
@@ -285,3 +289,58 @@ class UnserializableException(RayError):
 
 class ObjectRefStreamEndOfStreamError(RayError):
     """A streaming generator has no more items (Ray's internal signal)."""
+
+
+class ReferenceCountingAssertionError(ObjectLostError, AssertionError):
+    """An object was deleted while a reference to it was still held (Ray's
+    reference counting caught a bug in itself)."""
+
+
+class ActorHandleNotFoundError(ValueError, RayError):
+    """An actor handle that does not exist was asked for (``kill`` in Ray)."""
+
+
+class AuthenticationError(RayError):
+    """A cluster refused the connection's credentials."""
+
+
+class PlasmaObjectNotAvailable(RayError):
+    """An object was not available in the object store in time (Ray's internal)."""
+
+
+class RayChannelError(RaySystemError):
+    """A Compiled Graph channel failed (Ray's accelerated DAGs)."""
+
+
+class RayChannelTimeoutError(RayChannelError, TimeoutError):
+    """A Compiled Graph channel operation timed out."""
+
+
+class RayCgraphCapacityExceeded(RaySystemError):
+    """A Compiled Graph channel's buffer is full."""
+
+
+class RayDirectTransportError(RaySystemError):
+    """A direct transfer between accelerators failed."""
+
+
+class StreamingGeneratorReplayInconsistentError(RaySystemError):
+    """A retried streaming generator yielded other items than its first run."""
+
+
+class OufOfBandObjectRefSerializationException(RayError):
+    """An ObjectRef was pickled outside Ray's serialisation (Ray's spelling)."""
+
+
+# Ray's list of its exception classes (for code that iterates over them).
+RAY_EXCEPTION_TYPES = [
+    PlasmaObjectNotAvailable, RayError, RayTaskError, WorkerCrashedError, RayActorError,
+    ObjectStoreFullError, ObjectLostError, ObjectFetchTimedOutError,
+    ReferenceCountingAssertionError, ObjectReconstructionFailedError, OwnerDiedError,
+    GetTimeoutError, AsyncioActorExit, RuntimeEnvSetupError, TaskPlacementGroupRemoved,
+    ActorPlacementGroupRemoved, PendingCallsLimitExceeded, LocalRayletDiedError,
+    TaskUnschedulableError, ActorDiedError, ActorUnschedulableError, ActorUnavailableError,
+    RayChannelError, RayChannelTimeoutError, OufOfBandObjectRefSerializationException,
+    RayCgraphCapacityExceeded, UnserializableException, ActorAlreadyExistsError,
+    ActorHandleNotFoundError, AuthenticationError,
+]

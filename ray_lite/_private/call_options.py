@@ -25,9 +25,13 @@ HARMLESS = {"num_gpus", "memory", "accelerator_type", "label_selector", "_metada
 # better than silently doing something else.  (Per kind: an actor's option
 # on a task, or the other way round, is accepted with its default only.)
 _REFUSED_UNLESS_DEFAULT = {
-    "task": {"num_gpus": (0, None), "max_calls": (0, None), "max_restarts": (0, None),
+    # accelerator_type: this machine's CPUs are all there is (on Ray the call
+    # would wait for a node that has one).
+    "task": {"num_gpus": (0, None), "accelerator_type": (None,), "max_calls": (0, None),
+             "max_restarts": (0, None),
              "max_task_retries": (0, None), "concurrency_groups": (None,)},
-    "actor": {"num_gpus": (0, None), "max_calls": (0, None), "retry_exceptions": (False, None)},
+    "actor": {"num_gpus": (0, None), "accelerator_type": (None,), "max_calls": (0, None),
+              "retry_exceptions": (False, None)},
 }
 _SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 

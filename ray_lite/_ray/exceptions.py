@@ -47,7 +47,7 @@ def register(ray_exceptions, extra=()):
     ``extra``: more ``(ray_class, ray_lite_class)`` pairs (the queue's)."""
     for name in _rl.__all__:
         ray_cls = getattr(ray_exceptions, name, None)
-        if ray_cls is not None:
+        if isinstance(ray_cls, type):      # (not RAY_EXCEPTION_TYPES, a list)
             _COUNTERPARTS[ray_cls] = getattr(_rl, name)
     for ray_cls, rl_cls in extra:
         _COUNTERPARTS[ray_cls] = rl_cls

@@ -6,9 +6,12 @@
 functions are here;
 ``ray_lite.util.queue`` (``Queue``), ``ray_lite.util.multiprocessing``
 (``Pool``), ``ray_lite.util.metrics`` (``Counter``, ``Gauge``,
-``Histogram``), ``ray_lite.util.state`` and
-``ray_lite.util.scheduling_strategies`` are imported on first use, as in Ray,
-where they are submodules too.
+``Histogram``), ``ray_lite.util.state``,
+``ray_lite.util.scheduling_strategies``, ``ray_lite.util.annotations``
+(``PublicAPI``...), ``ray_lite.util.accelerators`` and ``ray_lite.util.debug``
+are imported on first use, as in Ray, where they are submodules too;
+``log_once``, ``disable_log_once_globally`` and ``enable_periodic_logging``
+(from ``debug``) are here too, as in Ray.
 """
 import importlib
 import socket
@@ -18,6 +21,7 @@ from ray_lite._private import backend as _backend
 
 from ray_lite.util.actor_pool import ActorPool
 from ray_lite.util.check_serialize import inspect_serializability
+from ray_lite.util.debug import disable_log_once_globally, enable_periodic_logging, log_once
 from ray_lite.util.helpers import as_completed, map_unordered
 from ray_lite.util.placement_group import (PlacementGroup, get_current_placement_group,
                                            get_placement_group, placement_group,
@@ -29,9 +33,11 @@ __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
            "inspect_serializability", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "queue", "multiprocessing", "metrics", "state",
-           "scheduling_strategies"]
+           "scheduling_strategies", "annotations", "accelerators", "debug", "log_once",
+           "disable_log_once_globally", "enable_periodic_logging"]
 
-_LAZY_SUBMODULES = ("queue", "multiprocessing", "metrics", "state", "scheduling_strategies")
+_LAZY_SUBMODULES = ("queue", "multiprocessing", "metrics", "state", "scheduling_strategies",
+                    "annotations", "accelerators", "debug")
 
 
 def __getattr__(name):
