@@ -194,6 +194,36 @@ def test_node_affinity_for_the_local_node(rt4):
     assert ray.get(h.remote().ping.remote(), timeout=T)
 
 
+def test_node_label_strategy_on_the_one_nodes_labels(rt4):
+    from ray_lite.util.scheduling_strategies import (DoesNotExist, Exists, In,
+                                                     NodeLabelSchedulingStrategy, NotIn)
+    me = local_node_id(os.getpid())
+    assert ray.nodes()[0]["Labels"] == {"ray.io/node-id": me}      # Ray's default label
+    for hard in ({"ray.io/node-id": In(me)}, {"ray.io/node-id": Exists()},
+                 {"region": DoesNotExist()}, {"region": NotIn("us")}):
+        s = NodeLabelSchedulingStrategy(hard)
+        assert ray.get(one.options(scheduling_strategy=s).remote(), timeout=T) == 1
+    # Soft constraints only prefer: it runs on the one node.
+    soft = NodeLabelSchedulingStrategy({}, soft={"gpu": Exists()})
+    assert ray.get(one.options(scheduling_strategy=soft).remote(), timeout=T) == 1
+    h = Holder.options(scheduling_strategy=NodeLabelSchedulingStrategy(
+        {"ray.io/node-id": In(me)}))
+    assert ray.get(h.remote().ping.remote(), timeout=T)
+    with pytest.raises(ValueError, match=r"do not match the hard constraints on \['region'\]"):
+        one.options(scheduling_strategy=NodeLabelSchedulingStrategy({"region": In("us")}))
+    with pytest.raises(ValueError, match="do not match"):
+        Holder.options(scheduling_strategy=NodeLabelSchedulingStrategy({"gpu": Exists()}))
+    # Ray's checks.
+    with pytest.raises(ValueError, match="cannot both be empty"):
+        NodeLabelSchedulingStrategy({})
+    with pytest.raises(ValueError, match="must be one of the `In`"):
+        NodeLabelSchedulingStrategy({"k": "v"})
+    with pytest.raises(ValueError, match="non-empty tuple"):
+        In()
+    with pytest.raises(ValueError, match="must be str"):
+        NotIn("a", 1)
+
+
 def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
     holder = Holder.options(num_cpus=4).remote()
     ray.get(holder.ping.remote(), timeout=T)

@@ -58,6 +58,11 @@ def resources(driver):
     return total, free
 
 
+def node_labels(node_id):
+    """This node's labels: Ray's default one (what label strategies match)."""
+    return {"ray.io/node-id": node_id}
+
+
 def node_table(driver):
     """``nodes()``: this machine, alive, with Ray's keys."""
     total, _ = resources(driver)
@@ -68,7 +73,7 @@ def node_table(driver):
         "ObjectManagerPort": 0, "ObjectStoreSocketName": "", "RayletSocketName": "",
         "MetricsExportPort": 0, "NodeName": NODE_IP, "RuntimeEnvAgentPort": 0,
         "DeathReason": 0, "DeathReasonMessage": "", "alive": True, "Resources": total,
-        "Labels": {"ray.io/node_id": node_id},
+        "Labels": node_labels(node_id),
     }]
 
 

@@ -91,6 +91,16 @@ def _strategy_target(strategy, driver_pid):
         if pg is None:
             return None, -1
         return _pg_target(pg, getattr(strategy, "placement_group_bundle_index", -1))
+    unmatched = getattr(strategy, "unmatched", None)
+    if unmatched is not None:       # NodeLabelSchedulingStrategy
+        from .cluster import node_labels
+        labels = node_labels(local_node_id(driver_pid))
+        missed = unmatched(labels)
+        if missed:
+            raise ValueError(f"NodeLabelSchedulingStrategy: the one node's labels {labels} "
+                             f"do not match the hard constraints on {missed} (ray_lite runs "
+                             f"on one node; Ray would wait for a node that matches)")
+        return None, -1
     node_id = getattr(strategy, "node_id", None)
     if node_id is not None:
         if node_id != local_node_id(driver_pid) and not getattr(strategy, "soft", False):

@@ -45,6 +45,13 @@ def ray_strategy(strategy):
         return ray_strategies.NodeAffinitySchedulingStrategy(
             strategy.node_id, strategy.soft, strategy._spill_on_unavailable,
             strategy._fail_on_unavailable)
+    if name == "NodeLabelSchedulingStrategy":
+        def op(o):
+            cls = getattr(ray_strategies, type(o).__name__)
+            return cls(*o.values) if hasattr(o, "values") else cls()
+        return ray_strategies.NodeLabelSchedulingStrategy(
+            {k: op(o) for k, o in strategy.hard.items()},
+            soft={k: op(o) for k, o in strategy.soft.items()} or None)
     return strategy
 
 
@@ -83,5 +90,8 @@ CLASSES = {"ActorPool": ray.util.ActorPool, "Queue": RayQueue,
            "Pool": ray.util.multiprocessing.Pool,
            "PlacementGroupSchedulingStrategy": ray_strategies.PlacementGroupSchedulingStrategy,
            "NodeAffinitySchedulingStrategy": ray_strategies.NodeAffinitySchedulingStrategy,
+           "NodeLabelSchedulingStrategy": ray_strategies.NodeLabelSchedulingStrategy,
+           "In": ray_strategies.In, "NotIn": ray_strategies.NotIn,
+           "Exists": ray_strategies.Exists, "DoesNotExist": ray_strategies.DoesNotExist,
            "Counter": ray.util.metrics.Counter, "Gauge": ray.util.metrics.Gauge,
            "Histogram": ray.util.metrics.Histogram}

@@ -35,4 +35,96 @@ class NodeAffinitySchedulingStrategy:
         return f"NodeAffinitySchedulingStrategy({self.node_id!r}, soft={self.soft})"
 
 
-__all__ = ["PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy"]
+def _check_values(values, operator):
+    # Ray's checks and words.
+    if not values:
+        raise ValueError(f"The variadic parameter of the {operator} operator must be a "
+                         f"non-empty tuple: e.g. {operator}(\"value1\", \"value2\").")
+    for value in values:
+        if not isinstance(value, str):
+            raise ValueError(f"Type of value in position {values.index(value)} for the "
+                             f"{operator} operator must be str (e.g. {operator}(\"value1\", "
+                             f"\"value2\")) but got {value!r} of type {type(value)}.")
+
+
+@_backend.ray_counterpart("In")
+class In:
+    """A label whose value is one of ``values``."""
+
+    def __init__(self, *values):
+        _check_values(values, "In")
+        self.values = list(values)
+
+    def matches(self, labels, key):
+        return labels.get(key) in self.values
+
+
+@_backend.ray_counterpart("NotIn")
+class NotIn:
+    """A label that is absent or whose value is none of ``values``."""
+
+    def __init__(self, *values):
+        _check_values(values, "NotIn")
+        self.values = list(values)
+
+    def matches(self, labels, key):
+        return labels.get(key) not in self.values
+
+
+@_backend.ray_counterpart("Exists")
+class Exists:
+    def matches(self, labels, key):
+        return key in labels
+
+
+@_backend.ray_counterpart("DoesNotExist")
+class DoesNotExist:
+    def matches(self, labels, key):
+        return key not in labels
+
+
+_OPERATORS = (In, NotIn, Exists, DoesNotExist)
+
+
+def _expressions(mapping, param):
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise ValueError(f"The {param} parameter must be a map (e.g. {{\"key1\": "
+                         f"In(\"value1\")}}) but got type {type(mapping)}.")
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise ValueError(f"The map key of the {param} parameter must be of type str "
+                             f"but got {key!r} of type {type(key)}.")
+        if not isinstance(value, _OPERATORS):
+            raise ValueError(f"The map value for key {key} of the {param} parameter must be "
+                             f"one of the `In`, `NotIn`, `Exists` or `DoesNotExist` operator "
+                             f"but got {value!r} of type {type(value)}.")
+    return dict(mapping)
+
+
+@_backend.ray_counterpart("NodeLabelSchedulingStrategy")
+class NodeLabelSchedulingStrategy:
+    """Run on a node whose labels match ``hard`` (``{key: In(...)/NotIn(...)/
+    Exists()/DoesNotExist()}``), preferring one that matches ``soft``.  The
+    one node's labels are Ray's default ones (``ray.io/node-id``): a task or
+    actor whose ``hard`` expressions it does not match is refused when
+    declared (on Ray it would wait for such a node); ``soft`` only prefers."""
+
+    def __init__(self, hard, *, soft=None):
+        self.hard = _expressions(hard, "hard")
+        self.soft = _expressions(soft, "soft")
+        if not (self.hard or self.soft):
+            raise ValueError("The `hard` and `soft` parameter of NodeLabelSchedulingStrategy "
+                             "cannot both be empty.")
+
+    def unmatched(self, labels):
+        """The keys of ``hard`` that ``labels`` do not satisfy."""
+        return [k for k, op in self.hard.items() if not op.matches(labels, k)]
+
+    def __repr__(self):
+        return f"NodeLabelSchedulingStrategy(hard={self.hard!r}, soft={self.soft!r})"
+
+
+__all__ = ["PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
+           "NodeLabelSchedulingStrategy", "In", "NotIn", "Exists", "DoesNotExist"]
