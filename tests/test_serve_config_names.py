@@ -103,3 +103,50 @@ def test_status_values_are_rays_enums(serve_port):
     dep = app.deployments["Hello"]
     assert dep.status is DeploymentStatus.HEALTHY
     assert dep.replica_states == {ReplicaState.RUNNING: 1} == {"RUNNING": 1}
+
+
+@serve.deployment
+class Echo:
+    def __init__(self, word):
+        self.word = word
+
+    async def __call__(self, request):
+        return self.word
+
+
+def test_run_many_deploys_every_target_and_returns_their_handles(serve_port):
+    handles = serve.run_many([
+        serve.RunTarget(Hello.bind(), name="hello", route_prefix="/hello"),
+        serve.RunTarget(Echo.bind("two"), name="two", route_prefix="/two"),
+        serve.RunTarget(Echo.bind("inner"), name="inner", route_prefix=None),
+    ])
+    assert [h.__class__.__name__ for h in handles] == ["DeploymentHandle"] * 3
+    assert http(serve_port, "GET", "/hello")[::2] == (200, b"hi")
+    assert http(serve_port, "GET", "/two")[::2] == (200, b"two")
+    assert set(serve.status().applications) == {"hello", "two", "inner"}
+    with pytest.raises(ValueError, match="same name: 'a'"):
+        serve.run_many([serve.RunTarget(Hello.bind(), name="a", route_prefix="/a"),
+                        serve.RunTarget(Hello.bind(), name="a", route_prefix="/b")])
+    with pytest.raises(ValueError, match="same route_prefix: '/x'"):
+        serve.run_many([serve.RunTarget(Hello.bind(), name="a", route_prefix="/x"),
+                        serve.RunTarget(Hello.bind(), name="b", route_prefix="/x")])
+    with pytest.raises(TypeError, match="RunTarget"):
+        serve.run_many([Hello.bind()])
+
+
+def test_shutdown_async_stops_serve_from_a_running_loop(serve_port):
+    import asyncio
+    serve.run(Hello.bind(), name="hello", route_prefix="/hello")
+    assert serve.status().applications
+
+    async def main():
+        await asyncio.wait_for(serve.shutdown_async(), 60)
+    asyncio.run(main())
+    assert serve.status().applications == {}
+
+
+def test_replica_unavailable_error_is_rays_and_travels():
+    from ray_lite.serve.exceptions import RayServeException, ReplicaUnavailableError
+    err = pickle.loads(pickle.dumps(ReplicaUnavailableError("app#Hello#abc")))
+    assert isinstance(err, RayServeException) and err.replica_id == "app#Hello#abc"
+    assert str(err) == "Replica app#Hello#abc is unavailable."

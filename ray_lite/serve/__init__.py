@@ -16,7 +16,10 @@ from .api import (
     get_deployment_handle,
     get_replica_context,
     run,
+    run_many,
+    RunTarget,
     shutdown,
+    shutdown_async,
     start,
     status,
 )
@@ -28,7 +31,8 @@ from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGene
 from .multiplex import get_multiplexed_model_id, multiplexed
 
 __all__ = [
-    "deployment", "Deployment", "Application", "run", "start", "status", "delete", "shutdown",
+    "deployment", "Deployment", "Application", "run", "run_many", "RunTarget", "start",
+    "status", "delete", "shutdown", "shutdown_async",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
     "ingress", "multiplexed", "get_multiplexed_model_id",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",

@@ -121,6 +121,21 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
                         route_prefix=route_prefix, logging_config=logging_config)
 
 
+def run_many(targets):
+    """ray_lite's ``RunTarget``s deployed by Ray Serve's ``run_many``."""
+    serve = _serve()
+    return serve.run_many([
+        serve.RunTarget(target=_to_ray_app(t.target.bind() if isinstance(t.target, Deployment)
+                                           else t.target, {}),
+                        name=t.name, route_prefix=t.route_prefix,
+                        logging_config=t.logging_config)
+        for t in targets])
+
+
+async def shutdown_async():
+    return await _serve().shutdown_async()
+
+
 def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
           tracing_config=None, controller_options=None, **kwargs):
     if http_options is not None and isinstance(http_options, dict):

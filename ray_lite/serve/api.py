@@ -1,4 +1,6 @@
-"""``serve.run``, ``start``, ``status``, ``delete``, ``shutdown`` and the handle getters."""
+"""``serve.run``, ``run_many``, ``start``, ``status``, ``delete``, ``shutdown``
+(and ``shutdown_async``) and the handle getters."""
+import dataclasses
 import inspect
 import sys
 import threading
@@ -186,6 +188,16 @@ def _build(app, app_name, code_version=None):
     return ingress.deployment_name, specs
 
 
+@dataclasses.dataclass
+class RunTarget:
+    """One application of ``run_many``: Ray's fields."""
+    target: Application
+    name: str = "default"
+    route_prefix: "str | None" = "/"
+    logging_config: object = None
+    external_scaler_enabled: bool = False
+
+
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
         _local_testing_mode=False, external_scaling_enabled=False, _code_version=None):
     """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
@@ -193,31 +205,65 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
         from . import _on_ray
         return _on_ray.run(target, blocking=blocking, name=name, route_prefix=route_prefix,
                            logging_config=logging_config)
-    if isinstance(target, Deployment):
-        target = target.bind()
-    if not isinstance(target, Application):
-        raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
-                        f"{type(target).__name__}")
-    check_route_prefix(route_prefix)
-    global _longest_graceful_s
-    with _lock:
-        ctl = _ensure_controller()
-        ingress, specs = _build(target, name, _code_version)
-        _longest_graceful_s = max([_longest_graceful_s] + [
-            s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])
-        # The proxies (if not up yet) start while the replicas do; each waits
-        # until every proxy has the routes, so HTTP sees the app once both end.
-        proxies = ctl.start_proxies.remote({}) if route_prefix is not None else None
-        deployed = ctl.deploy_app.remote(name, route_prefix, ingress, specs)
-        # The deployment's error, if any, is what the caller needs to see: a
-        # proxy's error only when the deployment succeeded.
-        _core.get(deployed)
-        if proxies is not None:
-            _core.get(proxies)
-    handle = DeploymentHandle(ingress, name)
+    (handle,) = _deploy([RunTarget(target, name, route_prefix)], _code_version)
     if blocking:
         _block_forever()
     return handle
+
+
+def run_many(targets, *, wait_for_ingress_deployment_creation=True,
+             wait_for_applications_running=True, _local_testing_mode=False):
+    """Deploy several applications (``RunTarget``s) in one call; their ingress
+    handles, in order.  It returns once every application runs (both
+    ``wait_for_*`` flags are accepted; the deployment is always waited for)."""
+    targets = list(targets)
+    for t in targets:
+        if not isinstance(t, RunTarget):
+            raise TypeError(f"serve.run_many expects RunTarget objects, got "
+                            f"{type(t).__name__}")
+    names = [t.name for t in targets]
+    prefixes = [t.route_prefix for t in targets if t.route_prefix is not None]
+    for what, values in (("name", names), ("route_prefix", prefixes)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise ValueError(f"serve.run_many got two applications with the same {what}: "
+                             f"{', '.join(map(repr, twice))}")
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.run_many(targets)
+    return _deploy(targets)
+
+
+def _deploy(targets, code_version=None):
+    """Deploy ``targets`` (``RunTarget``s), one after the other; their handles."""
+    apps = []
+    for t in targets:
+        app = t.target.bind() if isinstance(t.target, Deployment) else t.target
+        if not isinstance(app, Application):
+            raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
+                            f"{type(app).__name__}")
+        check_route_prefix(t.route_prefix)
+        apps.append(app)
+    global _longest_graceful_s
+    handles = []
+    with _lock:
+        ctl = _ensure_controller()
+        built = [_build(app, t.name, code_version) for app, t in zip(apps, targets)]
+        for ingress, specs in built:
+            _longest_graceful_s = max([_longest_graceful_s] + [
+                s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])
+        # The proxies (if not up yet) start while the replicas do; each waits
+        # until every proxy has the routes, so HTTP sees the app once both end.
+        proxies = (ctl.start_proxies.remote({})
+                   if any(t.route_prefix is not None for t in targets) else None)
+        for t, (ingress, specs) in zip(targets, built):
+            # The deployment's error, if any, is what the caller needs to see:
+            # a proxy's error only when the deployment succeeded.
+            _core.get(ctl.deploy_app.remote(t.name, t.route_prefix, ingress, specs))
+            handles.append(DeploymentHandle(ingress, t.name))
+        if proxies is not None:
+            _core.get(proxies)
+    return handles
 
 
 def _block_forever():
@@ -291,6 +337,15 @@ def shutdown():
             pass
         context.clear_controller()
         _metrics.remove()
+
+
+async def shutdown_async():
+    """``shutdown()`` without blocking the caller's event loop (it runs in a thread)."""
+    if backend.RAY:
+        from . import _on_ray
+        return await _on_ray.shutdown_async()
+    import asyncio
+    await asyncio.get_running_loop().run_in_executor(None, shutdown)
 
 
 def _kill_processes(pids):

@@ -43,3 +43,16 @@ class RequestCancelledError(RayServeException, TaskCancelledError):
         if self._request_id:
             return f"Request {self._request_id} was cancelled."
         return "Request was cancelled."
+
+
+class ReplicaUnavailableError(RayServeException):
+    """The replica chosen for a request is no longer there (Ray Serve's; here
+    a request whose replica died is sent to another one or fails with the
+    replica's error)."""
+
+    def __init__(self, replica_id=None):
+        Exception.__init__(self, replica_id)
+        self.replica_id = replica_id
+
+    def __str__(self):
+        return f"Replica {self.replica_id} is unavailable."
