@@ -72,6 +72,9 @@ def _ray_options(dep, serve):
     options = {k: v for k, v in dep._config.items() if k in known and k != "name"}
     if isinstance(options.get("autoscaling_config"), AutoscalingConfig):
         options["autoscaling_config"] = options["autoscaling_config"].dict(exclude_unset=True)
+    if options.get("logging_config") is not None:
+        from ._logging import logging_config_dict
+        options["logging_config"] = logging_config_dict(options["logging_config"])
     actor_options = dict(options.get("ray_actor_options") or {})
     actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
     options["ray_actor_options"] = actor_options
@@ -117,18 +120,21 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
     if not isinstance(target, Application):
         raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
                         f"{type(target).__name__}")
+    from ._logging import logging_config_dict
     return _serve().run(_to_ray_app(target, {}), blocking=blocking, name=name,
-                        route_prefix=route_prefix, logging_config=logging_config)
+                        route_prefix=route_prefix,
+                        logging_config=logging_config_dict(logging_config))
 
 
 def run_many(targets):
     """ray_lite's ``RunTarget``s deployed by Ray Serve's ``run_many``."""
+    from ._logging import logging_config_dict
     serve = _serve()
     return serve.run_many([
         serve.RunTarget(target=_to_ray_app(t.target.bind() if isinstance(t.target, Deployment)
                                            else t.target, {}),
                         name=t.name, route_prefix=t.route_prefix,
-                        logging_config=t.logging_config)
+                        logging_config=logging_config_dict(t.logging_config))
         for t in targets])
 
 

@@ -23,6 +23,7 @@ from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 from . import _core, _defaults, _metrics, _websocket, context
 from .handle import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
+from ._logging import configure_replica_logger
 from .multiplex import _model_id
 from ._core import ObjectRef
 from ._http import JSON as _JSON
@@ -195,6 +196,9 @@ class ServeReplica:
                               context.DeploymentID(deployment_name, app_name)),
             rank=context.ReplicaRank(rank, 0, rank), world_size=world_size)
         context.set_replica_context(ctx)
+        # Before the user's constructor, whose logs take the format too.
+        configure_replica_logger(app_name, deployment_name, ctx.replica_id.unique_id,
+                                 config.get("logging_config"))
         target = cloudpickle.loads(cls_blob)
         self._is_function = not inspect.isclass(target)
         self._init_task = None

@@ -145,10 +145,13 @@ def _bound_args_blob(app, replace):
     return buf.getvalue()
 
 
-def _build(app, app_name, code_version=None):
+def _build(app, app_name, code_version=None, logging_config=None):
     """The deployment specs of ``app``: nested bound deployments become handles.
     ``code_version`` (a config file's: see config.apply) tells the controller
-    whether the code changed where the pickled class, by reference, cannot."""
+    whether the code changed where the pickled class, by reference, cannot.
+    ``logging_config``: the application's, for its deployments without one."""
+    from ._logging import logging_config_dict
+    app_logging = logging_config_dict(logging_config, "serve.run(logging_config=...)")
     specs = {}
     seen = {}
     seen_apps = {}      # deployment name -> whether it is an @serve.ingress one
@@ -169,6 +172,8 @@ def _build(app, app_name, code_version=None):
         args_blob = _bound_args_blob(a, visit)
         args, kwargs = cloudpickle.loads(args_blob)
         config = dep.full_config()
+        if app_logging is not None and config.get("logging_config") is None:
+            config["logging_config"] = app_logging
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
         seen_apps[name] = asgi_app_of_class(dep.func_or_class) is not None
@@ -205,7 +210,7 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
         from . import _on_ray
         return _on_ray.run(target, blocking=blocking, name=name, route_prefix=route_prefix,
                            logging_config=logging_config)
-    (handle,) = _deploy([RunTarget(target, name, route_prefix)], _code_version)
+    (handle,) = _deploy([RunTarget(target, name, route_prefix, logging_config)], _code_version)
     if blocking:
         _block_forever()
     return handle
@@ -248,7 +253,8 @@ def _deploy(targets, code_version=None):
     handles = []
     with _lock:
         ctl = _ensure_controller()
-        built = [_build(app, t.name, code_version) for app, t in zip(apps, targets)]
+        built = [_build(app, t.name, code_version, t.logging_config)
+                 for app, t in zip(apps, targets)]
         for ingress, specs in built:
             _longest_graceful_s = max([_longest_graceful_s] + [
                 s["config"].get("graceful_shutdown_timeout_s") or 0 for s in specs.values()])

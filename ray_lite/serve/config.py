@@ -189,6 +189,11 @@ def _check_app(where, raw, single):
     env_vars = _mapping(f"{where}.runtime_env.env_vars", env.get("env_vars") or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
         raise ConfigError(f"{where}.runtime_env.env_vars: keys and values must be strings")
+    from ._logging import logging_config_dict
+    try:
+        logging_config = logging_config_dict(app.get("logging_config"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}.logging_config: {exc}") from None
     deps = {}
     raw_deps = app.get("deployments") or []
     if not isinstance(raw_deps, list):
@@ -199,7 +204,7 @@ def _check_app(where, raw, single):
             raise ConfigError(f"{where}.deployments: {dname!r} is listed twice")
         deps[dname] = opts
     return {"name": name, "route_prefix": prefix, "import_path": path, "args": dict(args),
-            "env_vars": dict(env_vars), "deployments": deps}
+            "env_vars": dict(env_vars), "deployments": deps, "logging_config": logging_config}
 
 
 def parse(raw):
@@ -372,7 +377,7 @@ def apply(parsed, app_dir="."):
             _deployed.pop(name, None)
     for a, (app, record) in built:
         api.run(app, name=a["name"], route_prefix=a["route_prefix"],
-                _code_version=record[3])
+                logging_config=a.get("logging_config"), _code_version=record[3])
         _deployed[a["name"]] = record
     return [a["name"] for a in parsed["applications"]]
 

@@ -11,7 +11,7 @@ from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
 from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 # Accepted as in Ray, without effect on one machine (listed in the README).
 _HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
-             "max_replicas_per_node", "logging_config", "request_router_config",
+             "max_replicas_per_node", "request_router_config",
              "max_constructor_retry_count", "is_driver_deployment", "_internal"}
 _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
                      "runtime_env", "object_store_memory", "label_selector"}
@@ -19,7 +19,8 @@ _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator
 
 def _check_config(cfg):
     for key in cfg:
-        if key not in _DEFAULTS and key not in _HARMLESS and key != "name":
+        if key not in _DEFAULTS and key not in _HARMLESS and key not in ("name",
+                                                                         "logging_config"):
             raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
     n = cfg.get("num_replicas", 1)
     if isinstance(n, str) and n.isdigit():
@@ -33,6 +34,9 @@ def _check_config(cfg):
     if cfg.get("autoscaling_config") is not None or n == "auto":
         from .config import normalize_autoscaling
         normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
+    if cfg.get("logging_config") is not None:
+        from ._logging import logging_config_dict
+        logging_config_dict(cfg["logging_config"], "deployment(logging_config=...)")
     if cfg.get("max_replicas_per_node") is not None and \
             cfg.get("placement_group_bundles") is not None:
         raise ValueError("Setting max_replicas_per_node is not allowed when "
@@ -124,6 +128,10 @@ class Deployment:
         cfg.update({k: v for k, v in self._config.items() if k in _DEFAULTS})
         cfg["num_replicas"] = resolved_num_replicas(self._config)
         cfg["autoscaling_config"] = autoscaling_of(self._config)
+        if self._config.get("logging_config") is not None:
+            # (A plain dict: the replica sets its "ray.serve" logger with it.)
+            from ._logging import logging_config_dict
+            cfg["logging_config"] = logging_config_dict(self._config["logging_config"])
         return cfg
 
     def with_overrides(self, opts):

@@ -1,5 +1,6 @@
 """Ray Serve's ``ray.serve.schema`` names that programs compare against:
-the status enums, and the objects ``serve.status()`` returns.
+the status enums, the objects ``serve.status()`` returns, and
+``LoggingConfig`` (a deployment's or application's ``logging_config``).
 
     from ray_lite.serve.schema import ApplicationStatus
     if serve.status().applications["app"].status == ApplicationStatus.RUNNING: ...
@@ -10,8 +11,11 @@ and the like) are not here: ``ray_lite.serve.config`` reads config files.
 """
 import enum
 
+from ._logging import LoggingConfig
+
 __all__ = ["ApplicationStatus", "DeploymentStatus", "ReplicaState", "ProxyStatus",
-           "ServeStatus", "ApplicationStatusOverview", "DeploymentStatusOverview"]
+           "ServeStatus", "ApplicationStatusOverview", "DeploymentStatusOverview",
+           "LoggingConfig"]
 
 
 class ApplicationStatus(str, enum.Enum):
