@@ -145,6 +145,10 @@ def test_shutdown_async_stops_serve_from_a_running_loop(serve_port):
     assert serve.status().applications == {}
 
 
+def test_no_tracing_means_no_trace_context():
+    assert serve.get_trace_context() is None
+
+
 def test_replica_unavailable_error_is_rays_and_travels():
     from ray_lite.serve.exceptions import RayServeException, ReplicaUnavailableError
     err = pickle.loads(pickle.dumps(ReplicaUnavailableError("app#Hello#abc")))

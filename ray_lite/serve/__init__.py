@@ -26,6 +26,7 @@ from .api import (
 from ._asgi import ingress
 from ._http import HTTPOptions
 from .batching import batch
+from .context import get_trace_context
 from .deployment import Application, Deployment, deployment
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from .multiplex import get_multiplexed_model_id, multiplexed
@@ -34,6 +35,6 @@ __all__ = [
     "deployment", "Deployment", "Application", "run", "run_many", "RunTarget", "start",
     "status", "delete", "shutdown", "shutdown_async",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
-    "ingress", "multiplexed", "get_multiplexed_model_id",
+    "ingress", "multiplexed", "get_multiplexed_model_id", "get_trace_context",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",
 ]

@@ -219,3 +219,9 @@ def get_replica_context():
         raise RayServeException("`serve.get_replica_context()` may only be called from within "
                                 "a Ray Serve deployment.")
     return _replica_context
+
+
+def get_trace_context():
+    """Ray Serve's OpenTelemetry trace context of the running request: None,
+    as in Ray when tracing is not enabled (ray_lite has no tracing)."""
+    return None
