@@ -66,6 +66,35 @@ def test_a_runtime_env_object_works_where_a_dict_does(rt):
         read_env.options(runtime_env=RuntimeEnv(worker_process_setup_hook=set_hook_variable))
 
 
+@ray.remote
+def env_string():
+    return json.loads(ray.get_runtime_context().get_runtime_env_string())
+
+
+@ray.remote
+class EnvString:
+    def get(self):
+        return ray.get_runtime_context().runtime_env
+
+
+def test_the_runtime_env_string_is_the_one_the_code_runs_with():
+    ray.init(num_cpus=1, runtime_env={"env_vars": {"JOB": "1"},
+                                      "worker_process_setup_hook": "setup_hook_target.mark_process"})
+    try:
+        job = {"env_vars": {"JOB": "1"},
+               "worker_process_setup_hook": "setup_hook_target.mark_process"}
+        assert json.loads(ray.get_runtime_context().get_runtime_env_string()) == job
+        assert ray.get(env_string.remote(), timeout=T) == job
+        own = env_string.options(runtime_env={"env_vars": {"TASK": "2"}})
+        assert ray.get(own.remote(), timeout=T)["env_vars"] == {"JOB": "1", "TASK": "2"}
+        assert ray.get(env_string.remote(), timeout=T) == job     # put back after it
+        a = EnvString.options(runtime_env={"env_vars": {"JOB": "actor"}}).remote()
+        env = ray.get(a.get.remote(), timeout=T)
+        assert isinstance(env, RuntimeEnv) and env.env_vars() == {"JOB": "actor"}
+    finally:
+        ray.shutdown()
+
+
 # ------------------------------------------------------------- JobConfig
 def test_job_config_gives_the_job_its_runtime_env_namespace_and_metadata():
     jc = JobConfig(runtime_env=RuntimeEnv(env_vars={"RL_JOB": "jc"}), ray_namespace="jc-ns",

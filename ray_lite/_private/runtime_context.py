@@ -224,7 +224,21 @@ class RuntimeContext:
         return False
 
     def get_runtime_env_string(self):
-        return "{}"
+        """The runtime_env this code runs with, as JSON: the job's (``init``),
+        an actor's own env_vars in an actor, a task's own in a task."""
+        from .runtime_env import runtime_env_string
+        node = self._node
+        if node.id == 0:
+            base = (getattr(node, "job", None) or {}).get("runtime_env")
+        else:
+            base = node.runtime_env
+        return runtime_env_string(base or {})
+
+    @property
+    def runtime_env(self):
+        """``get_runtime_env_string()`` as a ``ray_lite.runtime_env.RuntimeEnv``."""
+        from ray_lite.runtime_env import RuntimeEnv
+        return RuntimeEnv.deserialize(self.get_runtime_env_string())
 
     @property
     def gcs_address(self):

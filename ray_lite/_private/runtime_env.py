@@ -11,7 +11,9 @@ it runs anything (``worker._set_up_for_the_job``).  Every other key (``pip``, ``
 ``conda``, ...) installs or ships something, which a single-machine runtime
 does not do: it is refused by name rather than ignored.
 """
+import contextvars
 import inspect
+import json
 import os
 
 from .shipping import ship, unship
@@ -98,10 +100,36 @@ def run_setup_hook(hook):
                 f"init(runtime_env={{'{SETUP_HOOK}': ...}}):\n{traceback.format_exc()}")
 
 
+# The env_vars of the task running now in a pool worker (its own runtime_env).
+_task_env_vars = contextvars.ContextVar("ray_lite_task_env_vars", default=None)
+
+
+def process_runtime_env(spec):
+    """The runtime_env a worker process runs with (its spawn ``spec``: the
+    job's env_vars, with an actor's own; the job's setup hook), as
+    ``get_runtime_context().get_runtime_env_string()`` reports it."""
+    env = {}
+    if spec.get("env_vars"):
+        env["env_vars"] = dict(spec["env_vars"])
+    hook = spec.get("setup_hook")
+    if hook is not None:
+        env[SETUP_HOOK] = hook[1] if hook[0] == "module" else "<function>"
+    return env
+
+
+def runtime_env_string(base):
+    """``base`` (the process's runtime_env) with the running task's own
+    env_vars, as JSON (Ray's ``get_runtime_env_string``)."""
+    task_env = _task_env_vars.get()
+    if task_env:
+        base = dict(base, env_vars={**(base.get("env_vars") or {}), **task_env})
+    return json.dumps(base, sort_keys=True)
+
+
 class _Environment:
     """Sets variables, and puts the previous values back on exit."""
 
-    __slots__ = ("env", "saved")
+    __slots__ = ("env", "saved", "token")
 
     def __init__(self, env):
         self.env = env
@@ -109,8 +137,13 @@ class _Environment:
     def __enter__(self):
         self.saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
+        self.token = _task_env_vars.set(self.env)
 
     def __exit__(self, *exc):
+        try:
+            _task_env_vars.reset(self.token)
+        except ValueError:      # a generator resumed in another context: left as is
+            pass
         for k, v in self.saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -28,6 +28,7 @@ from .node import Node
 from .procutil import CANCEL_SIGNAL
 from .refs import _NEVER_STORED, ObjectRef, raisable, stored_result
 from .returns import split_returns
+from .runtime_env import process_runtime_env
 from .shipping import unship
 from .transport import Link, LinkClosed
 
@@ -67,6 +68,7 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         self.actor_name = None
         self.actor_init_error = None   # or why it exited: every call is refused with it
         self.setup_error = None        # why the job's setup hook failed here (text)
+        self.runtime_env = process_runtime_env(spec)    # (see get_runtime_env_string)
         self.loop = None
         self.loop_done = None   # resolved to end an async actor's loop (worker_main)
         self.executor = None
