@@ -70,6 +70,12 @@ def test_list_tasks_and_objects(rt):
     assert t["worker_pid"] is not None and len(t["task_id"]) == 48
     objects = list_objects()
     assert ref.hex() in {o["object_id"] for o in objects}
+    from ray_lite.util.state import get_objects, summarize_objects
+    assert [o["object_id"] for o in get_objects(ref.hex())] == [ref.hex()]
+    assert get_objects("00" * 12) == []
+    s = summarize_objects()["cluster"]
+    assert s["total_objects"] == len(objects) and not s["callsite_enabled"]
+    assert sum(e["total_objects"] for e in s["summary"].values()) == len(objects)
     ray.get(gate.open.remote(), timeout=T)
     assert ray.get(ref, timeout=T) == "released"
     assert rt.wait_until(lambda: not list_tasks(filters=[("name", "=", "held-task")]), T)

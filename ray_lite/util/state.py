@@ -19,8 +19,8 @@ from ray_lite._private.ids import JOB_ID_HEX as _JOB_ID_HEX
 
 __all__ = ["list_actors", "list_tasks", "list_objects", "list_workers", "list_nodes",
            "list_placement_groups", "list_jobs", "get_actor", "get_task", "get_job",
-           "get_node", "get_worker", "get_placement_group", "summarize_tasks",
-           "summarize_actors"]
+           "get_node", "get_worker", "get_placement_group", "get_objects", "summarize_tasks",
+           "summarize_actors", "summarize_objects"]
 
 DEFAULT_LIMIT = 100
 _PREDICATES = {"=": lambda a, b: _same(a, b), "!=": lambda a, b: not _same(a, b)}
@@ -180,6 +180,47 @@ def summarize_actors(address=None, timeout=30, raise_on_missing_output=True, _ex
         counts[a["state"]] = counts.get(a["state"], 0) + 1
     return {"cluster": {"summary": summary, "total_actors": len(actors),
                         "summary_by": "class"}}
+
+
+def summarize_objects(address=None, timeout=30, raise_on_missing_output=True, _explain=False):
+    """Ray's object summary of the objects held now, by call site (ray_lite
+    records none: one key, "disabled", as Ray's without call sites):
+    ``{"cluster": {"summary": {call_site: {"total_objects", "total_size_mb",
+    "total_num_workers", "total_num_nodes", "task_state_counts",
+    "ref_type_counts"}}, "total_objects", "total_size_mb",
+    "callsite_enabled", "summary_by"}}``."""
+    if _backend.RAY:
+        return _ray.util.state_function("summarize_objects")(address, timeout,
+                                                             raise_on_missing_output, _explain)
+    summary, pids = {}, {}
+    total_mb = 0.0
+    objects = _rows("list_objects")
+    for o in objects:
+        key = o["call_site"] or "disabled"
+        entry = summary.setdefault(key, {"total_objects": 0, "total_size_mb": 0.0,
+                                         "total_num_workers": 0, "total_num_nodes": 1,
+                                         "task_state_counts": {}, "ref_type_counts": {}})
+        entry["total_objects"] += 1
+        for field, value in (("task_state_counts", o["task_status"]),
+                             ("ref_type_counts", o["reference_type"])):
+            entry[field][value] = entry[field].get(value, 0) + 1
+        if o["object_size"] is not None and o["object_size"] >= 0:
+            entry["total_size_mb"] += o["object_size"] / 2**20
+            total_mb += o["object_size"] / 2**20
+        pids.setdefault(key, set()).add(o["pid"])
+    for key, seen in pids.items():
+        summary[key]["total_num_workers"] = len(seen)
+    return {"cluster": {"summary": summary, "total_objects": len(objects),
+                        "total_size_mb": total_mb, "callsite_enabled": False,
+                        "summary_by": "callsite"}}
+
+
+def get_objects(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
+    """The records of the object with this hex id (a list, as Ray's: one per
+    process that refers to it; here the driver's one)."""
+    if _backend.RAY:
+        return _ray.util.state_function("get_objects")(id, address, timeout, _explain)
+    return _list("list_objects", [("object_id", "=", id)], DEFAULT_LIMIT, False, True)
 
 
 def get_actor(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
