@@ -13,7 +13,6 @@ does not do: it is refused by name rather than ignored.
 """
 import contextvars
 import inspect
-import json
 import os
 
 from .shipping import ship, unship
@@ -120,6 +119,7 @@ def process_runtime_env(spec):
 def runtime_env_string(base):
     """``base`` (the process's runtime_env) with the running task's own
     env_vars, as JSON (Ray's ``get_runtime_env_string``)."""
+    import json
     task_env = _task_env_vars.get()
     if task_env:
         base = dict(base, env_vars={**(base.get("env_vars") or {}), **task_env})
