@@ -122,3 +122,18 @@ def test_handle_features_and_ray_lite_defaults_on_ray(ray_serve_port):
     assert h2.cpus.remote().result(timeout_s=60) == 0.5
     serve.delete("plain")
     serve.delete("charged")
+
+
+def test_run_many_and_logging_config_on_ray(ray_serve_port):
+    from ray_lite.serve.schema import LoggingConfig
+    one, two = serve.run_many([
+        serve.RunTarget(Doubler.bind(1), name="one", route_prefix=None,
+                        logging_config=LoggingConfig(log_level="DEBUG")),
+        serve.RunTarget(Doubler.options(name="Two", logging_config={"encoding": "JSON"})
+                        .bind(2), name="two", route_prefix=None),
+    ])
+    assert type(one).__module__.startswith("ray.serve")
+    assert one.remote(1).result(timeout_s=60) == 3
+    assert two.remote(1).result(timeout_s=60) == 4
+    serve.delete("one")
+    serve.delete("two")
