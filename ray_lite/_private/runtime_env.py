@@ -8,10 +8,13 @@ shared by every task).  Every other key (``pip``, ``working_dir``,
 ``conda``, ...) installs or ships something, which a single-machine runtime
 does not do: it is refused by name rather than ignored.
 """
-import inspect
 import os
 
+from ray_lite._lazy import lazy_module
+
 from .shipping import ship, unship
+
+inspect = lazy_module("inspect", globals())
 
 
 def env_vars_of(runtime_env, where="runtime_env"):
