@@ -96,8 +96,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.requests.update(introspect.requests(self))
         self.zygote = ZygoteClient()
         try:
-            for _ in range(num_cpus):
-                self._spawn_pool_worker()
+            self._spawn_pool_workers(num_cpus)
         except BaseException:
             self.zygote.stop()
             raise
@@ -111,20 +110,29 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 "shm_prefix": self.shm_prefix, "env_vars": self.env_vars,
                 "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd()}
 
-    def _spawn_pool_worker(self):
-        wid = next(self._ids)
-        link = Link.create(self.shm_prefix)
+    def _spawn_pool_workers(self, n=1):
+        """``n`` pool workers in one round trip to the zygote (see zygote.WARM_UP_MODULES)."""
+        links = []
         try:
-            pid = self.zygote.spawn(self._spawn_spec(wid, "pool", link))
+            for _ in range(n):
+                links.append((next(self._ids), Link.create(self.shm_prefix)))
+            pids = self.zygote.spawn_many(
+                [(self._spawn_spec(wid, "pool", link), "") for wid, link in links])
         except BaseException:
-            link.close()
+            for _, link in links:
+                link.close()
             raise
-        self.pids[wid] = pid
-        w = _PoolWorker(wid, pid)
-        self.pool[wid] = w
-        self.idle.append(w)
-        self.add_link(wid, link, pid)
-        return w
+        failed = [pid for pid in pids if isinstance(pid, Exception)]
+        for (wid, link), pid in zip(links, pids):
+            if isinstance(pid, Exception):
+                link.close()
+                continue
+            self.pids[wid] = pid
+            w = self.pool[wid] = _PoolWorker(wid, pid)
+            self.idle.append(w)
+            self.add_link(wid, link, pid)
+        if failed:
+            raise failed[0]
 
     def peer_kind(self, peer):
         return P.POOL_WORKER if peer in self.pool else P.ACTOR_CALL
@@ -210,7 +218,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 if not self.idle:
                     if len(self.pool) >= self.num_cpus + self.num_blocked + self.light:
                         return
-                    self._spawn_pool_worker()
+                    self._spawn_pool_workers()
                 spec = (nested or own).popleft()
                 if spec.cancelled:
                     continue

@@ -25,24 +25,28 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 
-import cloudpickle
+from ray_lite._lazy import lazy_module, resolve_loaded
 
 from .boot import python_argv
 from .interrupts import sleep_point
 
+# The driver's side needs them; the zygote imports neither before its first fork.
+cloudpickle = lazy_module("cloudpickle", globals())
+subprocess = lazy_module("subprocess", globals())
+
 _HEADER = struct.Struct("<I")
 
 
-def _send_frame(sock, obj):
-    # cloudpickle: an actor's constructor arguments travel in the spawn spec,
-    # and may be instances of classes defined in a function, or lambdas (as
-    # in Ray, whose arguments go by cloudpickle).
-    data = cloudpickle.dumps(obj, protocol=5)
+def _send_frame(sock, obj, dumps=None):
+    # cloudpickle (the driver's requests): an actor's constructor arguments
+    # travel in the spawn spec, and may be instances of classes defined in a
+    # function, or lambdas (as in Ray, whose arguments go by cloudpickle).
+    # The zygote's replies are plain data: pickle.dumps.
+    data = (dumps or cloudpickle.dumps)(obj, protocol=5)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
@@ -224,12 +228,31 @@ def _freeze():
     gc.freeze()
 
 
-def _preload(modules):
+def _import_all(modules):
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:   # noqa: BLE001 - optional (e.g. Serve's extras missing)
             pass
+
+
+def _preload(modules):
+    _import_all(modules)
+    _freeze()
+
+
+#: What ray_lite's modules import on first use (``ray_lite._lazy``) and the
+#: zygote imports right after it has forked the initial pool: the workers it
+#: forks later (actors, Serve's replicas) have them loaded and shared, so
+#: their first call pays no import.  The initial pool workers were forked
+#: without them, a few tens of milliseconds sooner, and import what they use
+#: (asyncio only for an async task).
+WARM_UP_MODULES = ("asyncio", "fractions")
+
+
+def _warm_up():
+    _import_all(WARM_UP_MODULES)
+    resolve_loaded()
     _freeze()
 
 
@@ -246,8 +269,12 @@ def main():
     driver_sentinel = open_sentinel(driver_pid)
     if driver_sentinel is None:
         return
-    # Import once what every worker needs; forks inherit it.
+    # Import once what every worker needs; forks inherit it.  The rest
+    # (WARM_UP_MODULES) waits until the initial pool is forked.  cloudpickle
+    # (with inspect) does not: the first task loads its function with it.
     from . import worker  # noqa: F401
+    _import_all(("cloudpickle", "inspect"))
+    resolve_loaded()
     _freeze()
 
     sel = selectors.DefaultSelector()
@@ -258,6 +285,7 @@ def main():
     exiting = False
     deadline = None
     ctrl_buf = bytearray()
+    warm = False
 
     def reap(pid):
         try:
@@ -335,7 +363,11 @@ def main():
                     req = pickle.loads(bytes(ctrl_buf[4:4 + size]))
                     del ctrl_buf[:4 + size]
                     if req[0] == "spawn":
-                        _send_frame(ctrl, [spawn(spec, label) for spec, label in req[1]])
+                        _send_frame(ctrl, [spawn(spec, label) for spec, label in req[1]],
+                                    pickle.dumps)
+                        if not warm:        # the initial pool is forked: see WARM_UP_MODULES
+                            _warm_up()
+                            warm = True
                     elif req[0] == "preload":
                         _preload(req[1])
                     elif req[0] == "exit":
