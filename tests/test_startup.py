@@ -4,7 +4,8 @@
 first use (``ray_lite._lazy``): a driver of sync tasks never needs asyncio.
 The zygote forks the initial pool before it imports asyncio (init waits for
 that fork), then imports it for the workers it forks later: an actor starts
-with it loaded, as before.
+with it loaded, as before.  ``ray-lite serve run`` starts the zygote before
+it imports Serve and the application; init adopts it.
 """
 import os
 import subprocess
@@ -13,6 +14,7 @@ import textwrap
 import threading
 
 import ray_lite
+from ray_lite._private import state, zygote
 
 # Each costs milliseconds to import, and ray_lite uses them late or never.
 DEFERRED = {"asyncio", "inspect", "cloudpickle", "dataclasses", "typing", "secrets", "hmac",
@@ -90,3 +92,30 @@ def test_the_initial_pool_is_forked_before_asyncio_and_actors_after(rt):
     assert [(a, c) for _, a, c in seen] == [(False, True), (False, True)]
     # The actor was forked after the zygote's warm-up: asyncio came with the fork.
     assert ray_lite.get(meeting.has_asyncio.remote(), timeout=60) is True
+
+
+def test_init_adopts_a_zygote_started_early_with_the_sys_path_init_has(tmp_path, monkeypatch):
+    (tmp_path / "late_module.py").write_text("WHERE = 'found'\n")
+    zygote.start_early()
+    early = zygote._early
+    # As `serve run` puts the application's folder first: after the zygote started.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ray_lite.init(num_cpus=1)
+    try:
+        assert state.node.zygote is early
+
+        @ray_lite.remote
+        def where():
+            import late_module
+            return late_module.WHERE
+
+        assert ray_lite.get(where.remote(), timeout=60) == "found"
+    finally:
+        ray_lite.shutdown()
+
+
+def test_a_zygote_started_early_that_no_init_adopts_is_stopped():
+    zygote.start_early()
+    proc = zygote._early.proc
+    zygote.discard_early()
+    assert proc.poll() is not None and zygote._early is None

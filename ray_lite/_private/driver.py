@@ -23,7 +23,7 @@ from .restarts import RestartsMixin
 from .scheduler import ResourcesMixin
 from .task_retries import TaskRetriesMixin
 from .transport import Link
-from .zygote import ZygoteClient
+from .zygote import ZygoteClient, adopt_early
 
 
 class _PoolWorker:
@@ -94,7 +94,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                                           self.available_resources()),
         }
         self.requests.update(introspect.requests(self))
-        self.zygote = ZygoteClient()
+        self.zygote = adopt_early() or ZygoteClient()
         try:
             self._spawn_pool_workers(num_cpus)
         except BaseException:

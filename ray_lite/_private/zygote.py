@@ -118,6 +118,11 @@ class ZygoteClient:
                 RuntimeError(f"the zygote could not start a worker: {pid}")
                 for status, pid in replies]
 
+    def set_sys_path(self, path):
+        """Replace the zygote's ``sys.path`` (no reply: before it reads the next request)."""
+        with self._lock:
+            _send_frame(self._sock, ("path", list(path)))
+
     def preload(self, modules):
         """Have the zygote import ``modules`` so that workers forked later start
         with them loaded.  No reply: the zygote imports them before it reads
@@ -145,6 +150,39 @@ class ZygoteClient:
             self.proc.kill()
             self.proc.wait(timeout)
         self._sock.close()
+
+
+# A zygote started ahead of the init() that adopts it (start_early).
+_early = None
+
+
+def start_early():
+    """Start the zygote of the ``init()`` this process is about to make, now:
+    ``ray-lite serve run`` does, so that the zygote's own start-up (Python,
+    the runtime's imports, then the initial pool) runs beside the CLI's
+    imports of Serve and of the application.  Not on the Ray backend."""
+    global _early
+    from .backend import RAY_NAME, choose
+    if _early is None and choose() != RAY_NAME:
+        _early = ZygoteClient()
+
+
+def adopt_early():
+    """The zygote ``start_early`` started, or None; it gets this process's
+    ``sys.path`` as it is now (the application's folder went first since)."""
+    global _early
+    client, _early = _early, None
+    if client is not None:
+        client.set_sys_path(sys.path)
+    return client
+
+
+def discard_early():
+    """Stop the zygote ``start_early`` started if no ``init`` adopted it."""
+    global _early
+    client, _early = _early, None
+    if client is not None:
+        client.stop()
 
 
 class _Relay:
@@ -370,6 +408,8 @@ def main():
                             warm = True
                     elif req[0] == "preload":
                         _preload(req[1])
+                    elif req[0] == "path":
+                        sys.path[:] = req[1]
                     elif req[0] == "exit":
                         begin_exit()
                         break
