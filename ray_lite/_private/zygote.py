@@ -280,11 +280,12 @@ def _preload(modules):
 
 
 #: What ray_lite's modules import on first use (``ray_lite._lazy``) and the
-#: zygote imports right after it has forked the initial pool: the workers it
-#: forks later (actors, Serve's replicas) have them loaded and shared, so
-#: their first call pays no import.  The initial pool workers were forked
-#: without them, a few tens of milliseconds sooner, and import what they use
-#: (asyncio only for an async task).
+#: zygote imports right after it has forked the initial pool (or before,
+#: when it has nothing to do: no request yet): the workers it forks later
+#: (actors, Serve's replicas) have them loaded and shared, so their first
+#: call pays no import.  The initial pool workers were forked without them,
+#: a few tens of milliseconds sooner, and import what they use (asyncio only
+#: for an async task).
 WARM_UP_MODULES = ("asyncio", "fractions")
 
 
@@ -382,7 +383,13 @@ def main():
             if not events and timeout >= 5.0:
                 break  # pragma: no cover (a worker that ignores SIGKILL's pipe EOF)
         else:
-            events = sel.select()
+            events = sel.select(None if warm else 0)
+            if not events and not warm:
+                # Nothing asked yet (a zygote started ahead of its init):
+                # warm up now rather than after the first spawn.
+                _warm_up()
+                warm = True
+                continue
         for key, _ in events:
             tag = key.data
             if tag == "ctrl":
