@@ -144,13 +144,7 @@ def _say(msg, err=False):
 def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.command in ("run", "start"):
-        try:
-            return _run(args)
-        finally:
-            # The zygote ray-lite started for an init that never came (the
-            # application did not load): stopped, not left to notice.
-            from ray_lite._private.zygote import discard_early
-            discard_early()
+        return _run(args)
     from . import _control
     try:
         address = _control.find_address(args.address)
