@@ -17,6 +17,16 @@ def main(argv=None):
         from ray_lite import bench
         return bench.main(argv[1:])
     if argv and argv[0] == "serve":
+        if argv[1:2] in (["run"], ["start"]) and not {"-h", "--help"} & set(argv):
+            # Its init() adopts this zygote, which starts up meanwhile, beside
+            # the imports of Serve and of the application.
+            from ray_lite._private.zygote import discard_early, start_early
+            start_early()
+            try:
+                from ray_lite.serve import cli
+                return cli.main(argv[1:])
+            finally:
+                discard_early()     # no init adopted it (bad arguments, an app that failed)
         from ray_lite.serve import cli
         return cli.main(argv[1:])
     args = parser.parse_args(argv)

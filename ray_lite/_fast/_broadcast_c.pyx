@@ -39,10 +39,10 @@ from ray_lite._fast._wait cimport (
     sched_yield,
 )
 
-import asyncio
 import os
 import time
 
+from ray_lite._lazy import lazy_module
 from ray_lite._fast import _broadcast_py as _spec
 from ray_lite._fast import _codec_c as _codec
 from ray_lite._fast import shm, wait_policy
@@ -55,6 +55,8 @@ from ray_lite._fast.errors import (
     DecodeError,
     channel_error,
 )
+
+asyncio = lazy_module("asyncio", globals())
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]

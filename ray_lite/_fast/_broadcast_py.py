@@ -68,11 +68,12 @@ asyncio arm the fd bit instead and wait on ``fileno()``, which the other side
 pokes through a pair of datagram sockets connected to each other, one pair
 per reader, so that no other process can wake them (``broadcast_wake``).
 """
-import asyncio
 import ctypes
 import mmap
 import os
 import time
+
+from ray_lite._lazy import lazy_module
 
 from . import _codec_py as _codec
 from . import shm
@@ -81,6 +82,8 @@ from ._wait_py import HAVE_FENCE, fetch_add_u32, full_fence, futex_wait, futex_w
 from .errors import (RL_CLOSED, RL_PEER_DIED, RL_TIMEOUT, BufferTooSmallError, ChannelClosedError,
                      DecodeError, channel_error)
 from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
+
+asyncio = lazy_module("asyncio", globals())
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]

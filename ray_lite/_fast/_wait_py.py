@@ -5,10 +5,8 @@ wake on a word of a shared mapping, a full fence and an atomic increment
 The compiled twins use the C versions in ``_wait.pxd``.
 """
 import ctypes
-import ctypes.util
 import errno
 import os
-import platform
 import select
 import time
 
@@ -21,7 +19,7 @@ __all__ = [
 
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(os.uname().machine.lower())
 
 
 class _Timespec(ctypes.Structure):
@@ -80,8 +78,23 @@ def sched_getcpu():
 # ordering that a sleep handshake needs ("I changed the state" before "does
 # anybody sleep?", and the mirror image on the sleeper's side).
 _SEQ_CST = 5
+
+
+def _load_libatomic():
+    # By its soname first: find_library runs ldconfig in a child process
+    # (milliseconds, and this module loads with ray_lite).
+    try:
+        return ctypes.CDLL("libatomic.so.1")
+    except OSError:
+        from ctypes.util import find_library
+        name = find_library("atomic")
+        if name is None:
+            raise
+        return ctypes.CDLL(name)
+
+
 try:
-    _libatomic = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+    _libatomic = _load_libatomic()
     _atomic_fence = _libatomic.atomic_thread_fence
     _atomic_fence.argtypes = [ctypes.c_int]
     _atomic_fence.restype = None

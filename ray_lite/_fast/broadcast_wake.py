@@ -27,7 +27,6 @@ names are not secrets and the kernel must do the guarding:
 """
 import errno
 import os
-import secrets
 import select
 import socket
 
@@ -40,7 +39,9 @@ _BIND_TRIES = 16
 
 def _new_token():
     """A random non-zero 64-bit token (0 means "not published yet")."""
-    return secrets.randbits(64) | 1
+    # secrets.randbits(64) without importing secrets (hmac, hashlib): both
+    # are the kernel's random bytes.
+    return int.from_bytes(os.urandom(8), "little") | 1
 
 
 def wake_address(queue_name, role, token):

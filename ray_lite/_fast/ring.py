@@ -42,15 +42,18 @@ many messages, registering ``ring.fileno()`` once with ``loop.add_reader``
 (arm, drain with ``get_nowait`` until ``RingEmpty``, ``clear_fd``) saves the
 two ``epoll_ctl`` calls ``get_async`` makes per wait.
 """
-import asyncio
 import os
 import select
 import time
+
+from ray_lite._lazy import lazy_module
 
 from ._select import load_twin
 from .errors import ChannelClosedError, MessageTooLargeError, PeerDiedError, RingEmpty
 from .wait_policy import (MULTI_SPIN_NS, SLICE_NS, SLICE_WEAK_NS, SPIN_POLL_PREEMPTED_NS,
                           SPIN_POLL_YIELD_NS, ns_to_s)
+
+asyncio = lazy_module("asyncio", globals())
 
 _impl, COMPILED = load_twin("ring")
 

@@ -13,7 +13,6 @@ unlinks segments behind our back at interpreter exit.
 import mmap
 import os
 import re
-import secrets
 
 from .._config import SHM_PREFIX
 
@@ -42,7 +41,7 @@ def segment_path(name):
 def new_name(prefix=None):
     """An unguessable segment name that records the creating process."""
     prefix = DEFAULT_PREFIX if prefix is None else prefix
-    name = f"{prefix}{os.getpid()}_{secrets.token_hex(8)}"
+    name = f"{prefix}{os.getpid()}_{os.urandom(8).hex()}"
     _check_name(name)
     return name
 

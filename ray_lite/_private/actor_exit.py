@@ -6,17 +6,19 @@ already running (threaded and async actors) finish and deliver their
 results; then the ``atexit`` handlers run and the process ends.  The driver
 is told first, so that its calls to the dead actor say why it died.
 """
-import asyncio
 import atexit
 import os
 import sys
 import threading
 
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ActorDiedError
 
 from . import protocol as P
 from .errors import EXITED, actor_died_message
 from .protocol import ActorInfo
+
+asyncio = lazy_module("asyncio", globals())
 
 
 def begin_exit(node):

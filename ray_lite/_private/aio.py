@@ -1,6 +1,9 @@
 """asyncio helpers of the runtime's processes: a cheap semaphore, the actors' loop."""
-import asyncio
 import collections
+
+from ray_lite._lazy import lazy_module
+
+asyncio = lazy_module("asyncio", globals())
 
 
 class AsyncSlots:

@@ -1,13 +1,12 @@
 """The public core API (Ray's names and semantics, for one machine)."""
 import atexit
-import inspect
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Mapping
 
 from ray_lite import _ray
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
 from . import backend as _backend, interrupts, object_store, state
@@ -19,6 +18,9 @@ from .actor_handle import ActorHandle
 from .remote import ActorClass, RemoteFunction
 from .job_setup import JobSetup
 from .scheduler import check_resource_dict
+
+inspect = lazy_module("inspect", globals())
+uuid = lazy_module("uuid", globals())
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
            "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator", "ActorHandle"]

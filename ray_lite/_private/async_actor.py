@@ -7,20 +7,22 @@ own (``_run_method_async``), at most ``max_concurrency`` at once; where
 Python has eager tasks (3.12+), a Task made when the loop comes to the call,
 its first step run at once (``start_call``).
 """
-import asyncio
 import collections
 import contextvars
 import functools
-import inspect
 import sys
 import types
 
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import TaskCancelledError
 
 from .errors import running_task_cancelled
 from .method_lookup import actor_method
 from .protocol import RESULT
 from .refs import ObjectRef, stored_result
+
+asyncio = lazy_module("asyncio", globals())
+inspect = lazy_module("inspect", globals())
 
 _COROUTINE = types.CoroutineType
 # Each call runs in a context of its own that starts empty, as on Ray (whose

@@ -14,14 +14,16 @@ only reads the links and hands each call to its group's loop; objects that
 calls of different groups share must be thread-safe (an ``asyncio.Event``
 belongs to one loop).
 """
-import asyncio
 import contextvars
 import threading
 
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import TaskCancelledError
 
 from . import protocol as P
 from .aio import AsyncSlots, new_event_loop
+
+asyncio = lazy_module("asyncio", globals())
 
 GROUP_ATTR = "__ray_concurrency_group__"
 

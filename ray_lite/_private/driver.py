@@ -23,7 +23,7 @@ from .restarts import RestartsMixin
 from .scheduler import ResourcesMixin
 from .task_retries import TaskRetriesMixin
 from .transport import Link
-from .zygote import ZygoteClient
+from .zygote import ZygoteClient, adopt_early
 
 
 class _PoolWorker:
@@ -49,10 +49,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         super().__init__(0, pid, f"{shm.DEFAULT_PREFIX}{pid}_")
         self.num_cpus = num_cpus
         self.namespace = namespace
-        self.env_vars = env_vars or {}      # init(runtime_env={"env_vars": ...})
-        # The job's setup for every worker process it starts: its
-        # worker_process_setup_hook and LoggingConfig (see worker_main).
-        self.job_setup = job_setup or {}
+        self.env_vars, self.job_setup = env_vars or {}, job_setup or {}   # see JobSetup
         self.init_resources(num_cpus, resources or {})
         self.restartable = {}  # actor id -> restarts._ActorRecord
         self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
@@ -97,10 +94,9 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                                           self.available_resources()),
         }
         self.requests.update(introspect.requests(self))
-        self.zygote = ZygoteClient()
+        self.zygote = adopt_early() or ZygoteClient()
         try:
-            for _ in range(num_cpus):
-                self._spawn_pool_worker()
+            self._spawn_pool_workers(num_cpus)
         except BaseException:
             self.zygote.stop()
             raise
@@ -111,24 +107,32 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
     # --------------------------------------------------------------- pool
     def _spawn_spec(self, node_id, kind, link):
         return {"node_id": node_id, "kind": kind, "driver_pid": self.driver_pid,
-                "shm_prefix": self.shm_prefix, "env_vars": self.env_vars,
-                "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd(),
-                **self.job_setup}
+                "shm_prefix": self.shm_prefix, "env_vars": self.env_vars, **self.job_setup,
+                "link_names": link.names, "namespace": self.namespace, "cwd": os.getcwd()}
 
-    def _spawn_pool_worker(self):
-        wid = next(self._ids)
-        link = Link.create(self.shm_prefix)
+    def _spawn_pool_workers(self, n=1):
+        """``n`` pool workers in one round trip to the zygote (see zygote.WARM_UP_MODULES)."""
+        links = []
         try:
-            pid = self.zygote.spawn(self._spawn_spec(wid, "pool", link))
+            for _ in range(n):
+                links.append((next(self._ids), Link.create(self.shm_prefix)))
+            pids = self.zygote.spawn_many(
+                [(self._spawn_spec(wid, "pool", link), "") for wid, link in links])
         except BaseException:
-            link.close()
+            for _, link in links:
+                link.close()
             raise
-        self.pids[wid] = pid
-        w = _PoolWorker(wid, pid)
-        self.pool[wid] = w
-        self.idle.append(w)
-        self.add_link(wid, link, pid)
-        return w
+        failed = [pid for pid in pids if isinstance(pid, Exception)]
+        for (wid, link), pid in zip(links, pids):
+            if isinstance(pid, Exception):
+                link.close()
+                continue
+            self.pids[wid] = pid
+            w = self.pool[wid] = _PoolWorker(wid, pid)
+            self.idle.append(w)
+            self.add_link(wid, link, pid)
+        if failed:
+            raise failed[0]
 
     def peer_kind(self, peer):
         return P.POOL_WORKER if peer in self.pool else P.ACTOR_CALL
@@ -214,7 +218,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 if not self.idle:
                     if len(self.pool) >= self.num_cpus + self.num_blocked + self.light:
                         return
-                    self._spawn_pool_worker()
+                    self._spawn_pool_workers()
                 spec = (nested or own).popleft()
                 if spec.cancelled:
                     continue

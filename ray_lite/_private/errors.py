@@ -1,11 +1,14 @@
 """Errors that cross a process boundary: what user code raised, made sendable."""
 import os
-import traceback
 
 from ray_lite._fast import codec
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import RayTaskError, TaskCancelledError
 
 from .ids import NODE_IP, actor_id_hex, task_id_hex
+
+# For a failure's traceback (with linecache, tokenize, textwrap): not at import.
+traceback = lazy_module("traceback", globals())
 
 
 def make_task_error(name, exc, tb=None):

@@ -4,8 +4,11 @@ Internally a process, an actor and a call are small integers; Ray programs
 see hex strings of Ray's lengths (a job 4 bytes, an actor 16, a task 24, a
 node or a worker 28), made from those integers without any table.
 """
-import hashlib
 import os
+
+from ray_lite._lazy import lazy_module
+
+hashlib = lazy_module("hashlib", globals())     # for ids asked for, not at import
 
 # One driver, one job: Ray numbers the first job of a cluster 1.
 JOB_ID_HEX = "01000000"

@@ -1,10 +1,13 @@
 """The event-loop bridge: an asyncio loop drives the links through their descriptors."""
-import asyncio
 import threading
 import time
 
+from ray_lite._lazy import lazy_module
+
 from .procutil import readable_now
 from .transport import WEAK_SLICE, spin_readable
+
+asyncio = lazy_module("asyncio", globals())
 
 
 class BridgesMixin:

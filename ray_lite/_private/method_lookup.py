@@ -5,8 +5,11 @@ attribute of that name (``self.flag = True`` beside ``def flag(self)``); a
 class lists in ``__ray_lite_instance_methods__`` the names its instances
 replace on purpose (Serve's replica wraps its entry points that way).
 """
-import inspect
 import types
+
+from ray_lite._lazy import lazy_module
+
+inspect = lazy_module("inspect", globals())
 
 UNSET = object()
 

@@ -5,7 +5,9 @@ attribute names (``__ray_num_returns__``, ``__ray_concurrency_group__``...);
 the actor class reads them once, when its methods are first looked at, and
 each handle's method starts from them (``.options()`` overrides them).
 """
-import inspect
+from ray_lite._lazy import lazy_module
+
+inspect = lazy_module("inspect", globals())
 
 # option -> the attribute Ray records it under
 METHOD_OPTIONS = {

@@ -74,15 +74,17 @@ a dead owner's files with it, and a killed driver's at the next start.
 import ctypes
 import mmap
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 import threading
 import weakref
 
 from ray_lite._fast import shm
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
+
+# Only spilling and its clean-up need them (with random, fnmatch, bz2, lzma).
+shutil = lazy_module("shutil", globals())
+tempfile = lazy_module("tempfile", globals())
 
 #: Values with at least this many out-of-band bytes are stored in shared memory.
 STORE_THRESHOLD = 256 * 1024
@@ -187,7 +189,7 @@ def write_segment(node, frame, buffers):
     """
     sizes = [b.nbytes for b in buffers]
     size, frame_off, offsets = layout(len(frame), sizes)
-    token = f"{os.getpid()}_{secrets.token_hex(8)}"
+    token = f"{os.getpid()}_{os.urandom(8).hex()}"
     name = _store_prefix(node) + token
     seg = _pool.take(node, size, name)
     if seg is None:
@@ -388,7 +390,7 @@ class SegmentPool:
                 old = self._free.pop(0)
                 kept -= old.file_size
                 evicted.append(old)
-            name = f"{seg.prefix}p{os.getpid()}_{secrets.token_hex(8)}"
+            name = f"{seg.prefix}p{os.getpid()}_{os.urandom(8).hex()}"
             try:
                 os.rename(shm.segment_path(seg.name), shm.segment_path(name))
             except OSError:
@@ -434,12 +436,21 @@ def _room(directory):
     return st.f_bavail * st.f_frsize
 
 
-_SPILL_ROOT = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
+_spill_root = None
+
+
+def _spill_root_dir():
+    """The folder of every runtime's spill directory (found once: tempfile looks
+    at the environment and tries writing in each candidate)."""
+    global _spill_root
+    if _spill_root is None:
+        _spill_root = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
+    return _spill_root
 
 
 def spill_dir(node):
     """Where the runtime of ``node`` spills (named like its segments: its clean-up finds it)."""
-    return os.path.join(_SPILL_ROOT, node.shm_prefix)
+    return os.path.join(_spill_root_dir(), node.shm_prefix)
 
 
 def _path_of(name):
@@ -454,14 +465,15 @@ def remove_spill_dir(node):
 
 def cleanup_stale_spill_dirs():
     """Remove the spill directories of runtimes whose driver is dead (a killed driver's leftovers)."""
+    root = _spill_root_dir()
     try:
-        entries = os.listdir(_SPILL_ROOT)
+        entries = os.listdir(root)
     except OSError:
         return
     for entry in entries:
         pid = shm.creator_pid(entry)
         if pid is not None and not shm.pid_alive(pid):
-            shutil.rmtree(os.path.join(_SPILL_ROOT, entry), ignore_errors=True)
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
 
 
 def views_of(buf, offsets, sizes):

@@ -11,8 +11,7 @@ borrower, what it holds now (``holders``): when the borrower dies, the owner
 takes that back itself (``release_dead_holder``), as Ray's owner drops a
 dead borrower's references.
 """
-from fractions import Fraction
-
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
 from . import protocol as P
@@ -21,6 +20,10 @@ from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedE
                    adopt_stored, error_entry, loaded, map_stored,
                    stored_form)
 from .transport import LinkClosed
+
+# Weights are fractions once a borrower passes a ref on; fractions imports
+# decimal, which a process that never does is spared.
+fractions = lazy_module("fractions", globals())
 
 
 class ObjectsMixin:
@@ -81,7 +84,7 @@ class ObjectsMixin:
                 # Nothing to split (cannot happen for a ref this process
                 # received): the receiver will hold no weight.
                 return None
-            half = Fraction(w) / 2
+            half = fractions.Fraction(w) / 2
             e.weight = w - half
             # The receiver will report it HELD; if this process dies first,
             # the owner must not count it among what it takes back.
@@ -118,7 +121,7 @@ class ObjectsMixin:
                 if e.ready:
                     self.release_later(owner, oid, weight)
                 else:
-                    w = weight if type(weight) is int else Fraction(*weight)
+                    w = weight if type(weight) is int else fractions.Fraction(*weight)
                     e.weight = e.weight + w if e.weight else w
                     # The owner takes it back itself should this process die.
                     self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
@@ -143,7 +146,7 @@ class ObjectsMixin:
                     return e
                 self.borrowed[oid] = e
             if weight is not None:
-                w = weight if type(weight) is int else Fraction(*weight)
+                w = weight if type(weight) is int else fractions.Fraction(*weight)
                 e.weight = e.weight + w if e.weight else w
                 # The owner takes it back itself should this process die.
                 self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
@@ -152,7 +155,7 @@ class ObjectsMixin:
     def _on_holder_report(self, oid, num, den, holder, kind):
         """A borrower's ``HolderWeight``: ``holders`` notes what each one
         holds now (received, less what it passed on or gave back)."""
-        w = num if den == 1 else Fraction(num, den)
+        w = num if den == 1 else fractions.Fraction(num, den)
         with self._export_lock:
             if kind == HolderWeight.HELD:
                 if oid in self.exported:
@@ -217,7 +220,7 @@ class ObjectsMixin:
         if type(weight) is int:
             w = weight
         elif type(weight) is tuple:
-            w = Fraction(*weight)
+            w = fractions.Fraction(*weight)
         else:
             w = weight
         with self._export_lock:
@@ -239,7 +242,7 @@ class ObjectsMixin:
         for item in msg[1]:
             if len(item) == 3:
                 oid, num, den = item
-                self._give_back(oid, num if den == 1 else Fraction(num, den))
+                self._give_back(oid, num if den == 1 else fractions.Fraction(num, den))
             elif item[0] == P.HOLDER_DIED:
                 self.release_dead_holder(item[1])
             else:
@@ -258,21 +261,21 @@ class ObjectsMixin:
         by_owner = {}
         for owner, oid, w in items:
             if type(w) is HolderWeight:
-                f = Fraction(w.weight)
+                f = fractions.Fraction(w.weight)
                 by_owner.setdefault(owner, []).append(
                     (oid, f.numerator, f.denominator, self.id, w.kind))
                 continue
             if type(w) is tuple:
                 num, den = w
             else:
-                w = Fraction(w)
+                w = fractions.Fraction(w)
                 num, den = w.numerator, w.denominator
             by_owner.setdefault(owner, []).append((oid, num, den))
         for owner, batch in by_owner.items():
             if owner == self.id:
                 for item in batch:
                     if len(item) == 3 or item[4] == HolderWeight.GIVEN_BACK:
-                        self._give_back(item[0], Fraction(item[1], item[2]))
+                        self._give_back(item[0], fractions.Fraction(item[1], item[2]))
             elif owner in self.links:
                 self.send(owner, P.release_msg(batch))
             elif self.id != 0 and owner not in self.dead_peers:

@@ -1,6 +1,5 @@
 """Process helpers: dying with the parent, process sentinels."""
 import ctypes
-import ctypes.util
 import os
 import select
 import signal
@@ -15,7 +14,13 @@ _libc = None
 def _get_libc():
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # By glibc's soname first: find_library runs ldconfig in a child
+        # process (milliseconds, in the zygote before its first fork).
+        try:
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            from ctypes.util import find_library
+            _libc = ctypes.CDLL(find_library("c"), use_errno=True)
     return _libc
 
 

@@ -1,9 +1,9 @@
 """Remote functions and actor classes: ``f.remote(...)``, ``C.remote(...)``."""
 import functools
-import inspect
 import os
 
 from ray_lite import _ray
+from ray_lite._lazy import lazy_module
 
 from . import backend as _backend
 from . import protocol as P
@@ -20,6 +20,8 @@ from .scheduler import check_retry_exceptions, demand_of
 from .method_options import declared_options
 from .shipping import ship
 from .signatures import arity_of, check_call, constructor_arity, method_arity
+
+inspect = lazy_module("inspect", globals())
 
 
 class _TaskPlan:

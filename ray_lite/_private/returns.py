@@ -1,8 +1,11 @@
 """A call's fixed ``num_returns=N``: its result split into the N values its refs get."""
-import inspect
+
+from ray_lite._lazy import lazy_module
 
 from . import protocol as P
 from .errors import make_task_error, sendable_error, unpicklable_task_error
+
+inspect = lazy_module("inspect", globals())
 
 
 def split_returns(result, nret, name):

@@ -10,7 +10,6 @@ variable per call), an asyncio task that a call spawns itself
 (``asyncio.create_task``, ``gather`` of coroutines) is not linked to the
 call: there ``get_task_id()`` is None.
 """
-import logging
 import os
 import sys
 
@@ -25,7 +24,6 @@ from .ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node
                   task_id_hex, worker_id_hex)
 from .actor_handle import ActorHandle
 
-logger = logging.getLogger(__name__)
 
 # Ray's worker modes, as its messages print them.
 SCRIPT_MODE = 0
@@ -89,8 +87,10 @@ class RuntimeContext:
 
     def _worker_only(self):
         if self._mode != WORKER_MODE:
-            logger.warning("This method is only available when the process is a worker. "
-                           "Current mode: %s", self._mode)
+            import logging      # once, on a misuse: not with every import ray_lite
+            logging.getLogger(__name__).warning(
+                "This method is only available when the process is a worker. "
+                "Current mode: %s", self._mode)
             return False
         return True
 

@@ -12,10 +12,13 @@ it runs anything (``worker._set_up_for_the_job``).  Every other key (``pip``, ``
 does not do: it is refused by name rather than ignored.
 """
 import contextvars
-import inspect
 import os
 
+from ray_lite._lazy import lazy_module
+
 from .shipping import ship, unship
+
+inspect = lazy_module("inspect", globals())
 
 
 # Keys that ask for nothing to be installed or shipped.  ``config`` (setup

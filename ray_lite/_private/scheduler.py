@@ -16,9 +16,11 @@ Ray's rules kept here:
 Where Ray would wait for ever (a request no node can ever satisfy), ray_lite
 refuses with ``ValueError``: on one machine "never" is certain.
 """
-import hashlib
+from ray_lite._lazy import lazy_module
 
 from .protocol import START
+
+hashlib = lazy_module("hashlib", globals())     # for the node id, asked for late if ever
 
 CPU = "CPU"
 GPU = "GPU"
@@ -330,7 +332,7 @@ class ResourcesMixin:
                 self._fail_task(spec, err)
                 continue
             if not self.idle:
-                self._spawn_pool_worker()
+                self._spawn_pool_workers()
             if not self._send_task(spec):
                 self.release(spec, False)
                 self.placed_queue.append(spec)

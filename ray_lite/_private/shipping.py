@@ -7,10 +7,14 @@ the file name of code pickled by value with ``<dynamic-code>``, which makes
 the remote traceback of a ``RayTaskError`` lose its source lines.  The blob
 therefore carries the original file name, and the worker puts it back.
 """
-import inspect
 import types
 
-import cloudpickle
+from ray_lite._lazy import lazy_module
+
+# cloudpickle imports inspect, typing, dataclasses and logging (~20 ms):
+# paid by the first function shipped or loaded, not by import ray_lite.
+cloudpickle = lazy_module("cloudpickle", globals())
+inspect = lazy_module("inspect", globals())
 
 _DYNAMIC = "<dynamic-code>"
 _TAG = "ray_lite.ship/1"

@@ -11,13 +11,16 @@ len(args) <= hi`` fits for sure (two comparisons: this runs on every call,
 B11), and ``params`` rebuilds the signature for every other call, whose
 binding raises Ray's error or lets it through.
 """
-import inspect
 import sys
 
-_Parameter = inspect.Parameter
-_KIND = type(_Parameter.POSITIONAL_ONLY)
-_POSITIONAL = (_Parameter.POSITIONAL_ONLY, _Parameter.POSITIONAL_OR_KEYWORD)
-_NO_DEFAULT = _Parameter.empty
+from ray_lite._lazy import lazy_module
+
+inspect = lazy_module("inspect", globals())
+
+# inspect.Parameter's kinds, an IntEnum, by value: naming them here would
+# import inspect with ray_lite.
+_POSITIONAL_ONLY, _POSITIONAL_OR_KEYWORD, _VAR_POSITIONAL, _KEYWORD_ONLY = 0, 1, 2, 3
+_POSITIONAL = (_POSITIONAL_ONLY, _POSITIONAL_OR_KEYWORD)
 _A_DEFAULT = object()       # stands for any default: binding only asks whether there is one
 
 _rebuilt = {}               # params -> inspect.Signature
@@ -31,6 +34,7 @@ def arity_of(fn, drop_first=False):
     except (TypeError, ValueError):
         return None
     params = list(sig.parameters.values())
+    no_default = inspect.Parameter.empty
     if drop_first:
         if not params or params[0].kind not in _POSITIONAL:
             return None     # def m(*args): self comes in args; nothing to check
@@ -39,14 +43,14 @@ def arity_of(fn, drop_first=False):
     for p in params:
         if p.kind in _POSITIONAL:
             hi += 1
-            if p.default is _NO_DEFAULT:
+            if p.default is no_default:
                 lo = hi
-        elif p.kind is _Parameter.VAR_POSITIONAL:
+        elif p.kind == _VAR_POSITIONAL:
             hi = sys.maxsize
-        elif p.kind is _Parameter.KEYWORD_ONLY and p.default is _NO_DEFAULT:
+        elif p.kind == _KEYWORD_ONLY and p.default is no_default:
             lo, hi = 1, 0   # a call without keyword arguments never fits: bind says why
             break
-    return (lo, hi, tuple((p.name, int(p.kind), p.default is not _NO_DEFAULT)
+    return (lo, hi, tuple((p.name, int(p.kind), p.default is not no_default)
                           for p in params))
 
 
@@ -74,7 +78,9 @@ def check_call(arity, args, kwargs):
     params = arity[2]
     sig = _rebuilt.get(params)
     if sig is None:
+        parameter = inspect.Parameter
+        kind_of = type(parameter.POSITIONAL_ONLY)
         sig = _rebuilt[params] = inspect.Signature([
-            _Parameter(name, _KIND(kind), default=_A_DEFAULT if has_default else _NO_DEFAULT)
+            parameter(name, kind_of(kind), default=_A_DEFAULT if has_default else parameter.empty)
             for name, kind, has_default in params])
     sig.bind(*args, **kwargs)

@@ -1,15 +1,13 @@
 """Worker processes: pool workers run tasks, actor processes host one actor."""
-import asyncio
 import collections
-import inspect
 import itertools
 import os
 import signal
 import sys
 import threading
-import traceback
 import types
 
+from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
                                  RuntimeEnvSetupError, TaskCancelledError)
 
@@ -31,6 +29,10 @@ from .returns import split_returns
 from .runtime_env import process_runtime_env
 from .shipping import unship
 from .transport import Link, LinkClosed
+
+asyncio = lazy_module("asyncio", globals())
+inspect = lazy_module("inspect", globals())
+traceback = lazy_module("traceback", globals())
 
 _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
 

@@ -1,11 +1,14 @@
 """A worker's side of streaming generators: each item sent as it is yielded,
 held back by the caller's window, ended (or failed) with a message.  (Part
 of ``WorkerNode``.)"""
-import asyncio
+
+from ray_lite._lazy import lazy_module
 
 from . import protocol as P
 from .errors import sendable_error, unpicklable_task_error
 from .protocol import ITEM   # per item: a global, not an attribute
+
+asyncio = lazy_module("asyncio", globals())
 
 
 class GeneratorsMixin:

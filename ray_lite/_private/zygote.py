@@ -25,24 +25,28 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 
-import cloudpickle
+from ray_lite._lazy import lazy_module, resolve_loaded
 
 from .boot import python_argv
 from .interrupts import sleep_point
 
+# The driver's side needs them; the zygote imports neither before its first fork.
+cloudpickle = lazy_module("cloudpickle", globals())
+subprocess = lazy_module("subprocess", globals())
+
 _HEADER = struct.Struct("<I")
 
 
-def _send_frame(sock, obj):
-    # cloudpickle: an actor's constructor arguments travel in the spawn spec,
-    # and may be instances of classes defined in a function, or lambdas (as
-    # in Ray, whose arguments go by cloudpickle).
-    data = cloudpickle.dumps(obj, protocol=5)
+def _send_frame(sock, obj, dumps=None):
+    # cloudpickle (the driver's requests): an actor's constructor arguments
+    # travel in the spawn spec, and may be instances of classes defined in a
+    # function, or lambdas (as in Ray, whose arguments go by cloudpickle).
+    # The zygote's replies are plain data: pickle.dumps.
+    data = (dumps or cloudpickle.dumps)(obj, protocol=5)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
@@ -114,6 +118,11 @@ class ZygoteClient:
                 RuntimeError(f"the zygote could not start a worker: {pid}")
                 for status, pid in replies]
 
+    def set_sys_path(self, path):
+        """Replace the zygote's ``sys.path`` (no reply: before it reads the next request)."""
+        with self._lock:
+            _send_frame(self._sock, ("path", list(path)))
+
     def preload(self, modules):
         """Have the zygote import ``modules`` so that workers forked later start
         with them loaded.  No reply: the zygote imports them before it reads
@@ -141,6 +150,39 @@ class ZygoteClient:
             self.proc.kill()
             self.proc.wait(timeout)
         self._sock.close()
+
+
+# A zygote started ahead of the init() that adopts it (start_early).
+_early = None
+
+
+def start_early():
+    """Start the zygote of the ``init()`` this process is about to make, now:
+    ``ray-lite serve run`` does, so that the zygote's own start-up (Python,
+    the runtime's imports, then the initial pool) runs beside the CLI's
+    imports of Serve and of the application.  Not on the Ray backend."""
+    global _early
+    from .backend import RAY_NAME, choose
+    if _early is None and choose() != RAY_NAME:
+        _early = ZygoteClient()
+
+
+def adopt_early():
+    """The zygote ``start_early`` started, or None; it gets this process's
+    ``sys.path`` as it is now (the application's folder went first since)."""
+    global _early
+    client, _early = _early, None
+    if client is not None:
+        client.set_sys_path(sys.path)
+    return client
+
+
+def discard_early():
+    """Stop the zygote ``start_early`` started if no ``init`` adopted it."""
+    global _early
+    client, _early = _early, None
+    if client is not None:
+        client.stop()
 
 
 class _Relay:
@@ -224,12 +266,32 @@ def _freeze():
     gc.freeze()
 
 
-def _preload(modules):
+def _import_all(modules):
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:   # noqa: BLE001 - optional (e.g. Serve's extras missing)
             pass
+
+
+def _preload(modules):
+    _import_all(modules)
+    _freeze()
+
+
+#: What ray_lite's modules import on first use (``ray_lite._lazy``) and the
+#: zygote imports right after it has forked the initial pool (or before,
+#: when it has nothing to do: no request yet): the workers it forks later
+#: (actors, Serve's replicas) have them loaded and shared, so their first
+#: call pays no import.  The initial pool workers were forked without them,
+#: a few tens of milliseconds sooner, and import what they use (asyncio only
+#: for an async task).
+WARM_UP_MODULES = ("asyncio", "fractions")
+
+
+def _warm_up():
+    _import_all(WARM_UP_MODULES)
+    resolve_loaded()
     _freeze()
 
 
@@ -246,8 +308,12 @@ def main():
     driver_sentinel = open_sentinel(driver_pid)
     if driver_sentinel is None:
         return
-    # Import once what every worker needs; forks inherit it.
+    # Import once what every worker needs; forks inherit it.  The rest
+    # (WARM_UP_MODULES) waits until the initial pool is forked.  cloudpickle
+    # (with inspect) does not: the first task loads its function with it.
     from . import worker  # noqa: F401
+    _import_all(("cloudpickle", "inspect"))
+    resolve_loaded()
     _freeze()
 
     sel = selectors.DefaultSelector()
@@ -258,6 +324,7 @@ def main():
     exiting = False
     deadline = None
     ctrl_buf = bytearray()
+    warm = False
 
     def reap(pid):
         try:
@@ -316,7 +383,13 @@ def main():
             if not events and timeout >= 5.0:
                 break  # pragma: no cover (a worker that ignores SIGKILL's pipe EOF)
         else:
-            events = sel.select()
+            events = sel.select(None if warm else 0)
+            if not events and not warm:
+                # Nothing asked yet (a zygote started ahead of its init):
+                # warm up now rather than after the first spawn.
+                _warm_up()
+                warm = True
+                continue
         for key, _ in events:
             tag = key.data
             if tag == "ctrl":
@@ -335,9 +408,15 @@ def main():
                     req = pickle.loads(bytes(ctrl_buf[4:4 + size]))
                     del ctrl_buf[:4 + size]
                     if req[0] == "spawn":
-                        _send_frame(ctrl, [spawn(spec, label) for spec, label in req[1]])
+                        _send_frame(ctrl, [spawn(spec, label) for spec, label in req[1]],
+                                    pickle.dumps)
+                        if not warm:        # the initial pool is forked: see WARM_UP_MODULES
+                            _warm_up()
+                            warm = True
                     elif req[0] == "preload":
                         _preload(req[1])
+                    elif req[0] == "path":
+                        sys.path[:] = req[1]
                     elif req[0] == "exit":
                         begin_exit()
                         break
