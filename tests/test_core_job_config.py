@@ -157,6 +157,37 @@ def test_the_setup_hook_runs_in_every_worker_before_its_work(hook):
         ray.shutdown()
 
 
+@ray.remote
+def spill_root():
+    from ray_lite._private import object_store
+    return object_store._spill_root_dir()
+
+
+def test_workers_spill_where_the_driver_cleans_up_whatever_their_tmpdir(tmp_path):
+    from ray_lite._private import object_store
+    ray.init(num_cpus=1, runtime_env={"env_vars": {"TMPDIR": str(tmp_path)}})
+    try:
+        own = spill_root.options(runtime_env={"env_vars": {"TMPDIR": str(tmp_path)}})
+        assert ray.get([spill_root.remote(), own.remote()], timeout=T) == \
+            [object_store._spill_root_dir()] * 2
+    finally:
+        ray.shutdown()
+
+
+def _write_cwd_marker():
+    open("hook_ran_here", "w").close()
+
+
+def test_the_setup_hook_runs_in_the_drivers_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ray.init(num_cpus=1, runtime_env={"worker_process_setup_hook": _write_cwd_marker})
+    try:
+        assert ray.get(read_env.remote("X"), timeout=T) == [None]
+        assert (tmp_path / "hook_ran_here").exists()
+    finally:
+        ray.shutdown()
+
+
 def test_a_failing_setup_hook_fails_the_work_sent_there_naming_the_hook():
     ray.init(num_cpus=1,
              job_config=JobConfig(runtime_env={"worker_process_setup_hook":
@@ -252,6 +283,10 @@ def test_text_logs_from_a_job_config(capfd, restore_logging):
     ray.init(num_cpus=1, job_config=jc)
     try:
         ray.get(log_in_task.remote(), timeout=T)
+        # As in Ray, a JobConfig's logging config is the workers': the
+        # driver's root logger is set up by init(logging_config=...) only.
+        assert not [h for h in logging.getLogger().handlers
+                    if h.get_name() == "ray_lite.logging_config"]
     finally:
         ray.shutdown()
     err = capfd.readouterr().err

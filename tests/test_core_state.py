@@ -135,7 +135,8 @@ def test_the_job_is_listed(rt):
     assert job.job_id == ray.get_runtime_context().get_job_id()
     assert (job.type, job.status, job.metadata) == ("DRIVER", "RUNNING", {})
     assert job.driver_info["pid"] == str(os.getpid())
-    assert get_job(job.job_id) == job and get_job("ffffffff") is None
+    # Ray's get_job finds a submitted job by its submission id; a driver's has none.
+    assert job.submission_id is None and get_job(job.job_id) is None
     # From a task too (the driver answers).
     assert ray.get(_jobs_seen_in_a_task.remote(), timeout=T) == [job.job_id]
 

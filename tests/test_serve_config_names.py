@@ -132,6 +132,10 @@ def test_run_many_deploys_every_target_and_returns_their_handles(serve_port):
                         serve.RunTarget(Hello.bind(), name="b", route_prefix="/x")])
     with pytest.raises(TypeError, match="RunTarget"):
         serve.run_many([Hello.bind()])
+    with pytest.raises(ValueError, match="No applications provided"):
+        serve.run_many([])
+    with pytest.raises(TypeError, match="serve.run_many expects an Application"):
+        serve.run_many([serve.RunTarget("not an app", name="x", route_prefix="/x")])
 
 
 def test_shutdown_async_stops_serve_from_a_running_loop(serve_port):

@@ -98,8 +98,12 @@ def test_init_adopts_a_zygote_started_early_with_the_sys_path_init_has(tmp_path,
     (tmp_path / "late_module.py").write_text("WHERE = 'found'\n")
     zygote.start_early()
     early = zygote._early
-    # As `serve run` puts the application's folder first: after the zygote started.
+    # As `serve run` puts the application's folder first: after the zygote
+    # started; and the application's import may set variables its workers
+    # need (OMP_NUM_THREADS, HF_HOME...).
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RL_SET_AFTER_THE_ZYGOTE", "seen")
+    monkeypatch.chdir(tmp_path)
     ray_lite.init(num_cpus=1)
     try:
         assert state.node.zygote is early
@@ -107,9 +111,15 @@ def test_init_adopts_a_zygote_started_early_with_the_sys_path_init_has(tmp_path,
         @ray_lite.remote
         def where():
             import late_module
-            return late_module.WHERE
+            return late_module.WHERE, os.environ.get("RL_SET_AFTER_THE_ZYGOTE"), os.getcwd()
 
-        assert ray_lite.get(where.remote(), timeout=60) == "found"
+        @ray_lite.remote
+        class Where:
+            def env(self):
+                return os.environ.get("RL_SET_AFTER_THE_ZYGOTE")
+
+        assert ray_lite.get(where.remote(), timeout=60) == ("found", "seen", str(tmp_path))
+        assert ray_lite.get(Where.remote().env.remote(), timeout=60) == "seen"
     finally:
         ray_lite.shutdown()
 

@@ -95,6 +95,9 @@ def test_accelerator_names_and_asking_for_one_is_refused():
         Worker.options(accelerator_type="H100")
     with pytest.raises(ValueError, match="accelerator_type"):
         ray.remote(accelerator_type="T4")(lambda: 1)
+    from ray_lite import serve
+    with pytest.raises(ValueError, match="accelerator_type='A10G'"):
+        serve.deployment(ray_actor_options={"accelerator_type": "A10G"})(Worker)
 
 
 def test_accelerator_type_none_runs(rt):

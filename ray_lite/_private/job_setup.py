@@ -11,6 +11,7 @@ class JobSetup:
 
     def __init__(self, namespace=None, runtime_env=None, job_config=None, logging_config=None):
         metadata = {}
+        self.workers_logging = None
         if job_config is not None:
             from ray_lite.job_config import JobConfig
             if not isinstance(job_config, JobConfig):
@@ -27,22 +28,28 @@ class JobSetup:
             if namespace is None:
                 namespace = job_config.ray_namespace
             if logging_config is None:
-                logging_config = job_config.py_logging_config
+                # The workers' only: Ray sets up the driver's logging with
+                # init(logging_config=...) alone.
+                self.workers_logging = job_config.py_logging_config
             metadata = dict(job_config.metadata)
-        if logging_config is not None and not _is_logging_config(logging_config):
-            raise TypeError(f"init(logging_config=...) must be a ray_lite.LoggingConfig, got "
-                            f"{type(logging_config).__name__}")
+        for given in (logging_config, self.workers_logging):
+            if given is not None and not _is_logging_config(given):
+                raise TypeError(f"init(logging_config=...) must be a ray_lite.LoggingConfig, "
+                                f"got {type(given).__name__}")
         self.namespace = namespace
         self.runtime_env = runtime_env
         self.env_vars = env_vars_of(runtime_env, "init(runtime_env=...)", job=True)
         self.logging_config = logging_config
         self.metadata = metadata
-        self.for_workers = {}
+        from . import object_store
+        # Where the driver looks for spills: the workers spill there too.
+        self.for_workers = {"spill_root": object_store._spill_root_dir()}
         hook = setup_hook_of(runtime_env)
         if hook is not None:
             self.for_workers["setup_hook"] = hook
-        if logging_config is not None:
-            self.for_workers["logging_config"] = logging_config.to_dict()
+        workers_logging = logging_config or self.workers_logging
+        if workers_logging is not None:
+            self.for_workers["logging_config"] = workers_logging.to_dict()
 
     def record(self):
         """What ``util.state.list_jobs`` reports of the job (the driver keeps it)."""

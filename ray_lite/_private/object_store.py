@@ -441,11 +441,20 @@ _spill_root = None
 
 def _spill_root_dir():
     """The folder of every runtime's spill directory (found once: tempfile looks
-    at the environment and tries writing in each candidate)."""
+    at the environment and tries writing in each candidate).  Workers take
+    the driver's (``use_spill_root``): found in a worker, after the job's
+    env_vars were set, a ``TMPDIR`` among them would put its spills where
+    the driver's clean-up does not look."""
     global _spill_root
     if _spill_root is None:
         _spill_root = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
     return _spill_root
+
+
+def use_spill_root(root):
+    """Spill under ``root`` (a worker: the driver's ``_spill_root_dir()``)."""
+    global _spill_root
+    _spill_root = root
 
 
 def spill_dir(node):

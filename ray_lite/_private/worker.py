@@ -572,7 +572,6 @@ def _set_up_for_the_job(node, spec):
     fails is reported to every caller of this process: each task it gets
     fails with ``RuntimeEnvSetupError``, an actor's calls with
     ``ActorDiedError`` (see ``start_actor``)."""
-    state.node = node       # the hook may use the runtime context
     if spec.get("logging_config"):
         from .logging_config import LoggingConfig
         LoggingConfig.from_dict(spec["logging_config"])._apply()
@@ -588,16 +587,19 @@ async def _until_done(fut):
 
 
 def worker_main(spec):
+    if spec.get("spill_root"):
+        from .object_store import use_spill_root
+        use_spill_root(spec["spill_root"])
     if spec.get("env_vars"):
         os.environ.update(spec["env_vars"])     # runtime_env (the job's, the actor's)
     node = WorkerNode(spec)
-    if spec.get("logging_config") or spec.get("setup_hook"):
-        _set_up_for_the_job(node, spec)
     if spec.get("seq_start"):
         node._seq = itertools.count(spec["seq_start"])   # a restarted actor's new ids
     restarts.install(node)
     state.node = node
     os.chdir(spec.get("cwd", os.getcwd()))
+    if spec.get("logging_config") or spec.get("setup_hook"):
+        _set_up_for_the_job(node, spec)
     if spec["kind"] == "pool":
         node.single_waiter = True
         signal.signal(CANCEL_SIGNAL, node.on_cancel_signal)

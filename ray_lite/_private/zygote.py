@@ -82,7 +82,7 @@ def _recv_frame(sock):
 class ZygoteClient:
     """The driver's side: starts the zygote, asks it for workers, stops it."""
 
-    def __init__(self):
+    def __init__(self, early=False):
         self._lock = threading.Lock()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = parent
@@ -93,7 +93,8 @@ class ZygoteClient:
         main_thread = threading.current_thread() is threading.main_thread()
         try:
             self.proc = subprocess.Popen(
-                argv + [str(child.fileno()), str(driver_pid), "1" if main_thread else "0"],
+                argv + [str(child.fileno()), str(driver_pid), "1" if main_thread else "0",
+                        "1" if early else "0"],
                 pass_fds=(child.fileno(),), cwd=os.getcwd(), stdin=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True)
         finally:
@@ -119,9 +120,11 @@ class ZygoteClient:
                 for status, pid in replies]
 
     def set_sys_path(self, path):
-        """Replace the zygote's ``sys.path`` (no reply: before it reads the next request)."""
+        """Replace the zygote's ``sys.path``, and its environment variables and
+        working folder with this process's now (no reply: before it reads the
+        next request)."""
         with self._lock:
-            _send_frame(self._sock, ("path", list(path)))
+            _send_frame(self._sock, ("path", list(path), dict(os.environ), os.getcwd()))
 
     def preload(self, modules):
         """Have the zygote import ``modules`` so that workers forked later start
@@ -164,16 +167,22 @@ def start_early():
     global _early
     from .backend import RAY_NAME, choose
     if _early is None and choose() != RAY_NAME:
-        _early = ZygoteClient()
+        _early = ZygoteClient(early=True)
 
 
 def adopt_early():
     """The zygote ``start_early`` started, or None; it gets this process's
-    ``sys.path`` as it is now (the application's folder went first since)."""
+    ``sys.path``, environment and folder as they are now (the application's
+    folder went first since; its import may have set variables, such as
+    ``OMP_NUM_THREADS``, that its workers must see)."""
     global _early
     client, _early = _early, None
     if client is not None:
-        client.set_sys_path(sys.path)
+        try:
+            client.set_sys_path(sys.path)
+        except OSError:     # it died meanwhile: init starts a fresh one
+            client.stop()
+            return None
     return client
 
 
@@ -297,6 +306,10 @@ def _warm_up():
 
 def main():
     ctrl_fd, driver_pid, main_thread = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    # Started ahead of its init (start_early): it warms up while it waits.
+    # Otherwise the driver's spawn request is on its way: the initial pool
+    # is forked first (see WARM_UP_MODULES), whoever is quicker.
+    early = sys.argv[4] == "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .procutil import die_with_parent, open_sentinel
     if main_thread:
@@ -383,7 +396,7 @@ def main():
             if not events and timeout >= 5.0:
                 break  # pragma: no cover (a worker that ignores SIGKILL's pipe EOF)
         else:
-            events = sel.select(None if warm else 0)
+            events = sel.select(None if warm or not early else 0)
             if not events and not warm:
                 # Nothing asked yet (a zygote started ahead of its init):
                 # warm up now rather than after the first spawn.
@@ -417,6 +430,9 @@ def main():
                         _preload(req[1])
                     elif req[0] == "path":
                         sys.path[:] = req[1]
+                        os.environ.clear()
+                        os.environ.update(req[2])
+                        os.chdir(req[3])
                     elif req[0] == "exit":
                         begin_exit()
                         break

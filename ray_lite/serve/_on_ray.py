@@ -126,7 +126,7 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
                         logging_config=logging_config_dict(logging_config))
 
 
-def run_many(targets):
+def run_many(targets, blocking=False, wait_for_ingress=True, wait_for_running=True):
     """ray_lite's ``RunTarget``s deployed by Ray Serve's ``run_many``."""
     from ._logging import logging_config_dict
     serve = _serve()
@@ -134,8 +134,10 @@ def run_many(targets):
         serve.RunTarget(target=_to_ray_app(t.target.bind() if isinstance(t.target, Deployment)
                                            else t.target, {}),
                         name=t.name, route_prefix=t.route_prefix,
-                        logging_config=logging_config_dict(t.logging_config))
-        for t in targets])
+                        logging_config=logging_config_dict(t.logging_config),
+                        external_scaler_enabled=t.external_scaler_enabled)
+        for t in targets], blocking=blocking, wait_for_ingress_deployment_creation=wait_for_ingress,
+        wait_for_applications_running=wait_for_running)
 
 
 async def shutdown_async():

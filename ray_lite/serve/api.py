@@ -216,12 +216,16 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
     return handle
 
 
-def run_many(targets, *, wait_for_ingress_deployment_creation=True,
-             wait_for_applications_running=True, _local_testing_mode=False):
+def run_many(targets, blocking=False, wait_for_ingress_deployment_creation=True,
+             wait_for_applications_running=True, _local_testing_mode=False,
+             controller_options=None):
     """Deploy several applications (``RunTarget``s) in one call; their ingress
-    handles, in order.  It returns once every application runs (both
-    ``wait_for_*`` flags are accepted; the deployment is always waited for)."""
+    handles, in order (Ray's signature).  It returns once every application
+    runs (the ``wait_for_*`` flags are accepted; the deployment is always
+    waited for); ``blocking`` then waits for ever, as ``run``'s does."""
     targets = list(targets)
+    if not targets:
+        raise ValueError("No applications provided.")     # Ray's words
     for t in targets:
         if not isinstance(t, RunTarget):
             raise TypeError(f"serve.run_many expects RunTarget objects, got "
@@ -235,17 +239,21 @@ def run_many(targets, *, wait_for_ingress_deployment_creation=True,
                              f"{', '.join(map(repr, twice))}")
     if backend.RAY:
         from . import _on_ray
-        return _on_ray.run_many(targets)
-    return _deploy(targets)
+        return _on_ray.run_many(targets, blocking, wait_for_ingress_deployment_creation,
+                                wait_for_applications_running)
+    handles = _deploy(targets, caller="serve.run_many")
+    if blocking:
+        _block_forever()
+    return handles
 
 
-def _deploy(targets, code_version=None):
+def _deploy(targets, code_version=None, caller="serve.run"):
     """Deploy ``targets`` (``RunTarget``s), one after the other; their handles."""
     apps = []
     for t in targets:
         app = t.target.bind() if isinstance(t.target, Deployment) else t.target
         if not isinstance(app, Application):
-            raise TypeError(f"serve.run expects an Application (deployment.bind(...)), got "
+            raise TypeError(f"{caller} expects an Application (deployment.bind(...)), got "
                             f"{type(app).__name__}")
         check_route_prefix(t.route_prefix)
         apps.append(app)

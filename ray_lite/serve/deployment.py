@@ -61,6 +61,10 @@ def _check_config(cfg):
                 raise ValueError(f"ray_actor_options: invalid option {key!r}")
         if rao.get("num_gpus") not in (None, 0):
             raise ValueError("ray_lite does not support GPUs in ray_actor_options")
+        if rao.get("accelerator_type") is not None:
+            # As on tasks and actors: this machine's CPUs are all there is.
+            raise ValueError(f"ray_lite does not support accelerator_type="
+                             f"{rao['accelerator_type']!r} in ray_actor_options")
     uc = cfg.get("user_config")
     if uc is not None:
         import json

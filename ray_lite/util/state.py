@@ -250,8 +250,10 @@ def _get(kind, key, id, address, timeout, _explain):   # noqa: A002
 
 
 def get_job(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
-    """The record of the job with this id, or None."""
-    return _get("job", "job_id", id, address, timeout, _explain)
+    """The record of the job submitted with this submission id, or None, as
+    Ray's (a driver's job, the only kind here, has none: ``list_jobs``
+    lists it)."""
+    return _get("job", "submission_id", id, address, timeout, _explain)
 
 
 def get_node(id, address=None, timeout=30, _explain=False):  # noqa: A002 - Ray's name
