@@ -1,7 +1,7 @@
 """What ``init`` makes of the job's ``job_config``, ``logging_config`` and
 ``runtime_env`` (Ray's precedence: an argument of ``init`` wins over the same
 field of the ``JobConfig``), and their Ray twins for the Ray backend."""
-from .runtime_env import env_vars_of, setup_hook_of
+from .runtime_env import env_vars_of, process_runtime_env, setup_hook_of
 
 
 class JobSetup:
@@ -37,7 +37,6 @@ class JobSetup:
                 raise TypeError(f"init(logging_config=...) must be a ray_lite.LoggingConfig, "
                                 f"got {type(given).__name__}")
         self.namespace = namespace
-        self.runtime_env = runtime_env
         self.env_vars = env_vars_of(runtime_env, "init(runtime_env=...)", job=True)
         self.logging_config = logging_config
         self.metadata = metadata
@@ -55,12 +54,8 @@ class JobSetup:
         """What ``util.state.list_jobs`` reports of the job (the driver keeps it)."""
         import sys
         import time
-        env = {}
-        if self.env_vars:
-            env["env_vars"] = dict(self.env_vars)
-        hook = self.for_workers.get("setup_hook")
-        if hook is not None:
-            env["worker_process_setup_hook"] = hook[1] if hook[0] == "module" else "<function>"
+        env = process_runtime_env({"env_vars": self.env_vars,
+                                   "setup_hook": self.for_workers.get("setup_hook")})
         return {"metadata": self.metadata, "runtime_env": env,
                 "start_time_ms": int(time.time() * 1000),
                 "entrypoint": " ".join(sys.argv) if sys.argv and sys.argv[0] else ""}

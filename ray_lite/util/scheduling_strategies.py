@@ -47,25 +47,23 @@ def _check_values(values, operator):
                              f"\"value2\")) but got {value!r} of type {type(value)}.")
 
 
-@_backend.ray_counterpart("In")
-class In:
-    """A label whose value is one of ``values``."""
-
+class _ValueList:
     def __init__(self, *values):
-        _check_values(values, "In")
+        _check_values(values, type(self).__name__)
         self.values = list(values)
+
+
+@_backend.ray_counterpart("In")
+class In(_ValueList):
+    """A label whose value is one of ``values``."""
 
     def matches(self, labels, key):
         return labels.get(key) in self.values
 
 
 @_backend.ray_counterpart("NotIn")
-class NotIn:
+class NotIn(_ValueList):
     """A label that is absent or whose value is none of ``values``."""
-
-    def __init__(self, *values):
-        _check_values(values, "NotIn")
-        self.values = list(values)
 
     def matches(self, labels, key):
         return labels.get(key) not in self.values
