@@ -145,3 +145,66 @@ def test_a_wait_on_one_peer_reads_the_other_links_while_nested_tasks_run(rt, mon
         return [(ray.get(nested_plus_one.remote(i)), ray.get(a.call.remote(i)))
                 for i in range(20)]
     assert _bounded(loop) == [(i + 1, i + 1) for i in range(20)]
+
+
+class _CountedCondition:
+    """The node's service condition, counting the notifies a wait's end sends."""
+
+    def __init__(self, cond):
+        self.cond = cond
+        self.notifies = 0
+
+    def __enter__(self):
+        return self.cond.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cond.__exit__(*exc)
+
+    def notify(self, n=1):
+        self.notifies += 1
+        self.cond.notify(n)
+
+    def notify_all(self):
+        self.cond.notify_all()
+
+
+@ray.remote
+def waits_for_item(q):
+    return q.get(timeout=T)
+
+
+@pytest.mark.local_only
+def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_ones(rt):
+    """A get that lasts lets the driver's service thread sleep until it ends
+    (one notify then); a loop of short gets must not make it park and be
+    notified again and again: each wake-up takes the GIL from the loop."""
+    import time
+    from ray_lite._private import state
+    from ray_lite.util.queue import Queue
+    node = state.get_node()
+    counted = _CountedCondition(node._svc_cond)
+    node._svc_cond = counted
+    try:
+        q = Queue()
+        ref = waits_for_item.remote(q)
+        out = {}
+        t = threading.Thread(target=lambda: out.update(v=ray.get(ref)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + T
+        while not node._svc_parked and time.monotonic() < deadline:
+            time.sleep(0.001)       # polling a flag, with a bound
+        assert node._svc_parked, "the service thread did not sleep through a long get"
+        q.put("item")
+        t.join(T)
+        assert out == {"v": "item"}
+        e = Echo.remote()
+        ray.get(e.echo.remote(0))
+        before = counted.notifies
+
+        def loop():
+            for i in range(20000):
+                ray.get(e.echo.remote(i))
+        _bounded(loop)
+        assert counted.notifies - before <= 3, counted.notifies - before
+    finally:
+        node._svc_cond = counted.cond

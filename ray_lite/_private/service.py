@@ -1,11 +1,13 @@
 """The driver's service thread: serves the links while no other thread drives them.
 
 It takes over the links only when no thread has driven them for
-``SERVICE_IDLE_S``, and then sleeps in ``poll`` on their descriptors (never
+``SERVICE_IDLE_S`` (up to ``SERVICE_PAUSE_MAX_S`` right after a long loop of
+short waits), and then sleeps in ``poll`` on their descriptors (never
 spins), so that workers are served while the user's code computes.  The
 hand-over is lazy on purpose: a thread that enters and leaves ``get`` a
 hundred thousand times a second pays two attribute updates, not a system
-call, per wait.
+call, per wait, and this thread wakes at most every ``SERVICE_PAUSE_MAX_S``
+meanwhile (each wake-up takes the GIL from that loop).
 """
 import os
 import select
@@ -14,8 +16,11 @@ import threading
 
 from .transport import WEAK_SLICE
 
-# The service thread takes the links over once nobody drove them for this long.
+# The service thread takes the links over once nobody drove them for this long ...
 SERVICE_IDLE_S = 0.005
+# ... or, after a loop of short waits, for up to this long: the pause doubles
+# while such a loop goes on (each look takes the GIL from it).
+SERVICE_PAUSE_MAX_S = 0.04
 _ASYNC_SIGNALS = {s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                               signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD,
                               signal.SIGWINCH, signal.SIGPIPE)}
@@ -63,7 +68,12 @@ class ServiceMixin:
         # event loop's bridge, the service thread.  They re-arm.
         if self._svc_parked:
             with self._svc_cond:
-                self._svc_cond.notify()
+                # One notify per sleep: the flag goes down here, not when the
+                # woken thread runs (it needs the GIL first, and every get
+                # that ended meanwhile would notify again).
+                if self._svc_parked:
+                    self._svc_parked = False
+                    self._svc_cond.notify()
         if self._fds_touched:
             self._fds_touched = False
             for bridge in list(self._bridges.values()):
@@ -83,29 +93,38 @@ class ServiceMixin:
         lock = self._drive_lock
         fired = []
         woken = False
+        pause = SERVICE_IDLE_S
         while not self.closed:
             epoch = self._wait_epoch
             if self._waiting or epoch != seen or lock.locked():
                 # Someone drives, or did lately (a loop of gets): stand aside.
-                # A thread in a long wait lets this one sleep until it leaves
-                # (one notify); right after such a wake-up the pause is timed,
-                # so a loop of short gets costs at most one notify per pause.
+                # Only a wait that is still the same one after a whole pause
+                # (a long wait) lets this thread sleep until it leaves (one
+                # notify).  A loop of short gets sees the epoch move at every
+                # look, and this thread only wakes once per pause: parking
+                # there would cost a notify per pause, and each wake-up
+                # takes the GIL from the loop, and with it, when it runs
+                # late, the spin its worker waits in (B11).
+                long_wait = epoch == seen
                 seen = epoch
                 fired = []      # stale once someone else drove (fds get reused)
                 with cond:
                     if self.closed:
                         break
-                    if self._waiting and not woken:
+                    if self._waiting and long_wait and not woken:
                         self._svc_parked = True
                         try:
                             woken = cond.wait(1.0)   # 1 s: a backstop, not a tick
                         finally:
                             self._svc_parked = False
+                        pause = SERVICE_IDLE_S
                     else:
                         woken = False
-                        cond.wait(SERVICE_IDLE_S)
+                        cond.wait(pause)
+                        pause = min(pause * 2, SERVICE_PAUSE_MAX_S)
                 continue
             woken = False
+            pause = SERVICE_IDLE_S
             if not lock.acquire(False):
                 continue
             try:
