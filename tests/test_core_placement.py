@@ -224,6 +224,54 @@ def test_node_label_strategy_on_the_one_nodes_labels(rt4):
         NotIn("a", 1)
 
 
+def test_label_selector_and_its_fallbacks_on_the_one_nodes_labels(rt4):
+    """Ray's label_selector: matched against the node's labels; one that no
+    node matches (nor any of its fallbacks) is refused when declared, where
+    Ray would leave the task or actor pending for good."""
+    me = local_node_id(os.getpid())
+    for selector in ({"ray.io/node-id": me}, {"ray.io/node-id": f"in(other, {me})"},
+                     {"ray.io/node-id": "!other"}, {"region": "!us"},
+                     {"region": "!in(us, eu)"}):
+        assert ray.get(one.options(label_selector=selector).remote(), timeout=T) == 1
+    h = Holder.options(label_selector={"ray.io/node-id": me}).remote()
+    assert ray.get(h.ping.remote(), timeout=T)
+    for selector in ({"region": "us"}, {"region": "in(us, eu)"}, {"ray.io/node-id": f"!{me}"},
+                     {"ray.io/node-id": f"!in(x,{me})"}, {"ray.io/node-id": "other"}):
+        with pytest.raises(ValueError, match="matches no node: this task could never run"):
+            one.options(label_selector=selector)
+    with pytest.raises(ValueError, match="matches no node: this actor could never run"):
+        Holder.options(label_selector={"gpu": "a100"})
+    # A fallback that matches lets it run; none that does, refused.
+    fallback = [{"label_selector": {"region": "eu"}}, {"label_selector": {"ray.io/node-id": me}}]
+    assert ray.get(one.options(label_selector={"region": "us"},
+                               fallback_strategy=fallback).remote(), timeout=T) == 1
+    with pytest.raises(ValueError, match="and its fallback_strategy match no node"):
+        one.options(label_selector={"region": "us"},
+                    fallback_strategy=[{"label_selector": {"region": "eu"}}])
+
+
+@pytest.mark.parametrize("opts, error, words", [
+    ({"label_selector": "region=us"}, TypeError, "keyword 'label_selector' must be"),
+    ({"label_selector": {"bad key!": "x"}}, ValueError, "Invalid label key name `bad key!`"),
+    ({"label_selector": {"-a/b": "x"}}, ValueError, "Invalid label key prefix `-a`"),
+    ({"label_selector": {"a": "in()"}}, ValueError, "Invalid label selector value `in\\(\\)`"),
+    ({"label_selector": {"a": "!!x"}}, ValueError, "Invalid label selector value `!!x`"),
+    ({"label_selector": {"a": "x" * 64}}, ValueError, "Invalid label selector value"),
+    ({"fallback_strategy": {"label_selector": {}}}, TypeError,
+     "keyword 'fallback_strategy' must be"),
+    ({"fallback_strategy": [{}]}, ValueError, "Empty dictionary found in `fallback_strategy`"),
+    ({"fallback_strategy": [{"num_cpus": 1}]}, ValueError, "Unsupported option found: 'num_cpus'"),
+    ({"fallback_strategy": ["x"]}, ValueError, "Each element in fallback_strategy must be"),
+    ({"fallback_strategy": [{"label_selector": {"a": "in(,)"}}]}, ValueError,
+     "Invalid label selector value"),
+])
+def test_malformed_label_options_get_rays_errors(rt4, opts, error, words):
+    with pytest.raises(error, match=words):
+        one.options(**opts)
+    with pytest.raises(error, match=words):
+        Holder.options(**opts)
+
+
 def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
     holder = Holder.options(num_cpus=4).remote()
     ray.get(holder.ping.remote(), timeout=T)

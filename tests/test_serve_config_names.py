@@ -158,3 +158,30 @@ def test_replica_unavailable_error_is_rays_and_travels():
     err = pickle.loads(pickle.dumps(ReplicaUnavailableError("app#Hello#abc")))
     assert isinstance(err, RayServeException) and err.replica_id == "app#Hello#abc"
     assert str(err) == "Replica app#Hello#abc is unavailable."
+
+
+@serve.deployment(ray_actor_options={"runtime_env": {"env_vars": {"RL_TEST_FROM_OPTIONS": "yes"}},
+                                     "label_selector": {"region": "!us"}})
+class EnvReader:
+    def __call__(self, request=None):
+        import os
+        return os.environ.get("RL_TEST_FROM_OPTIONS", "unset")
+
+
+def test_ray_actor_options_runtime_env_and_label_selector_reach_the_replicas(serve_port):
+    """The replicas are made with the deployment's ray_actor_options: its
+    env_vars are theirs, and a label_selector that no node matches fails the
+    deployment with the reason (Ray Serve would leave it starting for good)."""
+    handle = serve.run(EnvReader.bind(), name="env", route_prefix="/env")
+    assert handle.remote().result(timeout_s=30) == "yes"
+    assert http(serve_port, "GET", "/env")[::2] == (200, b"yes")
+    unmatched = EnvReader.options(ray_actor_options={"label_selector": {"region": "us"}})
+    with pytest.raises(RuntimeError, match=r"label_selector=\{'region': 'us'\} matches no node"):
+        serve.run(unmatched.bind(), name="nowhere", route_prefix="/nowhere")
+    fallback = EnvReader.options(ray_actor_options={
+        "label_selector": {"region": "us"}, "fallback_strategy": [
+            {"label_selector": {"region": "!us"}}]})
+    assert serve.run(fallback.bind(), name="fallback",
+                     route_prefix="/fallback").remote().result(timeout_s=30) == "unset"
+    with pytest.raises(ValueError, match="Invalid label selector value `in\\(\\)`"):
+        EnvReader.options(ray_actor_options={"label_selector": {"region": "in()"}})

@@ -15,7 +15,7 @@ from . import protocol as P
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from .actor_handle import ActorHandle
-from .remote import ActorClass, RemoteFunction
+from .remote import ActorClass, RemoteFunction, _Bound
 from .job_setup import JobSetup
 from .scheduler import check_resource_dict
 
@@ -186,11 +186,15 @@ def create_actors(actor_class, calls):
     the driver and a single round trip to the zygote, where ``.remote()`` in a
     loop would make one of each per actor.  A list of ``ActorHandle``, with
     the exception in place of each actor that could not be started."""
+    opts = None
+    if type(actor_class) is _Bound and isinstance(actor_class._target, ActorClass):
+        actor_class, opts = actor_class._target, actor_class._how     # C.options(...)
     if not isinstance(actor_class, ActorClass):
         raise TypeError(f"create_actors expects a @remote class, got {actor_class!r}")
     if _backend.RAY:
-        return _ray.core.create_actors(actor_class, calls)
-    opts = actor_class._options
+        return _ray.core.create_actors(actor_class, calls, opts)
+    if opts is None:
+        opts = actor_class._options
     if opts.get("name") is not None:
         raise ValueError("create_actors creates unnamed actors")
     node = state.get_node()

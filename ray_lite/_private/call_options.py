@@ -12,14 +12,15 @@ from .scheduler import check_retry_exceptions, demand_of
 
 # Options Ray accepts that ray_lite honours.
 _PLACEMENT = {"num_cpus", "resources", "scheduling_strategy", "runtime_env", "placement_group",
-              "placement_group_bundle_index", "placement_group_capture_child_tasks"}
+              "placement_group_bundle_index", "placement_group_capture_child_tasks",
+              "label_selector", "fallback_strategy"}
 _TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects",
                   "retry_exceptions"} | _PLACEMENT
 _ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime",
                    "max_restarts", "max_task_retries", "concurrency_groups"} | _PLACEMENT
 # Options that make no sense on one machine but are harmless: accepted, listed
 # in the README, and without effect.
-HARMLESS = {"num_gpus", "memory", "accelerator_type", "label_selector", "_metadata",
+HARMLESS = {"num_gpus", "memory", "accelerator_type", "_metadata",
             "enable_task_events", "object_store_memory", "max_calls", "_labels"}
 # ...except for these values, which ray_lite cannot honour: refusing is
 # better than silently doing something else.  (Per kind: an actor's option

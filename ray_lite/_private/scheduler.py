@@ -19,6 +19,7 @@ refuses with ``ValueError``: on one machine "never" is certain.
 from ray_lite._lazy import lazy_module
 
 from .protocol import START
+from .labels import check_label_options, check_labels_match
 
 hashlib = lazy_module("hashlib", globals())     # for the node id, asked for late if ever
 
@@ -138,6 +139,10 @@ def demand_of(opts, kind, driver_pid):
     custom = check_resource_dict(opts.get("resources"))
     strategy = opts.get("scheduling_strategy")
     pg_id, index = _strategy_target(strategy, driver_pid)
+    check_label_options(opts)
+    if opts.get("label_selector"):
+        from .cluster import node_labels
+        check_labels_match(opts, node_labels(local_node_id(driver_pid)), kind)
     legacy = opts.get("placement_group")
     if legacy not in (None, "default"):
         pg_id, index = _pg_target(legacy, opts.get("placement_group_bundle_index", -1))

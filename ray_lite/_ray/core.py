@@ -83,11 +83,13 @@ def actor_options(ac, opts):
     return _Optioned(actor_class(ac).options(**ray_options(opts)), "ClassNode")
 
 
-def create_actors(ac, calls):
+def create_actors(ac, calls, options=None):
     """``ray_lite.create_actors`` on Ray: one ``.remote`` per call (Ray creates
     actors asynchronously already); an error in place of an actor that could
-    not be requested."""
+    not be requested.  ``options``: those of ``C.options(...)``, if given so."""
     cls = actor_class(ac)
+    if options is not None:
+        cls = cls.options(**{k: v for k, v in options.items() if ac._options.get(k) != v})
     handles = []
     for args, kwargs in calls:
         try:

@@ -298,9 +298,16 @@ class ServeController(Autoscaling):
         dep.starting += n
         try:
             cls = self._replica_class()
-            renv = (dep.config.get("ray_actor_options") or {}).get("runtime_env")
-            if renv:
-                cls = cls.options(runtime_env=renv)     # env_vars: the app's and its own
+            rao = dep.config.get("ray_actor_options") or {}
+            # env_vars (the app's and its own), and where the replicas may
+            # run: a label_selector that matches no node is refused here.
+            opts = {k: rao[k] for k in ("runtime_env", "label_selector", "fallback_strategy")
+                    if rao.get(k)}
+            if opts:
+                try:
+                    cls = cls.options(**opts)
+                except ValueError as exc:
+                    return [exc]
             handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
                   spec["kwargs"], dict(dep.config), dep.ranks[rid], world), {}) for rid in rids])

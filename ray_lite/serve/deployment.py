@@ -9,12 +9,14 @@ import inspect
 
 from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
 from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
+from .._private.labels import check_label_options
 # Accepted as in Ray, without effect on one machine (listed in the README).
 _HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "request_router_config",
              "max_constructor_retry_count", "is_driver_deployment", "_internal"}
 _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
-                     "runtime_env", "object_store_memory", "label_selector"}
+                     "runtime_env", "object_store_memory", "label_selector",
+                     "fallback_strategy"}
 
 
 def _check_config(cfg):
@@ -59,6 +61,7 @@ def _check_config(cfg):
         for key in rao:
             if key not in _ACTOR_OPTIONS_OK:
                 raise ValueError(f"ray_actor_options: invalid option {key!r}")
+        check_label_options(rao)      # matched against the node's labels at deployment
         if rao.get("num_gpus") not in (None, 0):
             raise ValueError("ray_lite does not support GPUs in ray_actor_options")
         if rao.get("accelerator_type") is not None:
