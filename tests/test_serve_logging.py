@@ -135,3 +135,43 @@ def test_bad_logging_configs_are_refused_naming_the_field():
         parse({"applications": [{"import_path": "m:app",
                                  "logging_config": {"encoding": "YAML"}}]})
     assert LoggingConfig(log_level=10).log_level == "DEBUG"
+
+
+MAIN_SCRIPT = """
+import logging, sys
+import ray_lite
+from ray_lite import serve
+
+@serve.deployment(logging_config={"encoding": "JSON", "logs_dir": sys.argv[1]})
+class FromMain:
+    def __call__(self, request=None):
+        logging.getLogger("ray.serve").info("logged from main")
+        raise ValueError("raised from main")
+
+ray_lite.init(num_cpus=1)
+handle = serve.run(FromMain.bind(), name="m", route_prefix=None)
+try:
+    handle.remote().result(timeout_s=60)
+except ValueError as exc:
+    print("ERROR:", str(exc).replace(chr(10), " | "))
+serve.shutdown()
+ray_lite.shutdown()
+"""
+
+
+def test_a_class_from_main_keeps_its_file_name_in_records_and_tracebacks(tmp_path):
+    """A deployment defined in the script being run travels by value; its
+    records and tracebacks name the script and its lines, as a task's do
+    (they said ``<dynamic-code>``)."""
+    script = tmp_path / "deploy_from_main.py"
+    script.write_text(MAIN_SCRIPT)
+    logs = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, str(script), str(logs)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = next(json.loads(ln) for ln in _records(logs, "replica_m_FromMain_*.log",
+                                                    "logged from main")
+                  if "logged from main" in ln)
+    assert record["filename"] == "deploy_from_main.py", record
+    error = next(ln for ln in proc.stdout.splitlines() if ln.startswith("ERROR:"))
+    assert f'File "{script}", line 10' in error and "raised from main" in error, error

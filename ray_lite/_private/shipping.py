@@ -27,12 +27,17 @@ def _origin(obj):
         return None
 
 
+def shipped_form(obj):
+    """What ``ship`` pickles for ``obj``: it, and the file name to restore."""
+    return (_TAG, obj, _origin(obj))
+
+
 def ship(obj):
     """The blob of a function or class: ``unship`` in the worker (in each
     worker it is sent to: the refs it captured are pinned, see refs.py)."""
     from .refs import pinning_refs
     with pinning_refs():
-        return cloudpickle.dumps((_TAG, obj, _origin(obj)))
+        return cloudpickle.dumps(shipped_form(obj))
 
 
 def _recode(code, filename):

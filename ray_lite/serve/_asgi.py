@@ -27,6 +27,7 @@ from time import monotonic as _monotonic
 
 import cloudpickle
 
+from .._private.shipping import shipped_form
 from . import context
 from ._body import END, FAILED, BodyStream
 from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
@@ -89,9 +90,11 @@ def pickle_deployment_class(cls):
     """``cls`` pickled for its replicas.  FastAPI (0.137 and later) keeps a
     lock in each router ``include_router`` adds: there (and only there: a
     lock stays unserialisable elsewhere) a lock arrives as a new one,
-    unlocked, as Ray Serve pickles it."""
+    unlocked, as Ray Serve pickles it.  With its file name, as a task's
+    function (``shipping.unship`` restores it: tracebacks and log records
+    of a class defined in ``__main__`` name its file, not ``<dynamic-code>``)."""
     buf = io.BytesIO()
-    _DeploymentClassPickler(buf).dump(cls)
+    _DeploymentClassPickler(buf).dump(shipped_form(cls))
     return buf.getvalue()
 
 

@@ -16,9 +16,8 @@ import traceback
 import types
 from time import monotonic as _monotonic
 
-import cloudpickle
-
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
+from ray_lite._private.shipping import unship
 
 from . import _core, _defaults, _metrics, _websocket, context
 from .handle import calls_of_this_request, cancel_calls, cancel_requested
@@ -199,7 +198,7 @@ class ServeReplica:
         # Before the user's constructor, whose logs take the format too.
         configure_replica_logger(app_name, deployment_name, ctx.replica_id.unique_id,
                                  config.get("logging_config"))
-        target = cloudpickle.loads(cls_blob)
+        target = unship(cls_blob)
         self._is_function = not inspect.isclass(target)
         self._init_task = None
         self._asgi = None
