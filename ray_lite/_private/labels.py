@@ -3,11 +3,11 @@ for tasks and actors, checked with Ray's rules and matched against the one
 node's labels (``cluster.node_labels``).
 
 A selector maps a label key to an expression on the node's value for it:
-``"v"`` (equal), ``"!v"`` (not equal; a node without the label matches),
-``"in(a, b)"`` or ``"!in(a, b)"`` (a node without the label matches).  A task or actor whose selector
-the node does not match, and none of whose fallbacks' selectors it matches,
-is refused when declared: Ray would leave it pending until a node that
-matches joins, which never happens on one machine.
+``"v"`` (equal), ``"!v"`` (not equal), ``"in(a, b)"``, ``"!in(a, b)"``; a
+node without the label matches only the negations.  A task or actor whose
+selector the node does not match, and none of whose fallbacks' selectors it
+matches, is refused when declared: Ray would leave it pending until a node
+that matches joins, which never happens on one machine.
 """
 import re
 

@@ -286,6 +286,17 @@ class ServeController(Autoscaling):
         deployment, and is published to handles and proxies, as soon as it is
         ready, so that the first ones serve while the others still start."""
         spec = dep.spec
+        cls = self._replica_class()
+        rao = dep.config.get("ray_actor_options") or {}
+        # env_vars (the app's and its own), and where the replicas may run:
+        # a label_selector that matches no node is refused here.
+        opts = {k: rao[k] for k in ("runtime_env", "label_selector", "fallback_strategy")
+                if rao.get(k)}
+        if opts:
+            try:
+                cls = cls.options(**opts)
+            except ValueError as exc:
+                return [exc] * n
         rids = [f"{dep.name}#{next(self.ids)}" for _ in range(n)]
         # Ray's ranks: the smallest ones no live replica holds (a replacement
         # takes its predecessor's), out of a world the size of the target.
@@ -297,17 +308,6 @@ class ServeController(Autoscaling):
         errors = []
         dep.starting += n
         try:
-            cls = self._replica_class()
-            rao = dep.config.get("ray_actor_options") or {}
-            # env_vars (the app's and its own), and where the replicas may
-            # run: a label_selector that matches no node is refused here.
-            opts = {k: rao[k] for k in ("runtime_env", "label_selector", "fallback_strategy")
-                    if rao.get(k)}
-            if opts:
-                try:
-                    cls = cls.options(**opts)
-                except ValueError as exc:
-                    return [exc]
             handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
                   spec["kwargs"], dict(dep.config), dep.ranks[rid], world), {}) for rid in rids])
