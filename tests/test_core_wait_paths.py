@@ -11,6 +11,8 @@ import pytest
 import ray_lite as ray
 from ray_lite.exceptions import RayActorError
 
+from serve_helpers import wait_until
+
 T = 60
 
 
@@ -178,7 +180,6 @@ def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_one
     """A get that lasts lets the driver's service thread sleep until it ends
     (one notify then); a loop of short gets must not make it park and be
     notified again and again: each wake-up takes the GIL from the loop."""
-    import time
     from ray_lite._private import state
     from ray_lite.util.queue import Queue
     node = state.get_node()
@@ -190,10 +191,8 @@ def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_one
         out = {}
         t = threading.Thread(target=lambda: out.update(v=ray.get(ref)), daemon=True)
         t.start()
-        deadline = time.monotonic() + T
-        while not node._svc_parked and time.monotonic() < deadline:
-            time.sleep(0.001)       # polling a flag, with a bound
-        assert node._svc_parked, "the service thread did not sleep through a long get"
+        wait_until(lambda: node._svc_parked, "the service thread to sleep through a long get",
+                   timeout=T)
         q.put("item")
         t.join(T)
         assert out == {"v": "item"}
