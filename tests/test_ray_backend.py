@@ -173,6 +173,18 @@ def test_timeouts_cancellation_and_dead_actors_are_ray_lite_errors(on_ray):
     assert isinstance(info.value, RayActorError)
 
 
+
+def test_create_actors_takes_a_class_with_options_on_ray(on_ray):
+    """ray_lite's own strategy object, in ``C.options(...)``, becomes Ray's."""
+    from ray_lite._private import api as core_api
+    from ray_lite.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    here = ray_lite.get_runtime_context().get_node_id()
+    options = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+    handles = core_api.create_actors(options, [((5,), {}), ((), {})])
+    assert ray_lite.get([h.incr.remote() for h in handles], timeout=T) == [6, 1]
+    for h in handles:
+        ray_lite.kill(h)
+
 def test_actor_methods_num_returns_and_streams(on_ray):
     counter = Counter.remote(2)
     assert ray_lite.get(counter.incr.remote(), timeout=T) == 3

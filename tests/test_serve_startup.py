@@ -32,6 +32,9 @@ class Probe:
     def pid(self):
         return os.getpid()
 
+    def env(self, name):
+        return os.environ.get(name)
+
 
 @ray.remote
 class Parent:
@@ -264,3 +267,13 @@ def test_start_takes_ray_signature_and_harmless_options(serve_runtime):
         assert http(_http_port(), "GET", "/")[0] == 200
     finally:
         serve.shutdown()
+
+
+def test_create_actors_takes_a_class_with_options(serve_runtime):
+    """``C.options(...)`` as Serve's controller passes it (a deployment's
+    ray_actor_options): each actor gets those options."""
+    hs = core_api.create_actors(Probe.options(runtime_env={"env_vars": {"RL_PROBE": "set"}}),
+                                [((), {}), ((), {})])
+    assert ray.get([h.env.remote("RL_PROBE") for h in hs], timeout=60) == ["set", "set"]
+    with pytest.raises(TypeError, match="expects a @remote class"):
+        core_api.create_actors(Parent.spawn_children, [((), {})])

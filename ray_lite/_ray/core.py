@@ -83,13 +83,16 @@ def actor_options(ac, opts):
     return _Optioned(actor_class(ac).options(**ray_options(opts)), "ClassNode")
 
 
-def create_actors(ac, calls, options=None):
+def is_class_with_options(obj):
+    """Whether ``obj`` is ``C.options(...)`` of an actor class, on Ray."""
+    return type(obj) is _Optioned and obj._node_class == "ClassNode"
+
+
+def create_actors(ac, calls):
     """``ray_lite.create_actors`` on Ray: one ``.remote`` per call (Ray creates
     actors asynchronously already); an error in place of an actor that could
-    not be requested.  ``options``: those of ``C.options(...)``, if given so."""
-    cls = actor_class(ac)
-    if options is not None:
-        cls = cls.options(**{k: v for k, v in options.items() if ac._options.get(k) != v})
+    not be requested.  ``ac``: ray_lite's actor class, or its ``.options(...)``."""
+    cls = ac if is_class_with_options(ac) else actor_class(ac)
     handles = []
     for args, kwargs in calls:
         try:
