@@ -186,17 +186,16 @@ def create_actors(actor_class, calls):
     the driver and a single round trip to the zygote, where ``.remote()`` in a
     loop would make one of each per actor.  A list of ``ActorHandle``, with
     the exception in place of each actor that could not be started."""
-    if _backend.RAY and _ray.core.is_class_with_options(actor_class):
-        return _ray.core.create_actors(actor_class, calls)      # C.options(...), on Ray
-    opts = None
-    if type(actor_class) is _Bound and isinstance(actor_class._target, ActorClass):
-        actor_class, opts = actor_class._target, actor_class._how     # C.options(...)
-    if not isinstance(actor_class, ActorClass):
-        raise TypeError(f"create_actors expects a @remote class, got {actor_class!r}")
     if _backend.RAY:
-        return _ray.core.create_actors(actor_class, calls)
-    if opts is None:
+        # (There C.options(...) is Ray's own optioned class.)
+        if isinstance(actor_class, ActorClass) or _ray.core.is_class_with_options(actor_class):
+            return _ray.core.create_actors(actor_class, calls)
+    elif type(actor_class) is _Bound and isinstance(actor_class._target, ActorClass):
+        actor_class, opts = actor_class._target, actor_class._how       # C.options(...)
+    elif isinstance(actor_class, ActorClass):
         opts = actor_class._options
+    if _backend.RAY or not isinstance(actor_class, ActorClass):
+        raise TypeError(f"create_actors expects a @remote class, got {actor_class!r}")
     if opts.get("name") is not None:
         raise ValueError("create_actors creates unnamed actors")
     node = state.get_node()

@@ -119,10 +119,9 @@ def check_labels_match(opts, labels, kind):
     selector = opts.get("label_selector")
     if not selector or selector_matches(labels, selector):
         return
-    for strategy in opts.get("fallback_strategy") or ():
-        if selector_matches(labels, strategy.get("label_selector") or {}):
-            return
-    fallbacks = opts.get("fallback_strategy")
+    fallbacks = opts.get("fallback_strategy") or ()
+    if any(selector_matches(labels, f.get("label_selector") or {}) for f in fallbacks):
+        return
     raise ValueError(
         f"label_selector={selector!r}"
         f"{' and its fallback_strategy match' if fallbacks else ' matches'} "

@@ -82,6 +82,12 @@ def check_resource_dict(resources, what="resources"):
     return out
 
 
+def _node_labels(driver_pid):
+    """The one node's labels (what label strategies and selectors match)."""
+    from .cluster import node_labels
+    return node_labels(local_node_id(driver_pid))
+
+
 def _strategy_target(strategy, driver_pid):
     """(pg id, bundle index) of a scheduling strategy; (None, -1) for the node."""
     if strategy is None or isinstance(strategy, str):
@@ -96,8 +102,7 @@ def _strategy_target(strategy, driver_pid):
         return _pg_target(pg, getattr(strategy, "placement_group_bundle_index", -1))
     unmatched = getattr(strategy, "unmatched", None)
     if unmatched is not None:       # NodeLabelSchedulingStrategy
-        from .cluster import node_labels
-        labels = node_labels(local_node_id(driver_pid))
+        labels = _node_labels(driver_pid)
         missed = unmatched(labels)
         if missed:
             raise ValueError(f"NodeLabelSchedulingStrategy: the one node's labels {labels} "
@@ -141,8 +146,7 @@ def demand_of(opts, kind, driver_pid):
     pg_id, index = _strategy_target(strategy, driver_pid)
     check_label_options(opts)
     if opts.get("label_selector"):
-        from .cluster import node_labels
-        check_labels_match(opts, node_labels(local_node_id(driver_pid)), kind)
+        check_labels_match(opts, _node_labels(driver_pid), kind)
     legacy = opts.get("placement_group")
     if legacy not in (None, "default"):
         pg_id, index = _pg_target(legacy, opts.get("placement_group_bundle_index", -1))
