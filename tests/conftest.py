@@ -104,6 +104,7 @@ codec_impl = _twin_module_fixture("codec")
 ring_impl = _twin_module_fixture("ring")
 stream_table_impl = _twin_module_fixture("stream_table")
 broadcast_impl = _twin_module_fixture("broadcast")
+link_impl = _twin_module_fixture("link")
 
 
 @pytest.fixture(params=TWINS)

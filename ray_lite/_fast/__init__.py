@@ -11,10 +11,13 @@ disagree, the compiled one is wrong.
 #: True when the environment asks for the pure-Python twins.
 from .._config import NO_EXTENSIONS
 
-from . import broadcast, codec, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+from . import broadcast, codec, link, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+
+#: The hot paths (each a module ``x`` with twins ``_x_c`` and ``_x_py``).
+HOT_PATHS = ("broadcast", "codec", "link", "ring", "stream_table")
 
 #: True when every hot path runs its compiled twin.
-USING_EXTENSIONS = (codec.COMPILED and ring.COMPILED and stream_table.COMPILED
-                    and broadcast.COMPILED)
+USING_EXTENSIONS = all(globals()[name].COMPILED for name in HOT_PATHS)
 
-__all__ = ["NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "ring", "stream_table"]
+__all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link", "ring",
+           "stream_table"]

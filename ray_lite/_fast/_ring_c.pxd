@@ -1,6 +1,7 @@
 # cython: language_level=3
 # C-level interface of the compiled ring, for other compiled modules: the
-# benchmark's nogil ping-pong (ray_lite/bench/_ringbench_c.pyx).  Layout and
+# compiled link (_link_c.pyx: ``_put``, ``_get_nowait`` and ``end`` without a
+# Python call) and the benchmark's nogil ping-pong (ray_lite/bench/_ringbench_c.pyx).  Layout and
 # protocol: see _ring_py.py (the specification).
 #
 # The waiting primitives (atomics, clock, futex, liveness, rl_wait/rl_wake)
@@ -124,6 +125,8 @@ cdef class ShmRing:
     cdef int _enter(self, bint producer) except -1
     cdef void _leave(self)
     cdef int _raise_status(self, int st) except -1
+    cdef int _put(self, object obj, object timeout) except -1
+    cdef object _get_nowait(self)
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1
     cdef int _put_slow(self, object obj, Py_ssize_t need, object timeout) except -1
     cdef Py_ssize_t _publish_frame(self, char* slot, Py_ssize_t n, Py_ssize_t room, object timeout) except -1

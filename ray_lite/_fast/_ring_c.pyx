@@ -644,6 +644,10 @@ cdef class ShmRing:
             self._leave()
 
     def put(self, obj, timeout=None):
+        self._put(obj, timeout)
+
+    cdef int _put(self, object obj, object timeout) except -1:
+        # (C-level put, for the compiled link: ``put`` without a Python call)
         cdef RingEnd* e = &self.end
         cdef char* slot
         cdef Py_ssize_t room, n, need
@@ -653,8 +657,7 @@ cdef class ShmRing:
                 del self._oob[:]
             room = _contiguous_room(e, &slot)
             if room < 0:
-                self._put_slow(obj, 1, timeout)
-                return
+                return self._put_slow(obj, 1, timeout)
             need = 0
             n = 0
             try:
@@ -666,6 +669,7 @@ cdef class ShmRing:
             if need:
                 # Outside the except block: errors while waiting must not chain to it.
                 self._put_slow(obj, need, timeout)
+            return 0
         finally:
             self._leave()
 
@@ -796,6 +800,9 @@ cdef class ShmRing:
             self._leave()
 
     def get_nowait(self):
+        return self._get_nowait()
+
+    cdef object _get_nowait(self):
         cdef const char* payload
         cdef uint64_t n
         cdef uint32_t kind

@@ -39,6 +39,10 @@ class PeerDiedError(ChannelClosedError):
     """The process at the other end died without closing the channel."""
 
 
+class LinkClosed(ConnectionError):
+    """The link is closed: by its peer, by its peer's death, or by this end."""
+
+
 class RingEmpty(queue.Empty):
     """A non-blocking read found no message."""
 

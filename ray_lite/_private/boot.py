@@ -62,7 +62,7 @@ def twins_reason():
         return None
     if _fast.NO_EXTENSIONS:
         return "RAY_LITE_NO_EXTENSIONS=1 in its environment"
-    absent = [name for name in ("broadcast", "codec", "ring", "stream_table")
+    absent = [name for name in _fast.HOT_PATHS
               if not getattr(_fast, name).COMPILED]
     return (f"no compiled twin of {', '.join(absent)} in {os.path.join(PACKAGE_DIR, '_fast')} "
             f"for {sys.implementation.cache_tag}")

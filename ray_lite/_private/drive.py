@@ -18,8 +18,6 @@ peers' pidfds (``ring.wait_rings_or_fds``) and an eventfd that a thread
 adding or removing a link writes (``links_changed``): the sleep then takes
 the new set of links, on which that thread may wait for an answer.
 """
-import itertools
-import operator
 import os
 import threading
 import time
@@ -30,10 +28,8 @@ from ray_lite._fast.wait_policy import LINK_SPIN_NS, ns_to_s
 from .interrupts import sleep_point
 from .procutil import readable_now
 from .transport import LinkClosed
+from .transport import drain_links as _drain_links
 
-_compress = itertools.compress
-_MANY_LINKS = 8     # beyond this, _drain polls from C (fewer: a loop costs less)
-_call = getattr(operator, "call", None) or (lambda fn: fn())   # operator.call: 3.11+
 # How long a wait may sleep on the expected peer's ring alone (the others are
 # read again after this): covers a typical call's round trip.
 HINT_BUDGET_S = 0.002
@@ -372,31 +368,7 @@ class DrivingMixin:
                 self._stash[:0] = stash[n:]
                 raise
         entries, polls = self._drain_list
-        if len(polls) > _MANY_LINKS:
-            # A proxy has a link per replica, most of them empty at any
-            # drain: poll them all from C (map) and visit the ready ones.
-            try:
-                entries = list(_compress(entries, map(_call, polls)))
-            except (OSError, ValueError):
-                pass            # a ring closed under us: look at each below
-        for peer, link, poll in entries:
-            try:
-                if not poll():
-                    continue
-                msgs = link.recv_all()
-            except (LinkClosed, OSError, ValueError):
-                continue
-            i = 0
-            try:
-                for msg in msgs:
-                    i += 1
-                    handlers[msg[0]](peer, msg)
-            except BaseException:
-                # A KeyboardInterrupt (or a bug) must not lose what was read.
-                self._stash.extend((peer, m) for m in msgs[i:])
-                raise
-            n += i
-        return n
+        return n + _drain_links(entries, polls, handlers, self._stash)
 
     def drive_nowait(self):
         """One non-blocking round (from an asyncio reader callback).

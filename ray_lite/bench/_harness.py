@@ -347,7 +347,7 @@ def machine_info():
         import ray_lite._fast as fast
         info["compiled"] = bool(fast.USING_EXTENSIONS)
         info["hot_paths"] = {name: ("compiled" if getattr(fast, name).COMPILED else "python")
-                             for name in ("broadcast", "codec", "ring", "stream_table")}
+                             for name in fast.HOT_PATHS}
         info["no_extensions_env"] = bool(fast.NO_EXTENSIONS)
     except Exception as exc:   # noqa: BLE001 - the machine block must print anyway
         info["compiled"] = None
