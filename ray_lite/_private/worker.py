@@ -57,6 +57,7 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         self._names = {}           # method -> "Class.method"
         self._sync_methods = {}    # method -> a plain def (async actors: run at once)
         self._class_methods = method_table()    # method -> the class's function, or None
+        self._bound_methods = {}   # method -> its function bound to the actor (the common call)
         self.held_calls = {}       # peer -> its calls waiting for a ref (held_calls.py)
         self._held_lock = threading.RLock()
         self.exiting = False
@@ -527,7 +528,8 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
                 fn = self._class_methods[method] = class_function(type(self.actor), method)
             if fn is None:
                 return getattr(self.actor, method)
-            return fn.__get__(self.actor)
+            bound = self._bound_methods[method] = fn.__get__(self.actor)
+            return bound
         except AttributeError:
             raise AttributeError(f"'{type(self.actor).__name__}' actor has no method "
                                  f"'{method}'") from None
@@ -547,13 +549,24 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
                 # not interrupted (its state could be half updated), as in Ray.
                 self._send_failure(peer, oid, stream, TaskCancelledError(), name)
                 return
-            try:
-                fn = self._method_for(msg)
-                args, kwargs = self._resolve(args, kwargs)
-            except BaseException as exc:
-                err = exc if isinstance(exc, RayError) else make_task_error(name, exc)
-                self._send_failure(peer, oid, stream, err, name)
-                return
+            # The common call, its looks inline (B11): a method bound before,
+            # no keyword and no ref among the arguments.
+            fn = self._bound_methods.get(method) if self.actor_init_error is None else None
+            if fn is not None and not kwargs:
+                for a in args:
+                    if type(a) is ObjectRef:
+                        fn = None
+                        break
+            else:
+                fn = None
+            if fn is None:
+                try:
+                    fn = self._method_for(msg)
+                    args, kwargs = self._resolve(args, kwargs)
+                except BaseException as exc:
+                    err = exc if isinstance(exc, RayError) else make_task_error(name, exc)
+                    self._send_failure(peer, oid, stream, err, name)
+                    return
             self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
         finally:
             if self.cancelled:
