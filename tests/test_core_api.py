@@ -291,6 +291,24 @@ def test_unserialisable_argument_and_result(rt):
     assert ray.get([double.remote(i) for i in range(4)], timeout=T) == [0, 2, 4, 6]
 
 
+@pytest.mark.local_only
+def test_an_actor_method_with_an_unserialisable_result_raises_and_the_actor_lives_on(rt):
+    import threading
+
+    @ray.remote
+    class Keeper:
+        def lock(self):
+            return threading.Lock()
+
+        def echo(self, x):
+            return x
+    k = Keeper.remote()
+    assert ray.get(k.echo.remote(1), timeout=T) == 1     # its method is bound and cached now
+    with pytest.raises(TypeError, match="could not serialize the result of Keeper.lock"):
+        ray.get(k.lock.remote(), timeout=T)
+    assert ray.get([k.echo.remote(i) for i in range(3)], timeout=T) == [0, 1, 2]
+
+
 def test_remote_with_empty_parentheses_is_refused():
     # As Ray: @remote() is neither the bare decorator nor one with options.
     with pytest.raises(AssertionError, match="no arguments and no parentheses"):

@@ -152,7 +152,7 @@ cdef class Link:
         if self._closed:
             raise LinkClosed("link is closed")
         try:
-            return self._rx.get(timeout)
+            return self._rx._get(timeout)
         except TimeoutError:
             return None
         except ChannelClosedError as exc:       # PeerDiedError too

@@ -1,6 +1,6 @@
 # cython: language_level=3
 # C-level interface of the compiled ring, for other compiled modules: the
-# compiled link (_link_c.pyx: ``_put``, ``_get_nowait`` and ``end`` without a
+# compiled link (_link_c.pyx: ``_put``, ``_get``, ``_get_nowait`` and ``end`` without a
 # Python call) and the benchmark's nogil ping-pong (ray_lite/bench/_ringbench_c.pyx).  Layout and
 # protocol: see _ring_py.py (the specification).
 #
@@ -126,6 +126,7 @@ cdef class ShmRing:
     cdef void _leave(self)
     cdef int _raise_status(self, int st) except -1
     cdef int _put(self, object obj, object timeout) except -1
+    cdef object _get(self, object timeout)
     cdef object _get_nowait(self)
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1
     cdef int _put_slow(self, object obj, Py_ssize_t need, object timeout) except -1

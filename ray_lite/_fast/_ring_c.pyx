@@ -784,6 +784,9 @@ cdef class ShmRing:
         return 0
 
     def get(self, timeout=None):
+        return self._get(timeout)
+
+    cdef object _get(self, object timeout):
         cdef const char* payload
         cdef uint64_t n
         cdef uint32_t kind

@@ -19,8 +19,6 @@ from .transport import LinkClosed
 # calls sent before it) and ``handle.__ray_ready__`` are: methods without
 # parameters (``protocol.BUILTIN_METHODS``).
 _BUILTIN_ENTRY = (False, None, (0, 0, ()))
-# A call's one result before its ref exists (see ``ActorMethod.remote``).
-_AFTER_SEND = object()
 
 
 class _ActorLease(_Entry):
@@ -182,7 +180,7 @@ class ActorMethod:
         if nret == 1 and not stream:
             oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
             target = _Entry(aid)
-            result = _AFTER_SEND    # the ref is made then: the actor works meanwhile (B11)
+            result = None       # the ref is made after the send: the actor works meanwhile (B11)
         else:
             oid, target, result = _make_call_result(node, nret, stream, bp, name, aid)
         if not stream:
@@ -195,7 +193,7 @@ class ActorMethod:
         if link is not None:
             try:
                 link.send((METHOD, oid, method, args, kwargs, nret, stream, bp))
-                return ObjectRef(oid, node.id, target) if result is _AFTER_SEND else result
+                return ObjectRef(oid, node.id, target) if nret == 1 and not stream else result
             except (LinkClosed, OSError):
                 pass
             except BaseException:
@@ -215,7 +213,7 @@ class ActorMethod:
                 node.inflight.get(aid, {}).pop(oid, None)
                 for e in (target if type(target) is list else [target]):
                     e.set_error(err)
-        return ObjectRef(oid, node.id, target) if result is _AFTER_SEND else result
+        return ObjectRef(oid, node.id, target) if nret == 1 and not stream else result
 
 
 

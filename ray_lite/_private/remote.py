@@ -192,14 +192,14 @@ class RemoteFunction:
             oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
             # A worker's nested task is answered through the driver.
             target = _Entry(None if node.id == 0 else 0)
-            result = ObjectRef(oid, node.id, target)
+            result = None       # the ref is made after the submit: the task runs meanwhile (B11)
         else:
             oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
             node.pending[oid] = target
         node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
                                   plan.retries, name, node.id, not simple))
-        return result
+        return ObjectRef(oid, node.id, target) if nret == 1 and not stream else result
 
     def _remote_special(self, plan, args, kwargs):
         """``_call`` of a task with a Demand, a retry policy or env_vars."""

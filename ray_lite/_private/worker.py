@@ -368,16 +368,20 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         except (ConnectionError, OSError):
             return
         except Exception as exc:
-            is_result = msg[0] == P.RESULT
-            kind = "result" if is_result else f"item {msg[2]}"
-            err = RayTaskError(name, f"could not serialize the {kind} of {name}: {exc!r}",
-                               TypeError(f"could not serialize the {kind} of {name}: {exc}"),
-                               os.getpid())
-            for m in ((P.result_msg(msg[1], False, err),) if is_result
-                      else P.stream_failed_msgs(msg[1], msg[2], err)):
-                self.send(peer, m)
-            return False
+            return self._unsendable(peer, msg, name, exc)
         return True
+
+    def _unsendable(self, peer, msg, name, exc):
+        """``msg`` could not be sent (``exc``): its caller gets the error instead."""
+        is_result = msg[0] == P.RESULT
+        kind = "result" if is_result else f"item {msg[2]}"
+        err = RayTaskError(name, f"could not serialize the {kind} of {name}: {exc!r}",
+                           TypeError(f"could not serialize the {kind} of {name}: {exc}"),
+                           os.getpid())
+        for m in ((P.result_msg(msg[1], False, err),) if is_result
+                  else P.stream_failed_msgs(msg[1], msg[2], err)):
+            self.send(peer, m)
+        return False
 
     def fail_pool_task(self, peer, msg):
         """``run_pool_task`` of a process whose job setup hook failed."""
@@ -473,7 +477,16 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             return
         if type(result) not in _NEVER_STORED:     # (stored_result's first look, inline)
             result = stored_result(result)
-        self.reply(peer, (RESULT, oid, True, result), name)
+        # self.reply(peer, msg, name), inline: it runs per call (B11).
+        link = self.links.get(peer)
+        if link is not None:
+            msg = (RESULT, oid, True, result)
+            try:
+                link.send(msg)
+            except (ConnectionError, OSError):
+                pass
+            except Exception as exc:
+                self._unsendable(peer, msg, name, exc)
 
     _split = staticmethod(split_returns)
 
