@@ -272,6 +272,34 @@ def test_malformed_label_options_get_rays_errors(rt4, opts, error, words):
         Holder.options(**opts)
 
 
+def test_bundle_label_selector_on_the_one_nodes_labels(rt4):
+    """A selector per bundle, matched as label_selector: a group one of whose
+    bundles the node does not match is refused (Ray: pending for good)."""
+    me = local_node_id(os.getpid())
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}],
+                         bundle_label_selector=[{"ray.io/node-id": me}, {"region": "!us"}])
+    ray.get(pg.ready(), timeout=T)
+    assert ray.get(one.options(scheduling_strategy=in_pg(pg, 1)).remote(), timeout=T) == 1
+    remove_placement_group(pg)
+    with pytest.raises(ValueError, match=r"bundle_label_selector\[1\]=\{'region': 'us'\} "
+                                         r"matches no node: this placement group could never"):
+        placement_group([{"CPU": 1}, {"CPU": 1}],
+                        bundle_label_selector=[{"ray.io/node-id": me}, {"region": "us"}])
+    assert placement_group_table() == {pg.id.hex(): placement_group_table(pg)}   # none added
+
+
+@pytest.mark.parametrize("selectors, words", [
+    ([], "The length of `bundle_label_selector` should equal the length of `bundles`"),
+    ({"a": "b"}, "bundle_label_selector must be a list, got <class 'dict'>"),
+    ([{"a": 1}], "must be a list of string dictionary label selectors"),
+    ([{"bad key!": "x"}], "Detailed error: 'Invalid label key name `bad key!`"),
+    ([{"a": "in()"}], "Detailed error: 'Invalid label selector value `in\\(\\)`"),
+])
+def test_malformed_bundle_label_selectors_get_rays_errors(rt4, selectors, words):
+    with pytest.raises(ValueError, match=words):
+        placement_group([{"CPU": 1}], bundle_label_selector=selectors)
+
+
 def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
     holder = Holder.options(num_cpus=4).remote()
     ray.get(holder.ping.remote(), timeout=T)

@@ -1,6 +1,7 @@
 """``label_selector`` and ``fallback_strategy``: Ray's label scheduling options
-for tasks and actors, checked with Ray's rules and matched against the one
-node's labels (``cluster.node_labels``).
+for tasks and actors, and a placement group's ``bundle_label_selector``,
+checked with Ray's rules and matched against the one node's labels
+(``cluster.node_labels``).
 
 A selector maps a label key to an expression on the node's value for it:
 ``"v"`` (equal), ``"!v"`` (not equal), ``"in(a, b)"``, ``"!in(a, b)"``; a
@@ -127,3 +128,43 @@ def check_labels_match(opts, labels, kind):
         f"{' and its fallback_strategy match' if fallbacks else ' matches'} "
         f"no node: this {kind} could never run (ray_lite runs on one node, whose "
         f"labels are {labels}; Ray would leave it pending until a node that matches joins)")
+
+
+def check_bundle_label_selector(bundles, selectors):
+    """Ray's checks of a placement group's ``bundle_label_selector`` (one
+    selector per bundle), with its error words; ValueError."""
+    if len(bundles) != len(selectors):
+        raise ValueError(f"Invalid bundle label selector {selectors}. The length of "
+                         f"`bundle_label_selector` should equal the length of `bundles`.")
+    if not isinstance(selectors, list):
+        raise ValueError(f"Placement group bundle_label_selector must be a list, "
+                         f"got {type(selectors)}.")
+    for selector in selectors:
+        if (not isinstance(selector, dict) or not all(isinstance(k, str) for k in selector)
+                or not all(isinstance(v, str) for v in selector.values())):
+            raise ValueError('Bundle label selector must be a list of string dictionary label '
+                             'selectors. For example: `[{ray.io/market_type": "spot"}, '
+                             '{"ray.io/accelerator-type": "A100"}]`.')
+        err = _selector_error(selector)
+        if err:
+            raise ValueError(f"Invalid label selector provided in bundle_label_selector list. "
+                             f"Detailed error: '{err}'")
+    # GB200 / GB300 bundles are scheduled on one GPU domain: all or none.
+    domain = next((s.get("ray.io/accelerator-type") for s in selectors
+                   if s.get("ray.io/accelerator-type") in ("GB200", "GB300")), None)
+    if domain is not None:
+        for selector in selectors:
+            if selector.get("ray.io/accelerator-type") != domain:
+                raise ValueError(f"Invalid bundle label selector {selector}. GPU-domain "
+                                 f"scheduling requires all bundles to have "
+                                 f"'ray.io/accelerator-type: {domain}' in their label selector.")
+
+
+def check_bundles_match(selectors, labels):
+    """Refuse a placement group one of whose bundles no node with ``labels`` could hold."""
+    for index, selector in enumerate(selectors):
+        if not selector_matches(labels, selector):
+            raise ValueError(
+                f"bundle_label_selector[{index}]={selector!r} matches no node: this placement "
+                f"group could never be created (ray_lite runs on one node, whose labels are "
+                f"{labels}; Ray would leave it pending until a node that matches joins)")

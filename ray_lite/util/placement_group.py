@@ -6,6 +6,8 @@ from ray_lite._private import backend as _backend
 from ray_lite._private import protocol as P
 from ray_lite._private import state
 from ray_lite._private.ids import PlacementGroupID
+from ray_lite._private.labels import check_bundle_label_selector, check_bundles_match
+from ray_lite._private.scheduler import _node_labels
 
 from .scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -89,14 +91,19 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None,
     Asynchronous, as in Ray: the group is PENDING until its resources are
     free (``ready()``, ``wait()``).  A group this machine could never hold
     (more than its resources, or STRICT_SPREAD over several bundles) raises
-    ``ValueError`` here, where Ray would leave it pending for ever.
+    ``ValueError`` here, where Ray would leave it pending for ever; so does
+    one whose ``bundle_label_selector`` (a selector per bundle, as
+    ``label_selector``) the node's labels do not match.
     """
     if _backend.RAY:
         return _ray.util.UTIL["placement_group"](
             bundles, strategy=strategy, name=name, lifetime=lifetime,
             _soft_target_node_id=_soft_target_node_id, bundle_label_selector=bundle_label_selector)
-    if bundle_label_selector:
-        raise ValueError("ray_lite does not support bundle_label_selector (one node)")
+    if bundle_label_selector is not None and isinstance(bundles, list):
+        # Ray's checks (after the bundles': the driver's, below, for a non-list);
+        # then each bundle's selector must match the one node.
+        check_bundle_label_selector(bundles, bundle_label_selector)
+        check_bundles_match(bundle_label_selector, _node_labels(state.get_node().driver_pid))
     if _soft_target_node_id is not None and not isinstance(_soft_target_node_id, str):
         raise ValueError(f"_soft_target_node_id must be a hex node id, got "
                          f"{_soft_target_node_id!r}")
