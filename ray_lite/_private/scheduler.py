@@ -16,22 +16,15 @@ Ray's rules kept here:
 Where Ray would wait for ever (a request no node can ever satisfy), ray_lite
 refuses with ``ValueError``: on one machine "never" is certain.
 """
-from ray_lite._lazy import lazy_module
-
+from .ids import node_id_hex
 from .protocol import START
 from .labels import check_label_options, check_labels_match
 
-hashlib = lazy_module("hashlib", globals())     # for the node id, asked for late if ever
 
 CPU = "CPU"
 GPU = "GPU"
 _EPS = 1e-9
 _BUILTIN = {CPU, GPU, "memory", "object_store_memory"}
-
-
-def local_node_id(driver_pid):
-    """The hex id of this machine's one node (the same in every process)."""
-    return hashlib.sha224(f"ray_lite-node-{driver_pid}".encode()).hexdigest()
 
 
 class Demand:
@@ -85,7 +78,7 @@ def check_resource_dict(resources, what="resources"):
 def _node_labels(driver_pid):
     """The one node's labels (what label strategies and selectors match)."""
     from .cluster import node_labels
-    return node_labels(local_node_id(driver_pid))
+    return node_labels(node_id_hex(driver_pid))
 
 
 def _strategy_target(strategy, driver_pid):
@@ -111,9 +104,9 @@ def _strategy_target(strategy, driver_pid):
         return None, -1
     node_id = getattr(strategy, "node_id", None)
     if node_id is not None:
-        if node_id != local_node_id(driver_pid) and not getattr(strategy, "soft", False):
+        if node_id != node_id_hex(driver_pid) and not getattr(strategy, "soft", False):
             raise ValueError(f"NodeAffinitySchedulingStrategy: no node {node_id!r} (ray_lite "
-                             f"runs on one node, {local_node_id(driver_pid)!r}); use "
+                             f"runs on one node, {node_id_hex(driver_pid)!r}); use "
                              f"soft=True to run on it anyway")
         return None, -1
     raise ValueError(f"Invalid scheduling_strategy {strategy!r}")
