@@ -402,7 +402,13 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
                 fn = self.functions.get(fn_id)
                 if fn is None:
                     fn = self._load_function(fn_id, blob)
-                args, kwargs = self._resolve(args, kwargs)
+                if kwargs:
+                    args, kwargs = self._resolve(args, kwargs)
+                else:
+                    for a in args:      # self._resolve's look, inline: per task (B11)
+                        if type(a) is ObjectRef:
+                            args, kwargs = self._resolve(args, kwargs)
+                            break
             except BaseException as exc:
                 self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
                 return
