@@ -17,7 +17,7 @@ from . import broadcast, codec, link, ring, stream_table  # noqa: E402  (needs N
 HOT_PATHS = ("broadcast", "codec", "link", "ring", "stream_table")
 
 #: True when every hot path runs its compiled twin.
-USING_EXTENSIONS = all(globals()[name].COMPILED for name in HOT_PATHS)
+USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, link, ring, stream_table))
 
 __all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link", "ring",
            "stream_table"]

@@ -11,6 +11,9 @@ Public names (identical in both twins):
 ``Link.create(prefix=None)``, ``Link.loopback(prefix=None)``, ``Link.attach(names)``
     A new link; a link from this process to itself (one ring); the other end
     of ``create``'s link (``LinkClosed`` when its creator closed it).
+``Link(names, tx, rx)``
+    A link over two rings made by hand (tests): the compiled twin takes the
+    compiled ring's ends only (TypeError otherwise), the pure twin either.
 ``link.names``, ``link.on_full``
     The rings' names; called (no lock held) while the peer's ring is full,
     to read our side before retrying (the peer may be blocked writing to us).

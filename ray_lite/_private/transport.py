@@ -52,7 +52,6 @@ class Link(_link_mod.Link):
 
 
 drain_links = _link_mod.drain
-LINK_COMPILED = _link_mod.COMPILED
 
 
 RING_COMPILED = _ring_mod.COMPILED
