@@ -55,7 +55,6 @@ drain_links = _link_mod.drain
 
 
 RING_COMPILED = _ring_mod.COMPILED
-RING_CAPACITY = _link_mod.RING_CAPACITY
 # The pure-Python ring has no memory fences: a wake-up can be lost (see
 # _ring_py "Ordering"), so sleepers re-check at this interval.
 WEAK_SLICE = None if RING_COMPILED else ns_to_s(SLICE_WEAK_NS)
