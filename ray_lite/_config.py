@@ -103,11 +103,11 @@ VARIABLES = (
               "1 to 64 letters, digits, '_', '.', '-'",
               "prefix of every shared-memory segment ray_lite creates in /dev/shm",
               _prefix),
-    ConfigVar("RAY_LITE_SERVE_PROXY_SPIN_US", "200",
+    ConfigVar("RAY_LITE_SERVE_PROXY_SPIN_US", "400",
               "microseconds from 0 to 1000000",
               "how long an HTTP proxy with one request in flight spins for the "
               "replica's answer before it sleeps (0: never spins)", _micros_to_s),
-    ConfigVar("RAY_LITE_SERVE_REPLICA_SPIN_US", "250",
+    ConfigVar("RAY_LITE_SERVE_REPLICA_SPIN_US", "1000",
               "microseconds from 0 to 1000000",
               "how long a replica whose requests come in quick succession spins "
               "for the next one after answering (0: never spins)", _micros_to_s),

@@ -41,7 +41,12 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # request's latency at low load.  It spins only for a route most of whose
 # recent answers came within the budget, and not while its spins get
 # preempted (see _spin.SpinPolicy), so a slow deployment or a busy CPU costs
-# no CPU.  RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
+# no CPU.  The budget (400 us) covers the wake-up of a replica that was
+# asleep (150-200 us on a loaded VM), not just a warm replica's answer: with
+# a budget below that, one sleeping replica made the proxy sleep too, which
+# lengthened the client's cycle past the replica's own budget, so neither
+# spun again (benchmarks/SERVE_CPU.md, "Spins at ab -c 1").
+# RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
 

@@ -55,8 +55,10 @@ _NICE = SERVE_REPLICA_NICE
 # CPUs (``_spin.cpu_free``).  In those cases the proxies and the other
 # replicas need the CPU that the spin would take, and the next request comes
 # anyway: packed replicas that spun after every request cost 20-70 % of the
-# requests/s at wrk -c4 to -c100 (benchmarks/SERVE_CPU.md).
-# RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
+# requests/s at wrk -c4 to -c100 (benchmarks/SERVE_CPU.md).  The budget
+# (1 ms) covers a lone client's whole cycle between two requests (ab -c 1
+# on a VM: 200-600 us), since the gap it must bridge is the client's, not
+# ours.  RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
 _SPIN_S = SERVE_REPLICA_SPIN_S
 
 _COROUTINE = types.CoroutineType
