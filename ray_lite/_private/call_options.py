@@ -15,23 +15,22 @@ _PLACEMENT = {"num_cpus", "resources", "scheduling_strategy", "runtime_env", "pl
               "placement_group_bundle_index", "placement_group_capture_child_tasks",
               "label_selector", "fallback_strategy"}
 _TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure_num_objects",
-                  "retry_exceptions"} | _PLACEMENT
+                  "retry_exceptions", "max_calls"} | _PLACEMENT
 _ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime",
                    "max_restarts", "max_task_retries", "concurrency_groups"} | _PLACEMENT
 # Options that make no sense on one machine but are harmless: accepted, listed
 # in the README, and without effect.
 HARMLESS = {"num_gpus", "memory", "accelerator_type", "_metadata",
-            "enable_task_events", "object_store_memory", "max_calls", "_labels"}
+            "enable_task_events", "object_store_memory", "_labels"}
 # ...except for these values, which ray_lite cannot honour: refusing is
 # better than silently doing something else.  (Per kind: an actor's option
 # on a task, or the other way round, is accepted with its default only.)
 _REFUSED_UNLESS_DEFAULT = {
     # accelerator_type: this machine's CPUs are all there is (on Ray the call
     # would wait for a node that has one).
-    "task": {"num_gpus": (0, None), "accelerator_type": (None,), "max_calls": (0, None),
-             "max_restarts": (0, None),
+    "task": {"num_gpus": (0, None), "accelerator_type": (None,), "max_restarts": (0, None),
              "max_task_retries": (0, None), "concurrency_groups": (None,)},
-    "actor": {"num_gpus": (0, None), "accelerator_type": (None,), "max_calls": (0, None),
+    "actor": {"num_gpus": (0, None), "accelerator_type": (None,),
               "retry_exceptions": (False, None)},
 }
 _SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
@@ -88,6 +87,7 @@ def _check_options(opts, kind):
     if kind == "task":
         _check_num_returns(opts.get("num_returns", 1))
         _check_count(opts, "max_retries")
+        _check_count(opts, "max_calls", infinite=False)
         check_retry_exceptions(opts.get("retry_exceptions"))
     else:
         _check_count(opts, "max_restarts")

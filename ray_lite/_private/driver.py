@@ -16,6 +16,7 @@ from .actor_owners import ActorOwnersMixin
 from .errors import KILLED, actor_died_message, running_task_cancelled
 from .node import Node
 from .placement import PlacementMixin
+from .pool_worker import MaxCallsMixin, PoolWorker
 from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
 from .refs import ObjectRef, travels_as_value
@@ -26,19 +27,8 @@ from .transport import Link
 from .zygote import ZygoteClient, adopt_early
 
 
-class _PoolWorker:
-    __slots__ = ("id", "pid", "shipped", "task", "blocked")
-
-    def __init__(self, wid, pid):
-        self.id = wid
-        self.pid = pid
-        self.shipped = set()
-        self.task = None
-        self.blocked = False
-
-
 class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin,
-                 TaskRetriesMixin):
+                 TaskRetriesMixin, MaxCallsMixin):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -55,6 +45,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
         restarts.install(self)
         self.pool = {}
+        self.retired = set()   # pool workers exiting after their max_calls (see used_up)
         self.idle = []
         self.queue = collections.deque()
         # Tasks that workers and actors submit go first: their submitter is
@@ -128,14 +119,14 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 link.close()
                 continue
             self.pids[wid] = pid
-            w = self.pool[wid] = _PoolWorker(wid, pid)
+            w = self.pool[wid] = PoolWorker(wid, pid)
             self.idle.append(w)
             self.add_link(wid, link, pid)
         if failed:
             raise failed[0]
 
     def peer_kind(self, peer):
-        return P.POOL_WORKER if peer in self.pool else P.ACTOR_CALL
+        return P.POOL_WORKER if peer in self.pool or peer in self.retired else P.ACTOR_CALL
 
     def submit(self, spec):
         sched = self._sched
@@ -310,7 +301,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 else:
                     self._free_worker(w, spec)
                 w.task = None
-                self.idle.append(w)
+                if not spec.max_calls or not self.used_up(w, spec):
+                    self.idle.append(w)
                 if self.queue or self.nested_queue:
                     self._dispatch()
                 if self.placed_queue or self.res_waiters:
@@ -376,6 +368,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
 
     def _on_peer_died(self, peer):
         with self._sched:
+            if peer in self.retired:
+                return self.retired_died(peer)
             w = self.pool.pop(peer, None)
             if w is None:
                 self.actors.pop(peer, None)
@@ -595,12 +589,12 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         if req:
             self.send(peer, P.reply_msg(req, ok, result))
 
-    def submit_task_placed(self, demand, retry_on, *fields):
-        """Schedule a task of this process that has a Demand or a retry policy."""
-        self.submit(PlacedTaskSpec(demand, retry_on, *fields, owner=0))
+    def submit_task_placed(self, demand, retry_on, max_calls, *fields):
+        """Schedule a task of this process that has a Demand, a retry policy or max_calls."""
+        self.submit(PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=0))
 
-    def _req_submit_placed(self, peer, demand, retry_on, *fields):
-        spec = PlacedTaskSpec(demand, retry_on, *fields, owner=peer)
+    def _req_submit_placed(self, peer, demand, retry_on, max_calls, *fields):
+        spec = PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=peer)
         self.forward[spec.oid] = peer
         if demand is not None:
             try:

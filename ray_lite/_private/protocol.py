@@ -197,18 +197,20 @@ class TaskSpec:
     # task); a ``PlacedTaskSpec`` has its own.
     demand = None       # scheduler.Demand: resources beyond 1 CPU, a placement group
     retry_on = None     # retry_exceptions: True or a tuple of exception classes
+    max_calls = 0       # the function's max_calls (0: no limit)
     held = None
 
 
 class PlacedTaskSpec(TaskSpec):
-    """A task with a ``Demand`` or a retry policy (``OP_SUBMIT_PLACED``)."""
+    """A task with a ``Demand``, a retry policy or ``max_calls`` (``OP_SUBMIT_PLACED``)."""
 
-    __slots__ = ("demand", "retry_on", "held")
+    __slots__ = ("demand", "retry_on", "max_calls", "held")
 
-    def __init__(self, demand, retry_on, *fields, owner):
+    def __init__(self, demand, retry_on, max_calls, *fields, owner):
         TaskSpec.__init__(self, *fields, owner)
         self.demand = demand
         self.retry_on = retry_on
+        self.max_calls = max_calls
         self.held = None
 
 

@@ -27,11 +27,11 @@ inspect = lazy_module("inspect", globals())
 class _TaskPlan:
     """What a set of options means for a call, worked out once per options.
 
-    ``special``: the task has a Demand, a retry policy or env_vars (it takes
-    ``_remote_special``, the common task does not)."""
+    ``special``: the task has a Demand, a retry policy, ``max_calls`` or
+    env_vars (it takes ``_remote_special``, the common task does not)."""
 
     __slots__ = ("name", "nret", "stream", "bp", "retries", "special", "demand", "retry_on",
-                 "env_fn_id", "env_function", "env_blob", "arity")
+                 "max_calls", "env_fn_id", "env_function", "env_blob", "arity")
 
     def __init__(self, function, opts, is_gen, arity):
         self.name = opts.get("name") or function.__qualname__
@@ -41,12 +41,13 @@ class _TaskPlan:
         self.retries = 3 if retries is None else retries      # None: Ray's default
         self.demand = demand_of(opts, "task", _driver_pid())
         self.retry_on = check_retry_exceptions(opts.get("retry_exceptions"))
+        self.max_calls = opts.get("max_calls") or 0     # 0 (and None): no limit
         env = env_vars_of(opts.get("runtime_env"))
         self.env_function = None if env is None else EnvTask(function, env)
         self.env_fn_id = None if env is None else os.urandom(8).hex()
         self.env_blob = None
         self.special = (self.demand is not None or self.retry_on is not None
-                        or env is not None)
+                        or self.max_calls or env is not None)
 
 
 class _RefusedHere:
@@ -148,6 +149,10 @@ class RemoteFunction:
     def options(self, **opts):
         if _backend.RAY:
             return _ray.core.function_options(self, opts)
+        if "max_calls" in opts:
+            # As Ray: the limit belongs to the function (its workers count
+            # its calls, whatever the options of each).
+            raise ValueError("Setting 'max_calls' is not supported in '.options()'.")
         bound, key = _cached_bound(self._bound, opts)
         if bound is None:
             merged = {**self._options, **opts}
@@ -225,7 +230,8 @@ class RemoteFunction:
                                                 None if node.id == 0 else 0)
         if not stream:
             node.pending[oid] = target
-        node.submit_task_placed(plan.demand, plan.retry_on, oid, fn_id, blob, list(args),
+        node.submit_task_placed(plan.demand, plan.retry_on, plan.max_calls, oid, fn_id, blob,
+                                list(args),
                                 kwargs, nret, stream, bp, plan.retries, name)
         return result
 

@@ -68,6 +68,7 @@ class TaskRetriesMixin:
             spec.retries -= 1
             self._free_worker(w, spec)
             w.task = None
-            self.idle.append(w)
+            if not spec.max_calls or not self.used_up(w, spec):
+                self.idle.append(w)
             self._enqueue(spec)
         return True

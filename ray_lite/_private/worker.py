@@ -144,9 +144,9 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         come back through it."""
         self.send(0, (P.REQUEST, 0, P.OP_SUBMIT, spec.wire_fields()))
 
-    def submit_task_placed(self, demand, retry_on, *fields):
-        """A nested task with a Demand or a retry policy (see ``submit_task``)."""
-        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT_PLACED, (demand, retry_on) + fields))
+    def submit_task_placed(self, demand, retry_on, max_calls, *fields):
+        """A nested task with a Demand, a retry policy or max_calls (see ``submit_task``)."""
+        self.send(0, (P.REQUEST, 0, P.OP_SUBMIT_PLACED, (demand, retry_on, max_calls) + fields))
 
     def block_begin(self):
         # A pool worker waiting in get lends its CPU back so that the driver
