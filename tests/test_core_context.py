@@ -1,6 +1,8 @@
 """get_runtime_context(), resources, nodes() and get_gpu_ids(), as in Ray."""
 import asyncio
+import os
 import re
+import time
 
 import pytest
 
@@ -270,3 +272,125 @@ def test_id_types():
     import pickle
     one = ray.TaskID.from_random()
     assert pickle.loads(pickle.dumps(one)) == one
+
+
+@ray.remote
+def node_facts():
+    ctx = ray.get_runtime_context()
+    return (ctx.get_session_name(), ctx.get_node_labels(), ctx.get_temp_dir(),
+            ctx.get_resource_ids())
+
+
+@ray.remote
+class Facts:
+    def get(self):
+        return ray.get(node_facts.remote())[0], ray.get_runtime_context().get_session_name()
+
+
+def test_session_name_node_labels_and_temp_dir(rt):
+    ctx = ray.get_runtime_context()
+    session = ctx.get_session_name()
+    assert re.match(r"^session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}_%d$" % os.getpid(), session)
+    labels = ctx.get_node_labels()
+    assert labels == {"ray.io/node-id": ctx.get_node_id()}
+    assert os.path.isdir(ctx.get_temp_dir())
+    assert ctx.get_resource_ids() == ctx.get_accelerator_ids() == {"GPU": []}
+    # One runtime, one session: the same in a task and in an actor's call.
+    assert ray.get(node_facts.remote(), timeout=T) == (session, labels, ctx.get_temp_dir(),
+                                                       {"GPU": []})
+    assert ray.get(Facts.remote().get.remote(), timeout=T) == (session, session)
+
+
+def test_session_name_needs_a_runtime():
+    assert not ray.is_initialized()
+    ctx = ray.get_runtime_context()     # (starts one, as Ray's)
+    first = ctx.get_session_name()
+    ray.shutdown()
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        ctx.get_session_name()
+    ray.init(num_cpus=1)
+    try:
+        assert ctx.get_session_name() == first      # same driver process: same start time
+    finally:
+        ray.shutdown()
+
+
+def _wait_for_file(path):
+    deadline = time.monotonic() + T
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@ray.remote
+class Cancellable:
+    def __init__(self):
+        self.saw = None
+
+    def work_until_cancelled(self, started):
+        open(started, "w").close()
+        deadline = time.monotonic() + T
+        while time.monotonic() < deadline:
+            if ray.get_runtime_context().is_canceled():
+                self.saw = "cancel"
+                return "stopped"
+            time.sleep(0.005)
+        self.saw = "deadline"
+        return "ran out"
+
+    def saw_what(self):
+        return self.saw, ray.get_runtime_context().is_canceled()
+
+
+@ray.remote
+class AsyncAsks:
+    async def ask(self):
+        try:
+            ray.get_runtime_context().is_canceled()
+        except RuntimeError as exc:
+            return str(exc)
+
+
+@ray.remote
+def catches_its_cancel(started, out):
+    open(started, "w").close()
+    try:
+        time.sleep(T)
+        verdict = "not interrupted"
+    except KeyboardInterrupt:
+        verdict = f"interrupted, is_canceled={ray.get_runtime_context().is_canceled()}"
+    with open(out, "w") as f:
+        f.write(verdict)
+    return verdict
+
+
+@ray.remote
+def not_cancelled():
+    return ray.get_runtime_context().is_canceled()
+
+
+def test_is_canceled(rt, tmp_path):
+    with pytest.raises(RuntimeError, match="only available when the process is a worker"):
+        ray.get_runtime_context().is_canceled()
+    assert ray.get(not_cancelled.remote(), timeout=T) is False
+    # A sync actor's running call is not interrupted: it sees the cancel and
+    # stops; its caller gets the cancellation.  A threaded actor's likewise.
+    for i, a in enumerate((Cancellable.remote(), Cancellable.options(max_concurrency=2).remote())):
+        started = str(tmp_path / f"started{i}")
+        ref = a.work_until_cancelled.remote(started)
+        _wait_for_file(started)
+        ray.cancel(ref)
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=T)
+        assert ray.get(a.saw_what.remote(), timeout=T) == ("cancel", False)   # the next is not
+    # A task that catches the interrupt can ask why.
+    started, out = str(tmp_path / "task_started"), str(tmp_path / "verdict")
+    ref = catches_its_cancel.remote(started, out)
+    _wait_for_file(started)
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=T)
+    _wait_for_file(out)
+    assert open(out).read() == "interrupted, is_canceled=True"
+    assert "not supported in an async actor" in ray.get(AsyncAsks.remote().ask.remote(),
+                                                         timeout=T)

@@ -479,7 +479,9 @@ def cancel(ref, *, force=False, recursive=True):
     ``get``; a cancelled generator ends with that error at its next item.
     Actor calls: a queued call never runs, a running call of an async actor
     is cancelled (``asyncio.CancelledError`` in it), a running call of a sync
-    or threaded actor completes normally; ``force=True`` is refused.
+    or threaded actor runs on, and may look
+    (``get_runtime_context().is_canceled()``): one that saw it ends with
+    ``TaskCancelledError`` for its caller, as in Ray; ``force=True`` is refused.
     """
     if _backend.RAY:
         return _ray.core.cancel(ref, force, recursive)

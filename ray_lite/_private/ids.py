@@ -9,6 +9,7 @@ import os
 from ray_lite._lazy import lazy_module
 
 hashlib = lazy_module("hashlib", globals())     # for ids asked for, not at import
+datetime = lazy_module("datetime", globals())
 
 # One driver, one job: Ray numbers the first job of a cluster 1.
 JOB_ID_HEX = "01000000"
@@ -28,6 +29,22 @@ def task_id_hex(oid):
 def node_id_hex(driver_pid):
     """The node's 28-byte id: the same in every process of one runtime."""
     return hashlib.sha224(f"ray_lite-node-{driver_pid}".encode()).hexdigest()
+
+
+def session_name(driver_pid):
+    """The runtime's session name, in Ray's form
+    (``session_2026-12-03_12-00-00_000000_<driver pid>``): the driver's start
+    time, read from ``/proc``, so every process of one runtime says the same."""
+    try:
+        with open(f"/proc/{driver_pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])     # starttime
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(ln.split()[1]) for ln in f if ln.startswith(b"btime"))
+        start = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        start = 0.0     # (no /proc: still one name per driver)
+    stamp = datetime.datetime.fromtimestamp(start).strftime("%Y-%m-%d_%H-%M-%S_%f")
+    return f"session_{stamp}_{driver_pid}"
 
 
 def worker_id_hex(node_hex, process_id):

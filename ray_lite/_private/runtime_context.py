@@ -21,7 +21,7 @@ from . import protocol as P
 from . import state
 from .errors import ActorExit
 from .ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node_id_hex,
-                  task_id_hex, worker_id_hex)
+                  session_name, task_id_hex, worker_id_hex)
 from .actor_handle import ActorHandle
 
 
@@ -211,6 +211,47 @@ class RuntimeContext:
 
     def get_accelerator_ids(self):
         return {"GPU": []}
+
+    def get_resource_ids(self):
+        """Ray's older name of ``get_accelerator_ids``."""
+        return self.get_accelerator_ids()
+
+    def get_node_labels(self):
+        """The node's labels (what ``label_selector`` and label strategies match)."""
+        from .cluster import node_labels
+        return node_labels(self.get_node_id())
+
+    def get_session_name(self):
+        """The runtime's session name, the same in every one of its processes."""
+        if state.node is None:
+            raise RuntimeError("Session name is not available because ray_lite has not "
+                               "been initialized.")
+        return session_name(state.node.driver_pid)
+
+    def get_temp_dir(self):
+        """Where ray_lite's files on disk go (spilled objects, metrics): the
+        system's temp directory."""
+        self._node      # noqa: B018 - asserts that the runtime runs, as Ray does
+        import tempfile
+        return tempfile.gettempdir()
+
+    def is_canceled(self):
+        """Whether ``cancel`` was called on the running task or actor call:
+        for code that checks now and then and stops cleanly (a sync actor's
+        running call is not interrupted by a cancel)."""
+        if self._mode != WORKER_MODE:
+            raise RuntimeError(f"This method is only available when the process is a "
+                               f"worker. Current mode: {self._mode}")
+        node = self._node
+        if node.loop is not None:
+            raise RuntimeError("This method is not supported in an async actor.")
+        oid = current_call_oid()
+        if oid is None:
+            return False
+        # A sync call's process reads no message while the call runs: read
+        # now (a cancel is one), unless another thread is reading already.
+        node.drive_nowait()
+        return oid in node.cancelled
 
     def get_placement_group_id(self):
         return None

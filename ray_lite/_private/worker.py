@@ -481,6 +481,12 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             if isinstance(exc, SystemExit):
                 raise
             return
+        if self.cancelled and oid in self.cancelled:
+            # Cancelled while it ran, and the cancel was read meanwhile
+            # (is_canceled(), or a wait of the call's): as in Ray, the
+            # caller gets TaskCancelledError, whatever the call returned.
+            self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
+            return
         if type(result) not in _NEVER_STORED:     # (stored_result's first look, inline)
             result = stored_result(result)
         # self.reply(peer, msg, name), inline: it runs per call (B11).
@@ -564,8 +570,9 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         name = self._names.get(method) or self._call_name(method)
         try:
             if oid in self.cancelled:
-                # Cancelled while queued; a running call of a sync actor is
-                # not interrupted (its state could be half updated), as in Ray.
+                # Cancelled while queued.  A running call of a sync actor is
+                # not interrupted (its state could be half updated), as in
+                # Ray: it may look (get_runtime_context().is_canceled()).
                 self._send_failure(peer, oid, stream, TaskCancelledError(), name)
                 return
             # The common call, its looks inline (B11): a method bound before,
