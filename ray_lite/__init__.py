@@ -28,13 +28,17 @@ from ray_lite._private.cluster import (
     nodes,
 )
 from ray_lite._private.method_options import method
-from ray_lite._private.runtime_context import get_runtime_context
+from ray_lite._private.runtime_context import SCRIPT_MODE, WORKER_MODE, get_runtime_context
 from ray_lite.message_queue import MessageQueue
 from ray_lite import actor  # noqa: E402  (Ray's ray.actor: exit_actor, method)
 from ray_lite._private.backend import current as backend
 from ray_lite._private.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID,
                                    PlacementGroupID, TaskID, UniqueID, WorkerID)
 ObjectID = ObjectRef        # Ray's old name, still there in Ray 2.60
+# Ray's worker modes (``SCRIPT_MODE`` a driver, ``WORKER_MODE`` a task's or
+# actor's process; ray_lite has no spill or restore workers).
+SPILL_WORKER_MODE = 2
+RESTORE_WORKER_MODE = 3
 
 __all__ = [
     "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",
@@ -43,10 +47,12 @@ __all__ = [
     "cluster_resources", "nodes", "get_gpu_ids", "actor", "backend",
     "ActorClassID", "ActorID", "FunctionID", "JobID", "NodeID", "ObjectID",
     "PlacementGroupID", "TaskID", "UniqueID", "WorkerID", "LoggingConfig",
+    "SCRIPT_MODE", "WORKER_MODE", "SPILL_WORKER_MODE", "RESTORE_WORKER_MODE",
 ]
 
 
-_LAZY_SUBMODULES = ("util", "runtime_env", "job_config", "remote_function")
+_LAZY_SUBMODULES = ("util", "runtime_env", "job_config", "remote_function", "runtime_context",
+                    "dag")
 
 
 def __getattr__(name):
@@ -59,6 +65,10 @@ def __getattr__(name):
     if name == "LoggingConfig":
         from ray_lite._private.logging_config import LoggingConfig
         return LoggingConfig
+    if name == "cloudpickle":
+        # ``from ray import cloudpickle``: Ray's vendored copy; the same package.
+        import cloudpickle
+        return cloudpickle
     raise AttributeError(f"module 'ray_lite' has no attribute {name!r}")
 
 # In a process Ray started for a task or an actor, ray_lite runs on Ray.

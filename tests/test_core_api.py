@@ -565,3 +565,15 @@ def test_an_actor_method_passes_to_a_task(rt):
     assert ray.get(_call_the_method.remote(s.take, 4), timeout=T) == 5
     assert ray.get(_call_the_method.remote(s.twice, 4), timeout=T) == 8
     assert ray.get(_call_the_method.remote([s.take][0], 0), timeout=T) == 1
+
+
+def test_rays_other_top_level_names():
+    # Reachable after `import ray` in Ray: the worker modes, Ray's
+    # cloudpickle, and these modules.
+    assert (ray.SCRIPT_MODE, ray.WORKER_MODE, ray.SPILL_WORKER_MODE,
+            ray.RESTORE_WORKER_MODE) == (0, 1, 2, 3)
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(2) == 3
+    assert ray.runtime_context.get_runtime_context is ray.get_runtime_context
+    assert callable(ray.dag.InputNode)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        ray.not_a_name     # noqa: B018
