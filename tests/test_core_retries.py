@@ -179,6 +179,11 @@ class Phoenix:
             os._exit(1)
         return self.incarnation
 
+    def die_then_raise(self, marker):
+        if _bump(marker) == 0:
+            os._exit(1)
+        raise KeyError("after the restart")
+
 
 def test_a_crashed_actor_is_restarted_and_its_constructor_rerun(rt, tmp_path):
     path = str(tmp_path / "inits")
@@ -338,11 +343,86 @@ def test_other_runtime_env_keys_are_refused_by_name():
     assert not ray.is_initialized()
 
 
-def test_retry_exceptions_on_an_actor_method_is_refused(rt, tmp_path):
-    a = Phoenix.remote(str(tmp_path / "inits"))
-    with pytest.raises(ValueError, match="retry_exceptions"):
-        a.who.options(retry_exceptions=True)
-    assert ray.get(a.who.options(retry_exceptions=False).remote(), timeout=T)[0] == 0
+@ray.remote
+class Flaky:
+    """Raises ``exc_type`` on the first ``bad`` calls of ``attempt`` (counted
+    in the actor: retries of a call reach the same actor)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def attempt(self, bad, exc_type):
+        self.calls += 1
+        if self.calls <= bad:
+            raise exc_type(f"call {self.calls}")
+        return self.calls
+
+    @ray.method(retry_exceptions=[KeyError], max_task_retries=2)
+    def declared(self, bad):
+        return self.attempt(bad, KeyError)
+
+    def count(self):
+        return self.calls
+
+
+def test_an_actor_method_is_retried_on_the_exceptions_it_names(rt):
+    a = Flaky.options(max_task_retries=3).remote()
+    # Two KeyErrors, then it works: 3 calls, one result.
+    assert ray.get(a.attempt.options(retry_exceptions=[KeyError]).remote(2, KeyError),
+                   timeout=T) == 3
+    # Not named: not retried.
+    b = Flaky.options(max_task_retries=3).remote()
+    with pytest.raises(ValueError, match="call 1"):
+        ray.get(b.attempt.options(retry_exceptions=[KeyError]).remote(5, ValueError), timeout=T)
+    assert ray.get(b.count.remote(), timeout=T) == 1
+    # True: any exception of its code; the retries run out and the last error is raised.
+    c = Flaky.options(max_task_retries=2).remote()
+    with pytest.raises(ValueError, match="call 3"):
+        ray.get(c.attempt.options(retry_exceptions=True).remote(9, ValueError), timeout=T)
+    assert ray.get(c.count.remote(), timeout=T) == 3
+    # Without retry_exceptions an exception is never retried (max_task_retries is for deaths).
+    d = Flaky.options(max_task_retries=3).remote()
+    with pytest.raises(KeyError):
+        ray.get(d.attempt.remote(1, KeyError), timeout=T)
+    assert ray.get(d.count.remote(), timeout=T) == 1
+
+
+@ray.remote
+def call_flaky(h):
+    return ray.get(h.attempt.options(retry_exceptions=[KeyError]).remote(2, KeyError))
+
+
+def test_a_call_from_a_task_is_retried_on_its_exception(rt):
+    a = Flaky.options(max_task_retries=-1).remote()
+    assert ray.get(call_flaky.remote(a), timeout=T) == 3
+
+
+def test_retry_exceptions_declared_with_ray_method(rt):
+    a = Flaky.remote()      # the method's own max_task_retries: 2
+    assert ray.get(a.declared.remote(2), timeout=T) == 3
+    b = Flaky.remote()
+    with pytest.raises(KeyError, match="call 3"):
+        ray.get(b.declared.remote(5), timeout=T)
+    # .options may take it back.
+    c = Flaky.remote()
+    with pytest.raises(KeyError, match="call 1"):
+        ray.get(c.declared.options(retry_exceptions=False).remote(5), timeout=T)
+
+
+def test_retry_exceptions_and_restarts_share_the_retries(rt, tmp_path):
+    a = Phoenix.options(max_restarts=2, max_task_retries=1).remote(str(tmp_path / "inits"))
+    marker = str(tmp_path / "m")
+    # A death takes the one retry: the exception after it is raised.
+    with pytest.raises(KeyError):
+        ray.get(a.die_then_raise.options(retry_exceptions=True).remote(marker), timeout=T)
+    assert _count(marker) == 2
+
+
+def test_retry_exceptions_is_checked(rt):
+    a = Flaky.remote()
+    for bad in ("yes", [1], []):
+        with pytest.raises(ValueError, match="retry_exceptions"):
+            a.attempt.options(retry_exceptions=bad)
 
 
 def test_a_call_from_a_task_is_retried_on_the_restarted_actor(rt, tmp_path):

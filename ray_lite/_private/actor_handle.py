@@ -10,7 +10,8 @@ from . import state
 from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
                            _prepare_args, _stream_opts)
 from .refs import ObjectRef, _Entry
-from .restarts import reach, retained_calls
+from .restarts import keep_for_exceptions, reach, retained_calls
+from .scheduler import check_retry_exceptions
 from .signatures import check_call
 from .transport import LinkClosed
 
@@ -233,15 +234,17 @@ class _GroupedActorMethod(ActorMethod):
 
 
 class _RetryingActorMethod(ActorMethod):
-    """A method of a restartable actor whose calls are retried on a restart
-    (``max_task_retries``): see restarts.py."""
+    """A method whose calls are retried (``max_task_retries``): on a restart
+    of a restartable actor, and after an exception its ``retry_exceptions``
+    lists; see restarts.py."""
 
-    __slots__ = ("_retries",)
+    __slots__ = ("_retries", "_retry_on")
 
     def __init__(self, handle, name, is_gen, options, arity=None, hard=False):
         ActorMethod.__init__(self, handle, name, is_gen, options, arity, hard)
         r = options.get("max_task_retries")
         self._retries = self._info.max_task_retries if r is None else r
+        self._retry_on = check_retry_exceptions(options.get("retry_exceptions"))
 
     def remote(self, *args, **kwargs):
         if self._stream:
@@ -258,11 +261,19 @@ class _RetryingActorMethod(ActorMethod):
         group = self._options.get("concurrency_group")
         msg = P.method_msg(oid, self._name if group is None else (self._name, group), args,
                            kwargs, self._nret, False, self._bp)
-        retained_calls(node, aid)[oid] = [msg, self._retries]
+        kept = [msg, self._retries]
+        if info.restartable:
+            retained_calls(node, aid)[oid] = kept
+        else:
+            node.inflight.setdefault(aid, {})[oid] = ACTOR_CALL   # its death fails the call
+        if self._retry_on is not None:
+            keep_for_exceptions(node, aid, oid, kept, self._retry_on)
         if not (reach(node, aid, info.pid) and node.send(aid, msg)) and node.id == 0 \
                 and aid not in node.restartable:
             # Dead for good.  (Dying, it is resent by the restart: RESTARTED.)
             node.retry_calls.get(aid, {}).pop(oid, None)
+            node.inflight.get(aid, {}).pop(oid, None)
+            node.exc_retries.pop(oid, None)
             node.pending.pop(oid, None)
             err = ActorDiedError(f"The actor {info.class_name} is dead: {name} cannot run.",
                                  actor_id=aid)
@@ -279,7 +290,7 @@ def _rebuild_method(handle, name, options):
 def _method_type(info, options):
     """The ActorMethod class for calls of ``info``'s actor with ``options``."""
     retries = options.get("max_task_retries", info.max_task_retries)
-    if retries and info.max_task_retries is not None:
+    if retries and (info.restartable or options.get("retry_exceptions")):
         return _RetryingActorMethod
     if options.get("concurrency_group") is not None:
         return _GroupedActorMethod

@@ -131,10 +131,7 @@ def _check_method_options(opts, info=None):
     mtr = opts.get("max_task_retries")
     if mtr is not None and (not isinstance(mtr, int) or isinstance(mtr, bool) or mtr < -1):
         raise ValueError(f"max_task_retries must be an int >= -1, got {mtr!r}")
-    if opts.get("retry_exceptions") not in (None, False):
-        raise ValueError("ray_lite does not support retry_exceptions on actor methods "
-                         "(an actor's calls are retried only when it restarts: "
-                         "max_task_retries)")
+    check_retry_exceptions(opts.get("retry_exceptions"))
     _check_options({k: v for k, v in opts.items()
                     if k not in ("concurrency_group", "max_task_retries", "retry_exceptions")},
                    "task")

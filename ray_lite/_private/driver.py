@@ -524,7 +524,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 groups = extra.get("concurrency_groups")
                 info.groups = tuple(groups) if groups else None
                 restarts_ = extra.get("max_restarts", 0)
-                info.max_task_retries = extra.get("max_task_retries", 0) if restarts_ else None
+                info.max_task_retries = extra.get("max_task_retries", 0)
+                info.restartable = bool(restarts_)
                 self.remember_for_restart(aid, {k: v for k, v in spec.items()
                                                 if k != "link_names"},
                                           class_name, restarts_, info)

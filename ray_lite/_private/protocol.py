@@ -218,10 +218,10 @@ class ActorInfo:
     """What a handle needs to reach an actor (picklable: handles travel)."""
 
     __slots__ = ("actor_id", "pid", "class_name", "methods", "is_async", "name", "namespace",
-                 "max_task_retries", "groups")
+                 "max_task_retries", "groups", "restartable")
 
     def __init__(self, actor_id, pid, class_name, methods, is_async, name, namespace,
-                 max_task_retries=None, groups=None):
+                 max_task_retries=0, groups=None, restartable=False):
         self.actor_id = actor_id
         self.pid = pid
         self.class_name = class_name
@@ -229,11 +229,14 @@ class ActorInfo:
         self.is_async = is_async
         self.name = name
         self.namespace = namespace
-        # None: the actor is not restarted; else how often its calls are retried.
+        # How often a call is retried: after a restart (``restartable``: it
+        # has max_restarts) and, for a method with retry_exceptions, after
+        # an exception of its own.
         self.max_task_retries = max_task_retries
         self.groups = groups                       # concurrency group names, or None
+        self.restartable = restartable
 
     def __reduce__(self):
         return (ActorInfo, (self.actor_id, self.pid, self.class_name, self.methods,
                             self.is_async, self.name, self.namespace, self.max_task_retries,
-                            self.groups))
+                            self.groups, self.restartable))

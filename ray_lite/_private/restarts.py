@@ -14,10 +14,16 @@ A caller keeps a call for retrying only when the actor was created with
 registered in ``node.retry_calls`` instead of ``node.inflight``, so that
 the death of the old process does not fail them.  Streaming calls are
 never retried (their items may have been consumed).
+
+A method with ``retry_exceptions`` (``ray_lite.method`` or ``.options``) is
+also sent again when it raised an exception that its list names (True: any
+of its code's), while ``max_task_retries`` lasts, as in Ray; an actor that is
+not restartable too.  Both kinds of retry count against the one number.
 """
 from ray_lite.exceptions import ActorDiedError
 
 from . import protocol as P
+from .scheduler import matches_retry
 from .transport import Link
 
 
@@ -105,6 +111,35 @@ def retained_calls(node, aid):
     return calls
 
 
+def keep_for_exceptions(node, aid, oid, kept, retry_on):
+    """Keep call ``oid`` to ``aid`` (``kept``: ``[msg, retries left]``, shared
+    with a restart's) for a retry after an exception ``retry_on`` names."""
+    calls = node.exc_retries
+    if len(calls) > 64:
+        # Calls whose result came are dropped here, not on the result's path.
+        for o in [o for o in calls if o not in node.pending]:
+            del calls[o]
+    calls[oid] = (aid, kept, retry_on)
+
+
+def retry_on_exception(node, oid, error):
+    """Call ``oid`` failed with ``error``: True if it was sent again (its
+    retry_exceptions names the error and it has retries left)."""
+    rec = node.exc_retries.get(oid)
+    if rec is None or oid not in node.pending:
+        return False
+    aid, kept, retry_on = rec
+    left = kept[1]
+    if left == 0 or not matches_retry(retry_on, error) or not node.send(aid, kept[0]):
+        # (Not sent: the actor is gone, its death fails its other calls; this one
+        # ends with its error.)
+        del node.exc_retries[oid]
+        return False
+    if left > 0:
+        kept[1] = left - 1
+    return True
+
+
 def reach(node, aid, pid_hint):
     """Make sure ``aid`` (a restartable actor) can be sent to; False if it is dead."""
     if node.id != 0:
@@ -143,15 +178,18 @@ def on_restarted(node, peer, msg):
     if node.id != 0:
         node.known_pids[aid] = pid
     keep = {}
-    for oid, (m, left) in calls.items():
+    for oid, kept in calls.items():
         if oid not in node.pending:
             continue
+        left = kept[1]
         if left == 0:
             _fail(node, oid, ActorDiedError(
                 "The actor died and was restarted, but this call used up its retries "
                 "(max_task_retries).", actor_id=aid))
             continue
-        keep[oid] = [m, left - 1 if left > 0 else left]
+        if left > 0:
+            kept[1] = left - 1      # (in place: an exception retry counts from the same)
+        keep[oid] = kept
     if keep:
         node.retry_calls[aid] = keep
         if not node.connect(aid):
@@ -164,4 +202,5 @@ def on_restarted(node, peer, msg):
 def install(node):
     """Every process handles ``RESTARTED`` and keeps ``retry_calls``."""
     node.retry_calls = {}
+    node.exc_retries = {}   # oid -> (actor id, [msg, retries left], retry_exceptions)
     node.handlers[P.RESTARTED] = lambda peer, msg: on_restarted(node, peer, msg)
