@@ -313,3 +313,38 @@ def test_an_actor_in_a_pending_group_starts_when_the_group_is_created(rt4):
     assert ray.wait([ref], timeout=NOT_YET)[0] == []
     ray.kill(holder)
     assert isinstance(ray.get(ref, timeout=T), int)
+
+
+@ray.remote
+def where_placed():
+    from ray_lite.util import get_current_placement_group
+    ctx = ray.get_runtime_context()
+    return (get_current_placement_group(), ctx.get_placement_group_id(),
+            ctx.current_placement_group_id.hex())
+
+
+@ray.remote
+class Placed:
+    def where(self):
+        return ray.get(where_placed.remote()), ray.get_runtime_context().get_placement_group_id()
+
+
+def test_a_task_and_an_actor_see_the_group_they_run_in(rt4):
+    from ray_lite.util import get_current_placement_group
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(pg.ready(), timeout=T)
+    found, pg_id, id_hex = ray.get(where_placed.options(scheduling_strategy=in_pg(pg)).remote(),
+                                   timeout=T)
+    assert found == pg and pg_id == id_hex == pg.id.hex()
+    assert found.bundle_specs == [{"CPU": 1}, {"CPU": 1}]
+    # Outside a group, and in the driver: none.
+    nil = ray.PlacementGroupID.nil().hex()
+    assert ray.get(where_placed.remote(), timeout=T) == (None, None, nil)
+    assert get_current_placement_group() is None
+    assert ray.get_runtime_context().get_placement_group_id() is None
+    # An actor placed in it; a task it starts is not (Ray's capture is not done).
+    a = Placed.options(scheduling_strategy=in_pg(pg, 1), num_cpus=1).remote()
+    child, own = ray.get(a.where.remote(), timeout=T)
+    assert own == pg.id.hex() and child == (None, None, nil)
+    ray.kill(a)
+    remove_placement_group(pg)

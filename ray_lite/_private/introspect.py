@@ -28,19 +28,28 @@ def _actor_info(driver, peer, actor_id):
     return driver.actors.get(actor_id)
 
 
-def _assigned(driver, peer):
-    """The resources the calling process holds (Ray: 1 CPU for a task, none for an actor)."""
+def _demand_of(driver, peer):
+    """(is a pool worker, the Demand of what the calling process runs or None)."""
     w = driver.pool.get(peer)
     if w is not None:
-        spec = w.task
-        demand = getattr(spec, "demand", None)
-        if demand is not None:
-            return {k: float(v) for k, v in demand.as_dict().items()}
-        return {"CPU": 1.0}
+        return True, getattr(w.task, "demand", None)
     held = getattr(driver, "actor_demands", {}).get(peer)
-    if held:
-        return {k: float(v) for k, v in held[0].as_dict().items()}
-    return {}
+    return False, held[0] if held else None
+
+
+def _assigned(driver, peer):
+    """The resources the calling process holds (Ray: 1 CPU for a task, none for an actor)."""
+    is_task, demand = _demand_of(driver, peer)
+    if demand is not None:
+        return {k: float(v) for k, v in demand.as_dict().items()}
+    return {"CPU": 1.0} if is_task else {}
+
+
+def _placement(driver, peer):
+    """The placement group the calling task or actor runs in: (id, its bundles), or None."""
+    _, demand = _demand_of(driver, peer)
+    pg = driver.pgs.get(demand.pg) if demand is not None and demand.pg else None
+    return None if pg is None else (pg.id, pg.bundles)
 
 
 def _restarted(driver, peer, actor_id):
@@ -162,6 +171,7 @@ def _object_row(driver, oid, status):
 
 _ANSWERS = {
     "actor_info": _actor_info, "assigned": _assigned, "restarted": _restarted,
+    "placement": _placement,
     "resources": _resources, "nodes": _nodes, "list_actors": _list_actors,
     "list_tasks": _list_tasks, "list_objects": _list_objects, "list_workers": _list_workers,
     "list_jobs": _list_jobs,

@@ -61,6 +61,14 @@ def _call_frame(node):
     return None
 
 
+def current_placement(node):
+    """(pg id, bundles) of the group this worker's task or actor was placed
+    in, asked of the driver (no call pays for it); None in the driver."""
+    if node.id == 0:
+        return None
+    return node.request(P.OP_INTROSPECT, "placement")
+
+
 def _is_actor(node):
     return node is not None and node.id != 0 and getattr(node, "kind", None) == "actor"
 
@@ -254,11 +262,17 @@ class RuntimeContext:
         return oid in node.cancelled
 
     def get_placement_group_id(self):
-        return None
+        """The id (hex) of the placement group the running task or actor was
+        scheduled into; None in the driver and outside a group."""
+        found = current_placement(self._node)
+        return None if found is None else found[0]
 
     @property
     def current_placement_group_id(self):
-        return None
+        """``get_placement_group_id()`` as a ``PlacementGroupID`` (nil if none), as Ray's."""
+        from .ids import PlacementGroupID
+        pg_id = self.get_placement_group_id()
+        return PlacementGroupID.nil() if pg_id is None else PlacementGroupID.from_hex(pg_id)
 
     @property
     def should_capture_child_tasks_in_placement_group(self):

@@ -141,10 +141,16 @@ def placement_group_table(placement_group=None):
 
 
 def get_current_placement_group():
-    """None: ray_lite does not capture child tasks into their parent's group."""
+    """The placement group the running task or actor was scheduled into, as
+    Ray's; None in the driver and outside a group."""
     if _backend.RAY:
         return _ray.util.UTIL["get_current_placement_group"]()
-    return None
+    from ray_lite._private.runtime_context import current_placement
+    found = current_placement(state.get_node())
+    if found is None:
+        return None
+    pg_id, bundles = found
+    return PlacementGroup(pg_id, [dict(b) for b in bundles])
 
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group",
