@@ -284,3 +284,57 @@ def test_a_scrape_skips_the_file_of_a_process_still_creating_it(tmp_path, monkey
     (tmp_path / "gauge_livesum_4242.db").write_bytes(b"")
     body = scrape(str(tmp_path))
     assert isinstance(body, bytes) and b"4242" not in body
+
+
+@serve.deployment(num_replicas=1)
+class Counts:
+    def __init__(self):
+        from ray_lite.serve import metrics
+        self.served = metrics.Counter("app_served", "Requests served.", tag_keys=("route",))
+        self.size = metrics.Gauge("app_size", tag_keys=("model",)).set_default_tags(
+            {"model": "m1"})
+        self.info = (self.served.info, self.size.info)
+        try:
+            metrics.Counter("bad", tag_keys=("replica",))
+            self.reserved = None
+        except ValueError as exc:
+            self.reserved = str(exc)
+
+    async def __call__(self, request: Request):
+        self.served.inc()           # the route is the request's
+        self.size.set(42)
+        return {"info": [i["tag_keys"] for i in self.info],
+                "defaults": [sorted(i["default_tags"]) for i in self.info],
+                "reserved": self.reserved, "replica": serve.get_replica_context().replica_tag}
+
+
+def test_serve_metrics_carry_the_replicas_tags(metrics_serve):
+    port, mport = metrics_serve
+    serve.run(Counts.bind(), name="shop", route_prefix="/shop")
+    for _ in range(4):
+        status, _, body = http(port, "GET", "/shop/")
+        assert status == 200
+    import json
+    got = json.loads(body)
+    assert got["info"] == [["deployment", "replica", "application", "route"],
+                           ["deployment", "replica", "application", "model"]]
+    assert got["defaults"] == [["application", "deployment", "replica"],
+                               ["application", "deployment", "model", "replica"]]
+    assert got["reserved"] == "'replica' tag is reserved for Ray Serve metrics"
+    s = _scrape(mport)
+    assert _value(s, "ray_app_served_total", deployment="Counts", application="shop",
+                  replica=got["replica"], route="/shop") == 4
+    assert _value(s, "ray_app_size", deployment="Counts", model="m1") == 42
+
+
+def test_serve_metrics_outside_a_replica_add_no_tags():
+    from ray_lite.serve import metrics
+    c = metrics.Counter("plain", tag_keys=("k",))
+    assert c.info["tag_keys"] == ("k",) and c.info["default_tags"] == {}
+    h = metrics.Histogram("plain_h", boundaries=[1, 2])
+    import pickle
+    again = pickle.loads(pickle.dumps(h))
+    assert type(again) is metrics.Histogram and again.boundaries == [1, 2]
+    with pytest.raises(TypeError, match="tuple"):
+        metrics.Gauge("g", tag_keys=["k"])
+    assert serve.metrics is metrics and serve.config.HTTPOptions is not None

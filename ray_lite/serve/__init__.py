@@ -38,3 +38,12 @@ __all__ = [
     "ingress", "multiplexed", "get_multiplexed_model_id", "get_trace_context",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",
 ]
+
+
+def __getattr__(name):
+    # ``ray_lite.serve.metrics`` and ``.config`` after ``from ray_lite import
+    # serve``, as Ray's are after ``from ray import serve``.
+    if name in ("metrics", "config"):
+        import importlib
+        return importlib.import_module(f"ray_lite.serve.{name}")
+    raise AttributeError(f"module 'ray_lite.serve' has no attribute {name!r}")
