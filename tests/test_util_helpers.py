@@ -131,6 +131,14 @@ def test_node_ip_address():
     assert get_node_ip_address("no-port") == "127.0.0.1"
 
 
+def test_node_instance_id(monkeypatch):
+    from ray_lite.util import get_node_instance_id
+    monkeypatch.delenv("RAY_CLOUD_INSTANCE_ID", raising=False)
+    assert get_node_instance_id() == ""
+    monkeypatch.setenv("RAY_CLOUD_INSTANCE_ID", "i-0abc")
+    assert get_node_instance_id() == "i-0abc"
+
+
 class Holder:
     def __init__(self):
         self.fine = [1, 2, 3]

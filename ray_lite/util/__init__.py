@@ -14,6 +14,7 @@ are imported on first use, as in Ray, where they are submodules too;
 (from ``debug``) are here too, as in Ray.
 """
 import importlib
+import os
 import socket
 
 from ray_lite import _ray
@@ -29,6 +30,7 @@ from ray_lite.util.placement_group import (PlacementGroup, get_current_placement
 from ray_lite.util.serialization import deregister_serializer, register_serializer
 
 __all__ = ["ActorPool", "as_completed", "map_unordered", "get_node_ip_address",
+           "get_node_instance_id",
            "list_named_actors", "register_serializer", "deregister_serializer",
            "inspect_serializability", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
@@ -44,6 +46,11 @@ def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_node_instance_id():
+    """The node's cloud instance id: ``RAY_CLOUD_INSTANCE_ID``, "" if unset (Ray's)."""
+    return os.environ.get("RAY_CLOUD_INSTANCE_ID", "")
 
 
 def list_named_actors(all_namespaces=False):
