@@ -359,8 +359,9 @@ def catches_its_cancel(started, out):
         verdict = "not interrupted"
     except KeyboardInterrupt:
         verdict = f"interrupted, is_canceled={ray.get_runtime_context().is_canceled()}"
-    with open(out, "w") as f:
+    with open(out + ".part", "w") as f:
         f.write(verdict)
+    os.replace(out + ".part", out)      # whole when it appears
     return verdict
 
 
