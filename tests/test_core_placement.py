@@ -348,3 +348,62 @@ def test_a_task_and_an_actor_see_the_group_they_run_in(rt4):
     assert own == pg.id.hex() and child == (None, None, nil)
     ray.kill(a)
     remove_placement_group(pg)
+
+
+@ray.remote
+def pg_of_child(opts, depth=1):
+    """Where a child (with ``opts``) of this task runs, and its own child's
+    place when ``depth`` > 1; and whether this task captures its children."""
+    from ray_lite.util import get_current_placement_group
+    here = get_current_placement_group()
+    child = ray.get(pg_of_child.options(**opts).remote({}, depth - 1)) if depth else None
+    return (here.id.hex() if here else None,
+            ray.get_runtime_context().should_capture_child_tasks_in_placement_group, child)
+
+
+@ray.remote
+class ActorChild:
+    def where(self):
+        return ray.get_runtime_context().get_placement_group_id()
+
+
+@ray.remote
+def actor_child_of(opts):
+    a = ActorChild.options(**opts).remote()
+    try:
+        return ray.get(a.where.remote())
+    finally:
+        ray.kill(a)
+
+
+def test_a_capturing_task_places_its_children_in_its_group(rt4):
+    pg = placement_group([{"CPU": 1}] * 3)
+    ray.get(pg.ready(), timeout=T)
+    me = pg.id.hex()
+    capturing = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+    # A child with no strategy of its own goes into the group and captures in turn.
+    got = ray.get(pg_of_child.options(scheduling_strategy=capturing).remote({}, 2), timeout=T)
+    assert got == (me, True, (me, True, (me, True, None)))
+    # A child that names a strategy (even the default) stays out, as in Ray.
+    got = ray.get(pg_of_child.options(scheduling_strategy=capturing).remote(
+        {"scheduling_strategy": "DEFAULT"}), timeout=T)
+    assert got == (me, True, (None, False, None))
+    # Ray's older options say the same; without capture the child is not placed.
+    got = ray.get(pg_of_child.options(placement_group=pg,
+                                      placement_group_capture_child_tasks=True).remote({}),
+                  timeout=T)
+    assert got == (me, True, (me, True, None))
+    got = ray.get(pg_of_child.options(scheduling_strategy=in_pg(pg)).remote({}), timeout=T)
+    assert got == (me, False, (None, False, None))
+    # An actor a capturing task creates lives in the group too.
+    assert ray.get(actor_child_of.options(scheduling_strategy=capturing).remote({}),
+                   timeout=T) == me
+    assert ray.get(actor_child_of.options(scheduling_strategy=capturing).remote(
+        {"scheduling_strategy": "DEFAULT"}), timeout=T) is None
+    # A capturing actor's tasks likewise, for as long as it lives.
+    a = Placed.options(scheduling_strategy=capturing, num_cpus=1).remote()
+    for _ in range(2):
+        (found, child_id, _), own = ray.get(a.where.remote(), timeout=T)
+        assert own == child_id == me and found == pg
+    ray.kill(a)
+    remove_placement_group(pg)

@@ -13,22 +13,22 @@ from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, RayErr
 from . import protocol as P
 from . import introspect, restarts, state
 from .actor_owners import ActorOwnersMixin
-from .errors import KILLED, actor_died_message, running_task_cancelled
+from .errors import KILLED, actor_died_message
 from .node import Node
 from .placement import PlacementMixin
 from .pool_worker import MaxCallsMixin, PoolWorker
-from .procutil import CANCEL_SIGNAL
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
 from .refs import ObjectRef, travels_as_value
 from .restarts import RestartsMixin
 from .scheduler import ResourcesMixin
+from .task_cancel import TaskCancelMixin
 from .task_retries import TaskRetriesMixin
 from .transport import Link
 from .zygote import ZygoteClient, adopt_early
 
 
 class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwnersMixin,
-                 TaskRetriesMixin, MaxCallsMixin):
+                 TaskRetriesMixin, MaxCallsMixin, TaskCancelMixin):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -242,6 +242,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         w.task = spec
         if spec.demand is None:
             self.busy += 1        # a task with a Demand took its share in acquire()
+        elif spec.demand.capture:
+            self.captured[w.id] = spec.demand.pg
         try:
             self.links[w.id].send(msg)
         except BaseException as exc:
@@ -312,6 +314,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
 
     def _free_worker(self, w, spec):
         """What the task ``spec`` that ``w`` ran took is free again."""
+        if self.captured:
+            self.captured.pop(w.id, None)
         blocked = w.blocked
         if blocked:
             w.blocked = False
@@ -403,40 +407,6 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     self._fail_task(spec, WorkerCrashedError(
                         f"The worker (pid={w.pid}) running {spec.name} died unexpectedly."))
             self._dispatch()
-
-    def cancel_task(self, oid, force):
-        """Cancel a pool task this driver scheduled; True if it was found."""
-        with self._sched:
-            for spec in itertools.chain(self.nested_queue, self.queue, self.placed_queue):
-                if spec.oid == oid:
-                    spec.cancelled = True
-                    self._fail_task(spec, TaskCancelledError())
-                    return True
-            spec = self.waiting_deps.pop(oid, None)
-            if spec is not None:
-                spec.cancelled = True
-                self._fail_task(spec, TaskCancelledError())
-                return True
-            for w in self.pool.values():
-                if w.task is not None and w.task.oid == oid:
-                    w.task.cancelled = True
-                    if force:
-                        try:
-                            os.kill(w.pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
-                    else:
-                        # The message says which task; the signal interrupts
-                        # it (a KeyboardInterrupt in the task, as in Ray) if
-                        # it is still that one when the worker looks.
-                        self.send(w.id, P.cancel_msg(oid, False))
-                        try:
-                            os.kill(w.pid, CANCEL_SIGNAL)
-                        except ProcessLookupError:
-                            pass
-                        self._fail_task(w.task, running_task_cancelled(w.task.name, oid, w.pid))
-                    return True
-        return False
 
     # ------------------------------------------------------------- actors
     def create_actor(self, *request, await_resources=False):
@@ -595,6 +565,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.submit(PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=0))
 
     def _req_submit_placed(self, peer, demand, retry_on, max_calls, *fields):
+        if self.captured:
+            demand = self.captured_demand(peer, demand, "task")
         spec = PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=peer)
         self.forward[spec.oid] = peer
         if demand is not None:
@@ -608,6 +580,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.submit(spec)
 
     def _req_submit(self, peer, *fields):
+        if self.captured and peer in self.captured:
+            return self._req_submit_placed(peer, None, None, 0, *fields)
         spec = TaskSpec(*fields, owner=peer)
         if peer != self.id:
             self.forward[spec.oid] = peer      # its results go back to that worker
@@ -639,6 +613,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         return self.pids.get(actor_id)
 
     def _req_create_actor(self, peer, *request):
+        if self.captured and peer in self.captured:
+            request = self.captured_actor_request(peer, request)
         demand = request[10].get("demand") if len(request) > 10 and request[10] else None
         if demand is not None:
             with self._sched:
@@ -651,6 +627,8 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         return self.owned_by(peer, self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):
+        if self.captured and peer in self.captured:
+            requests = [self.captured_actor_request(peer, r) for r in requests]
         return [self.owned_by(peer, info) for info in self.create_actors(requests)]
 
     def _req_get_actor(self, peer, name, namespace):

@@ -46,10 +46,11 @@ def _assigned(driver, peer):
 
 
 def _placement(driver, peer):
-    """The placement group the calling task or actor runs in: (id, its bundles), or None."""
+    """The placement group the calling task or actor runs in: (id, its bundles,
+    whether its children go there too), or None."""
     _, demand = _demand_of(driver, peer)
     pg = driver.pgs.get(demand.pg) if demand is not None and demand.pg else None
-    return None if pg is None else (pg.id, pg.bundles)
+    return None if pg is None else (pg.id, pg.bundles, demand.capture)
 
 
 def _restarted(driver, peer, actor_id):

@@ -10,7 +10,7 @@ machine (Ray would leave both pending for ever).
 import os
 import signal
 
-from .scheduler import CPU, PlacementGroupState, _fits, _take, check_resource_dict
+from .scheduler import CPU, Demand, PlacementGroupState, _fits, _take, check_resource_dict
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -133,3 +133,23 @@ class PlacementMixin:
                 pg = self.pgs.get(pg_id)
                 return {} if pg is None else pg.table()
             return {i: pg.table() for i, pg in self.pgs.items()}
+
+    # ------------------------------------------------ capturing child tasks
+    def captured_demand(self, peer, demand, kind):
+        """What a child task or actor (``kind``) of ``peer`` asks for: its
+        ``demand`` in ``peer``'s group when ``peer`` runs there capturing its
+        children and the child named no strategy or group of its own (Ray's
+        rule; the child captures its own children in turn); else ``demand``."""
+        pg = self.captured.get(peer)
+        if pg is None or (demand is not None and (demand.pg is not None or demand.pinned)):
+            return demand
+        if demand is None:
+            return Demand(1 if kind == "task" else 0, (), pg, -1, explicit=False, capture=True)
+        return Demand(demand.cpus, demand.custom, pg, -1, explicit=demand.explicit,
+                      capture=True)
+
+    def captured_actor_request(self, peer, request):
+        """An actor creation ``request`` of ``peer`` with its demand captured."""
+        extra = dict(request[10]) if len(request) > 10 and request[10] else {}
+        extra["demand"] = self.captured_demand(peer, extra.get("demand"), "actor")
+        return tuple(request[:10]) + (extra,) + tuple(request[11:])

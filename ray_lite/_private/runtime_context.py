@@ -276,7 +276,10 @@ class RuntimeContext:
 
     @property
     def should_capture_child_tasks_in_placement_group(self):
-        return False
+        """Whether the running task's or actor's children go into its
+        placement group (``placement_group_capture_child_tasks``)."""
+        found = current_placement(self._node)
+        return bool(found and found[2])
 
     def get_runtime_env_string(self):
         """The runtime_env this code runs with, as JSON: the job's (``init``),

@@ -16,6 +16,8 @@ Ray's rules kept here:
 Where Ray would wait for ever (a request no node can ever satisfy), ray_lite
 refuses with ``ValueError``: on one machine "never" is certain.
 """
+import os
+
 from .ids import node_id_hex
 from .protocol import START
 from .labels import check_label_options, check_labels_match
@@ -30,19 +32,26 @@ _BUILTIN = {CPU, GPU, "memory", "object_store_memory"}
 class Demand:
     """What a task or actor asks for beyond the default (picklable: nested tasks
     send theirs to the driver).  ``pg``: a placement group id; ``bundle``: its
-    bundle index, -1 for any."""
+    bundle index, -1 for any.  ``capture``: its child tasks and actors go into
+    ``pg`` too (``placement_group_capture_child_tasks``); ``pinned``: its
+    options named a strategy or group, so a capturing parent's group does
+    not take it (both as in Ray; see ``PlacementMixin.captured_demand``)."""
 
-    __slots__ = ("cpus", "custom", "pg", "bundle", "explicit")
+    __slots__ = ("cpus", "custom", "pg", "bundle", "explicit", "capture", "pinned")
 
-    def __init__(self, cpus, custom, pg=None, bundle=-1, explicit=True):
+    def __init__(self, cpus, custom, pg=None, bundle=-1, explicit=True, capture=False,
+                 pinned=False):
         self.cpus = cpus
         self.custom = custom        # ((name, amount), ...)
         self.pg = pg
         self.bundle = bundle
         self.explicit = explicit    # an actor asked for resources (it holds them)
+        self.capture = capture
+        self.pinned = pinned
 
     def __reduce__(self):
-        return (Demand, (self.cpus, self.custom, self.pg, self.bundle, self.explicit))
+        return (Demand, (self.cpus, self.custom, self.pg, self.bundle, self.explicit,
+                         self.capture, self.pinned))
 
     def as_dict(self):
         d = {CPU: self.cpus} if self.cpus else {}
@@ -141,21 +150,29 @@ def demand_of(opts, kind, driver_pid):
     if opts.get("label_selector"):
         check_labels_match(opts, _node_labels(driver_pid), kind)
     legacy = opts.get("placement_group")
+    capture = bool(getattr(strategy, "placement_group_capture_child_tasks", False))
     if legacy not in (None, "default"):
         pg_id, index = _pg_target(legacy, opts.get("placement_group_bundle_index", -1))
+        capture = bool(opts.get("placement_group_capture_child_tasks"))
     elif opts.get("placement_group_bundle_index", -1) != -1:
         raise ValueError("If placement group is not set, the value of bundle index must "
                          "be -1.")     # Ray's words
+    capture = capture and pg_id is not None
+    # Only a worker's child can be captured (a driver runs in no group): there
+    # a strategy or group of its own is kept, even the default one.
+    pinned = (strategy is not None or legacy not in (None, "default")) and \
+        driver_pid != os.getpid()
     if ncpu is not None:
         ncpu = _amount("num_cpus", ncpu)
     if kind == "task":
-        if (ncpu is None or ncpu == 1) and not custom and pg_id is None:
+        if (ncpu is None or ncpu == 1) and not custom and pg_id is None and not pinned:
             return None
-        return Demand(1 if ncpu is None else ncpu, tuple(custom.items()), pg_id, index)
-    if ncpu is None and not custom and pg_id is None:
+        return Demand(1 if ncpu is None else ncpu, tuple(custom.items()), pg_id, index,
+                      capture=capture, pinned=pinned)
+    if ncpu is None and not custom and pg_id is None and not pinned:
         return None
     return Demand(ncpu or 0, tuple(custom.items()), pg_id, index,
-                  explicit=ncpu is not None or bool(custom))
+                  explicit=ncpu is not None or bool(custom), capture=capture, pinned=pinned)
 
 
 def _fits(free, demand_items):
@@ -216,6 +233,7 @@ class ResourcesMixin:
         self.pgs = {}             # pg id -> PlacementGroupState
         self.pg_names = {}        # name -> pg id
         self.actor_demands = {}   # actor id -> (Demand, where) held while it lives
+        self.captured = {}        # process -> pg id its children go into (capture)
 
     # ------------------------------------------------------------ views
     def available_resources(self):
@@ -391,6 +409,8 @@ class ResourcesMixin:
             if pg is None or pg.state == "REMOVED":
                 raise ValueError("the actor's placement group was removed")
             pg.actors.add(aid)
+            if demand.capture:
+                self.captured[aid] = demand.pg
             if not demand.explicit:
                 self.actor_demands[aid] = (demand, None)
                 return
@@ -423,6 +443,7 @@ class ResourcesMixin:
         return True
 
     def release_actor(self, aid):
+        self.captured.pop(aid, None)
         held = self.actor_demands.pop(aid, None)
         if held is None:
             return

@@ -149,7 +149,7 @@ def get_current_placement_group():
     found = current_placement(state.get_node())
     if found is None:
         return None
-    pg_id, bundles = found
+    pg_id, bundles, _ = found
     return PlacementGroup(pg_id, [dict(b) for b in bundles])
 
 
