@@ -327,8 +327,10 @@ def test_serve_metrics_carry_the_replicas_tags(metrics_serve):
     assert _value(s, "ray_app_size", deployment="Counts", model="m1") == 42
 
 
-def test_serve_metrics_outside_a_replica_add_no_tags():
-    from ray_lite.serve import metrics
+def test_serve_metrics_outside_a_replica_add_no_tags(monkeypatch):
+    from ray_lite.serve import context, metrics
+    # (A test that ran a replica's code in this process leaves its context set.)
+    monkeypatch.setattr(context, "_replica_context", None)
     c = metrics.Counter("plain", tag_keys=("k",))
     assert c.info["tag_keys"] == ("k",) and c.info["default_tags"] == {}
     h = metrics.Histogram("plain_h", boundaries=[1, 2])
