@@ -62,8 +62,9 @@ def _call_frame(node):
 
 
 def current_placement(node):
-    """(pg id, bundles) of the group this worker's task or actor was placed
-    in, asked of the driver (no call pays for it); None in the driver."""
+    """(pg id, bundles, whether its children go there too) of the group this
+    worker's task or actor was placed in, asked of the driver (no call pays
+    for it); None in the driver and outside a group."""
     if node.id == 0:
         return None
     return node.request(P.OP_INTROSPECT, "placement")
