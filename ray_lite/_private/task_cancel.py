@@ -1,7 +1,8 @@
 """Cancelling a pool task the driver scheduled (``ray_lite.cancel``), part of
 ``DriverNode``: a queued task never runs; a running one gets a
-``KeyboardInterrupt`` (its message and a signal), or its worker is killed
-with ``force=True``; its caller gets ``TaskCancelledError`` at once."""
+``KeyboardInterrupt`` (its message and a signal) and its caller gets
+``TaskCancelledError`` at once; with ``force=True`` its worker is killed and
+the caller gets the error when that death is seen."""
 import itertools
 import os
 import signal
