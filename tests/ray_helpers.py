@@ -27,5 +27,8 @@ def ship_by_value(module_name, picklers):
 
     def undo():
         for pickler in picklers:
-            pickler.unregister_pickle_by_value(module)
+            try:
+                pickler.unregister_pickle_by_value(module)
+            except ValueError:
+                pass    # unregistered already (Ray's DeploymentActorConfig does it)
     return undo

@@ -51,6 +51,29 @@ class Doubler:
         return await self.load(serve.get_multiplexed_model_id())
 
 
+@ray_lite.remote
+class Tally:
+    def __init__(self, start):
+        self.n = start
+
+    def bump(self):
+        self.n += 1
+        return self.n
+
+    def where(self):
+        c = serve.get_deployment_actor_context()
+        return c.app_name, c.deployment, c.actor_name
+
+
+@serve.deployment(num_replicas=1)
+class UsesTally:
+    def __call__(self):
+        return ray_lite.get(serve.get_deployment_actor("tally").bump.remote())
+
+    def where(self):
+        return ray_lite.get(serve.get_deployment_actor("tally").where.remote())
+
+
 api = fastapi.FastAPI()
 
 
@@ -137,3 +160,17 @@ def test_run_many_and_logging_config_on_ray(ray_serve_port):
     assert two.remote(1).result(timeout_s=60) == 4
     serve.delete("one")
     serve.delete("two")
+
+
+def test_deployment_actors_on_ray(ray_serve_port):
+    from ray_lite.serve.config import DeploymentActorConfig
+    app = UsesTally.options(deployment_actors=[
+        DeploymentActorConfig(name="tally", actor_class=Tally, init_args=(10,))]).bind()
+    handle = serve.run(app, name="tally", route_prefix=None)
+    # Ray's DeploymentActorConfig registers the actor's module to be pickled
+    # by value and then unregisters it, even when it was registered before.
+    import ray
+    ship_by_value(__name__, (ray.cloudpickle,))
+    assert [handle.remote().result(timeout_s=60) for _ in range(2)] == [11, 12]
+    assert handle.where.remote().result(timeout_s=60) == ("tally", "UsesTally", "tally")
+    serve.delete("tally")

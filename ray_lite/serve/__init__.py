@@ -13,6 +13,8 @@
 from .api import (
     delete,
     get_app_handle,
+    get_deployment_actor,
+    get_deployment_actor_context,
     get_deployment_handle,
     get_replica_context,
     run,
@@ -35,6 +37,7 @@ __all__ = [
     "deployment", "Deployment", "Application", "run", "run_many", "RunTarget", "start",
     "status", "delete", "shutdown", "shutdown_async",
     "get_app_handle", "get_deployment_handle", "get_replica_context", "batch",
+    "get_deployment_actor", "get_deployment_actor_context",
     "ingress", "multiplexed", "get_multiplexed_model_id", "get_trace_context",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",
 ]

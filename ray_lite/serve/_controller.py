@@ -19,9 +19,11 @@ import sys
 
 from ray_lite.exceptions import RayActorError
 
-from . import _autoscaler, _core, _defaults
-from ._controller_scaling import Autoscaling
+from . import _core, _defaults
+from ._controller_scaling import Autoscaling, from_zero as _from_zero, \
+    kept_target as _kept_target
 from ._controller_scaling import error_text as _error_text
+from ._deployment_actors import DeploymentActors, new_code_version
 from ._defaults import LISTEN_TIMEOUT_S
 
 
@@ -44,6 +46,9 @@ class _Dep:
         self.status = "UPDATING"
         self.message = ""
         self.tasks = set()
+        self.code_version = new_code_version()  # names its deployment actors
+        self.actors = {}                    # deployment actor name -> ActorHandle
+        self.actor_configs = {}             # name -> DeploymentActorConfig
 
 
 class _App:
@@ -56,7 +61,7 @@ class _App:
         self.message = ""
 
 
-class ServeController(Autoscaling):
+class ServeController(Autoscaling, DeploymentActors):
     def __init__(self, http_options):
         from . import context
         self._self_handle = _core.get_actor(context.CONTROLLER_NAME,
@@ -310,7 +315,8 @@ class ServeController(Autoscaling):
         try:
             handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
-                  spec["kwargs"], dict(dep.config), dep.ranks[rid], world), {}) for rid in rids])
+                  spec["kwargs"], dict(dep.config, code_version=dep.code_version),
+                  dep.ranks[rid], world), {}) for rid in rids])
 
             async def join(rid, h):
                 try:
@@ -474,6 +480,7 @@ class ServeController(Autoscaling):
                     pass
             self._kill(h)
         await asyncio.gather(*[stop(h) for _, h in items])
+        self._stop_deployment_actors(dep)       # after the replicas that use them
 
     # ----------------------------------------------------------------- apps
     async def deploy_app(self, name, route_prefix, ingress, specs):
@@ -523,9 +530,16 @@ class ServeController(Autoscaling):
             for dname, od in old.deps.items():
                 if app.deps.get(dname) is not od:
                     asyncio.ensure_future(self._stop_replicas(od))
+        new = [d for d in app.deps.values() if d.name not in reuse]
+        for dep, err in zip(new, await asyncio.gather(*[self._start_deployment_actors(d)
+                                                         for d in new])):
+            if err is not None:
+                failed[dep] = err     # (its replicas would not find them)
         bring_ups, brought = [], []
         for dep in app.deps.values():
             have = len(dep.replicas) + dep.starting
+            if dep in failed:
+                continue
             if have < dep.target:
                 bring_ups.append(self._bring_up(dep, dep.target - have))
                 brought.append(dep)
@@ -668,23 +682,9 @@ _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_re
 def _same_code(a, b):
     return a["cls_blob"] == b["cls_blob"] and a["args_blob"] == b["args_blob"] and \
         a.get("code_version") == b.get("code_version") and \
+        a.get("actors_blob") == b.get("actors_blob") and \
         {k: v for k, v in a["config"].items() if k not in _IN_PLACE} == \
         {k: v for k, v in b["config"].items() if k not in _IN_PLACE}
-
-
-def _from_zero(auto):
-    """Whether an autoscaling config lets its deployment run no replica."""
-    return bool(auto) and auto["min_replicas"] == 0
-
-
-def _kept_target(dep, new_cfg):
-    """The replica count of a deployment updated in place: an autoscaling one
-    keeps what it scaled to (within the new bounds), else the new count."""
-    auto = new_cfg.get("autoscaling_config")
-    if auto and dep.config.get("autoscaling_config"):
-        low, high = _autoscaler.bounds(auto)
-        return max(low, min(high, dep.target))
-    return new_cfg["num_replicas"]
 
 
 def _default_proxies():

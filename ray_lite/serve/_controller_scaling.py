@@ -89,3 +89,18 @@ def error_text(err):
     """An error as one line for a status message (its type when it has no text)."""
     s = str(err)
     return s if s else "".join(traceback.format_exception_only(type(err), err))
+
+
+def from_zero(auto):
+    """Whether an autoscaling config lets its deployment run no replica."""
+    return bool(auto) and auto["min_replicas"] == 0
+
+
+def kept_target(dep, new_cfg):
+    """The replica count of a deployment updated in place: an autoscaling one
+    keeps what it scaled to (within the new bounds), else the new count."""
+    auto = new_cfg.get("autoscaling_config")
+    if auto and dep.config.get("autoscaling_config"):
+        low, high = _autoscaler.bounds(auto)
+        return max(low, min(high, dep.target))
+    return new_cfg["num_replicas"]

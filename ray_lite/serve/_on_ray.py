@@ -75,10 +75,22 @@ def _ray_options(dep, serve):
     if options.get("logging_config") is not None:
         from ._logging import logging_config_dict
         options["logging_config"] = logging_config_dict(options["logging_config"])
+    if options.get("deployment_actors"):
+        options["deployment_actors"] = [_ray_deployment_actor(c)
+                                        for c in options["deployment_actors"]]
     actor_options = dict(options.get("ray_actor_options") or {})
     actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
     options["ray_actor_options"] = actor_options
     return options
+
+
+def _ray_deployment_actor(cfg):
+    """Ray Serve's ``DeploymentActorConfig`` of ray_lite's (its class made Ray's)."""
+    from ray.serve.config import DeploymentActorConfig
+    from ray_lite._ray import core
+    return DeploymentActorConfig(name=cfg.name, actor_class=core.actor_class(
+        cfg.get_actor_class()), init_args=cfg.init_args, init_kwargs=cfg.init_kwargs,
+        actor_options=cfg.actor_options)
 
 
 def to_ray_deployment(dep):
@@ -178,6 +190,14 @@ def get_deployment_handle(deployment_name, app_name=None):
 
 def get_replica_context():
     return _serve().get_replica_context()
+
+
+def get_deployment_actor(actor_name):
+    return _serve().get_deployment_actor(actor_name)
+
+
+def get_deployment_actor_context():
+    return _serve().get_deployment_actor_context()
 
 
 def get_multiplexed_model_id():

@@ -195,7 +195,8 @@ class ServeReplica:
         ctx = context.ReplicaContext(
             context.ReplicaID(replica_id.rpartition("#")[2],
                               context.DeploymentID(deployment_name, app_name)),
-            rank=context.ReplicaRank(rank, 0, rank), world_size=world_size)
+            rank=context.ReplicaRank(rank, 0, rank), world_size=world_size,
+            code_version=config.get("code_version"))
         context.set_replica_context(ctx)
         # Before the user's constructor, whose logs take the format too.
         configure_replica_logger(app_name, deployment_name, ctx.replica_id.unique_id,

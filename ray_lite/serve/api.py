@@ -177,9 +177,11 @@ def _build(app, app_name, code_version=None, logging_config=None):
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):
             config["multiplexed"] = True      # its callers route by model id
         seen_apps[name] = asgi_app_of_class(dep.func_or_class) is not None
+        actors = dep._config.get("deployment_actors")
         specs[name] = {"cls_blob": pickle_deployment_class(dep.func_or_class), "args": args,
                        "kwargs": kwargs, "args_blob": args_blob, "config": config,
-                       "code_version": code_version}
+                       "code_version": code_version,
+                       "actors_blob": cloudpickle.dumps(actors) if actors else None}
         return handle
 
     ingress = visit(app)
@@ -412,6 +414,27 @@ def get_replica_context():
         from . import _on_ray
         return _on_ray.get_replica_context()
     return context.get_replica_context()
+
+
+def get_deployment_actor(actor_name):
+    """A handle to the deployment-scoped actor ``actor_name`` of the replica
+    this runs in (see ``deployment(deployment_actors=...)``); RayServeException
+    outside a replica, ValueError when no such actor runs."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_deployment_actor(actor_name)
+    from ._deployment_actors import get_deployment_actor as get
+    return get(actor_name)
+
+
+def get_deployment_actor_context():
+    """The deployment, actor name and code version of the deployment actor
+    this runs in; RayServeException elsewhere."""
+    if backend.RAY:
+        from . import _on_ray
+        return _on_ray.get_deployment_actor_context()
+    from ._deployment_actors import get_deployment_actor_context as get
+    return get()
 
 
 def _http_port():

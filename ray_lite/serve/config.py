@@ -35,6 +35,7 @@ import sys
 
 from ._defaults import DEPLOYMENT_OPTIONS
 from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOptions
+from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
 from ._http import check_route_prefix
 
 

@@ -49,11 +49,14 @@ class ReplicaRank:
 class ReplicaContext:
     """What ``serve.get_replica_context()`` returns inside a replica."""
 
-    def __init__(self, replica_id, servable_object=None, rank=None, world_size=1):
+    def __init__(self, replica_id, servable_object=None, rank=None, world_size=1,
+                 code_version=None):
         self.replica_id = replica_id
         self.servable_object = servable_object
         self.rank = rank if rank is not None else ReplicaRank(0)
         self.world_size = world_size
+        # The id of its deployment's version (names the deployment actors).
+        self.code_version = code_version
 
     @property
     def app_name(self):

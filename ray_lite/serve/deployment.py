@@ -21,8 +21,8 @@ _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator
 
 def _check_config(cfg):
     for key in cfg:
-        if key not in _DEFAULTS and key not in _HARMLESS and key not in ("name",
-                                                                         "logging_config"):
+        if key not in _DEFAULTS and key not in _HARMLESS and \
+                key not in ("name", "logging_config", "deployment_actors"):
             raise TypeError(f"deployment() got an unexpected keyword argument '{key}'")
     n = cfg.get("num_replicas", 1)
     if isinstance(n, str) and n.isdigit():
@@ -68,6 +68,9 @@ def _check_config(cfg):
             # As on tasks and actors: this machine's CPUs are all there is.
             raise ValueError(f"ray_lite does not support accelerator_type="
                              f"{rao['accelerator_type']!r} in ray_actor_options")
+    if cfg.get("deployment_actors") is not None:
+        from ._deployment_actors import check
+        cfg["deployment_actors"] = check(cfg["deployment_actors"])
     uc = cfg.get("user_config")
     if uc is not None:
         import json
