@@ -214,3 +214,43 @@ def test_bad_list_is_refused():
         Model.options(deployment_actors=_registry())
     with pytest.raises(TypeError, match="DeploymentActorConfig or a dict"):
         serve.deployment(deployment_actors=["registry"])
+
+
+ACTOR_MODULE = """
+import ray_lite
+from ray_lite import serve
+
+@ray_lite.remote
+class Counter:
+    def __init__(self, start=0):
+        self.n = start
+
+    def bump(self):
+        self.n += 1
+        return self.n
+
+@serve.deployment
+class Front:
+    def __call__(self):
+        return ray_lite.get(serve.get_deployment_actor("counter").bump.remote())
+
+app = Front.bind()
+"""
+
+
+def test_config_file_declares_them_by_import_path(serve_runtime, tmp_path):
+    pytest.importorskip("yaml")
+    (tmp_path / "da_cfg_mod.py").write_text(ACTOR_MODULE)
+    entry = {"name": "filed", "route_prefix": None, "import_path": "da_cfg_mod:app",
+             "deployments": [{"name": "Front", "deployment_actors": [
+                 {"name": "counter", "actor_class": "da_cfg_mod:Counter",
+                  "init_kwargs": {"start": 40}}]}]}
+    # Checked for shape when parsed (the module is not importable yet) ...
+    parsed = serve.config.parse({"applications": [entry]})
+    bad = dict(entry, deployments=[{"name": "Front", "deployment_actors": [{"name": "c"}]}])
+    with pytest.raises(serve.config.ConfigError, match=r"deployment_actors\[0\].actor_class"):
+        serve.config.parse({"applications": [bad]})
+    # ... and imported with the application.
+    serve.config.apply(parsed, str(tmp_path))
+    h = serve.get_app_handle("filed")
+    assert [h.remote().result(timeout_s=T) for _ in range(2)] == [41, 42]

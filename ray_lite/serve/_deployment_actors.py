@@ -166,6 +166,28 @@ def check(value):
     return configs
 
 
+def pickled(configs):
+    """``configs`` pickled for the controller, each actor class's module by
+    value (as Ray does): neither the controller nor the actor's process need
+    import it (a config file's application folder is only on this process's
+    ``sys.path``; an actor class's methods would otherwise go by reference,
+    through the class's read-through attributes)."""
+    import cloudpickle
+    registered = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", set())
+    added = []
+    for c in configs:
+        module = sys.modules.get(c.get_actor_class().__module__)
+        if module is not None and module.__name__ != "__main__" and \
+                module.__name__ not in registered:
+            cloudpickle.register_pickle_by_value(module)
+            added.append(module)
+    try:
+        return cloudpickle.dumps(configs)
+    finally:
+        for module in added:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def actor_name(app_name, deployment_name, code_version, name):
     """The name the controller gives the actor (Ray's scheme)."""
     return f"{PREFIX}{app_name}::{deployment_name}::{code_version}::{name}"

@@ -15,6 +15,7 @@ from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from ._asgi import asgi_app_of_class, pickle_deployment_class
+from ._deployment_actors import pickled as pickled_actors
 from .multiplex import is_multiplexed
 from .schema import ServeStatus
 
@@ -181,7 +182,7 @@ def _build(app, app_name, code_version=None, logging_config=None):
         specs[name] = {"cls_blob": pickle_deployment_class(dep.func_or_class), "args": args,
                        "kwargs": kwargs, "args_blob": args_blob, "config": config,
                        "code_version": code_version,
-                       "actors_blob": cloudpickle.dumps(actors) if actors else None}
+                       "actors_blob": pickled_actors(actors) if actors else None}
         return handle
 
     ingress = visit(app)

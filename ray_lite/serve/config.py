@@ -52,7 +52,7 @@ _APP_KEYS = {"name", "route_prefix", "import_path", "args", "runtime_env", "depl
 _DEPLOYMENT_KEYS = (set(DEPLOYMENT_OPTIONS) | {"name", "logging_config", "max_replicas_per_node",
                                                "placement_group_bundles",
                                                "placement_group_strategy",
-                                               "request_router_config"})
+                                               "request_router_config", "deployment_actors"})
 # Ray's AutoscalingConfig fields (2.60), with its defaults.
 AUTOSCALING_DEFAULTS = {
     "min_replicas": 1, "initial_replicas": None, "max_replicas": 1,
@@ -160,12 +160,31 @@ def _check_deployment(where, raw):
         opts["autoscaling_config"] = normalize_autoscaling(
             opts["autoscaling_config"], f"{where}.autoscaling_config",
             auto=opts.get("num_replicas") == "auto")
+    # Import paths of deployment actors are imported once the application's
+    # are (its folder is on sys.path then: see with_overrides); here, shape.
+    actors = opts.pop("deployment_actors", None)
+    if actors is not None:
+        _check_actor_entries(f"{where}.deployment_actors", actors)
     from .deployment import _check_config
     try:
         _check_config(opts)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where} ({d['name']}): {exc}") from None
+    if actors is not None:
+        opts["deployment_actors"] = actors
     return d["name"], opts
+
+
+def _check_actor_entries(where, actors):
+    if not isinstance(actors, list):
+        raise ConfigError(f"{where}: expected a list, got {type(actors).__name__}")
+    for i, entry in enumerate(actors):
+        entry = _mapping(f"{where}[{i}]", entry)
+        _unknown(f"{where}[{i}]", entry, ("name", "actor_class", "init_args", "init_kwargs",
+                                          "actor_options"))
+        for key in ("name", "actor_class"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ConfigError(f"{where}[{i}].{key}: expected a non-empty string")
 
 
 def _check_app(where, raw, single):
@@ -334,7 +353,11 @@ def with_overrides(app, app_cfg):
             rao["runtime_env"] = renv
             opts["ray_actor_options"] = rao
         if opts:
-            dep = dep.with_overrides(opts)
+            try:
+                dep = dep.with_overrides(opts)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"application {app_cfg['name']!r}, deployment "
+                                  f"{dep.name!r}: {exc}") from None
         new = Application(dep, tuple(convert(x) for x in a._args),
                           {k: convert(v) for k, v in a._kwargs.items()})
         rebuilt[id(a)] = new
