@@ -2,6 +2,7 @@
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -88,6 +89,47 @@ def test_named_actors_and_get_actor(rt):
     # The name is free once the death was noticed (the get above noticed it).
     with pytest.raises(ValueError):
         ray.get_actor("counter")
+
+
+@ray.remote
+class Looker:
+    """Holds a handle to the actor named ``name``; once its calls fail, looks
+    the name up again at once: what a caller refreshing a stale handle does."""
+
+    def hold(self, name):
+        self.name, self.h = name, ray.get_actor(name)
+        return ray.get(self.h.incr.remote(), timeout=T)
+
+    def call_then_look_up(self):
+        while True:
+            try:
+                ray.get(self.h.incr.remote(), timeout=T)
+            except RayActorError:
+                break
+        try:
+            ray.get(ray.get_actor(self.name).get.remote(), timeout=T)
+        except ValueError as exc:
+            return "no such actor: " + str(exc)[:40]
+        except RayActorError:
+            return "a dead actor's handle"
+        return "alive"
+
+
+@pytest.mark.local_only
+def test_a_name_never_leads_to_an_actor_that_just_died(rt):
+    # The caller sees the death (its call fails) before the driver's loop
+    # may have handled it: the lookup must not return the dead actor.
+    c = Counter.options(name="victim").remote()
+    victim = ray.get(c.pid.remote(), timeout=T)
+    looker = Looker.remote()
+    assert ray.get(looker.hold.remote("victim"), timeout=T) == 1
+    os.kill(victim, 9)
+    deadline = time.monotonic() + T
+    while os.path.exists(f"/proc/{victim}") and \
+            open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+        assert time.monotonic() < deadline, "the killed actor did not end"
+        time.sleep(0.001)
+    assert ray.get(looker.call_then_look_up.remote(), timeout=T).startswith("no such actor")
 
 
 def test_kill_fails_pending_and_later_calls(rt):

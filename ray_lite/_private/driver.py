@@ -16,6 +16,7 @@ from .actor_owners import ActorOwnersMixin
 from .errors import KILLED, actor_died_message
 from .node import Node
 from .placement import PlacementMixin
+from .procutil import readable_now
 from .pool_worker import MaxCallsMixin, PoolWorker
 from .protocol import TASK, ActorInfo, PlacedTaskSpec, TaskSpec
 from .refs import ObjectRef, travels_as_value
@@ -432,7 +433,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                      name, namespace, get_if_exists) = req[:10]
                     extra = req[10] if len(req) > 10 else None
                     if name is not None:
-                        existing = self.named.get((namespace, name))
+                        existing = self._named_alive(namespace, name)
                         if existing is None and any(r[7] == name and r[8] == namespace
                                                     for _, _, _, _, r in todo):
                             # The same name twice in one batch: settle the first.
@@ -511,8 +512,21 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                 if not start():
                     self.res_waiters.append(start)
 
-    def get_actor(self, name, namespace):
+    def _named_alive(self, namespace, name):
+        """The actor named so, unless its process has ended: a death the
+        loop has not handled yet is handled now, so that a name never leads
+        to an actor that died a moment ago (another process may have seen it
+        die already: a caller whose call failed, looking the name up again)."""
         info = self.named.get((namespace, name))
+        if info is not None:
+            fds = [fd for fd, p in self.sentinels.items() if p == info.actor_id]
+            if fds and readable_now(fds):
+                self.on_sentinels_fired(fds)
+                info = self.named.get((namespace, name))    # gone, or restarting
+        return info
+
+    def get_actor(self, name, namespace):
+        info = self._named_alive(namespace, name)
         if info is None:
             raise ValueError(f"Failed to look up actor with name '{name}'. This could "
                              f"because 1. You are trying to look up a named actor you didn't "
