@@ -399,3 +399,24 @@ def test_the_control_directory_must_be_private(tmp_path, monkeypatch):
     os.chmod(tmp_path / "ray_lite", 0o777)
     with pytest.raises(_control.ControlError, match="not a private directory"):
         _control.runtime_dir()
+
+
+def test_sockets_of_killed_instances_are_removed(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+    from ray_lite.serve import _control
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = _control.runtime_dir()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, timeout=60)
+    dead_pid = int(ended.stdout)
+    paths = {}
+    for kind, pid in (("dead", dead_pid), ("mine", os.getpid())):
+        paths[kind] = os.path.join(folder, f"serve-{pid}.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(paths[kind])       # bound, never listening: as a killed instance left it
+    with pytest.raises(_control.ControlError, match="no running Serve instance"):
+        _control.find_address()
+    # The dead process's socket is gone; a live process's stays (not ours to judge).
+    assert not os.path.exists(paths["dead"]) and os.path.exists(paths["mine"])

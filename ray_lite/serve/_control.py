@@ -68,13 +68,37 @@ def _alive(path):
         s.close()
 
 
+def _owner_gone(path):
+    """Whether ``serve-<pid>.sock``'s process no longer exists (an instance
+    killed before it could remove its socket)."""
+    name = os.path.basename(path)
+    pid = name[len("serve-"):-len(".sock")]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass        # another user's process: that pid is not ours to judge
+    return False
+
+
 def find_address(address=None):
     """The control socket to use: ``address``, else the one live instance of
-    this user; ``ControlError`` saying why there is none."""
+    this user; ``ControlError`` saying why there is none.  Sockets of
+    instances whose process is gone are removed on the way."""
     if address:
         return address
-    live = sorted(p for p in glob.glob(os.path.join(runtime_dir(), "serve-*.sock"))
-                  if _alive(p))
+    live = []
+    for p in sorted(glob.glob(os.path.join(runtime_dir(), "serve-*.sock"))):
+        if _alive(p):
+            live.append(p)
+        elif _owner_gone(p):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
     if not live:
         raise ControlError("no running Serve instance found (start one with "
                            "`ray-lite serve run` or `ray-lite serve start`)")
