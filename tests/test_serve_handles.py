@@ -211,6 +211,35 @@ def test_reconfigure_on_start_and_on_update(serve_port):
     assert pid_before == {"RUNNING": 1}
 
 
+@serve.deployment(num_replicas=2)
+class RankAware:
+    """Ray calls a ``reconfigure`` that takes ``rank`` at start, user_config or not."""
+
+    def __init__(self):
+        self.seen = []
+
+    def reconfigure(self, user_config, rank):
+        self.seen.append((user_config, rank.rank, rank.node_rank, rank.local_rank))
+
+    def __call__(self):
+        return os.getpid(), self.seen
+
+
+def test_a_reconfigure_taking_rank_gets_it(serve_port):
+    h = serve.run(RankAware.bind(), name="ranks", route_prefix=None)
+    seen = {}
+    for _ in range(100):
+        pid, calls = h.remote().result(timeout_s=30)
+        seen[pid] = calls
+        if len(seen) == 2:
+            break
+    assert sorted(seen.values()) == [[(None, 0, 0, 0)], [(None, 1, 0, 1)]]
+    h = serve.run(RankAware.options(user_config={"v": 1}).bind(), name="ranks",
+                  route_prefix=None)
+    pid, calls = h.remote().result(timeout_s=30)
+    assert calls[-1][0] == {"v": 1} and calls[-1][1] in (0, 1)
+
+
 @serve.deployment(num_replicas=2, health_check_period_s=0.2, health_check_timeout_s=5)
 class Mortal:
     def pid(self):

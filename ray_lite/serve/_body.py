@@ -16,9 +16,10 @@ takes it.
 import asyncio
 import collections
 import inspect
-import json
 import sys
 import traceback
+
+from ._json import json_body
 
 # A producer waits while this many chunks, or this many bytes, are not taken
 # yet (a slow client must not make a replica buffer without bound); one take
@@ -164,7 +165,7 @@ def to_bytes(item):
         return item.encode()
     if isinstance(item, (bytearray, memoryview)):
         return bytes(item)
-    return json.dumps(item, separators=(",", ":")).encode()
+    return json_body(item)
 
 
 def _settle_none(fut):

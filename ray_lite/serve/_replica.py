@@ -7,7 +7,6 @@ the codec carries as msgpack: nothing from the network is ever unpickled.
 """
 import asyncio
 import inspect
-import json
 import logging
 import os
 import pickle
@@ -22,6 +21,7 @@ from ray_lite._private.shipping import unship
 from . import _core, _defaults, _metrics, _websocket, context
 from .handle import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
+from ._json import json_body
 from ._logging import configure_replica_logger
 from .multiplex import _model_id
 from ._core import ObjectRef
@@ -231,7 +231,8 @@ class ServeReplica:
                 self.handle_http = multiplex.http_with_model_id(self.handle_http)
         ctx.servable_object = self._obj
         uc = config.get("user_config")
-        if async_init is not None or self._asgi is not None or uc is not None:
+        if async_init is not None or self._asgi is not None or uc is not None or \
+                self._wants_rank():
             self._init_task = asyncio.ensure_future(self._start(async_init, uc))
         self._metrics = _metrics.observe_replica(self)   # None unless Serve exports metrics
 
@@ -255,15 +256,27 @@ class ServeReplica:
             await async_init
         if self._asgi is not None:
             await self._asgi.startup()
-        if user_config is not None:
+        if user_config is not None or self._wants_rank():
             await self._reconfigure(user_config)
+
+    def _wants_rank(self):
+        """Whether the user's ``reconfigure`` takes ``rank`` (Ray then calls it
+        at start with the replica's ``ReplicaRank``, user_config or not)."""
+        fn = getattr(self._obj, "reconfigure", None)
+        try:
+            return fn is not None and "rank" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
 
     async def _reconfigure(self, user_config):
         fn = getattr(self._obj, "reconfigure", None)
         if fn is None:
             raise AttributeError(f"user_config was given but {self._deployment} has no "
                                  f"reconfigure method")
-        r = fn(user_config)
+        if self._wants_rank():
+            r = fn(user_config, rank=context.get_replica_context().rank)
+        else:
+            r = fn(user_config)
         if inspect.isawaitable(r):
             await r
 
@@ -505,7 +518,7 @@ class ServeReplica:
         ``(status, header block, body, stream token)``."""
         t = type(r)
         if t is dict or t is list or r is None or t in (int, float, bool):
-            b = json.dumps(r, separators=(",", ":")).encode()
+            b = json_body(r)
             return (200, _sized(_JSON, b), b, 0)
         if inspect.isasyncgen(r) or inspect.isgenerator(r):
             return (200, _TEXT, None, self._new_stream(pumped(r)))
@@ -523,7 +536,7 @@ class ServeReplica:
         if isinstance(r, (bytearray, memoryview)):
             b = bytes(r)
             return (200, _sized(_OCTET, b), b, 0)
-        b = json.dumps(r, separators=(",", ":")).encode()
+        b = json_body(r)
         return (200, _sized(_JSON, b), b, 0)
 
     def _new_stream(self, agen):

@@ -216,6 +216,12 @@ def set_replica_context(ctx):
     _replica_context = ctx
 
 
+def _get_internal_replica_context():
+    """The replica's context, or None outside a replica (Ray's private name,
+    which custom request routers and libraries use)."""
+    return _replica_context
+
+
 def get_replica_context():
     if _replica_context is None:
         from .exceptions import RayServeException

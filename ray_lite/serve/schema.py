@@ -12,10 +12,11 @@ and the like) are not here: ``ray_lite.serve.config`` reads config files.
 import enum
 
 from ._logging import LoggingConfig
+from .context import ReplicaRank  # noqa: F401 - Ray's ray.serve.schema.ReplicaRank
 
 __all__ = ["ApplicationStatus", "DeploymentStatus", "ReplicaState", "ProxyStatus",
            "ServeStatus", "ApplicationStatusOverview", "DeploymentStatusOverview",
-           "LoggingConfig"]
+           "LoggingConfig", "ReplicaRank"]
 
 
 class ApplicationStatus(str, enum.Enum):
