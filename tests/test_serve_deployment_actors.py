@@ -195,7 +195,7 @@ def test_import_path_and_dict_forms():
     ({"name": "", "actor_class": Registry}, ValueError, "non-empty string"),
     ({"name": "r", "actor_class": Plain}, TypeError, "@ray.remote actor class"),
     ({"name": "r", "actor_class": "no_such_module_xyz:Thing"}, ValueError, "cannot import"),
-    ({"name": "r", "actor_class": "nodots"}, ValueError, "import path"),
+    ({"name": "r", "actor_class": "nodots"}, ValueError, "module:attribute"),
     ({"name": "r", "actor_class": Registry, "actor_options": {"namespace": "x"}}, ValueError,
      "namespace"),
     ({"name": "r", "actor_class": Registry, "init_kwargs": [1]}, TypeError, "init_kwargs"),

@@ -8,6 +8,7 @@ import sys
 import traceback
 
 from . import _autoscaler, _demand
+from ._autoscaling_policy import PolicyRunner
 
 
 class Autoscaling:
@@ -40,6 +41,7 @@ class Autoscaling:
         its replicas, and waiting at its callers) and apply the policy's
         decision (``_autoscaler``), while it autoscales."""
         state = _autoscaler.ScalingState()
+        custom = PolicyRunner()         # for a custom policy (autoscaling_config["policy"])
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -54,11 +56,15 @@ class Autoscaling:
                     h.num_ongoing.remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
                     return_exceptions=True)
                 _demand.prune_dead(dep.waiting)
+                queued = sum(dep.waiting.values())
                 _autoscaler.record(state, cfg, loop.time(),
-                                   sum(c for c in counts if isinstance(c, int)) +
-                                   sum(dep.waiting.values()))
-                self.scale(dep, _autoscaler.decide(cfg, state, loop.time(), len(reps),
-                                                   dep.target))
+                                   sum(c for c in counts if isinstance(c, int)) + queued)
+                if cfg.get("policy"):
+                    n = custom.decide(dep, cfg, _autoscaler.load(state, cfg), queued,
+                                      dep.target)
+                else:
+                    n = _autoscaler.decide(cfg, state, loop.time(), len(reps), dep.target)
+                self.scale(dep, n)
         finally:
             dep.autoscaler = None
 

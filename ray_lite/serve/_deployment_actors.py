@@ -19,7 +19,6 @@ handle taken before a recreation points at the dead actor (its calls raise
 """
 import asyncio
 import dataclasses
-import importlib
 import os
 import sys
 import uuid
@@ -116,19 +115,8 @@ def _actor_class(actor_class, name):
     from ray_lite.actor import ActorClass
     target = actor_class
     if isinstance(actor_class, str):
-        module, sep, attr = actor_class.partition(":")
-        if not sep:
-            module, _, attr = actor_class.rpartition(".")
-        if not module or not attr:
-            raise ValueError(f"DeploymentActorConfig {name!r}: actor_class {actor_class!r} "
-                             f"is not an import path ('module:Class')")
-        try:
-            target = importlib.import_module(module)
-            for part in attr.split("."):
-                target = getattr(target, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"DeploymentActorConfig {name!r}: cannot import actor_class "
-                             f"{actor_class!r}: {exc}") from None
+        from .config import import_attr
+        target = import_attr(actor_class, None, f"DeploymentActorConfig {name!r}: actor_class")
     if not isinstance(target, ActorClass):
         raise TypeError(f"DeploymentActorConfig {name!r}: actor_class must be a "
                         f"@ray.remote actor class or an import path of one, got {target!r}")
@@ -172,17 +160,23 @@ def pickled(configs):
     import it (a config file's application folder is only on this process's
     ``sys.path``; an actor class's methods would otherwise go by reference,
     through the class's read-through attributes)."""
+    return dumps_by_value(configs, [c.get_actor_class() for c in configs])
+
+
+def dumps_by_value(obj, owners):
+    """``obj`` pickled with the modules that define ``owners`` by value (those
+    registered so already, by the program, stay registered)."""
     import cloudpickle
     registered = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", set())
     added = []
-    for c in configs:
-        module = sys.modules.get(c.get_actor_class().__module__)
+    for owner in owners:
+        module = sys.modules.get(getattr(owner, "__module__", None) or "")
         if module is not None and module.__name__ != "__main__" and \
-                module.__name__ not in registered:
+                module.__name__ not in registered and module not in added:
             cloudpickle.register_pickle_by_value(module)
             added.append(module)
     try:
-        return cloudpickle.dumps(configs)
+        return cloudpickle.dumps(obj)
     finally:
         for module in added:
             cloudpickle.unregister_pickle_by_value(module)

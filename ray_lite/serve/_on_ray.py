@@ -18,7 +18,7 @@ import weakref
 
 from ray_lite._private import backend
 
-from .config import AutoscalingConfig
+from .config import AutoscalingConfig, AutoscalingPolicy
 from .deployment import Application, Deployment
 
 __all__ = ["run", "start", "status", "delete", "shutdown", "get_app_handle",
@@ -72,6 +72,9 @@ def _ray_options(dep, serve):
     options = {k: v for k, v in dep._config.items() if k in known and k != "name"}
     if isinstance(options.get("autoscaling_config"), AutoscalingConfig):
         options["autoscaling_config"] = options["autoscaling_config"].dict(exclude_unset=True)
+    auto = options.get("autoscaling_config")
+    if isinstance(auto, dict) and isinstance(auto.get("policy"), AutoscalingPolicy):
+        options["autoscaling_config"] = dict(auto, policy=auto["policy"].dict())
     if options.get("logging_config") is not None:
         from ._logging import logging_config_dict
         options["logging_config"] = logging_config_dict(options["logging_config"])

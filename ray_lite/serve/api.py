@@ -15,6 +15,7 @@ from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from ._asgi import asgi_app_of_class, pickle_deployment_class
+from ._autoscaling_policy import ship as ship_policy
 from ._deployment_actors import pickled as pickled_actors
 from .multiplex import is_multiplexed
 from .schema import ServeStatus
@@ -173,6 +174,9 @@ def _build(app, app_name, code_version=None, logging_config=None):
         args_blob = _bound_args_blob(a, visit)
         args, kwargs = cloudpickle.loads(args_blob)
         config = dep.full_config()
+        auto = config.get("autoscaling_config")
+        if auto and auto.get("policy"):
+            config["autoscaling_config"] = dict(auto, policy=ship_policy(auto["policy"]))
         if app_logging is not None and config.get("logging_config") is None:
             config["logging_config"] = app_logging
         if inspect.isclass(dep.func_or_class) and is_multiplexed(dep.func_or_class):

@@ -35,7 +35,10 @@ import sys
 
 from ._defaults import DEPLOYMENT_OPTIONS
 from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOptions
+from ._autoscaling_policy import (AutoscalingContext, AutoscalingPolicy,  # noqa: F401
+                                  normalize as normalize_policy)   # (Ray's place for them)
 from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
+from .context import DeploymentID  # noqa: F401 - Ray's ray.serve.config.DeploymentID
 from ._http import check_route_prefix
 
 
@@ -60,7 +63,7 @@ AUTOSCALING_DEFAULTS = {
     "smoothing_factor": 1.0, "upscale_smoothing_factor": None,
     "downscale_smoothing_factor": None, "upscaling_factor": None, "downscaling_factor": None,
     "downscale_delay_s": 600.0, "downscale_to_zero_delay_s": None, "upscale_delay_s": 30.0,
-    "aggregation_function": "mean",
+    "aggregation_function": "mean", "policy": None,
 }
 # What num_replicas="auto" means, unless autoscaling_config says otherwise.
 AUTO_DEFAULTS = {"target_ongoing_requests": 2.0, "min_replicas": 1, "max_replicas": 100}
@@ -136,6 +139,7 @@ def normalize_autoscaling(cfg, where="autoscaling_config", auto=False):
     if out["aggregation_function"] not in ("mean", "max", "min"):
         raise ConfigError(f"{where}.aggregation_function: expected mean, max or min, got "
                           f"{out['aggregation_function']!r}")
+    out["policy"] = normalize_policy(out["policy"], f"{where}.policy")
     return out
 
 
@@ -293,28 +297,32 @@ def read(path):
     return raw
 
 
-def import_attr(import_path, app_dir="."):
-    """What ``module:attr`` (or ``module.attr``) names; ``ConfigError`` naming
-    the path if it does not import."""
+def import_attr(import_path, app_dir=".", what="import_path"):
+    """What ``module:attr`` (or ``module.attr``; ``attr`` may be dotted) names,
+    ``app_dir`` (unless None) first put on ``sys.path``; ``ConfigError``
+    naming ``what`` and the path if it does not import."""
     if ":" in import_path:
         module_name, _, attr = import_path.partition(":")
     else:
         module_name, _, attr = import_path.rpartition(".")
     if not module_name or not attr:
-        raise ConfigError(f"import_path {import_path!r}: expected module:attribute")
-    path = os.path.abspath(app_dir)
-    if path not in sys.path:
-        sys.path.insert(0, path)
+        raise ConfigError(f"{what} {import_path!r}: expected module:attribute")
+    if app_dir is not None:
+        path = os.path.abspath(app_dir)
+        if path not in sys.path:
+            sys.path.insert(0, path)
     try:
-        module = importlib.import_module(module_name)
+        target = importlib.import_module(module_name)
     except Exception as exc:   # noqa: BLE001 - the user's module: say what failed
-        raise ConfigError(f"import_path {import_path!r}: cannot import {module_name!r}: "
+        raise ConfigError(f"{what} {import_path!r}: cannot import {module_name!r}: "
                           f"{type(exc).__name__}: {exc}") from None
     try:
-        return getattr(module, attr)
+        for part in attr.split("."):
+            target = getattr(target, part)
     except AttributeError:
-        raise ConfigError(f"import_path {import_path!r}: module {module_name!r} has no "
+        raise ConfigError(f"{what} {import_path!r}: module {module_name!r} has no "
                           f"attribute {attr!r}") from None
+    return target
 
 
 def build_app(app_cfg, app_dir="."):

@@ -1,0 +1,211 @@
+"""Custom autoscaling policies (Ray Serve's ``autoscaling_config["policy"]``).
+
+``AutoscalingPolicy(policy_function=..., policy_kwargs=...)`` names a
+function, or a class (made once with ``policy_kwargs``, then called), that
+the controller calls every ``metrics_interval_s`` with an
+``AutoscalingContext`` (the deployment, its replicas, its requests over the
+look-back window, its bounds, the state the policy returned last time) and
+that returns ``(replicas, state)``: the count, clipped to
+``min_replicas``/``max_replicas``, is applied at once (delays are the
+policy's business, as in Ray).  A policy that raises or returns something
+else keeps the current count and says why on standard error.
+
+The driver pickles the policy with its module by value (as Ray does), so
+the controller need not import it.
+"""
+import functools
+import inspect
+import json
+import math
+import sys
+import time
+
+from . import context
+
+DEFAULT_POLICY_NAME = "ray.serve.autoscaling_policy:default_autoscaling_policy"
+
+
+class AutoscalingPolicy:
+    """Ray Serve's ``AutoscalingPolicy``: ``policy_function`` a callable or an
+    import path ``"module:function"``, ``policy_kwargs`` (JSON-serialisable)
+    for a class."""
+
+    def __init__(self, policy_function=DEFAULT_POLICY_NAME, policy_kwargs=None):
+        if not (callable(policy_function) or isinstance(policy_function, str)):
+            raise TypeError(f"policy_function must be a callable or an import path, got "
+                            f"{type(policy_function).__name__}")
+        kwargs = dict(policy_kwargs or {})
+        try:
+            json.dumps(kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"policy_kwargs is not JSON-serializable: {exc}.") from None
+        self.policy_function = policy_function
+        self.policy_kwargs = kwargs
+
+    def is_default_policy_function(self):
+        return self.policy_function == DEFAULT_POLICY_NAME
+
+    def dict(self, **_):
+        return {"policy_function": self.policy_function, "policy_kwargs": self.policy_kwargs}
+
+    model_dump = dict
+
+    def __eq__(self, other):
+        return isinstance(other, AutoscalingPolicy) and self.dict() == other.dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"AutoscalingPolicy(policy_function={self.policy_function!r})"
+
+
+def normalize(value, where):
+    """``autoscaling_config["policy"]`` -> None (Ray's default policy) or
+    ``{"policy_function", "policy_kwargs"}``; errors name ``where``."""
+    from .config import ConfigError
+    if value is None:
+        return None
+    if isinstance(value, AutoscalingPolicy):
+        value = value.dict()
+    elif not isinstance(value, dict):
+        dump = getattr(value, "model_dump", None)    # Ray's own AutoscalingPolicy
+        if not callable(dump):
+            raise ConfigError(f"{where}: expected an AutoscalingPolicy or a mapping, got "
+                              f"{type(value).__name__}")
+        value = dump()
+    unknown = sorted(set(value) - {"policy_function", "policy_kwargs", "policy_blob"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {', '.join(map(repr, unknown))}")
+    if "policy_blob" in value:
+        return dict(value)          # shipped already (see ship)
+    try:
+        policy = AutoscalingPolicy(value.get("policy_function", DEFAULT_POLICY_NAME),
+                                   value.get("policy_kwargs"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return None if policy.is_default_policy_function() else policy.dict()
+
+
+def _resolve(function):
+    if callable(function):
+        return function
+    from .config import import_attr
+    target = import_attr(function, None, "autoscaling policy")
+    if not callable(target):
+        raise ValueError(f"autoscaling policy {function!r} is not callable")
+    return target
+
+
+def ship(policy):
+    """The normalized ``policy`` as the controller gets it: the callable (an
+    import path imported here, where the application's modules import)
+    pickled with its module by value."""
+    if policy is None or "policy_blob" in policy:
+        return policy
+    from ._deployment_actors import dumps_by_value
+    fn = _resolve(policy["policy_function"])
+    name = policy["policy_function"] if isinstance(policy["policy_function"], str) else \
+        f"{fn.__module__}:{getattr(fn, '__qualname__', fn)}"
+    return {"policy_function": name, "policy_kwargs": policy["policy_kwargs"],
+            "policy_blob": dumps_by_value(fn, [fn])}
+
+
+class AutoscalingContext:
+    """What a custom policy is called with (Ray Serve's fields)."""
+
+    def __init__(self, deployment_id, deployment_name, app_name, current_num_replicas,
+                 target_num_replicas, running_replicas, total_num_requests,
+                 total_queued_requests, aggregated_metrics, raw_metrics,
+                 capacity_adjusted_min_replicas, capacity_adjusted_max_replicas,
+                 policy_state, last_scale_up_time, last_scale_down_time, current_time,
+                 config):
+        self.deployment_id = deployment_id
+        self.deployment_name = deployment_name
+        self.app_name = app_name
+        self.current_num_replicas = current_num_replicas
+        self.target_num_replicas = target_num_replicas
+        self.running_replicas = running_replicas
+        self.total_num_requests = total_num_requests
+        self.total_queued_requests = total_queued_requests
+        self.aggregated_metrics = aggregated_metrics
+        self.raw_metrics = raw_metrics
+        self.capacity_adjusted_min_replicas = capacity_adjusted_min_replicas
+        self.capacity_adjusted_max_replicas = capacity_adjusted_max_replicas
+        self.policy_state = policy_state
+        self.last_scale_up_time = last_scale_up_time
+        self.last_scale_down_time = last_scale_down_time
+        self.current_time = current_time
+        self.config = config
+
+    def __repr__(self):
+        return (f"AutoscalingContext(deployment={self.deployment_name!r}, "
+                f"replicas={self.current_num_replicas}, target={self.target_num_replicas}, "
+                f"requests={self.total_num_requests})")
+
+
+class PolicyRunner:
+    """One deployment's custom policy in the controller: loaded once (again
+    when a new one is deployed in place), its state kept between calls."""
+
+    def __init__(self):
+        self.blob = None
+        self.call = None
+        self.state = {}
+        self.last_up = self.last_down = None
+
+    def _load(self, policy):
+        import cloudpickle
+        fn = cloudpickle.loads(policy["policy_blob"])
+        self.call = fn(**policy["policy_kwargs"]) if inspect.isclass(fn) else fn
+        self.blob, self.state = policy["policy_blob"], {}
+
+    def decide(self, dep, cfg, total_requests, queued, target):
+        """The replica count the policy asks for (``target`` if it fails)."""
+        from .config import AutoscalingConfig
+        policy = cfg["policy"]
+        where = f"autoscaling policy {policy['policy_function']} of {dep.app}/{dep.name}"
+        try:
+            if policy["policy_blob"] != self.blob:
+                self._load(policy)
+            low, high = cfg["min_replicas"], max(1, cfg["max_replicas"])
+            ctx = AutoscalingContext(
+                deployment_id=context.DeploymentID(dep.name, dep.app),
+                deployment_name=dep.name, app_name=dep.app,
+                current_num_replicas=len(dep.replicas), target_num_replicas=target,
+                running_replicas=[context.ReplicaID(rid.rpartition("#")[2],
+                                                    context.DeploymentID(dep.name, dep.app))
+                                  for rid in dep.replicas],
+                total_num_requests=total_requests, total_queued_requests=queued,
+                aggregated_metrics={}, raw_metrics={},
+                capacity_adjusted_min_replicas=low, capacity_adjusted_max_replicas=high,
+                policy_state=dict(self.state), last_scale_up_time=self.last_up,
+                last_scale_down_time=self.last_down, current_time=time.time(),
+                config=_config_view(AutoscalingConfig, cfg))
+            decision, state = self.call(ctx)
+            if isinstance(decision, float):
+                decision = math.ceil(decision)
+            if not isinstance(decision, int) or isinstance(decision, bool):
+                raise TypeError(f"it returned {decision!r} replicas: expected an int")
+        except Exception as exc:   # noqa: BLE001 - the user's code: keep the count
+            print(f"Serve: {where} failed ({type(exc).__name__}: {exc}); keeping "
+                  f"{target} replicas", file=sys.stderr, flush=True)
+            return target
+        self.state = dict(state or {})
+        n = max(low, min(high, decision))
+        if n > target:
+            self.last_up = ctx.current_time
+        elif n < target:
+            self.last_down = ctx.current_time
+        return n
+
+
+@functools.lru_cache(maxsize=64)
+def _config_view_cached(cls, items):
+    return cls(**dict(items))
+
+
+def _config_view(cls, cfg):
+    """The deployment's ``AutoscalingConfig`` (Ray gives its config object)."""
+    from .config import AUTOSCALING_DEFAULTS
+    items = tuple((k, cfg[k]) for k in AUTOSCALING_DEFAULTS if k != "policy")
+    return _config_view_cached(cls, items)
