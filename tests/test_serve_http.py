@@ -273,6 +273,34 @@ def test_queue_limit_is_503_and_disconnect_cancels(serve_port):
             s.close()
 
 
+def test_backpressure_config_sets_the_refusal(serve_port):
+    from ray_lite.serve.config import BackpressureConfig
+    h = serve.run(Sleepy.options(max_queued_requests=0, backpressure_config=BackpressureConfig(
+        status_code=429, retry_after_s=1.5)).bind())
+    s1 = socket.create_connection(("127.0.0.1", serve_port), timeout=30)
+    try:
+        s1.sendall(b"GET /?s=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 30
+        while _ongoing(h) != 1:
+            assert time.monotonic() < deadline, "the first request never reached the replica"
+        status, headers, body = http(serve_port, "GET", "/?s=0")
+        assert (status, headers.get("retry-after")) == (429, "2")     # rounded up
+        assert b"too many queued requests" in body
+    finally:
+        s1.close()
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"status_code": 500}, "503 or 429"),
+    ({"status_code": 429, "retry_after": 1}, "unknown key"),
+    ({"retry_after_s": -1}, "retry_after_s"),
+    ("429", "expected a BackpressureConfig"),
+])
+def test_bad_backpressure_configs_are_refused(value, words):
+    with pytest.raises(ValueError, match=words):
+        Sleepy.options(backpressure_config=value)
+
+
 def _ongoing(h):
     ctl = serve.context.get_controller()
     reps = ray.get(ctl.replica_handles.remote(h.app_name, h.deployment_name), timeout=30)

@@ -162,7 +162,7 @@ class ServeController(Autoscaling, DeploymentActors):
             routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
                                         cfg["max_ongoing_requests"], cfg["max_queued_requests"],
                                         cfg.get("multiplexed", False), bool(auto),
-                                        _from_zero(auto))
+                                        _from_zero(auto), cfg.get("backpressure_config"))
         return routes
 
     async def listen_routes(self, proxy_index, known_version):
@@ -674,6 +674,7 @@ async def _quiet(aw):
 # config file's num_replicas, say) updates the deployment in place, as Ray's
 # lightweight updates do.
 _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_requests",
+             "backpressure_config",
              "max_ongoing_requests", "graceful_shutdown_timeout_s",
              "graceful_shutdown_wait_loop_s", "health_check_period_s",
              "health_check_timeout_s")

@@ -25,6 +25,7 @@ DEPLOYMENT_OPTIONS = {
     "graceful_shutdown_wait_loop_s": GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
     "ray_actor_options": None,
     "autoscaling_config": None,
+    "backpressure_config": None,    # {"status_code", "retry_after_s"}: see config.BackpressureConfig
 }
 
 # -------------------------------------------------------------------- HTTP

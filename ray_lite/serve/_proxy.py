@@ -17,6 +17,7 @@ A request waits at most ``request_timeout_s`` from its arrival, queued or not.
 """
 import asyncio
 import collections
+import math
 import os
 import socket
 import sys
@@ -27,7 +28,7 @@ from ray_lite._config import SERVE_PROXY_SPIN_S
 
 from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
-from ._http import CONNECTION_CLOSE, control_answer, status_line, text_answer
+from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
 from ._routing import ServiceTime, choose_for_http, for_model, set_proxy_rank, slots_for
@@ -67,7 +68,7 @@ def _framed(chunks):
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
                  "max_queued", "waiting", "spin", "service", "multiplexed", "report",
-                 "from_zero")
+                 "from_zero", "refusal")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -84,6 +85,7 @@ class _Route:
         self.multiplexed = multiplexed   # route by the serve_multiplexed_model_id header
         self.report = None      # a WaitingReport when the deployment autoscales
         self.from_zero = False  # it may run no replica: requests wait for one
+        self.refusal = _refusal(None)   # (status, headers, body) beyond max_queued
 
     def set_scaling(self, autoscaling, from_zero):
         report = self.report
@@ -103,6 +105,17 @@ class _Route:
     def matches(self, path):
         p = self.prefix
         return p == "/" or path == p or (path.startswith(p) and path[len(p)] == "/")
+
+
+def _refusal(backpressure):
+    """The answer to a request beyond ``max_queued_requests``: 503, or the
+    deployment's ``backpressure_config`` (429, a Retry-After header)."""
+    status = backpressure["status_code"] if backpressure else 503
+    headers, body = text_answer(status, f"{REASONS[status]}: too many queued requests")
+    retry = backpressure.get("retry_after_s") if backpressure else None
+    if retry is not None:
+        headers += b"retry-after: %d\r\n" % math.ceil(retry)
+    return status, headers, body
 
 
 def _choose(route, req):
@@ -184,7 +197,7 @@ class ProxyActor:
         new_routes = []
         fresh = []
         for prefix, (app, dep, handles, max_ongoing, max_queued, multiplexed, autoscaling,
-                     from_zero) in routes.items():
+                     from_zero, backpressure) in routes.items():
             reps, new = slots_for(handles, known)
             known += new
             fresh += new
@@ -199,6 +212,7 @@ class ProxyActor:
                 route.max_ongoing, route.max_queued = max_ongoing, max_queued
                 route.multiplexed = multiplexed
             route.set_scaling(autoscaling, from_zero)
+            route.refusal = _refusal(backpressure)
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
@@ -308,7 +322,7 @@ class ProxyActor:
         rep = _choose(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
-                conn.respond_text(req, 503, "Service Unavailable: too many queued requests")
+                conn.respond(req, *route.refusal)
                 return
             if not route.replicas and not route.from_zero:
                 conn.respond_text(req, 503, f"Deployment(name='{route.deployment}', "

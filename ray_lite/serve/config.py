@@ -509,6 +509,55 @@ class AutoscalingConfig:
         return "AutoscalingConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._given.items()) + ")"
 
 
+class BackpressureConfig:
+    """Ray Serve's ``BackpressureConfig``: the HTTP answer to a request refused
+    because ``max_queued_requests`` already wait, ``status_code`` 503 (the
+    default) or 429, and with ``retry_after_s`` a ``Retry-After`` header (its
+    seconds rounded up).  A deployment that is unavailable still answers 503;
+    handles still raise ``BackPressureError``."""
+
+    def __init__(self, status_code=503, retry_after_s=None):
+        if status_code not in (503, 429) or isinstance(status_code, bool):
+            raise ConfigError(f"BackpressureConfig.status_code must be 503 or 429, got "
+                              f"{status_code!r}")
+        if retry_after_s is not None:
+            _number("BackpressureConfig.retry_after_s", retry_after_s)
+            if retry_after_s == float("inf"):
+                raise ConfigError("BackpressureConfig.retry_after_s must be finite")
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+    def dict(self, **_):
+        return {"status_code": self.status_code, "retry_after_s": self.retry_after_s}
+
+    model_dump = dict
+
+    def __eq__(self, other):
+        return isinstance(other, BackpressureConfig) and self.dict() == other.dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"BackpressureConfig({self.status_code}, retry_after_s={self.retry_after_s})"
+
+
+def normalize_backpressure(value, where="backpressure_config"):
+    """A deployment's ``backpressure_config`` (a ``BackpressureConfig``, a dict
+    of its fields, or None) as a plain dict, or None."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        _unknown(where, value, ("status_code", "retry_after_s"))
+        value = BackpressureConfig(**value)
+    elif not isinstance(value, BackpressureConfig):
+        dump = getattr(value, "model_dump", None)        # Ray's own
+        if not callable(dump):
+            raise ConfigError(f"{where}: expected a BackpressureConfig or a mapping, got "
+                              f"{type(value).__name__}")
+        value = BackpressureConfig(**dump())
+    return value.dict()
+
+
 class ProxyLocation(str, enum.Enum):
     """Where Ray Serve runs proxies (``serve.start(proxy_location=...)``).  On
     one machine ``HeadOnly`` and ``EveryNode`` are the same; ``Disabled``

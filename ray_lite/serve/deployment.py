@@ -68,6 +68,9 @@ def _check_config(cfg):
             # As on tasks and actors: this machine's CPUs are all there is.
             raise ValueError(f"ray_lite does not support accelerator_type="
                              f"{rao['accelerator_type']!r} in ray_actor_options")
+    if cfg.get("backpressure_config") is not None:
+        from .config import normalize_backpressure
+        cfg["backpressure_config"] = normalize_backpressure(cfg["backpressure_config"])
     if cfg.get("deployment_actors") is not None:
         from ._deployment_actors import check
         cfg["deployment_actors"] = check(cfg["deployment_actors"])
