@@ -132,6 +132,33 @@ def test_a_name_never_leads_to_an_actor_that_just_died(rt):
     assert ray.get(looker.call_then_look_up.remote(), timeout=T).startswith("no such actor")
 
 
+@ray.remote(max_calls=1)
+def make_counters():
+    """Creates a detached and an owned actor, then its worker exits (max_calls)."""
+    Counter.options(name="kept", lifetime="detached").remote(10)
+    owned = Counter.options(name="owned").remote(20)
+    return ray.get(owned.pid.remote(), timeout=T)
+
+
+@pytest.mark.local_only
+def test_a_detached_actor_outlives_its_creator_and_its_handles(rt):
+    owned_pid = ray.get(make_counters.remote(), timeout=T)
+    deadline = time.monotonic() + T
+    while os.path.exists(f"/proc/{owned_pid}") and \
+            open(f"/proc/{owned_pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+        assert time.monotonic() < deadline, "the owned actor did not end with its creator"
+        time.sleep(0.001)
+    # The owned one ended with the worker that made it; the detached one lives on.
+    assert ray.get(ray.get_actor("kept").incr.remote(), timeout=T) == 11
+    # No handle keeps it either: dropped, it still answers by name.
+    h = Counter.options(name="solo", lifetime="detached").remote(1)
+    del h
+    import gc
+    gc.collect()
+    assert ray.get(ray.get_actor("solo").incr.remote(), timeout=T) == 2
+    ray.kill(ray.get_actor("solo"))
+
+
 def test_kill_fails_pending_and_later_calls(rt):
     @ray.remote
     class Sleeper:
@@ -230,8 +257,6 @@ def test_await_ref_in_driver(rt):
 
 @pytest.mark.local_only
 def test_actor_options(rt):
-    with pytest.raises(ValueError, match="detached"):
-        Counter.options(lifetime="detached")
     with pytest.raises(ValueError, match="must be one of 'detached', 'non_detached'"):
         Counter.options(lifetime="non-detached")      # Ray's check of the spelling
     with pytest.raises(ValueError, match="max_restarts"):

@@ -403,6 +403,16 @@ def test_options_accepted_and_refused(rt):
         double.options(num_returns="dynamic")
     with pytest.raises(ValueError, match="Invalid option"):
         double.options(not_an_option=3)
+    # Declared with a GPU, as Ray allows (its task would wait for a GPU node):
+    # refused when called, so that a module declaring one still imports.
+    gpu_task = ray.remote(num_gpus=1)(lambda: 1)
+    gpu_actor = ray.remote(num_gpus=1, accelerator_type="A100")(type("G", (), {}))
+    with pytest.raises(ValueError, match="num_gpus=1"):
+        gpu_task.remote()
+    with pytest.raises(ValueError, match="num_gpus=1|accelerator_type"):
+        gpu_actor.remote()
+    with pytest.raises(ValueError, match="Invalid option"):
+        ray.remote(not_an_option=3)(lambda: 1)      # what Ray refuses too: at once
 
 
 @pytest.mark.local_only
@@ -577,3 +587,9 @@ def test_rays_other_top_level_names():
     assert callable(ray.dag.InputNode)
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         ray.not_a_name     # noqa: B018
+
+
+def test_rays_raylet_names():
+    from ray_lite import _raylet
+    assert _raylet.ObjectRefGenerator is ray.ObjectRefGenerator
+    assert _raylet.ObjectRef is ray.ObjectRef and _raylet.NodeID is ray.NodeID

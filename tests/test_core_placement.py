@@ -71,8 +71,9 @@ def test_bad_placement_group_arguments_are_refused(rt4):
             placement_group(bundles)
     with pytest.raises(ValueError, match="strategy"):
         placement_group([{"CPU": 1}], strategy="NEAR")
-    with pytest.raises(ValueError, match="detached"):
-        placement_group([{"CPU": 1}], lifetime="detached")
+    with pytest.raises(ValueError, match="lifetime"):
+        placement_group([{"CPU": 1}], lifetime="forever")
+    remove_placement_group(placement_group([{"CPU": 1}], lifetime="detached"))
     placement_group([{"CPU": 1}], name="dup")
     with pytest.raises(ValueError, match="already exists"):
         placement_group([{"CPU": 1}], name="dup")
@@ -192,6 +193,11 @@ def test_node_affinity_for_the_local_node(rt4):
         timeout=T) == 1
     h = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(me, soft=False))
     assert ray.get(h.remote().ping.remote(), timeout=T)
+    # The NodeID object itself (``get_runtime_context().node_id``), as Ray takes it.
+    node_id = ray.get_runtime_context().node_id
+    assert not isinstance(node_id, str)
+    assert ray.get(one.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node_id, soft=False)).remote(), timeout=T) == 1
 
 
 def test_node_label_strategy_on_the_one_nodes_labels(rt4):

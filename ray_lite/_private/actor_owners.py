@@ -3,11 +3,19 @@
 An actor created by a task or another actor is owned by that worker's
 process: when the process dies (a crash, ``kill``, an actor's restart), its
 actors are ended with it, saying so.  The driver's own actors end with it
-anyway.  (Part of ``DriverNode``.)
+anyway.  A detached actor (``lifetime="detached"``) has no owner: it lives
+until it is killed or the runtime ends.  (Part of ``DriverNode``.)
 """
 
 OWNER_DIED = ("The actor is dead because its owner has died: the worker process that "
               "created it exited.")
+
+
+def owner_of(creator, request):
+    """Who owns the actor an actor creation ``request`` of ``creator`` makes:
+    the creator, or nobody (0) for ``lifetime="detached"``."""
+    extra = request[10] if len(request) > 10 else None
+    return 0 if extra and extra.get("detached") else creator
 
 
 class ActorOwnersMixin:

@@ -34,6 +34,14 @@ _REFUSED_UNLESS_DEFAULT = {
               "retry_exceptions": (False, None)},
 }
 _SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+# Of those, what Ray accepts (its task would wait for a GPU node): refused
+# at the call, not where the function or class is declared, so that a
+# module declaring a GPU task it does not call here still imports.
+_VALID_ON_RAY = ("num_gpus", "accelerator_type")
+
+
+class NotOnThisMachine(ValueError):
+    """An option Ray honours elsewhere that this machine cannot (``num_gpus=1``)."""
 
 
 def _driver_pid():
@@ -82,8 +90,9 @@ def _check_options(opts, kind):
         allowed = refused.get(key)
         if allowed is not None and value not in allowed and not (
                 isinstance(value, dict) and not value):
-            raise ValueError(f"ray_lite does not support the option {key}={value!r} "
-                             f"(single machine runtime; see the README's list of options)")
+            raise (NotOnThisMachine if key in _VALID_ON_RAY else ValueError)(
+                f"ray_lite does not support the option {key}={value!r} "
+                f"(single machine runtime; see the README's list of options)")
     if kind == "task":
         _check_num_returns(opts.get("num_returns", 1))
         _check_count(opts, "max_retries")
@@ -101,9 +110,6 @@ def _check_options(opts, kind):
         if lifetime not in (None, "non_detached", "detached"):
             raise ValueError(f"actor `lifetime` argument must be one of 'detached', "
                              f"'non_detached' and 'None', got {lifetime!r}")    # Ray's check
-        if lifetime == "detached":
-            raise ValueError("ray_lite does not support lifetime='detached': actors end with "
-                             "the driver (single machine runtime)")
     env_vars_of(opts.get("runtime_env"))
     demand_of(opts, kind, _driver_pid())
     bp = opts.get("_generator_backpressure_num_objects", -1)

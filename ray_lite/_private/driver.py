@@ -12,7 +12,7 @@ from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, RayErr
 
 from . import protocol as P
 from . import introspect, restarts, state
-from .actor_owners import ActorOwnersMixin
+from .actor_owners import ActorOwnersMixin, owner_of
 from .errors import KILLED, actor_died_message
 from .node import Node
 from .placement import PlacementMixin
@@ -637,13 +637,15 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
             if not fits:
                 # Its resources are taken now: as in Ray, the handle comes at
                 # once and the actor starts when they are free.
-                return self.owned_by(peer, self.create_actor(*request, await_resources=True))
-        return self.owned_by(peer, self.create_actor(*request))
+                return self.owned_by(owner_of(peer, request),
+                                     self.create_actor(*request, await_resources=True))
+        return self.owned_by(owner_of(peer, request), self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):
         if self.captured and peer in self.captured:
             requests = [self.captured_actor_request(peer, r) for r in requests]
-        return [self.owned_by(peer, info) for info in self.create_actors(requests)]
+        return [self.owned_by(owner_of(peer, r), info)
+                for r, info in zip(requests, self.create_actors(requests))]
 
     def _req_get_actor(self, peer, name, namespace):
         return self.get_actor(name, namespace)

@@ -49,9 +49,11 @@ class PlacementMixin:
         if strategy not in STRATEGIES:
             raise ValueError(f"Invalid placement group strategy {strategy!r}; valid ones "
                              f"are {list(STRATEGIES)}")
-        if lifetime not in (None, "non_detached"):
-            raise ValueError("ray_lite does not support lifetime='detached' placement groups: "
-                             "they end with the driver (single machine runtime)")
+        if lifetime not in (None, "non_detached", "detached"):
+            raise ValueError(f"Placement group `lifetime` argument must be either `None` or "
+                             f"'detached'. Got {lifetime!r}.")
+        # (Every group here lives until removed or the runtime ends: a
+        # detached one is no different.)
         if not isinstance(name, str):
             raise TypeError(f"placement group name must be a str, got {name!r}")
         with self._sched:

@@ -12,7 +12,7 @@ from . import state
 from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_SIMPLE_TYPES, _by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
-                           _make_call_result, _stream_opts)
+                           NotOnThisMachine, _make_call_result, _stream_opts)
 from .concurrency_groups import check_groups, check_method_groups
 from .refs import ObjectRef, _Entry
 from .runtime_env import EnvTask, env_vars_of
@@ -52,14 +52,16 @@ class _TaskPlan:
 
 class _RefusedHere:
     """The plan of a function whose options ray_lite refuses on one machine
-    (``num_gpus=1``, ``lifetime="detached"``...) while the program is to run
-    on Ray, where they mean what Ray says: the refusal is raised only if the
-    function is used on the local backend after all."""
+    (``num_gpus=1``...) while the program is to run on Ray, where they mean
+    what Ray says, or that Ray would accept where it is declared (its task
+    would wait for a GPU node): the refusal is raised only if the function
+    is used on the local backend after all.  Options Ray refuses too are
+    refused at once."""
 
     __slots__ = ("error",)
 
     def __init__(self, error):
-        if _backend.current() != _backend.RAY_NAME:
+        if _backend.current() != _backend.RAY_NAME and not isinstance(error, NotOnThisMachine):
             raise error
         self.error = error
 
@@ -376,7 +378,8 @@ class ActorClass:
         info = node.request(P.OP_CREATE_ACTOR, *req)
         # The creator's handle and its copies keep the actor (see ActorHandle);
         # get_if_exists may have returned another creator's actor.
-        return ActorHandle(info, None if opts.get("get_if_exists")
+        return ActorHandle(info, None if opts.get("get_if_exists") or
+                           opts.get("lifetime") == "detached"
                            else actor_lease(node, info.actor_id))
 
     def __reduce__(self):
@@ -392,7 +395,10 @@ def _actor_extra(cls, opts):
              "max_restarts": opts.get("max_restarts") or 0,
              "max_task_retries": opts.get("max_task_retries") or 0,
              "env_vars": env_vars_of(opts.get("runtime_env")),
-             "concurrency_groups": groups}
+             "concurrency_groups": groups,
+             # Not ended with the process that created it, nor when its
+             # handles are gone: it lives until killed or the runtime ends.
+             "detached": opts.get("lifetime") == "detached"}
     return extra if any(extra.values()) else None
 
 

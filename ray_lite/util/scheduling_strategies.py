@@ -26,7 +26,9 @@ class NodeAffinitySchedulingStrategy:
     a soft affinity elsewhere when the node is gone)."""
 
     def __init__(self, node_id, soft, _spill_on_unavailable=False, _fail_on_unavailable=False):
-        self.node_id = node_id
+        # As Ray: a NodeID (``get_runtime_context().node_id``) stands for its hex.
+        self.node_id = node_id if isinstance(node_id, str) or not hasattr(node_id, "hex") \
+            else node_id.hex()
         self.soft = soft
         self._spill_on_unavailable = _spill_on_unavailable
         self._fail_on_unavailable = _fail_on_unavailable
