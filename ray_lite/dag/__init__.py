@@ -104,6 +104,10 @@ class ClassNode(_RemoteNode):
     """``C.bind(...)``: an actor when executed (once per ``execute``);
     ``node.method.bind(...)`` makes a call of it."""
 
+    def __init__(self, remote_object, args, kwargs, options=None):
+        _RemoteNode.__init__(self, remote_object, args, kwargs, options)
+        self._last_call = None      # the last method node bound on it (see ClassMethodNode)
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -122,21 +126,29 @@ class _MethodBinder:
         return _MethodBinder(self._parent, self._name, {**self._options, **options})
 
     def bind(self, *args, **kwargs):
-        return ClassMethodNode(self._parent, self._name, args, kwargs, self._options)
+        node = ClassMethodNode(self._parent, self._name, args, kwargs, self._options)
+        if isinstance(self._parent, ClassNode):
+            node._previous, self._parent._last_call = self._parent._last_call, node
+        return node
 
 
 class ClassMethodNode(DAGNode):
     """``class_node.method.bind(...)`` or ``handle.method.bind(...)``: an
-    actor call when executed."""
+    actor call when executed.  As in Ray, the calls bound on one class node
+    form a chain: executing one first executes those bound on it before (a
+    graph's side effects, ``a.inc.bind(2)`` bound and not used, happen)."""
 
     def __init__(self, parent, method_name, args, kwargs, options=None):
         DAGNode.__init__(self, args, kwargs, options)
         self._parent = parent       # a ClassNode, or a live actor's handle
         self._method_name = method_name
+        self._previous = None       # the call bound on the same class node before it
 
     def _execute_impl(self, done, inp):
         parent = self._parent
         handle = parent._resolve(done, inp) if isinstance(parent, DAGNode) else parent
+        if self._previous is not None:
+            self._previous._resolve(done, inp)      # sent first: the actor runs it first
         args, kwargs = self._resolved_arguments(done, inp)
         method = getattr(handle, self._method_name)
         if self._bound_options:
