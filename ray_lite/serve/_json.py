@@ -87,7 +87,11 @@ def _jsonable(obj):
     if np is not None:
         encoders[np.ndarray] = np.ndarray.tolist
         encoders[np.generic] = np.generic.item
-    return jsonable_encoder(obj, custom_encoder=encoders)
+    try:
+        return jsonable_encoder(obj, custom_encoder=encoders)
+    except ValueError:      # (FastAPI's: a list of what it tried) -> json's own error
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON "
+                        f"serializable") from None
 
 
 _encoder = json.JSONEncoder(separators=(",", ":"), default=_jsonable)
