@@ -18,3 +18,9 @@ class Holder:
 
     def ping(self):
         return os.getpid()
+
+
+def scheduled(resources):
+    """A scheduler's resource dict without the machine's ``memory`` (which
+    every runtime has, sized by the machine)."""
+    return {k: v for k, v in resources.items() if k != "memory"}

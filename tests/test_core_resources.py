@@ -8,7 +8,7 @@ import ray_lite as ray
 from ray_lite._private import state
 from ray_lite.exceptions import RayActorError, TaskCancelledError
 
-from resource_helpers import NOT_YET, T, Holder, one
+from resource_helpers import NOT_YET, T, Holder, one, scheduled
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_actors_by_default_hold_no_cpu():
 
 
 def test_custom_resources_are_taken_and_given_back(rt4):
-    assert rt4.cluster_resources() == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.cluster_resources()) == {"CPU": 4, "x": 1, "slots": 2}
     a = Holder.options(resources={"x": 1}).remote()
     ray.get(a.ping.remote(), timeout=T)
     assert "x" not in rt4.available_resources()
@@ -113,7 +113,26 @@ def test_custom_resources_are_taken_and_given_back(rt4):
     assert ray.get(one.options(resources={"slots": 2}).remote(), timeout=T) == 1
     ray.kill(a)
     assert ray.get(ref, timeout=T) == 1
-    assert rt4.available_resources() == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
+
+
+def test_memory_is_a_resource_the_scheduler_honours(rt4):
+    # Ray's logical "memory" (70 % of the machine's): a task asking for most
+    # of it waits while an actor holds most of it, and runs once it is gone.
+    total = ray.cluster_resources()["memory"]
+    assert total == rt4.cluster_resources()["memory"] > 0
+    big = int(total * 0.6)
+    a = Holder.options(memory=big).remote()
+    ray.get(a.ping.remote(), timeout=T)
+    assert ray.available_resources()["memory"] == total - big
+    ref = one.options(memory=big).remote()
+    assert ray.wait([ref], timeout=NOT_YET)[0] == []
+    assert ray.get(one.options(memory=int(total * 0.3)).remote(), timeout=T) == 1
+    ray.kill(a)
+    assert ray.get(ref, timeout=T) == 1
+    assert ray.available_resources()["memory"] == total
+    with pytest.raises(ValueError, match="could never run"):
+        one.options(memory=int(total * 2)).remote()
 
 
 def test_fractional_and_zero_cpu_tasks(rt4):
@@ -201,11 +220,11 @@ def test_an_actor_created_from_a_task_takes_the_cpu_its_blocked_creator_lends():
 def test_a_killed_actor_gives_back_what_it_held(rt4):
     a = Holder.options(num_cpus=2, resources={"slots": 1}).remote()
     ray.get(a.ping.remote(), timeout=T)
-    assert rt4.available_resources() == {"CPU": 2, "x": 1, "slots": 1}
+    assert scheduled(rt4.available_resources()) == {"CPU": 2, "x": 1, "slots": 1}
     ray.kill(a)
     with pytest.raises(RayActorError):
         ray.get(a.ping.remote(), timeout=T)
-    assert rt4.available_resources() == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
 
 
 def test_blocked_task_lends_its_cpus_back(rt4):

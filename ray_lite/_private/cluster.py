@@ -28,15 +28,21 @@ def _shm_bytes():
         return 0
 
 
+def memory_resource():
+    """Ray's logical ``memory`` resource: 70 % of the machine's memory (what
+    tasks and actors asking for ``memory=`` are scheduled against)."""
+    return int(_memory_bytes() * 0.7)
+
+
 def _static_resources():
-    # As Ray reckons them at start: 70% of the memory for tasks, 30% of it
-    # (at most what /dev/shm holds) for the object store; the node's own keys.
-    mem = _memory_bytes()
-    store = int(mem * 0.3)
+    # As Ray reckons them at start: 30% of the memory (at most what /dev/shm
+    # holds) for the object store; the node's own keys.  (``memory`` is the
+    # scheduler's: see memory_resource.)
+    store = int(_memory_bytes() * 0.3)
     shm = _shm_bytes()
     if shm:
         store = min(store, shm)
-    return {"memory": float(int(mem * 0.7)), "object_store_memory": float(store),
+    return {"object_store_memory": float(store),
             f"node:{NODE_IP}": 1.0, "node:__internal_head__": 1.0}
 
 
@@ -53,6 +59,9 @@ def resources(driver):
     """``(cluster_resources(), available_resources())`` with Ray's keys and floats."""
     total, free = cpu_and_custom(driver)
     static = _static_resources()
+    if "memory" not in total:       # (a driver whose scheduler does not count it)
+        total = {**total, "memory": memory_resource()}
+        free = {**free, "memory": memory_resource()}
     total = {**{k: float(v) for k, v in total.items()}, **static}
     free = {**{k: float(v) for k, v in free.items() if v > 0}, **static}
     return total, free

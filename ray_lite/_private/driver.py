@@ -13,6 +13,7 @@ from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError, RayErr
 from . import protocol as P
 from . import introspect, restarts, state
 from .actor_owners import ActorOwnersMixin, owner_of
+from .cluster import memory_resource
 from .errors import KILLED, actor_died_message
 from .node import Node
 from .placement import PlacementMixin
@@ -41,7 +42,7 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
         self.num_cpus = num_cpus
         self.namespace = namespace
         self.env_vars, self.job_setup = env_vars or {}, job_setup or {}   # see JobSetup
-        self.init_resources(num_cpus, resources or {})
+        self.init_resources(num_cpus, {"memory": memory_resource(), **(resources or {})})
         self.restartable = {}  # actor id -> restarts._ActorRecord
         self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
         restarts.install(self)
