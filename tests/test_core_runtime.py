@@ -443,6 +443,52 @@ def test_worker_stdout_and_stderr_reach_the_driver_prefixed():
     assert f"(Printer pid={apid}) actor error line" in err
 
 
+REPR_DRIVER = """
+    import os, sys
+    import ray_lite as ray
+    ray.init(num_cpus=1)
+
+    @ray.remote
+    class Named:
+        def __init__(self, index):
+            self.index = index
+
+        def say(self):
+            print("out line")
+            print("err line", file=sys.stderr)
+            return os.getpid()
+
+        def __repr__(self):
+            return f"Named(index={self.index})\\nsecond line"
+
+    @ray.remote
+    class Broken:
+        def say(self):
+            print("still prefixed")
+            return os.getpid()
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    npid = ray.get(Named.remote(7).say.remote())
+    bpid = ray.get(Broken.remote().say.remote())
+    ray.shutdown()
+    print("PIDS", npid, bpid, flush=True)
+"""
+
+
+def test_an_actors_repr_prefixes_its_output():
+    # As Ray: the __repr__ (on one line) stands for the class name; one that
+    # raises leaves the class name; nothing of the marking shows.
+    out = _run_driver(REPR_DRIVER)
+    assert out.returncode == 0, out.stderr
+    npid, bpid = [ln for ln in out.stdout.splitlines() if ln.startswith("PIDS ")][0].split()[1:]
+    assert f"(Named(index=7) second line pid={npid}) out line" in out.stdout.splitlines()
+    assert f"(Named(index=7) second line pid={npid}) err line" in out.stderr.splitlines()
+    assert f"(Broken pid={bpid}) still prefixed" in out.stdout.splitlines()
+    assert "ray_lite-label" not in out.stdout + out.stderr
+
+
 def test_blocking_get_after_an_event_loop_has_closed(rt):
     """asyncio.run() awaiting refs, then plain get on the same thread: the
     closed loop's wake-up bridge must not be used any more."""

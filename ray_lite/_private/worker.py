@@ -13,7 +13,7 @@ from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, Ray
 
 from . import protocol as P
 from .protocol import RESULT   # per result: a global, not an attribute
-from . import concurrency_groups, restarts, state
+from . import concurrency_groups, restarts, state, zygote
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
 from .async_actor import AsyncActorMixin
@@ -532,6 +532,7 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             cls = unship(a["cls_blob"])
             args, kwargs = self._resolve(*unship(a["args_blob"]))   # zygote._as_sent
             self.actor = cls(*args, **kwargs)
+            zygote.relabel_from_repr(self.actor)   # its __repr__ prefixes its output (Ray)
         except BaseException as exc:
             tb = traceback.format_exc()
             self.actor_init_error = ActorDiedError(

@@ -39,6 +39,11 @@ cloudpickle = lazy_module("cloudpickle", globals())
 subprocess = lazy_module("subprocess", globals())
 
 _HEADER = struct.Struct("<I")
+# A line a worker writes to its standard output to change the prefix of its
+# output (an actor whose class defines __repr__: see relabel).  Set by the
+# zygote, unguessable, inherited by the workers it forks; None elsewhere.
+_LABEL_MARK = None
+_LABEL_MAX = 200
 
 
 def _send_frame(sock, obj, dumps=None):
@@ -217,6 +222,31 @@ def _write_all(fd, data):
         view = view[n:]
 
 
+def relabel(label):
+    """In a worker forked by the zygote: prefix this process's output with
+    ``(label pid=N)`` from now on (an actor's ``__repr__``, as in Ray)."""
+    if _LABEL_MARK is None:
+        return
+    text = " ".join(str(label).split())[:_LABEL_MAX]
+    try:
+        sys.stdout.flush()
+        os.write(1, _LABEL_MARK + text.encode("utf-8", "replace") + b"\n")
+    except (OSError, ValueError):
+        pass
+
+
+def relabel_from_repr(actor):
+    """An actor whose class defines ``__repr__`` prefixes its output with it
+    (one whose ``__repr__`` fails keeps its class name)."""
+    if type(actor).__repr__ is object.__repr__ or _LABEL_MARK is None:
+        return
+    try:
+        label = repr(actor)
+    except Exception:   # noqa: BLE001 - the user's __repr__: the class name stays
+        return
+    relabel(label)
+
+
 def _spawn_worker(spec, label, ctrl, sel_fds):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -318,6 +348,8 @@ def main():
         # covers the other case.
         die_with_parent(driver_pid)
     ctrl = socket.socket(fileno=ctrl_fd)
+    global _LABEL_MARK
+    _LABEL_MARK = b"\0ray_lite-label:" + os.urandom(8).hex().encode() + b":"
     driver_sentinel = open_sentinel(driver_pid)
     if driver_sentinel is None:
         return
@@ -355,6 +387,20 @@ def main():
         if open_pipes[relay.pid] == 0:
             del open_pipes[relay.pid]
             reap(relay.pid)
+
+    def relabelled(relay, lines):
+        """``lines`` less the relabel marks among them, applied to the
+        process's two relays."""
+        out = []
+        for ln in lines:
+            if ln.startswith(_LABEL_MARK):
+                prefix = b"(" + ln[len(_LABEL_MARK):] + b" pid=%d) " % relay.pid
+                for other in relays.values():
+                    if other.pid == relay.pid:
+                        other.prefix = prefix
+            else:
+                out.append(ln)
+        return out
 
     def spawn(spec, label):
         try:
@@ -458,6 +504,8 @@ def main():
                 data = relay.partial + data
                 lines = data.split(b"\n")
                 relay.partial = lines.pop()
+                if lines and _LABEL_MARK in data:
+                    lines = relabelled(relay, lines)
                 if lines:
                     p = relay.prefix
                     _write_all(relay.target, b"".join(p + ln + b"\n" for ln in lines))
