@@ -514,16 +514,16 @@ class DriverNode(Node, ResourcesMixin, PlacementMixin, RestartsMixin, ActorOwner
                     self.res_waiters.append(start)
 
     def _named_alive(self, namespace, name):
-        """The actor named so, unless its process has ended: a death the
-        loop has not handled yet is handled now, so that a name never leads
-        to an actor that died a moment ago (another process may have seen it
-        die already: a caller whose call failed, looking the name up again)."""
+        """The actor named so, unless its process has ended: a name must not
+        lead to an actor that died a moment ago, before the loop handled its
+        death (another process may have seen it die already: a caller whose
+        call failed, looking the name up again).  The death itself is left
+        to the loop (the thread driving it); one that restarts keeps its name."""
         info = self.named.get((namespace, name))
-        if info is not None:
-            fds = [fd for fd, p in self.sentinels.items() if p == info.actor_id]
+        if info is not None and info.actor_id not in self.restartable:
+            fds = [fd for fd, p in list(self.sentinels.items()) if p == info.actor_id]
             if fds and readable_now(fds):
-                self.on_sentinels_fired(fds)
-                info = self.named.get((namespace, name))    # gone, or restarting
+                return None
         return info
 
     def get_actor(self, name, namespace):
