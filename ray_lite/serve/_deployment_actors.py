@@ -312,8 +312,9 @@ class DeploymentActors:
         delay = 0.1
         while dep.actors.get(name) is not None:
             try:
-                # (The killed actor's name is free once the driver saw it die:
-                # until then get_if_exists gives the dead one, whose check fails.)
+                # (get_if_exists gives the old actor until its process has
+                # ended, a killed hung one taking a moment: its check then
+                # fails and the loop tries again.)
                 h = dep.actors[name] = self._create_deployment_actor(dep,
                                                                      dep.actor_configs[name])
                 await h.__ray_ready__.remote()
