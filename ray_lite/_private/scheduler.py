@@ -148,8 +148,7 @@ def demand_of(opts, kind, driver_pid):
     if memory:
         # Ray's logical "memory" resource (bytes; the node has 70 % of its
         # RAM): honoured by the scheduler like any resource, not enforced.
-        custom["memory"] = _amount("memory", int(memory) if isinstance(memory, float) and
-                                   memory.is_integer() else memory)
+        custom["memory"] = _amount("memory", memory)
     strategy = opts.get("scheduling_strategy")
     pg_id, index = _strategy_target(strategy, driver_pid)
     check_label_options(opts)

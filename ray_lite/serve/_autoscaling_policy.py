@@ -13,7 +13,6 @@ else keeps the current count and says why on standard error.
 The driver pickles the policy with its module by value (as Ray does), so
 the controller need not import it.
 """
-import functools
 import inspect
 import json
 import math
@@ -62,7 +61,7 @@ class AutoscalingPolicy:
 def normalize(value, where):
     """``autoscaling_config["policy"]`` -> None (Ray's default policy) or
     ``{"policy_function", "policy_kwargs"}``; errors name ``where``."""
-    from .config import ConfigError
+    from .config import ConfigError, _unknown
     if value is None:
         return None
     if isinstance(value, AutoscalingPolicy):
@@ -73,9 +72,7 @@ def normalize(value, where):
             raise ConfigError(f"{where}: expected an AutoscalingPolicy or a mapping, got "
                               f"{type(value).__name__}")
         value = dump()
-    unknown = sorted(set(value) - {"policy_function", "policy_kwargs", "policy_blob"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {', '.join(map(repr, unknown))}")
+    _unknown(where, value, ("policy_function", "policy_kwargs", "policy_blob"))
     if "policy_blob" in value:
         return dict(value)          # shipped already (see ship)
     try:
@@ -180,7 +177,8 @@ class PolicyRunner:
                 capacity_adjusted_min_replicas=low, capacity_adjusted_max_replicas=high,
                 policy_state=dict(self.state), last_scale_up_time=self.last_up,
                 last_scale_down_time=self.last_down, current_time=time.time(),
-                config=_config_view(AutoscalingConfig, cfg))
+                # (Ray gives its config object.)
+                config=AutoscalingConfig(**{k: v for k, v in cfg.items() if k != "policy"}))
             decision, state = self.call(ctx)
             if isinstance(decision, float):
                 decision = math.ceil(decision)
@@ -198,14 +196,3 @@ class PolicyRunner:
             self.last_down = ctx.current_time
         return n
 
-
-@functools.lru_cache(maxsize=64)
-def _config_view_cached(cls, items):
-    return cls(**dict(items))
-
-
-def _config_view(cls, cfg):
-    """The deployment's ``AutoscalingConfig`` (Ray gives its config object)."""
-    from .config import AUTOSCALING_DEFAULTS
-    items = tuple((k, cfg[k]) for k in AUTOSCALING_DEFAULTS if k != "policy")
-    return _config_view_cached(cls, items)

@@ -230,9 +230,10 @@ class ServeReplica:
             if multiplex.is_multiplexed(target):
                 self.handle_http = multiplex.http_with_model_id(self.handle_http)
         ctx.servable_object = self._obj
+        self._rank_in_reconfigure = self._wants_rank()
         uc = config.get("user_config")
         if async_init is not None or self._asgi is not None or uc is not None or \
-                self._wants_rank():
+                self._rank_in_reconfigure:
             self._init_task = asyncio.ensure_future(self._start(async_init, uc))
         self._metrics = _metrics.observe_replica(self)   # None unless Serve exports metrics
 
@@ -256,7 +257,7 @@ class ServeReplica:
             await async_init
         if self._asgi is not None:
             await self._asgi.startup()
-        if user_config is not None or self._wants_rank():
+        if user_config is not None or self._rank_in_reconfigure:
             await self._reconfigure(user_config)
 
     def _wants_rank(self):
@@ -273,7 +274,7 @@ class ServeReplica:
         if fn is None:
             raise AttributeError(f"user_config was given but {self._deployment} has no "
                                  f"reconfigure method")
-        if self._wants_rank():
+        if self._rank_in_reconfigure:
             r = fn(user_config, rank=context.get_replica_context().rank)
         else:
             r = fn(user_config)
