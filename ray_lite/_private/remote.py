@@ -197,16 +197,23 @@ class RemoteFunction:
         nret, stream, bp = plan.nret, plan.stream, plan.bp
         if nret == 1 and not stream:
             oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
+            node_id = node.id
             # A worker's nested task is answered through the driver.
-            target = _Entry(None if node.id == 0 else 0)
-            result = None       # the ref is made after the submit: the task runs meanwhile (B11)
-        else:
-            oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
+            target = node.pending[oid] = _Entry(None if node_id == 0 else 0)
+            spec = TaskSpec(oid, self._fn_id, blob, list(args), kwargs, 1, False, bp,
+                            plan.retries, name, node_id, not simple)
+            if simple and node_id == 0:
+                node.submit_plain(spec, target)
+            else:
+                node.submit_task(spec)
+            # The ref is made after the submit: the task runs meanwhile (B11).
+            return ObjectRef(oid, node_id, target)
+        oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
             node.pending[oid] = target
         node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, nret, stream, bp,
                                   plan.retries, name, node.id, not simple))
-        return ObjectRef(oid, node.id, target) if nret == 1 and not stream else result
+        return result
 
     def _remote_special(self, plan, args, kwargs):
         """``_call`` of a task with a Demand, a retry policy or env_vars."""
