@@ -2,6 +2,7 @@
 when configured, called by the controller with Ray's AutoscalingContext,
 their answer bounded and applied, their state kept between calls; a policy
 that fails keeps the current count."""
+import asyncio
 import os
 import types
 
@@ -143,3 +144,98 @@ def test_the_controller_applies_it(serve_runtime):
         return serve.status().applications["scaled"].deployments["Scaled"] \
             .replica_states.get("RUNNING", 0)
     wait_until(lambda: replicas() == 2, "the policy's two replicas", T)
+
+
+# ----------------------------------------------- custom autoscaling metrics
+
+def test_custom_metrics_are_kept_over_the_look_back_window_per_running_replica():
+    runner = policy_mod.PolicyRunner()
+    dep = _dep(2)
+    runner.record({"Model#0": (1, {"load": 2}), "Model#1": (0, {"load": 4.5})}, 100.0, 10)
+    runner.record({"Model#0": (1, {"load": 6}), "Model#1": RuntimeError("no answer")},
+                  105.0, 10)
+    aggregated, raw = runner._metrics(dep, "mean")
+    by_id = {r.unique_id: v for r, v in aggregated["load"].items()}
+    assert by_id == {"0": 4.0, "1": 4.5}        # a failed sample adds nothing
+    assert [(p.timestamp, p.value) for p in raw["load"][
+        next(r for r in raw["load"] if r.unique_id == "0")]] == [(100.0, 2.0), (105.0, 6.0)]
+    assert {r.unique_id: v for r, v in runner._metrics(dep, "max")[0]["load"].items()} == \
+        {"0": 6.0, "1": 4.5}
+    # Past the window the old samples go; a replica no longer answering is gone.
+    runner.record({"Model#0": (0, {"load": 1})}, 111.0, 10)
+    aggregated, raw = runner._metrics(_dep(1), "min")
+    assert {r.unique_id: v for r, v in aggregated["load"].items()} == {"0": 1.0}
+    assert set(runner.series) == {"Model#0"}
+    # Replicas the controller no longer runs are not in the context.
+    runner.record({"Model#0": (0, None), "Model#5": (0, {"load": 9})}, 112.0, 10)
+    assert [r.unique_id for r in runner._metrics(_dep(1), "mean")[1]["load"]] == ["0"]
+
+
+def _replica_with(obj):
+    from ray_lite.serve._replica import ServeReplica
+    fake = types.SimpleNamespace(_obj=obj, _custom_stats_off=False, _deployment="Model",
+                                 _inflight=3)
+    return lambda: asyncio.run(ServeReplica.autoscaling_stats(fake)), fake
+
+
+def test_a_replica_reports_record_autoscaling_stats_sync_or_async():
+    class Sync:
+        def record_autoscaling_stats(self):
+            return {"queue": 5, "ratio": 0.5}
+
+    class Async:
+        async def record_autoscaling_stats(self):
+            return {"queue": 1}
+
+    assert _replica_with(Sync())[0]() == (3, {"queue": 5, "ratio": 0.5})
+    assert _replica_with(Async())[0]() == (3, {"queue": 1})
+    assert _replica_with(object())[0]() == (3, None)
+
+
+def test_a_bad_record_autoscaling_stats_gives_no_sample_and_says_why(caplog):
+    class Raises:
+        def record_autoscaling_stats(self):
+            raise ValueError("stats bug")
+
+    class WrongValue:
+        def record_autoscaling_stats(self):
+            return {"queue": "five"}
+
+    ask, fake = _replica_with(Raises())
+    assert ask() == (3, None) and not fake._custom_stats_off   # tried again next time
+    assert "stats bug" in caplog.text
+    ask, fake = _replica_with(WrongValue())
+    assert ask() == (3, None) and fake._custom_stats_off        # off for good, as in Ray
+    assert "str for 'queue'" in caplog.text
+    assert ask() == (3, None)
+
+
+def scale_on_custom_load(ctx):
+    """Two replicas only once the replicas' own metric came through, with Ray's
+    shapes (per replica: its aggregate, and its samples)."""
+    agg = ctx.aggregated_metrics.get("load", {})
+    raw = ctx.raw_metrics.get("load", {})
+    ok = agg and set(agg) == set(ctx.running_replicas) and all(v == 7.0 for v in agg.values()) \
+        and all(p.value == 7.0 and p.timestamp > 0 for ts in raw.values() for p in ts)
+    return (2 if ok else 1), {}
+
+
+@serve.deployment(autoscaling_config={"min_replicas": 1, "max_replicas": 3,
+                                      "metrics_interval_s": 0.1,
+                                      "policy": {"policy_function":
+                                                 f"{__name__}:scale_on_custom_load"}})
+class Reports:
+    async def record_autoscaling_stats(self):
+        return {"load": 7}
+
+    def __call__(self):
+        return os.getpid()
+
+
+def test_a_policy_sees_the_replicas_custom_metrics(serve_runtime):
+    serve.run(Reports.bind(), name="reports", route_prefix=None)
+
+    def replicas():
+        return serve.status().applications["reports"].deployments["Reports"] \
+            .replica_states.get("RUNNING", 0)
+    wait_until(lambda: replicas() == 2, "two replicas, from the custom metric", T)

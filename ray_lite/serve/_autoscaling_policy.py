@@ -13,6 +13,8 @@ else keeps the current count and says why on standard error.
 The driver pickles the policy with its module by value (as Ray does), so
 the controller need not import it.
 """
+import collections
+import dataclasses
 import inspect
 import json
 import math
@@ -140,15 +142,58 @@ class AutoscalingContext:
                 f"requests={self.total_num_requests})")
 
 
+@dataclasses.dataclass(order=True)
+class TimeStampedValue:
+    """One sample of a custom metric (Ray Serve's, in ``raw_metrics``)."""
+    timestamp: float
+    value: float = dataclasses.field(compare=False)
+
+
 class PolicyRunner:
     """One deployment's custom policy in the controller: loaded once (again
-    when a new one is deployed in place), its state kept between calls."""
+    when a new one is deployed in place), its state kept between calls, and
+    the custom metrics its replicas' ``record_autoscaling_stats`` report."""
 
     def __init__(self):
         self.blob = None
         self.call = None
         self.state = {}
         self.last_up = self.last_down = None
+        self.series = {}        # replica id -> {metric: deque of TimeStampedValue}
+
+    def record(self, answers, now, look_back_s):
+        """Keep the custom metrics of ``answers`` (replica id -> what its
+        ``autoscaling_stats`` returned, or the error of the call) for
+        ``look_back_s``; replicas not among them are gone."""
+        for rid in [r for r in self.series if r not in answers]:
+            del self.series[rid]
+        horizon = now - look_back_s
+        for rid, answer in answers.items():
+            custom = answer[1] if isinstance(answer, (tuple, list)) else None
+            per = self.series.setdefault(rid, {})
+            for name, value in (custom or {}).items():
+                per.setdefault(name, collections.deque()).append(
+                    TimeStampedValue(now, float(value)))
+            for name in list(per):
+                points = per[name]
+                while points and points[0].timestamp < horizon:
+                    points.popleft()
+                if not points:
+                    del per[name]
+
+    def _metrics(self, dep, how):
+        """(aggregated_metrics, raw_metrics) of Ray's context: per metric, per
+        running replica, its samples over the look-back window and their
+        ``aggregation_function`` (the samples are evenly spaced, so their mean
+        is the time-weighted mean Ray takes)."""
+        aggregated, raw = {}, {}
+        pick = {"max": max, "min": min}.get(how, lambda v: sum(v) / len(v))
+        for rid in dep.replicas:
+            replica = _replica_id(dep, rid)
+            for name, points in self.series.get(rid, {}).items():
+                raw.setdefault(name, {})[replica] = list(points)
+                aggregated.setdefault(name, {})[replica] = pick([p.value for p in points])
+        return aggregated, raw
 
     def _load(self, policy):
         import cloudpickle
@@ -165,15 +210,14 @@ class PolicyRunner:
             if policy["policy_blob"] != self.blob:
                 self._load(policy)
             low, high = cfg["min_replicas"], max(1, cfg["max_replicas"])
+            aggregated, raw = self._metrics(dep, cfg.get("aggregation_function", "mean"))
             ctx = AutoscalingContext(
                 deployment_id=context.DeploymentID(dep.name, dep.app),
                 deployment_name=dep.name, app_name=dep.app,
                 current_num_replicas=len(dep.replicas), target_num_replicas=target,
-                running_replicas=[context.ReplicaID(rid.rpartition("#")[2],
-                                                    context.DeploymentID(dep.name, dep.app))
-                                  for rid in dep.replicas],
+                running_replicas=[_replica_id(dep, rid) for rid in dep.replicas],
                 total_num_requests=total_requests, total_queued_requests=queued,
-                aggregated_metrics={}, raw_metrics={},
+                aggregated_metrics=aggregated, raw_metrics=raw,
                 capacity_adjusted_min_replicas=low, capacity_adjusted_max_replicas=high,
                 policy_state=dict(self.state), last_scale_up_time=self.last_up,
                 last_scale_down_time=self.last_down, current_time=time.time(),
@@ -196,3 +240,7 @@ class PolicyRunner:
             self.last_down = ctx.current_time
         return n
 
+
+def _replica_id(dep, rid):
+    """Ray's ReplicaID of the controller's replica id ``rid`` ("Model#3")."""
+    return context.ReplicaID(rid.rpartition("#")[2], context.DeploymentID(dep.name, dep.app))

@@ -5,6 +5,7 @@ Ray's policy applied (_autoscaler), and the cold start of a deployment scaled
 to zero when a request waits for it."""
 import asyncio
 import sys
+import time
 import traceback
 
 from . import _autoscaler, _demand
@@ -51,10 +52,16 @@ class Autoscaling:
                 await asyncio.sleep(cfg["metrics_interval_s"])
                 if self.shutting_down:
                     continue
-                reps = list(dep.replicas.values())
-                counts = await asyncio.gather(*[asyncio.wait_for(
-                    h.num_ongoing.remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
+                rids, reps = list(dep.replicas), list(dep.replicas.values())
+                # A custom policy also gets its replicas' custom metrics.
+                ask = "autoscaling_stats" if cfg.get("policy") else "num_ongoing"
+                answers = await asyncio.gather(*[asyncio.wait_for(
+                    getattr(h, ask).remote(), cfg["metrics_interval_s"] + 5.0) for h in reps],
                     return_exceptions=True)
+                if cfg.get("policy"):
+                    custom.record(dict(zip(rids, answers)), time.time(),
+                                  cfg["look_back_period_s"])
+                counts = [a[0] if isinstance(a, (tuple, list)) else a for a in answers]
                 _demand.prune_dead(dep.waiting)
                 queued = sum(dep.waiting.values())
                 _autoscaler.record(state, cfg, loop.time(),

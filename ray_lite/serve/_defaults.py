@@ -1,5 +1,6 @@
 """Serve's defaults and fixed bounds, each defined once (Ray Serve's values
 where Ray has one)."""
+import os
 
 # ------------------------------------------------------------- deployments
 MAX_ONGOING_REQUESTS = 5            # Ray >= 2.32's default
@@ -13,6 +14,10 @@ HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0
 GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 2.0
+# A deployment's record_autoscaling_stats() that takes longer gives no sample
+# (Ray's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S, read as Ray reads it).
+AUTOSCALING_STATS_TIMEOUT_S = float(
+    os.environ.get("RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S", "10"))
 
 DEPLOYMENT_OPTIONS = {
     "num_replicas": 1,

@@ -178,6 +178,7 @@ class ServeReplica:
         self._id = replica_id
         self._config = config
         self._inflight = 0
+        self._custom_stats_off = False      # see autoscaling_stats
         self._idle = None
         self._idle_since = 0.0      # when _inflight last fell to 0 (see _SPIN_S)
         self._spin = SpinPolicy(_SPIN_S)    # learns from the idle time before each request
@@ -305,6 +306,35 @@ class ServeReplica:
 
     async def num_ongoing(self):
         return self._inflight
+
+    async def autoscaling_stats(self):
+        """``num_ongoing`` and what the user's ``record_autoscaling_stats()``
+        returns (Ray's custom autoscaling metrics), None when it has none or
+        failed; sampled by the controller for a custom policy."""
+        fn = getattr(self._obj, "record_autoscaling_stats", None)
+        if fn is None or self._custom_stats_off:
+            return self._inflight, None
+        where = f"record_autoscaling_stats of {self._deployment}"
+        try:
+            r = fn()
+            if inspect.isawaitable(r):
+                r = await asyncio.wait_for(r, _defaults.AUTOSCALING_STATS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.error("%s timed out after %s s", where, _defaults.AUTOSCALING_STATS_TIMEOUT_S)
+            return self._inflight, None
+        except Exception as exc:   # noqa: BLE001 - the user's code: this sample has none
+            logger.error("%s failed: %r", where, exc)
+            return self._inflight, None
+        bad = (f"returned {type(r).__name__}" if not isinstance(r, dict) else
+               next((f"returned {type(v).__name__} for {k!r}" for k, v in r.items()
+                     if not isinstance(k, str) or not isinstance(v, (int, float))), None))
+        if bad is not None:
+            # As Ray: checked once, then off for good.
+            logger.error("%s %s, expected a dict of str to int or float: custom "
+                         "autoscaling metrics are off for this replica", where, bad)
+            self._custom_stats_off = True
+            return self._inflight, None
+        return self._inflight, r
 
     async def drain(self, timeout_s):
         """Wait (up to ``timeout_s``) until no request is in flight, then run
