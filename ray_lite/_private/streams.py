@@ -32,14 +32,32 @@ class StreamsMixin:
             e = _Entry()
             e.value = payload
             e.ready = True
-            s.table.report(index, ObjectRef(self._oid_base | next(self._seq), self.id, e))
+            try:
+                s.table.report(index, ObjectRef(self._oid_base | next(self._seq), self.id, e))
+            except ValueError:
+                if index < s.table.num_reported:
+                    self._replayed_item(s, peer)
+                    return
+                raise
         else:
+            # (A run again may fail before the item an earlier run got to.)
+            index = max(index, s.table.num_reported)
             s.table.report(index, ObjectRef(self.new_oid(), self.id, error_entry(payload)))
             self._end_stream(s, index + 1, payload)
             return
         if s.waiter is not None:
             w, s.waiter = s.waiter, None
             w()
+
+    def _replayed_item(self, s, peer):
+        """An item an earlier run of the stream's task reported (the task runs
+        again after its worker died, as Ray reruns a generator): skipped.  The
+        new run's worker is the producer now, and it counts acknowledgements
+        from none: it is told what was taken, else a full window would hold it
+        back for ever."""
+        s.peer = peer
+        if s.bp > 0:
+            self.send(peer, P.ack_msg(s.sid, s.table.num_consumed))
 
     def _on_end(self, peer, msg):
         s = self.streams.get(msg[1])
