@@ -27,6 +27,7 @@ from ray_lite._private.cluster import (
     get_gpu_ids,
     nodes,
 )
+from ray_lite._private.dynamic_generator import DynamicObjectRefGenerator
 from ray_lite._private.method_options import method
 from ray_lite._private.runtime_context import SCRIPT_MODE, WORKER_MODE, get_runtime_context
 from ray_lite.message_queue import MessageQueue
@@ -43,6 +44,7 @@ RESTORE_WORKER_MODE = 3
 __all__ = [
     "__version__", "exceptions", "init", "shutdown", "is_initialized", "remote", "get",
     "wait", "put", "kill", "cancel", "get_actor", "ObjectRef", "ObjectRefGenerator",
+    "DynamicObjectRefGenerator",
     "MessageQueue", "method", "get_runtime_context", "available_resources",
     "cluster_resources", "nodes", "get_gpu_ids", "actor", "backend",
     "ActorClassID", "ActorID", "FunctionID", "JobID", "NodeID", "ObjectID",

@@ -191,6 +191,9 @@ def test_actor_methods_num_returns_and_streams(on_ray):
     first, second = counter.pair.remote()
     assert ray_lite.get([first, second], timeout=T) == [3, -3]
     assert [ray_lite.get(r, timeout=T) for r in counter.stream.remote(3)] == [0, 10, 20]
+    items = ray_lite.get(counter.stream.options(num_returns="dynamic").remote(2), timeout=T)
+    assert isinstance(items, ray_lite.DynamicObjectRefGenerator)
+    assert [ray_lite.get(r, timeout=T) for r in items] == [0, 10]
     ready, not_ready = ray_lite.wait([counter.incr.remote()], num_returns=1, timeout=T)
     assert len(ready) == 1 and not not_ready
     ray_lite.kill(counter)

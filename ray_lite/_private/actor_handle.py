@@ -8,7 +8,7 @@ from . import protocol as P
 from .protocol import ACTOR_CALL, BUILTIN_METHODS, METHOD   # per call: globals
 from . import state
 from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
-                           _prepare_args, _stream_opts)
+                           _prepare_args, _stream_opts, warn_dynamic)
 from .refs import ObjectRef, _Entry
 from .restarts import keep_for_exceptions, reach, retained_calls
 from .scheduler import check_retry_exceptions
@@ -152,6 +152,8 @@ class ActorMethod:
         merged = {**self._options, **opts}
         info = self._info
         _check_method_options(merged, info)
+        if opts.get("num_returns") == "dynamic":
+            warn_dynamic()
         return _method_type(info, merged)(self._handle(), self._name, self._is_gen, merged,
                                           self._arity, hard=True)
 

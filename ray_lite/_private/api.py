@@ -12,6 +12,7 @@ from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCance
 from . import backend as _backend, interrupts, object_store, state
 from . import entries as entries_mod
 from . import protocol as P
+from .dynamic_generator import DynamicEntry
 from .errors import KILLED, actor_died_message
 from .refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from .actor_handle import ActorHandle
@@ -503,6 +504,9 @@ def cancel(ref, *, force=False, recursive=True):
                         f"{type(ref).__name__}")
     if ref._e.ready:
         return
+    if type(ref._e) is DynamicEntry:       # num_returns="dynamic": its stream
+        items = ref._e.items
+        return None if items is None else cancel(items, force=force)
     oid = ref._id
     for peer, fl in list(node.inflight.items()):
         if fl.get(oid) == P.ACTOR_CALL:

@@ -1,9 +1,12 @@
 """What a call's options and arguments are checked and turned into, shared by
 remote functions (remote.py) and actor handles (actor_handle.py)."""
 import os
+import sys
+import warnings
 
 from . import state
 from .concurrency_groups import check_groups
+from .dynamic_generator import DYNAMIC, dynamic_result
 from .object_store import STORE_THRESHOLD
 from .refs import (ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, stored_by_value,
                    travels_as_value)
@@ -72,12 +75,17 @@ def _check_num_returns(nr):
     if not isinstance(nr, (int, str, type(None))):
         raise TypeError(f"The type of keyword 'num_returns' must be {(int, str, type(None))}, "
                         f"but received type {type(nr)}")
-    if nr == "dynamic":
-        raise ValueError("ray_lite does not support num_returns='dynamic'; use a "
-                         "streaming generator (num_returns='streaming')")
-    if not (nr is None or nr == "streaming" or (isinstance(nr, int) and nr >= 0)):
+    if not (nr is None or nr in ("streaming", "dynamic") or (isinstance(nr, int) and nr >= 0)):
         raise ValueError("The keyword 'num_returns' only accepts None, a non-negative integer, "
                          "'streaming' (for generators), or 'dynamic'.")
+
+
+def warn_dynamic():
+    """Ray's warning where ``num_returns="dynamic"`` is declared or set."""
+    from ray_lite.util.annotations import RayDeprecationWarning
+    warnings.warn("num_returns='dynamic' is deprecated and will be removed in a future Ray "
+                  "release. Use num_returns='streaming' instead.", RayDeprecationWarning,
+                  stacklevel=_user_stacklevel())
 
 
 def _check_options(opts, kind):
@@ -193,6 +201,8 @@ def _make_call_result(node, nret, stream, bp, name, peer):
     oid = node.new_oids(n)
     if stream:
         s = node.new_stream(oid, peer, bp, name)
+        if nret == DYNAMIC:
+            return oid, s, dynamic_result(node, s, ObjectRefGenerator(s))
         return oid, s, ObjectRefGenerator(s)
     if nret == 1:
         e = _Entry(peer)
@@ -203,9 +213,26 @@ def _make_call_result(node, nret, stream, bp, name, peer):
 
 
 def _stream_opts(opts, is_gen):
+    """(nret, stream, bp) of a call: ``num_returns="dynamic"`` is a stream
+    without back-pressure whose ``nret`` is ``DYNAMIC`` (see dynamic_result)."""
     nr = opts.get("num_returns")
     if nr is None:      # Ray's default
         nr = "streaming" if is_gen else 1
+    if nr == "dynamic":
+        if not is_gen:
+            raise ValueError("num_returns='dynamic' can only be used with generator functions "
+                             "(functions that use 'yield'). The decorated function is not a "
+                             "generator function.")
+        return DYNAMIC, True, -1
     stream = nr == "streaming"
     bp = opts.get("_generator_backpressure_num_objects", -1) or -1
     return (1 if stream else nr), stream, (bp if stream else -1)
+
+
+def _user_stacklevel():
+    """The ``stacklevel`` of a warning given by its caller that names the
+    first frame outside ray_lite: the user's line, whichever path led here."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("ray_lite."):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -36,6 +36,10 @@ def method(*args, **kwargs):
             raise AssertionError(f"Unexpected keyword argument to @ray.method: '{key}'. The "
                                  f"supported keyword arguments are {valid}")
 
+    if kwargs.get("num_returns") == "dynamic":
+        from .call_options import warn_dynamic
+        warn_dynamic()
+
     def annotate_method(fn):
         for key, value in kwargs.items():
             if key == "enable_task_events" and value is None:

@@ -12,7 +12,8 @@ from . import state
 from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_SIMPLE_TYPES, _by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
-                           NotOnThisMachine, _make_call_result, _stream_opts)
+                           NotOnThisMachine, _make_call_result, _stream_opts,
+                           warn_dynamic)
 from .concurrency_groups import check_groups, check_method_groups
 from .refs import ObjectRef, _Entry
 from .runtime_env import EnvTask, env_vars_of
@@ -132,6 +133,8 @@ class RemoteFunction:
         self._arity = arity_of(function)
         try:
             _check_options(options, "task")
+            if options.get("num_returns") == "dynamic":
+                warn_dynamic()
             self._plan = _TaskPlan(function, options, self._is_gen, self._arity)
         except ValueError as exc:
             self._plan = _RefusedHere(exc)
@@ -159,6 +162,8 @@ class RemoteFunction:
         if bound is None:
             merged = {**self._options, **opts}
             _check_options(merged, "task")
+            if opts.get("num_returns") == "dynamic":
+                warn_dynamic()
             bound = _Bound(self, _TaskPlan(self._function, merged, self._is_gen, self._arity))
             _cache_bound(self._bound, key, bound)
         return bound

@@ -34,6 +34,7 @@ def adopt():
 
 def _activate(ray):
     from ray_lite._private.refs import ObjectRef, ObjectRefGenerator
+    from ray_lite._private.dynamic_generator import DynamicObjectRefGenerator
     from ray_lite._private.actor_handle import ActorHandle
     from ray_lite.util import queue as rl_queue
     from ray.util import queue as ray_queue
@@ -41,6 +42,7 @@ def _activate(ray):
     from . import core, exceptions, util  # noqa: F401 - reached as ray_lite._ray.<module>
     backend.RAY_TWINS.update({ObjectRef: ray.ObjectRef,
                               ObjectRefGenerator: ray.ObjectRefGenerator,
+                              DynamicObjectRefGenerator: ray.DynamicObjectRefGenerator,
                               ActorHandle: ray.actor.ActorHandle})
     exceptions.register(ray.exceptions, [(ray_queue.Empty, rl_queue.Empty),
                                          (ray_queue.Full, rl_queue.Full)])
