@@ -277,3 +277,26 @@ def test_create_actors_takes_a_class_with_options(serve_runtime):
     assert ray.get([h.env.remote("RL_PROBE") for h in hs], timeout=60) == ["set", "set"]
     with pytest.raises(TypeError, match="expects a @remote class"):
         core_api.create_actors(Parent.spawn_children, [((), {})])
+
+
+
+def test_proxies_that_die_while_the_runtime_stops_are_not_replaced(monkeypatch, capsys):
+    # The runtime tells every process to exit at once (ray.shutdown, or a
+    # driver that raised): the controller could see its proxies go before
+    # it read its own exit and "replace" them (2 runs in 3 printed so).
+    import asyncio
+    import types
+    from ray_lite.serve._controller import ServeController
+
+    class DeadProxy:
+        class wait_forever:
+            @staticmethod
+            async def remote():
+                raise ActorDiedError("the proxy exited")
+
+    proxy = DeadProxy()
+    controller = types.SimpleNamespace(shutting_down=False, proxies=[proxy], http_port=8000)
+    monkeypatch.setattr(state, "node", types.SimpleNamespace(exiting=True))
+    asyncio.run(ServeController._replace_proxy_when_dead(controller, 0, proxy))
+    assert controller.proxies == [proxy]
+    assert "replacement" not in capsys.readouterr().err

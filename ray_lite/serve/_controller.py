@@ -249,8 +249,10 @@ class ServeController(Autoscaling, DeploymentActors):
             pass
         from ._proxy import ProxyActor
         delay = 0.1
-        while not self.shutting_down and index < len(self.proxies) and \
-                self.proxies[index] is h:
+        # (When the runtime stops, the driver tells every process to exit at
+        # once: this controller may see its proxies go before it goes.)
+        while not self.shutting_down and not _core.runtime_stopping() and \
+                index < len(self.proxies) and self.proxies[index] is h:
             print(f"Serve: HTTP proxy {index} died; starting a replacement on port "
                   f"{self.http_port}", file=sys.stderr, flush=True)
             new = _core.remote(ProxyActor).remote(

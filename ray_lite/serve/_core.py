@@ -38,6 +38,14 @@ def is_driver():
     return n is not None and n.id == 0
 
 
+def runtime_stopping():
+    """Whether the runtime asked this process to exit (``ray.shutdown``, or
+    the driver's end): the actors it ends die meanwhile, and are not to be
+    replaced."""
+    n = _state.node
+    return n is None or getattr(n, "exiting", False)
+
+
 # ------------------------------------------------------------------ actors
 def actor_id(handle):
     """The id that names ``handle``'s actor in this runtime."""
