@@ -266,6 +266,12 @@ def _make_remote(obj, options):
     raise TypeError("The @ray.remote decorator must be applied to either a function or a class.")
 
 
+def _is_compiled_ref(r):
+    """Whether ``r`` is a Compiled Graph's result (``ray.get`` reads it)."""
+    from ray_lite.dag.compiled_dag_node import CompiledDAGRef
+    return isinstance(r, CompiledDAGRef)
+
+
 def _check_ref(r):
     if type(r) is not ObjectRef:
         if isinstance(r, ObjectRefGenerator):
@@ -338,8 +344,15 @@ def get(object_refs, *, timeout=None):
         if not isinstance(object_refs, (list, tuple)):
             if isinstance(object_refs, ObjectRefGenerator):
                 return object_refs      # as Ray does
+            if _is_compiled_ref(object_refs):
+                return object_refs.get(timeout)
             _check_ref(object_refs)
         refs = list(object_refs)
+        if refs and type(refs[0]) is not ObjectRef and _is_compiled_ref(refs[0]):
+            if not all(_is_compiled_ref(r) for r in refs):
+                raise ValueError("get() takes a list of CompiledDAGRefs or of ObjectRefs, "
+                                 "not both")
+            return [r.get(timeout) for r in refs]
         for r in refs:
             _check_ref(r)
     if timeout is not None and timeout < 0:

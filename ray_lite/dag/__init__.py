@@ -15,7 +15,8 @@ take it: a class node shared by two method nodes is one actor.
 
 Nodes are found in the arguments at the top level and inside lists,
 tuples and dicts (Ray also looks inside other objects).
-``experimental_compile`` (Ray's compiled graphs) is not provided.
+``experimental_compile()`` makes Ray's Compiled Graph of a graph of actor
+calls (``compiled_dag_node``).
 """
 
 __all__ = ["DAGNode", "FunctionNode", "ClassNode", "ClassMethodNode", "InputNode",
@@ -45,10 +46,10 @@ class DAGNode:
         node, an actor handle for a class node."""
         return self._resolve({}, DAGInputData(args, kwargs))
 
-    def experimental_compile(self, *args, **kwargs):
-        raise NotImplementedError(
-            "ray_lite runs a graph with execute(); Ray's Compiled Graphs "
-            "(experimental_compile) are not provided")
+    def experimental_compile(self, **options):
+        """Ray's Compiled Graph of this graph (see ``compiled_dag_node``)."""
+        from .compiled_dag_node import build_compiled_dag
+        return build_compiled_dag(self, **options)
 
     def _resolve(self, done, inp):
         key = id(self)
