@@ -182,3 +182,22 @@ def test_teardown_ends_the_graph_and_can_end_its_actors(rt):
     ended.teardown(kill_actors=True)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(a.echo.remote(1), timeout=T)
+
+
+def test_dag_context_sets_the_defaults(graph, monkeypatch):
+    from ray_lite.dag import DAGContext
+    ctx = DAGContext.get_current()
+    assert (ctx.max_inflight_executions, ctx.get_timeout) == (10, 10)      # Ray's
+    monkeypatch.setattr(ctx, "max_inflight_executions", 1)
+    monkeypatch.setattr(ctx, "get_timeout", 0.05)
+    queue = ray.util.queue.Queue()
+    with InputNode() as inp:
+        compiled = graph(Stage.remote().wait_for.bind(inp))
+    ref = compiled.execute(queue)
+    with pytest.raises(RayCgraphCapacityExceeded):
+        compiled.execute(queue)
+    with pytest.raises(RayChannelTimeoutError):
+        ray.get(ref)            # no timeout given: the context's get_timeout
+    queue.put("done")
+    with pytest.raises(ValueError, match="must be less than or equal"):
+        DAGContext(read_iteration_timeout=20, get_timeout=10)

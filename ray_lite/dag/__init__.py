@@ -20,7 +20,7 @@ calls (``compiled_dag_node``).
 """
 
 __all__ = ["DAGNode", "FunctionNode", "ClassNode", "ClassMethodNode", "InputNode",
-           "InputAttributeNode", "MultiOutputNode", "DAGInputData"]
+           "InputAttributeNode", "MultiOutputNode", "DAGInputData", "DAGContext"]
 
 
 class DAGNode:
@@ -246,3 +246,6 @@ class MultiOutputNode(DAGNode):
 
     def __repr__(self):
         return f"MultiOutputNode({len(self._bound_args)})"
+
+
+from .context import DAGContext  # noqa: E402 - a leaf module, re-exported as in ray.dag

@@ -11,18 +11,18 @@ already travel over shared-memory rings, so an execution is those calls.
 As in Ray: at most ``_max_inflight_executions`` executions may wait to be
 read (``RAY_CGRAPH_max_inflight_executions``, default 10) before ``execute``
 raises ``RayCgraphCapacityExceeded``; a ref dropped unread frees its place;
-``get`` with a timeout raises ``RayChannelTimeoutError``; an execution whose
+``get`` that times out raises ``RayChannelTimeoutError`` (without a timeout,
+after ``DAGContext.get_timeout``: ``RAY_CGRAPH_get_timeout``, 10 s); an execution whose
 method raised raises that error from ``get`` and the graph stays usable;
 ``teardown()`` ends it (``kill_actors=True`` also kills its actors).
 ``enable_asyncio=True`` takes ``await compiled.execute_async(...)``, whose
 futures are awaited once.  GPU transports (``with_tensor_transport``) have no
 meaning here.
 """
-import os
-
 from ray_lite.exceptions import (GetTimeoutError, RayCgraphCapacityExceeded, RayChannelError,
                                  RayChannelTimeoutError)
 
+from .context import DAGContext
 from . import (ClassMethodNode, DAGNode, FunctionNode, InputAttributeNode, InputNode,
                MultiOutputNode)
 
@@ -31,10 +31,6 @@ __all__ = ["CompiledDAG", "CompiledDAGRef", "CompiledDAGFuture", "build_compiled
 _COMPILE_OPTIONS = {"enable_asyncio", "_submit_timeout", "_buffer_size_bytes",
                     "_max_inflight_executions", "_overlap_gpu_communication",
                     "_default_communicator"}
-
-
-def _max_inflight_default():
-    return int(os.environ.get("RAY_CGRAPH_max_inflight_executions", "10"))
 
 
 def _children(node):
@@ -112,7 +108,8 @@ class CompiledDAG:
     def __init__(self, root, enable_asyncio=False, max_inflight_executions=None):
         self._root = root
         self._enable_asyncio = enable_asyncio
-        self._max_inflight = max_inflight_executions or _max_inflight_default()
+        self._max_inflight = max_inflight_executions or \
+            DAGContext.get_current().max_inflight_executions
         self._num_args, self._kwargs, self._actors = _check_graph(root)
         self._returns_list = isinstance(root, MultiOutputNode)
         self._submitted = 0             # executions made (their index is 1 + those before)
@@ -244,8 +241,12 @@ class CompiledDAGRef(_CompiledResult):
                    "already called.")
 
     def get(self, timeout=None):
+        """The execution's result; ``timeout`` None is ``DAGContext``'s
+        ``get_timeout`` (10 s), as in Ray."""
         from ray_lite._private.api import get
         self._taken()
+        if timeout is None:
+            timeout = DAGContext.get_current().get_timeout
         try:
             return get(self._ref, timeout=timeout)
         except GetTimeoutError as exc:
