@@ -19,10 +19,10 @@ import sys
 
 from ray_lite.exceptions import RayActorError
 
-from . import _core, _defaults
+from . import _core, _defaults, gang
 from ._controller_scaling import Autoscaling, from_zero as _from_zero, \
     kept_target as _kept_target
-from ._controller_scaling import error_text as _error_text
+from ._controller_scaling import error_text as _error_text, quiet as _quiet
 from ._deployment_actors import DeploymentActors, new_code_version
 from ._defaults import LISTEN_TIMEOUT_S
 
@@ -39,7 +39,8 @@ class _Dep:
         self.starting_handles = {}          # replica id -> handle: not ready yet
         self.stopping = set()
         self.draining = {}                  # replica id -> handle: ending its requests
-        self.target = self.config["num_replicas"]   # what it should run (autoscaling moves it)
+        self.target = gang.whole(self, self.config["num_replicas"])  # autoscaling moves it
+        self.gang_of = {}                   # replica id -> its gang's ids (gang.py)
         self.ranks = {}                     # replica id -> its rank (starting or in service)
         self.autoscaler = None              # the task sampling its load, when it autoscales
         self.waiting = {}                   # caller key -> requests it holds (see _demand)
@@ -304,7 +305,9 @@ class ServeController(Autoscaling, DeploymentActors):
                 cls = cls.options(**opts)
             except ValueError as exc:
                 return [exc] * n
+        n = gang.whole(dep, n)
         rids = [f"{dep.name}#{next(self.ids)}" for _ in range(n)]
+        gang_contexts, gangs = gang.form(dep, rids)
         # Ray's ranks: the smallest ones no live replica holds (a replacement
         # takes its predecessor's), out of a world the size of the target.
         taken = set(dep.ranks.values())
@@ -317,37 +320,44 @@ class ServeController(Autoscaling, DeploymentActors):
         try:
             handles = _core.create_actors(cls, [
                 ((self._self_handle, dep.app, dep.name, rid, spec["cls_blob"], spec["args"],
-                  spec["kwargs"], dict(dep.config, code_version=dep.code_version),
+                  spec["kwargs"], dict(dep.config, code_version=dep.code_version,
+                                       gang_context=gang_contexts.get(rid)),
                   dep.ranks[rid], world), {}) for rid in rids])
+            made = dict(zip(rids, handles))
 
-            async def join(rid, h):
+            async def ready(rid, h):
                 try:
-                    pid = await h.ready.remote()
+                    return await h.ready.remote()
                 except Exception as exc:   # noqa: BLE001 - its constructor failed, or it died
                     errors.append(exc)
-                    dep.ranks.pop(rid, None)
-                    self._kill(h)
-                    return
                 finally:
                     dep.starting_handles.pop(rid, None)
-                if self.apps.get(dep.app) is not None and \
-                        self.apps[dep.app].deps.get(dep.name) is dep:
-                    dep.replicas[rid] = h
+
+            async def join(members):
+                """Members (a gang, else one replica) join together or not at all."""
+                for rid in members:
+                    if isinstance(made[rid], Exception):
+                        errors.append(made[rid])
+                    else:
+                        dep.starting_handles[rid] = made[rid]
+                pids = await asyncio.gather(*[ready(rid, made[rid]) for rid in members
+                                              if not isinstance(made[rid], Exception)])
+                live = self.apps.get(dep.app) is not None and \
+                    self.apps[dep.app].deps.get(dep.name) is dep
+                if len(pids) < len(members) or None in pids or not live:
+                    for rid in members:
+                        dep.ranks.pop(rid, None)
+                        if not isinstance(made[rid], Exception):
+                            self._kill(made[rid])
+                    return
+                for rid, pid in zip(members, pids):
+                    dep.replicas[rid] = made[rid]
                     dep.pids[rid] = pid
-                    self._watch(dep, rid, h)
-                    self._bump()
-                else:
-                    dep.ranks.pop(rid, None)
-                    self._kill(h)
-            joins = []
-            for rid, h in zip(rids, handles):
-                if isinstance(h, Exception):
-                    errors.append(h)
-                    dep.ranks.pop(rid, None)
-                else:
-                    dep.starting_handles[rid] = h
-                    joins.append(join(rid, h))
-            await asyncio.gather(*joins)
+                    if len(members) > 1 or gang_contexts:
+                        dep.gang_of[rid] = members
+                    self._watch(dep, rid, made[rid])
+                self._bump()
+            await asyncio.gather(*[join(m) for m in (gangs or [[rid] for rid in rids])])
         finally:
             dep.starting -= n
         return errors
@@ -401,6 +411,13 @@ class ServeController(Autoscaling, DeploymentActors):
         dep.ranks.pop(rid, None)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
             return
+        for mate in gang.mates(dep, rid):       # RESTART_GANG: its gang goes with it
+            mh = dep.replicas.pop(mate, None)
+            if mh is not None:
+                dep.pids.pop(mate, None)
+                dep.ranks.pop(mate, None)
+                dep.stopping.add(mate)
+                self._kill(mh)
         self._bump()
         app = self.apps.get(dep.app)
         if self.shutting_down or app is None or app.deps.get(dep.name) is not dep:
@@ -426,37 +443,6 @@ class ServeController(Autoscaling, DeploymentActors):
             _core.kill(h)
         except Exception:   # noqa: BLE001 - already gone
             pass
-
-    def _drain_some(self, dep, n):
-        """Take the ``n`` newest replicas out of service and stop each once its
-        requests in flight have ended (``_drain_one``)."""
-        for rid, h in list(dep.replicas.items())[-n:]:
-            del dep.replicas[rid]
-            dep.pids.pop(rid, None)
-            dep.ranks.pop(rid, None)
-            dep.stopping.add(rid)
-            dep.draining[rid] = h
-            asyncio.ensure_future(self._drain_one(dep, rid, h))
-        self._bump()
-
-    async def _drain_one(self, dep, rid, h):
-        """Stop a replica taken out of service without losing its requests:
-        once every proxy routes without it, it gets
-        ``graceful_shutdown_wait_loop_s`` (Ray's wait before a replica checks
-        for work; a handle that had not yet seen the change may still send it
-        a request meanwhile), then up to ``graceful_shutdown_timeout_s`` for
-        its requests in flight to end."""
-        cfg = dep.config
-        timeout = cfg.get("graceful_shutdown_timeout_s") or 0
-        try:
-            await self._proxies_caught_up()
-            await asyncio.sleep(min(cfg.get("graceful_shutdown_wait_loop_s") or 0, timeout))
-            if timeout > 0:
-                await _quiet(asyncio.wait_for(h.drain.remote(timeout), timeout + 1.0))
-        finally:
-            self._kill(h)
-            dep.draining.pop(rid, None)
-            self._bump()
 
     async def _stop_replicas(self, dep):
         dep.status = "DELETING" if dep.status != "DELETING" else dep.status
@@ -522,7 +508,7 @@ class ServeController(Autoscaling, DeploymentActors):
                     # from the routes and snapshots of the new version.
                     await asyncio.gather(*[h.set_max_ongoing_requests.remote(limit)
                                            for h in dep.replicas.values()])
-                dep.target = _kept_target(dep, new_cfg)
+                dep.target = gang.whole(dep, _kept_target(dep, new_cfg))
                 dep.config = new_cfg
                 app.deps[dname] = dep
             else:
@@ -661,13 +647,6 @@ class ServeController(Autoscaling, DeploymentActors):
 
     async def replica_handles(self, app_name, dep_name):
         return self._dep_snapshot(app_name, dep_name)[2]
-
-
-async def _quiet(aw):
-    try:
-        return await aw
-    except BaseException:   # noqa: BLE001
-        return None
 
 
 # Options a running replica does not depend on (the controller, proxies and

@@ -1,14 +1,15 @@
 """The Serve controller's autoscaling (a base of ``ServeController``): each
 autoscaling deployment's load sampled every ``metrics_interval_s`` (requests
 running at its replicas plus those waiting at its callers, see _demand),
-Ray's policy applied (_autoscaler), and the cold start of a deployment scaled
-to zero when a request waits for it."""
+Ray's policy applied (_autoscaler), the cold start of a deployment scaled
+to zero when a request waits for it, and the draining of the replicas (whole
+gangs, see gang.py) taken out of service."""
 import asyncio
 import sys
 import time
 import traceback
 
-from . import _autoscaler, _demand
+from . import _autoscaler, _demand, gang
 from ._autoscaling_policy import PolicyRunner
 
 
@@ -76,7 +77,9 @@ class Autoscaling:
             dep.autoscaler = None
 
     def scale(self, dep, n):
-        """Run ``n`` replicas of ``dep`` from now on (the autoscaler's decision)."""
+        """Run ``n`` replicas of ``dep`` from now on (the autoscaler's decision,
+        in whole gangs)."""
+        n = gang.whole(dep, n)
         app = self.apps.get(dep.app)
         if self.shutting_down or app is None or app.deps.get(dep.name) is not dep or \
                 n == dep.target:
@@ -89,6 +92,38 @@ class Autoscaling:
             self._task(dep, self._bring_up_logged(dep, missing))
         elif len(dep.replicas) > n:
             self._drain_some(dep, len(dep.replicas) - n)
+
+    def _drain_some(self, dep, n):
+        """Take the ``n`` newest replicas out of service and stop each once its
+        requests in flight have ended (``_drain_one``)."""
+        for rid in gang.newest_gangs(dep, n):      # whole gangs
+            h = dep.replicas.pop(rid)
+            dep.gang_of.pop(rid, None)
+            dep.pids.pop(rid, None)
+            dep.ranks.pop(rid, None)
+            dep.stopping.add(rid)
+            dep.draining[rid] = h
+            asyncio.ensure_future(self._drain_one(dep, rid, h))
+        self._bump()
+
+    async def _drain_one(self, dep, rid, h):
+        """Stop a replica taken out of service without losing its requests:
+        once every proxy routes without it, it gets
+        ``graceful_shutdown_wait_loop_s`` (Ray's wait before a replica checks
+        for work; a handle that had not yet seen the change may still send it
+        a request meanwhile), then up to ``graceful_shutdown_timeout_s`` for
+        its requests in flight to end."""
+        cfg = dep.config
+        timeout = cfg.get("graceful_shutdown_timeout_s") or 0
+        try:
+            await self._proxies_caught_up()
+            await asyncio.sleep(min(cfg.get("graceful_shutdown_wait_loop_s") or 0, timeout))
+            if timeout > 0:
+                await quiet(asyncio.wait_for(h.drain.remote(timeout), timeout + 1.0))
+        finally:
+            self._kill(h)
+            dep.draining.pop(rid, None)
+            self._bump()
 
     async def _bring_up_logged(self, dep, n):
         errors = await self._bring_up(dep, n)
@@ -117,3 +152,11 @@ def kept_target(dep, new_cfg):
         low, high = _autoscaler.bounds(auto)
         return max(low, min(high, dep.target))
     return new_cfg["num_replicas"]
+
+
+async def quiet(aw):
+    """``await aw``; None if it raised (a replica or proxy that is going anyway)."""
+    try:
+        return await aw
+    except BaseException:   # noqa: BLE001
+        return None

@@ -31,6 +31,7 @@ DEPLOYMENT_OPTIONS = {
     "ray_actor_options": None,
     "autoscaling_config": None,
     "backpressure_config": None,    # {"status_code", "retry_after_s"}: see config.BackpressureConfig
+    "gang_scheduling_config": None,  # {"gang_size", ...}: see gang.py
 }
 
 # -------------------------------------------------------------------- HTTP

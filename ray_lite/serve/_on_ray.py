@@ -81,6 +81,10 @@ def _ray_options(dep, serve):
     if options.get("deployment_actors"):
         options["deployment_actors"] = [_ray_deployment_actor(c)
                                         for c in options["deployment_actors"]]
+    if options.get("gang_scheduling_config"):
+        from ray.serve.config import GangSchedulingConfig
+        options["gang_scheduling_config"] = GangSchedulingConfig(
+            **options["gang_scheduling_config"])
     actor_options = dict(options.get("ray_actor_options") or {})
     actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
     options["ray_actor_options"] = actor_options

@@ -22,6 +22,7 @@ from . import _core, _defaults, _metrics, _websocket, context
 from .handle import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
 from ._json import json_body
+from .gang import GangContext
 from ._logging import configure_replica_logger
 from .multiplex import _model_id
 from ._core import ObjectRef
@@ -197,7 +198,9 @@ class ServeReplica:
             context.ReplicaID(replica_id.rpartition("#")[2],
                               context.DeploymentID(deployment_name, app_name)),
             rank=context.ReplicaRank(rank, 0, rank), world_size=world_size,
-            code_version=config.get("code_version"))
+            code_version=config.get("code_version"),
+            gang_context=GangContext(**config["gang_context"])
+            if config.get("gang_context") else None)
         context.set_replica_context(ctx)
         # Before the user's constructor, whose logs take the format too.
         configure_replica_logger(app_name, deployment_name, ctx.replica_id.unique_id,

@@ -38,6 +38,8 @@ from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOption
 from ._autoscaling_policy import (AutoscalingContext, AutoscalingPolicy,  # noqa: F401
                                   normalize as normalize_policy)   # (Ray's place for them)
 from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
+from .gang import (GangPlacementStrategy, GangRuntimeFailurePolicy,  # noqa: F401 - Ray's
+                   GangSchedulingConfig)
 from .context import DeploymentID  # noqa: F401 - Ray's ray.serve.config.DeploymentID
 from ._http import check_route_prefix
 

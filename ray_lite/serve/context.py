@@ -50,8 +50,9 @@ class ReplicaContext:
     """What ``serve.get_replica_context()`` returns inside a replica."""
 
     def __init__(self, replica_id, servable_object=None, rank=None, world_size=1,
-                 code_version=None):
+                 code_version=None, gang_context=None):
         self.replica_id = replica_id
+        self.gang_context = gang_context    # a GangContext with gang_scheduling_config
         self.servable_object = servable_object
         self.rank = rank if rank is not None else ReplicaRank(0)
         self.world_size = world_size

@@ -74,6 +74,9 @@ def _check_config(cfg):
     if cfg.get("deployment_actors") is not None:
         from ._deployment_actors import check
         cfg["deployment_actors"] = check(cfg["deployment_actors"])
+    if cfg.get("gang_scheduling_config") is not None:
+        from . import gang
+        gang.check(cfg)
     uc = cfg.get("user_config")
     if uc is not None:
         import json
