@@ -35,6 +35,10 @@ class Doubler:
     def backend_in_replica(self):
         return ray_lite.backend()
 
+    def gang(self):
+        g = serve.get_replica_context().gang_context
+        return None if g is None else (g.rank, g.world_size)
+
     async def count(self, n):
         for i in range(n):
             yield i
@@ -174,3 +178,13 @@ def test_deployment_actors_on_ray(ray_serve_port):
     assert [handle.remote().result(timeout_s=60) for _ in range(2)] == [11, 12]
     assert handle.where.remote().result(timeout_s=60) == ("tally", "UsesTally", "tally")
     serve.delete("tally")
+
+
+def test_gang_scheduling_on_ray(ray_serve_port):
+    from ray_lite.serve.config import GangSchedulingConfig
+    app = Doubler.options(name="Ganged", num_replicas=2,
+                          gang_scheduling_config=GangSchedulingConfig(gang_size=2)).bind(0)
+    handle = serve.run(app, name="ganged", route_prefix=None)
+    seen = {handle.gang.remote().result(timeout_s=60) for _ in range(20)}
+    assert seen <= {(0, 2), (1, 2)} and seen
+    serve.delete("ganged")

@@ -86,7 +86,9 @@ def _ray_options(dep, serve):
         options["gang_scheduling_config"] = GangSchedulingConfig(
             **options["gang_scheduling_config"])
     actor_options = dict(options.get("ray_actor_options") or {})
-    actor_options.setdefault("num_cpus", 0)    # ray_lite's default: replicas cost no CPU
+    # ray_lite's default: replicas cost no CPU.  (A gang's placement group on
+    # Ray needs some resource in each bundle: a hundredth of a CPU then.)
+    actor_options.setdefault("num_cpus", 0.01 if options.get("gang_scheduling_config") else 0)
     options["ray_actor_options"] = actor_options
     return options
 
