@@ -49,7 +49,7 @@ class PlacementMixin:
         if strategy not in STRATEGIES:
             raise ValueError(f"Invalid placement group strategy {strategy!r}; valid ones "
                              f"are {list(STRATEGIES)}")
-        if lifetime not in (None, "non_detached", "detached"):
+        if lifetime not in (None, "detached"):
             raise ValueError(f"Placement group `lifetime` argument must be either `None` or "
                              f"'detached'. Got {lifetime!r}.")
         # (Every group here lives until removed or the runtime ends: a
