@@ -38,6 +38,7 @@ from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOption
 from ._autoscaling_policy import (AutoscalingContext, AutoscalingPolicy,  # noqa: F401
                                   normalize as normalize_policy)   # (Ray's place for them)
 from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
+from ._plain_config import PlainConfig, normalized
 from .gang import (GangPlacementStrategy, GangRuntimeFailurePolicy,  # noqa: F401 - Ray's
                    GangSchedulingConfig)
 from .context import DeploymentID  # noqa: F401 - Ray's ray.serve.config.DeploymentID
@@ -511,7 +512,7 @@ class AutoscalingConfig:
         return "AutoscalingConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._given.items()) + ")"
 
 
-class BackpressureConfig:
+class BackpressureConfig(PlainConfig):
     """Ray Serve's ``BackpressureConfig``: the HTTP answer to a request refused
     because ``max_queued_requests`` already wait, ``status_code`` 503 (the
     default) or 429, and with ``retry_after_s`` a ``Retry-After`` header (its
@@ -529,15 +530,7 @@ class BackpressureConfig:
         self.status_code = status_code
         self.retry_after_s = retry_after_s
 
-    def dict(self, **_):
-        return {"status_code": self.status_code, "retry_after_s": self.retry_after_s}
-
-    model_dump = dict
-
-    def __eq__(self, other):
-        return isinstance(other, BackpressureConfig) and self.dict() == other.dict()
-
-    __hash__ = None
+    FIELDS = ("status_code", "retry_after_s")
 
     def __repr__(self):
         return f"BackpressureConfig({self.status_code}, retry_after_s={self.retry_after_s})"
@@ -546,18 +539,7 @@ class BackpressureConfig:
 def normalize_backpressure(value, where="backpressure_config"):
     """A deployment's ``backpressure_config`` (a ``BackpressureConfig``, a dict
     of its fields, or None) as a plain dict, or None."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        _unknown(where, value, ("status_code", "retry_after_s"))
-        value = BackpressureConfig(**value)
-    elif not isinstance(value, BackpressureConfig):
-        dump = getattr(value, "model_dump", None)        # Ray's own
-        if not callable(dump):
-            raise ConfigError(f"{where}: expected a BackpressureConfig or a mapping, got "
-                              f"{type(value).__name__}")
-        value = BackpressureConfig(**dump())
-    return value.dict()
+    return normalized(BackpressureConfig, value, where, ConfigError)
 
 
 class ProxyLocation(str, enum.Enum):

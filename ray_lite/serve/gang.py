@@ -14,6 +14,8 @@ import enum
 import uuid
 from typing import List
 
+from ._plain_config import PlainConfig, normalized
+
 
 @dataclasses.dataclass
 class GangContext:
@@ -35,7 +37,7 @@ class GangRuntimeFailurePolicy(str, enum.Enum):
     RESTART_REPLICA = "RESTART_REPLICA"
 
 
-class GangSchedulingConfig:
+class GangSchedulingConfig(PlainConfig):
     """Ray Serve's ``GangSchedulingConfig``: ``gang_size`` (replicas a gang,
     >= 1), ``gang_placement_strategy`` (PACK or SPREAD),
     ``runtime_failure_policy`` (RESTART_GANG; RESTART_REPLICA is not
@@ -57,40 +59,18 @@ class GangSchedulingConfig:
         self.gang_placement_strategy = strategy
         self.runtime_failure_policy = policy
 
+    FIELDS = ("gang_size", "gang_placement_strategy", "runtime_failure_policy")
+
     def dict(self, **_):
         return {"gang_size": self.gang_size,
                 "gang_placement_strategy": self.gang_placement_strategy.value,
                 "runtime_failure_policy": self.runtime_failure_policy.value}
 
-    model_dump = dict
-
-    def __eq__(self, other):
-        return isinstance(other, GangSchedulingConfig) and self.dict() == other.dict()
-
-    __hash__ = None
-
-    def __repr__(self):
-        return f"GangSchedulingConfig({self.dict()})"
-
 
 def normalize_gang(value):
     """A deployment's ``gang_scheduling_config`` (the class, a dict of its
     fields, Ray's own, or None) as a plain dict, or None."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - {"gang_size", "gang_placement_strategy",
-                                       "runtime_failure_policy"})
-        if unknown:
-            raise ValueError(f"gang_scheduling_config: unknown fields {unknown}")
-        value = GangSchedulingConfig(**value)
-    elif not isinstance(value, GangSchedulingConfig):
-        dump = getattr(value, "model_dump", None)        # Ray's own
-        if not callable(dump):
-            raise TypeError(f"gang_scheduling_config: expected a GangSchedulingConfig or a "
-                            f"mapping, got {type(value).__name__}")
-        value = GangSchedulingConfig(**dump(mode="json"))
-    return value.dict()
+    return normalized(GangSchedulingConfig, value, "gang_scheduling_config")
 
 
 def check(cfg):
