@@ -132,3 +132,42 @@ def test_a_gang_starts_whole_or_not_at_all(serve_runtime):
     started = [pid for pid, rank in seen.values() if rank == 0]
     assert started                                  # it was up, then ended with its gang
     wait_until(lambda: not any(_alive(p) for p in started), "the started member ended", T)
+
+
+class ThreeReplicas:
+    """Asks for 3 replicas each time, and counts its calls in a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, ctx):
+        with open(self.path, "a") as f:
+            f.write("called\n")
+        return 3, {}
+
+
+def test_an_autoscaler_decision_is_rounded_up_to_whole_gangs(serve_runtime, tmp_path):
+    # 3 of gang size 2 is 4: the 4 replicas it started with stay (without
+    # the rounding the target became 3, a whole gang was drained, and 2 were
+    # left running for good).
+    path = tmp_path / "calls"
+    app = Scaled.options(autoscaling_config={
+        "min_replicas": 2, "max_replicas": 4, "initial_replicas": 4,
+        "metrics_interval_s": 0.1,
+        "policy": {"policy_function": f"{__name__}:ThreeReplicas",
+                   "policy_kwargs": {"path": str(path)}}})
+    serve.run(app.bind(), name="scaled", route_prefix=None)
+
+    def running():
+        return serve.status().applications["scaled"].deployments["Scaled"] \
+            .replica_states.get("RUNNING", 0)
+    wait_until(lambda: path.exists() and len(path.read_text().split()) >= 5,
+               "five calls of the policy", T)
+    assert running() == 4
+
+
+@serve.deployment(gang_scheduling_config={"gang_size": 2},
+                  autoscaling_config={"min_replicas": 2, "max_replicas": 4})
+class Scaled:
+    def __call__(self):
+        return serve.get_replica_context().gang_context.rank
