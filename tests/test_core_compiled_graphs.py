@@ -201,3 +201,10 @@ def test_dag_context_sets_the_defaults(graph, monkeypatch):
     queue.put("done")
     with pytest.raises(ValueError, match="must be less than or equal"):
         DAGContext(read_iteration_timeout=20, get_timeout=10)
+
+
+def test_a_bad_setting_in_the_environment_is_named(monkeypatch):
+    from ray_lite.dag import context
+    monkeypatch.setenv("RAY_CGRAPH_get_timeout", "soon")
+    with pytest.raises(ValueError, match="RAY_CGRAPH_get_timeout='soon' is not a valid int"):
+        context._env("get_timeout", 10)

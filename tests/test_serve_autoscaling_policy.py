@@ -239,3 +239,11 @@ def test_a_policy_sees_the_replicas_custom_metrics(serve_runtime):
         return serve.status().applications["reports"].deployments["Reports"] \
             .replica_states.get("RUNNING", 0)
     wait_until(lambda: replicas() == 2, "two replicas, from the custom metric", T)
+
+
+def test_a_bad_stats_timeout_in_the_environment_falls_back_to_rays_default(monkeypatch):
+    from ray_lite.serve._defaults import env_number
+    name = "RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S"
+    for raw, expected in (("abc", 10.0), ("-1", 10.0), ("", 10.0), ("2.5", 2.5)):
+        monkeypatch.setenv(name, raw)
+        assert env_number(name, 10.0, float) == expected

@@ -11,7 +11,12 @@ _context_lock = threading.Lock()
 
 
 def _env(name, default, kind=int):
-    return kind(os.environ.get(f"RAY_CGRAPH_{name}", default))
+    raw = os.environ.get(f"RAY_CGRAPH_{name}", default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"RAY_CGRAPH_{name}={raw!r} is not a valid "
+                         f"{getattr(kind, '__name__', 'value')}") from None
 
 
 @dataclasses.dataclass

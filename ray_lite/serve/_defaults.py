@@ -14,10 +14,22 @@ HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0
 GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 2.0
-# A deployment's record_autoscaling_stats() that takes longer gives no sample
-# (Ray's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S, read as Ray reads it).
-AUTOSCALING_STATS_TIMEOUT_S = float(
-    os.environ.get("RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S", "10"))
+
+
+def env_number(name, default, kind):
+    """One of Ray Serve's RAY_SERVE_* settings: ``default`` when unset, not a
+    number or not positive (a bad value must not stop Serve from starting)."""
+    raw = os.environ.get(name)
+    try:
+        value = kind(raw) if raw else default
+    except ValueError:
+        value = default
+    return value if value > 0 else default
+
+
+# A deployment's record_autoscaling_stats() that takes longer gives no sample.
+AUTOSCALING_STATS_TIMEOUT_S = env_number("RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S",
+                                         10.0, float)
 
 DEPLOYMENT_OPTIONS = {
     "num_replicas": 1,

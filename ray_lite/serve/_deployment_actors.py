@@ -24,6 +24,7 @@ import sys
 import uuid
 
 from . import _core, context
+from ._defaults import env_number
 
 PREFIX = "SERVE_DEPLOYMENT_ACTOR::"
 # Set in a deployment actor's process (Ray's names): get_deployment_actor_context.
@@ -38,25 +39,16 @@ _DROPPED_OPTIONS = ("name", "max_restarts")
 _REFUSED_OPTIONS = ("namespace", "lifetime", "get_if_exists")
 
 
-def _env_number(name, default, kind):
-    raw = os.environ.get(name)
-    try:
-        value = kind(raw) if raw else default
-    except ValueError:
-        value = default
-    return value if value > 0 else default
-
-
 def health_check_period_s():
-    return _env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_PERIOD_S", 10.0, float)
+    return env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_PERIOD_S", 10.0, float)
 
 
 def health_check_timeout_s():
-    return _env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_TIMEOUT_S", 30.0, float)
+    return env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_TIMEOUT_S", 30.0, float)
 
 
 def unhealthy_threshold():
-    return _env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_UNHEALTHY_THRESHOLD", 3, int)
+    return env_number("RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_UNHEALTHY_THRESHOLD", 3, int)
 
 
 class DeploymentActorConfig:
