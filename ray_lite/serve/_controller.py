@@ -353,7 +353,7 @@ class ServeController(Autoscaling, DeploymentActors):
                 for rid, pid in zip(members, pids):
                     dep.replicas[rid] = made[rid]
                     dep.pids[rid] = pid
-                    if len(members) > 1 or gang_contexts:
+                    if gang_contexts:
                         dep.gang_of[rid] = members
                     self._watch(dep, rid, made[rid])
                 self._bump()

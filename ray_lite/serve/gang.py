@@ -108,9 +108,9 @@ def form(dep, rids):
     """Group the new replica ids ``rids`` (whole gangs) into gangs: each id's
     ``GangContext`` fields, and the gangs (lists of ids), recorded in
     ``dep.gangs``/``dep.gang_of``; {} and [] without gangs."""
-    size = size_of(dep)
-    if size == 1 and not dep.config.get("gang_scheduling_config"):
+    if not dep.config.get("gang_scheduling_config"):
         return {}, []
+    size = size_of(dep)
     contexts, gangs = {}, []
     for start in range(0, len(rids), size):
         members = rids[start:start + size]
