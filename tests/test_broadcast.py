@@ -182,6 +182,9 @@ def test_large_buffers_inside_a_chunk_are_private_copies(broadcast_impl):
         np.testing.assert_array_equal(got, a)
         got[0] = 42  # writable
         assert r.dequeue(timeout=WAIT).sum() == 0
+        w.enqueue(np.arange(10))  # in band: writable too, as pickle gives it
+        small = r.dequeue(timeout=WAIT)
+        small[0] = 42
     finally:
         _closing(w, r)
 

@@ -357,6 +357,94 @@ def test_small_numpy_array_stays_in_band(codec_impl):
     np.testing.assert_array_equal(out, arr)
 
 
+class _ArraySubclass(np.ndarray):
+    pass
+
+
+class _Holder:
+    """A plain object holding an array: pickled as a whole, array inside."""
+
+    def __init__(self, array):
+        self.array = array
+
+
+def _readonly_round_trip(codec_impl, value, **kwargs):
+    buf = bytearray(64)
+    buf, end, buffers = codec_impl.encode_growing(value, buf, readonly_arrays=True, **kwargs)
+    return codec_impl.decode(memoryview(buf)[:end], deliver(buffers))
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(10, dtype=np.int32),                                  # in band
+    np.arange(100_000, dtype=np.float64),                           # out of band
+    np.arange(12.0).reshape(3, 4).T,                                # Fortran order
+    np.arange(20.0)[::3],                                           # not contiguous
+    np.array(3.5),                                                  # 0-d
+    np.zeros((0, 4)),                                               # empty
+    np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),         # structured
+], ids=["small", "large", "fortran", "strided", "0d", "empty", "structured"])
+def test_readonly_arrays_decode_read_only_with_their_values(codec_impl, array):
+    for value, pick in ((array, lambda v: v), ({"k": [array]}, lambda v: v["k"][0]),
+                        (_Holder(array), lambda v: v.array)):
+        out = pick(_readonly_round_trip(codec_impl, value))
+        assert type(out) is np.ndarray and not out.flags.writeable
+        assert out.dtype == array.dtype and out.shape == array.shape
+        np.testing.assert_array_equal(out, array)
+        with pytest.raises(ValueError, match="read-only"):
+            out[...] = 0
+    assert array.flags.writeable        # the sender's array is untouched
+
+
+def test_readonly_arrays_keep_large_data_out_of_band(codec_impl):
+    arr = np.arange(100_000, dtype=np.float64)
+    end, buffers = codec_impl.encode_into(arr, bytearray(4096), 0, readonly_arrays=True)
+    assert end < 300 and len(buffers) == 1 and buffers[0].nbytes == arr.nbytes
+    assert np.shares_memory(np.frombuffer(buffers[0], np.uint8), arr)   # still no copy
+
+
+def test_readonly_arrays_is_off_by_default(codec_impl):
+    # The codec's other users (the MessageQueue, the executor's replies)
+    # keep pickle's semantics: arrays come back writable.
+    for n in (10, 100_000):
+        buf, end, buffers = codec_impl.encode_growing(np.zeros(n), bytearray(64))
+        assert codec_impl.decode(memoryview(buf)[:end], deliver(buffers)).flags.writeable
+        assert codec_impl.loads(codec_impl.dumps(np.zeros(n))).flags.writeable
+    assert not codec_impl.loads(codec_impl.dumps(np.zeros(3), readonly_arrays=True)).flags.writeable
+
+
+def test_readonly_arrays_leave_other_arrays_alone(codec_impl):
+    objects = np.array([{"a": 1}, None], dtype=object)    # Python objects, not a buffer
+    sub = np.arange(3).view(_ArraySubclass)               # a subclass: its own reduction
+    out = _readonly_round_trip(codec_impl, [objects, sub, np.float64(2.5)])
+    assert out[0].flags.writeable and out[0][0] == {"a": 1}
+    assert type(out[1]) is _ArraySubclass and out[1].flags.writeable
+    assert type(out[2]) is np.float64 and out[2] == 2.5
+
+
+def test_readonly_arrays_keep_shared_arrays_shared(codec_impl):
+    arr = np.arange(5)
+    out = _readonly_round_trip(codec_impl, _Holder([arr, arr]))
+    assert out.array[0] is out.array[1]
+
+
+def test_readonly_arrays_yield_to_a_registered_serializer(codec_impl):
+    from ray_lite.util.serialization import deregister_serializer, register_serializer
+    register_serializer(np.ndarray, serializer=lambda a: a.tolist(), deserializer=np.array)
+    try:
+        out = _readonly_round_trip(codec_impl, _Holder(np.arange(3)))
+    finally:
+        deregister_serializer(np.ndarray)
+    assert out.array.flags.writeable and out.array.tolist() == [0, 1, 2]
+
+
+def test_readonly_arrays_frames_are_the_same_in_both_twins(twins):
+    compiled, pure = twins
+    value = {"a": np.arange(10), "h": _Holder(np.ones(3))}
+    frames = [t.dumps(value, readonly_arrays=True) for t in (compiled, pure)]
+    assert frames[0] == frames[1]
+    assert not pure.loads(frames[0])["a"].flags.writeable
+
+
 def test_no_threshold_keeps_everything_in_band(codec_impl):
     value = [np.ones(50_000), b"x" * 100_000, bytearray(70_000), memoryview(b"y" * 70_000)]
     buf = bytearray(1 << 20)

@@ -143,6 +143,54 @@ def test_put_numpy_is_a_snapshot_read_zero_copy(rt):
     assert np.shares_memory(got, again)  # both views of the one stored copy
 
 
+@ray.remote
+def writeable(a):
+    return a.flags.writeable
+
+
+@ray.remote
+def zeros(n):
+    return {"a": __import__("numpy").zeros(n)}
+
+
+@ray.remote
+def zeros_stream(n):
+    yield __import__("numpy").zeros(n)
+
+
+@ray.remote
+class ArrayActor:
+    def writeable(self, a):
+        return a.flags.writeable
+
+    def zeros(self, n):
+        return __import__("numpy").zeros(n)
+
+
+@pytest.mark.parametrize("n", [10, 1 << 17], ids=["small", "large"])
+def test_numpy_arrays_arrive_read_only_on_every_path(rt, n):
+    # As Ray's: what get returns and what a task is passed are read-only
+    # views (small arrays too), so a program that writes into one fails
+    # here as it would on Ray instead of only after moving there.
+    np = pytest.importorskip("numpy")
+    actor = ArrayActor.remote()
+    got = {
+        "put": ray.get(ray.put(np.zeros(n))),
+        "task result": ray.get(zeros.remote(n), timeout=T)["a"],
+        "actor result": ray.get(actor.zeros.remote(n), timeout=T),
+        "stream item": ray.get(next(zeros_stream.remote(n)), timeout=T),
+    }
+    for path, value in got.items():
+        assert value.shape == (n,) and not value.flags.writeable, path
+        with pytest.raises(ValueError, match="read-only"):
+            value[0] = 1
+    assert ray.get([writeable.remote(np.zeros(n)), writeable.remote(ray.put(np.zeros(n))),
+                    actor.writeable.remote(np.zeros(n))], timeout=T) == [False] * 3
+    mine = np.zeros(n)
+    ray.get(writeable.remote(mine), timeout=T)
+    assert mine.flags.writeable     # the caller's own array is not touched
+
+
 @pytest.mark.local_only
 def test_put_keeps_refs_inside_alive(rt):
     inner = ray.put([1, 2, 3])

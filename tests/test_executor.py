@@ -115,6 +115,16 @@ def test_args_kwargs_and_results_in_rank_order(ex):
     assert out == [(0, (1, "two", (3,)), {"k": [4]}), (1, (1, "two", (3,)), {"k": [4]})]
 
 
+def test_array_results_stay_writable(ex):
+    # vLLM's executor pickles its replies: arrays come back writable (the
+    # core's read-only arrays, Ray's semantics, are not the executor's).
+    for n in (10, 100_000):
+        arrays = ex.collective_rpc("make_array", args=(n,))
+        assert [int(a[0]) for a in arrays] == [0, 1]
+        assert all(a.flags.writeable for a in arrays)
+        arrays[0][0] = 5
+
+
 def test_unique_reply_rank(ex):
     assert ex.collective_rpc("whoami", unique_reply_rank=1)["rank"] == 1
     assert ex.collective_rpc("echo", args=(5,), unique_reply_rank=0) == (0, (5,), {})

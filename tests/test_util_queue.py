@@ -180,6 +180,18 @@ def test_two_tasks_talk_through_it(rt):
     assert ray_lite.get(producer, timeout=30) == 20
 
 
+def test_numpy_items_come_out_read_only(rt):
+    # As from Ray's queue, an actor: an item is a copy, and its arrays are
+    # read-only whether it went through the shared ring or the owner.
+    np = pytest.importorskip("numpy")
+    q = Queue()
+    ray_lite.get(put_all.remote(q, [np.arange(3), np.zeros(1 << 17)]), timeout=30)
+    q.put(np.arange(4))
+    items = [q.get(timeout=30) for _ in range(3)]
+    assert [len(a) for a in items] == [3, 1 << 17, 4]
+    assert not any(a.flags.writeable for a in items)
+
+
 @pytest.mark.local_only
 def test_async_put_and_get_in_an_async_actor(rt):
     q = Queue(maxsize=1)

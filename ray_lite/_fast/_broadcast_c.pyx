@@ -594,7 +594,7 @@ cdef class MessageQueue:
         cdef uint32_t kind = KIND_INLINE, n_oob = 0, name_len = 0
         cdef Py_ssize_t threshold = -1 if self._oob_threshold is None else self._oob_threshold
         try:
-            end = encode_to_ptr(obj, data, <Py_ssize_t>self._chunk_bytes, bufs, threshold)
+            end = encode_to_ptr(obj, data, <Py_ssize_t>self._chunk_bytes, bufs, threshold, False)
             frame_len = end
             total = end
             if bufs:

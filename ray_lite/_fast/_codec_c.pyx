@@ -30,6 +30,7 @@ from libc.string cimport memcmp, memcpy, memmove
 
 import pickle
 
+from ._arrays import dumps_readonly_arrays
 from .errors import BufferTooSmallError, DecodeError, SerializationError
 
 __all__ = [
@@ -233,6 +234,7 @@ cdef struct Writer:
     bint owns_buffers
     PyObject* root        # the value being encoded, for error paths
     Py_ssize_t threshold  # < 0: everything in-band
+    bint readonly_arrays  # numpy arrays decode read-only (see _arrays)
     # A bytearray destination is written through its raw pointer without a
     # buffer export, which saves the export on the common path.  That is safe
     # only while no Python code can run (it could resize the bytearray), so
@@ -765,7 +767,8 @@ cdef int _enc_pickle(Writer* w, object obj) except -1:
         sink.buffers = _buffer_list(w)
         sink.threshold = w.threshold
     try:
-        payload = _pickle_dumps()(obj, protocol=5, buffer_callback=sink)
+        dumps = dumps_readonly_arrays if w.readonly_arrays else _pickle_dumps()
+        payload = dumps(obj, protocol=5, buffer_callback=sink)
     except Exception as exc:
         return _unserialisable(w, obj, exc)
     n = PyBytes_GET_SIZE(payload)
@@ -884,6 +887,7 @@ cdef inline void _init_writer(Writer* w, object obj, unsigned char* base, Py_ssi
     w.pin_owner = NULL
     w.pin_offset = 0
     w.pinned = False
+    w.readonly_arrays = False
 
 
 cdef inline bint _short_str(Writer* w, object obj) noexcept:
@@ -928,11 +932,13 @@ cdef Py_ssize_t _encode(Writer* w, object obj) except -1:
 
 
 cdef Py_ssize_t encode_to_ptr(object obj, char* dst, Py_ssize_t capacity,
-                              list buffers, Py_ssize_t oob_threshold) except -1:
+                              list buffers, Py_ssize_t oob_threshold,
+                              bint readonly_arrays) except -1:
     # On BufferTooSmallError ``buffers`` is left as it was; after any other
     # error it may hold buffers of the failed frame (discard the list).
     cdef Writer w
     _init_writer(&w, obj, <unsigned char*>dst, capacity, <PyObject*>buffers, oob_threshold)
+    w.readonly_arrays = readonly_arrays
     return _encode(&w, obj)
 
 
@@ -963,12 +969,14 @@ cdef inline void _finish_writer(Writer* w) noexcept:
         w.owns_buffers = False
 
 
-def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
+def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD, *,
+                bint readonly_arrays=False):
     """Write the frame of ``obj`` into ``buf`` at ``offset``; return ``(end, buffers)``.
 
     ``buf`` is any writable C-contiguous buffer (bytearray, memoryview of an
     mmap...).  ``buffers`` is a tuple, ``()`` when everything is in-band.
     ``oob_threshold=None`` (or negative) keeps everything in-band.
+    ``readonly_arrays``: numpy arrays decode read-only (see ``_arrays``).
     """
     cdef Py_ssize_t threshold = _threshold_arg(oob_threshold)
     cdef Py_ssize_t size
@@ -982,6 +990,7 @@ def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
                      NULL, threshold)
         w.pin_owner = <PyObject*>buf
         w.pin_offset = offset
+        w.readonly_arrays = readonly_arrays
         try:
             return _encoded(offset + _encode(&w, obj), &w)
         finally:
@@ -989,6 +998,7 @@ def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
     if _get_buffer(buf, &view, PyBUF_WRITABLE) == -1:
         _raise_buffer_error("encode_into needs a writable C-contiguous buffer")
     _init_writer(&w, obj, <unsigned char*>view.buf, 0, NULL, threshold)
+    w.readonly_arrays = readonly_arrays
     try:
         if not 0 <= offset <= view.len:
             raise ValueError(f"offset {offset} outside the buffer of {view.len} bytes")
@@ -1001,7 +1011,7 @@ def encode_into(obj, buf, Py_ssize_t offset=0, oob_threshold=OOB_THRESHOLD):
 
 
 def encode_growing(obj, bytearray buf not None, oob_threshold=OOB_THRESHOLD, *, limit=None,
-                   on_retry=None):
+                   on_retry=None, bint readonly_arrays=False):
     """Encode ``obj`` into the bytearray ``buf``, or into a bigger one when it
     does not fit; return ``(buf, end, buffers)``: the bytearray that holds the
     frame at ``[0:end]`` and a list of its out-of-band buffers.
@@ -1020,7 +1030,8 @@ def encode_growing(obj, bytearray buf not None, oob_threshold=OOB_THRESHOLD, *, 
         # Exported while encoding: a reduction cannot resize it under us.
         PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
         try:
-            end = encode_to_ptr(obj, <char*>view.buf, view.len, buffers, threshold)
+            end = encode_to_ptr(obj, <char*>view.buf, view.len, buffers, threshold,
+                                readonly_arrays)
             return buf, end, buffers
         except BufferTooSmallError as exc:
             needed = exc.needed
@@ -1048,12 +1059,13 @@ cdef int _raise_buffer_error(str message) except -1:
     return -1  # TypeError from a non-buffer object, already set
 
 
-def dumps(obj):
+def dumps(obj, *, bint readonly_arrays=False):
     """The frame of ``obj`` as bytes, everything in-band."""
     cdef unsigned char local[_DUMPS_STACK]
     cdef Writer w
     _init_writer(&w, obj, local, _DUMPS_STACK, NULL, -1)
     w.growable = True
+    w.readonly_arrays = readonly_arrays
     try:
         _encode(&w, obj)
         return PyBytes_FromStringAndSize(<char*>w.base, w.pos)

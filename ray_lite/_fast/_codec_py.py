@@ -89,6 +89,7 @@ import operator
 import pickle
 import struct
 
+from ._arrays import dumps_readonly_arrays
 from .errors import BufferTooSmallError, DecodeError, SerializationError
 
 __all__ = [
@@ -278,12 +279,13 @@ class _Encoder:
     Iterative (a stack of the open containers' item iterators) so that
     MAX_DEPTH levels never meet Python's recursion limit.
     """
-    __slots__ = ("out", "buffers", "threshold")
+    __slots__ = ("out", "buffers", "threshold", "readonly_arrays")
 
-    def __init__(self, buffers, threshold):
+    def __init__(self, buffers, threshold, readonly_arrays=False):
         self.out = bytearray()
         self.buffers = buffers
         self.threshold = threshold
+        self.readonly_arrays = readonly_arrays
 
     def encode(self, obj):
         stack = []
@@ -433,7 +435,8 @@ class _Encoder:
                 buffers.append(raw)
                 return False
         try:
-            payload = _pickle_dumps()(obj, protocol=5, buffer_callback=callback)
+            dumps = dumps_readonly_arrays if self.readonly_arrays else _pickle_dumps()
+            payload = dumps(obj, protocol=5, buffer_callback=callback)
         except Exception as exc:
             raise _Unserialisable(obj, exc) from exc
         n = _PICKLE_HEAD.size + len(payload)
@@ -461,8 +464,8 @@ def _threshold(oob_threshold):
     return value if value >= 0 else -1
 
 
-def _encode(obj, buffers, threshold):
-    encoder = _Encoder(buffers, threshold)
+def _encode(obj, buffers, threshold, readonly_arrays=False):
+    encoder = _Encoder(buffers, threshold, readonly_arrays)
     first = len(buffers)
     try:
         try:
@@ -478,12 +481,13 @@ def _encode(obj, buffers, threshold):
     return encoder.out
 
 
-def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
+def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD, *, readonly_arrays=False):
     """Write the frame of ``obj`` into ``buf`` at ``offset``; return ``(end, buffers)``.
 
     ``buf`` is any writable C-contiguous buffer (bytearray, memoryview of an
     mmap...).  ``buffers`` is a tuple, ``()`` when everything is in-band.
     ``oob_threshold=None`` (or negative) keeps everything in-band.
+    ``readonly_arrays``: numpy arrays decode read-only (see ``_arrays``).
     """
     offset = operator.index(offset)
     threshold = _threshold(oob_threshold)
@@ -502,7 +506,7 @@ def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
             if not 0 <= offset <= capacity:
                 raise ValueError(f"offset {offset} outside the buffer of {capacity} bytes")
             buffers = []
-            frame = _encode(obj, buffers, threshold)
+            frame = _encode(obj, buffers, threshold, readonly_arrays)
             n = len(frame)
             if n > capacity - offset:
                 raise BufferTooSmallError(
@@ -511,7 +515,8 @@ def encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD):
     return offset + n, tuple(buffers)
 
 
-def encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None):
+def encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None,
+                   readonly_arrays=False):
     """Encode ``obj`` into the bytearray ``buf``, or into a bigger one when it
     does not fit; return ``(buf, end, buffers)``: the bytearray that holds the
     frame at ``[0:end]`` and a list of its out-of-band buffers.
@@ -525,7 +530,8 @@ def encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retr
         raise TypeError(f"encode_growing needs a bytearray, not {type(buf).__name__!r}")
     while True:
         try:
-            end, buffers = encode_into(obj, buf, 0, oob_threshold)
+            end, buffers = encode_into(obj, buf, 0, oob_threshold,
+                                       readonly_arrays=readonly_arrays)
             return buf, end, list(buffers)
         except BufferTooSmallError as exc:
             needed = exc.needed
@@ -541,9 +547,9 @@ def _grown(buf, needed, limit, on_retry):
     return bytearray(max(needed, 2 * len(buf)))
 
 
-def dumps(obj):
+def dumps(obj, *, readonly_arrays=False):
     """The frame of ``obj`` as bytes, everything in-band."""
-    return bytes(_encode(obj, [], -1))
+    return bytes(_encode(obj, [], -1, readonly_arrays))
 
 
 # ---------------------------------------------------------------- decoding

@@ -61,6 +61,7 @@ cdef class Link:
     def __init__(self, names, ShmRing tx not None, ShmRing rx not None):
         self.names = names
         self._tx = tx
+        tx.readonly_arrays = True   # as Ray's arrays are: see _arrays
         self._rx = rx
         self._closed = False
         self._fd = rx.fileno()

@@ -28,6 +28,7 @@ class Link:
     def __init__(self, names, tx, rx):
         self.names = names
         self._tx = tx
+        tx.readonly_arrays = True   # as Ray's arrays are: see _arrays
         self._rx = rx
         self._lock = threading.Lock()
         self._closed = False

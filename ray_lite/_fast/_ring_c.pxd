@@ -120,6 +120,7 @@ cdef class ShmRing:
     cdef bint _in_op            # an operation is running (one at a time per end)
     cdef int _pins              # running operation and close(): the mapping stays while > 0
     cdef list _oob              # reused out-of-band buffer list for encode_to_ptr
+    cdef public bint readonly_arrays    # numpy arrays sent decode read-only (the core's links)
     cdef object __weakref__
 
     cdef int _enter(self, bint producer) except -1

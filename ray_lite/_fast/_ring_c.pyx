@@ -472,6 +472,7 @@ cdef class ShmRing:
         self._in_op = False
         self._pins = 0
         self._oob = []
+        self.readonly_arrays = False
         self.end.fifo_fd = -1
         self.end.peer_pidfd = -1
         self.end.peer_dead = 0
@@ -661,7 +662,8 @@ cdef class ShmRing:
             need = 0
             n = 0
             try:
-                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
+                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD,
+                                  self.readonly_arrays)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1)
             if not need:
@@ -686,7 +688,8 @@ cdef class ShmRing:
             if PyList_GET_SIZE(self._oob):
                 del self._oob[:]
             try:
-                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD)
+                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD,
+                                  self.readonly_arrays)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1, need + 1)
                 continue
@@ -734,7 +737,7 @@ cdef class ShmRing:
         try:
             scratch, n, buffers = encode_growing(
                 obj, bytearray(max(<Py_ssize_t>e.inline_limit * 2, 4096)), OOB_THRESHOLD,
-                limit=e.max_message)
+                limit=e.max_message, readonly_arrays=self.readonly_arrays)
         except BufferTooSmallError as exc:
             raise MessageTooLargeError(
                 f"message of {exc.needed} bytes exceeds max_message_size={e.max_message}") from None

@@ -19,6 +19,9 @@ Public names (identical in ``_ring_c``)
 ``ring.closed``, ``ring.peer_pid`` (0 until the other end attached)
 ``ring.put(obj, timeout=None)``
     Producer: encode ``obj`` with the codec straight into the ring.
+``ring.readonly_arrays``
+    Producer, settable, False at first: numpy arrays put decode read-only
+    (``_arrays``; the core's links set it, as Ray's arrays are).
 ``ring.put_bytes(data, timeout=None)``
     Producer: send a raw bytes-like message.
 ``ring.get(timeout=None)``
@@ -466,7 +469,7 @@ class ShmRing:
         "_prefix", "_mm", "_mv", "_h64", "_h32", "_data", "_d64", "_addr_anchor", "_base_addr",
         "_fifo_fd", "_pos", "_cache", "_pending_hdr", "_pending_skip", "_closed", "_in_op",
         "_closing", "_released", "_lock", "_peer_pid", "_peer_pidfd", "_peer_dead", "_my_pid",
-        "__weakref__",
+        "readonly_arrays", "__weakref__",
     )
 
     def __init__(self, *args, **kwargs):
@@ -518,6 +521,7 @@ class ShmRing:
         self._in_op = False
         self._closing = False
         self._released = False
+        self.readonly_arrays = False
         self._lock = threading.Lock()
         self._pending_hdr = 0
         self._pending_skip = 0
@@ -854,7 +858,8 @@ class ShmRing:
                 room = self._room_after_reserve(off)
             room = min(room, limit)
             try:
-                end, buffers = _codec.encode_into(obj, data[:off + room], off, _codec.OOB_THRESHOLD)
+                end, buffers = _codec.encode_into(obj, data[:off + room], off, _codec.OOB_THRESHOLD,
+                                                  readonly_arrays=self.readonly_arrays)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1, need + 1)
                 if need > limit:
@@ -887,7 +892,7 @@ class ShmRing:
         try:
             scratch, end, buffers = _codec.encode_growing(
                 obj, bytearray(max(self._inline_limit * 2, 4096)), _codec.OOB_THRESHOLD,
-                limit=self._max_message)
+                limit=self._max_message, readonly_arrays=self.readonly_arrays)
         except BufferTooSmallError as exc:
             raise self._too_large(exc.needed) from None
         total = end + sum(b.nbytes for b in buffers)

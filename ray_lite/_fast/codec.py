@@ -13,20 +13,22 @@ arrays), are not copied into the frame: they are returned to the caller as
 
 Public names (identical in both twins):
 
-``encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD) -> (end, buffers)``
+``encode_into(obj, buf, offset=0, oob_threshold=OOB_THRESHOLD, *, readonly_arrays=False) -> (end, buffers)``
     Write the frame of ``obj`` into the writable buffer ``buf`` starting at
     ``offset``; return the offset just past the frame and the frame's
     out-of-band buffers as a tuple of 1-D byte memoryviews -- the empty tuple
     when there are none, so the common frame allocates no container for
     them.  ``oob_threshold=None`` keeps everything in the frame.  Raises ``BufferTooSmallError`` when the
     frame does not fit, ``SerializationError`` for values nothing can serialise.
-``encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None) -> (buf, end, buffers)``
+    ``readonly_arrays=True`` pickles numpy arrays so that they decode
+    read-only, as Ray's are (``_arrays``: the core's links and ``put``).
+``encode_growing(obj, buf, oob_threshold=OOB_THRESHOLD, *, limit=None, on_retry=None, readonly_arrays=False) -> (buf, end, buffers)``
     ``encode_into`` at offset 0 of the bytearray ``buf``, retried in a
     bigger bytearray (``max(needed, 2 * len(buf))`` bytes) until the frame
     fits; returns the bytearray used, the frame's end and its out-of-band
     buffers as a list.  A frame over ``limit`` bytes raises
     ``BufferTooSmallError``; ``on_retry()`` runs before each retry.
-``dumps(obj) -> bytes``
+``dumps(obj, *, readonly_arrays=False) -> bytes``
     The frame as bytes, everything in-band.
 ``decode(data, buffers=()) -> obj``
     Decode exactly one frame that fills ``data`` (any bytes-like object,

@@ -216,7 +216,8 @@ def _store_value(node, value):
     outer = getattr(_local, "freezing", None)
     refs = _local.freezing = []
     try:
-        buf, end, oob = codec.encode_growing(value, bytearray(4096), codec.OOB_THRESHOLD)
+        buf, end, oob = codec.encode_growing(value, bytearray(4096), codec.OOB_THRESHOLD,
+                                             readonly_arrays=True)
         if refs or sum(b.nbytes for b in oob) < object_store.STORE_THRESHOLD:
             return None
         return _StoredEntry(node, bytes(memoryview(buf)[:end]), oob)
@@ -282,7 +283,7 @@ def frozen_entry(value):
         buf = bytearray(512)
         while True:
             try:
-                end, oob = codec.encode_into(value, buf, 0)
+                end, oob = codec.encode_into(value, buf, 0, readonly_arrays=True)
                 break
             except BufferTooSmallError as exc:
                 buf = bytearray(max(exc.needed, 2 * len(buf)))

@@ -155,7 +155,7 @@ class Queue:
         _check_timeout(timeout)
         ring = self._direct()
         if ring is not None:
-            data = _codec.dumps(item)
+            data = _codec.dumps(item, readonly_arrays=True)
             if ring.try_put(data, self.maxsize) or (
                     self.maxsize > 0 and _may_spin(timeout)
                     and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize)):
@@ -170,7 +170,8 @@ class Queue:
             timeout = 0
         _check_timeout(timeout)
         ring = self._direct()
-        if ring is not None and ring.try_put(_codec.dumps(item), self.maxsize):
+        if ring is not None and ring.try_put(_codec.dumps(item, readonly_arrays=True),
+                                             self.maxsize):
             return
         if not await self._owner.put.remote(item, timeout):
             raise Full
@@ -334,7 +335,7 @@ class _QueueOwner:
         """``item`` at the tail: in the ring when nothing waits in ``overflow``."""
         overflow = self.overflow
         try:
-            data = _codec.dumps(item)
+            data = _codec.dumps(item, readonly_arrays=True)
         except Exception:       # came through a call, but may not encode again
             data = None
         if data is not None and len(data) > self.ring.item_limit:
