@@ -146,6 +146,37 @@ def test_the_controller_applies_it(serve_runtime):
     wait_until(lambda: replicas() == 2, "the policy's two replicas", T)
 
 
+def from_controller_env(ctx):
+    # Runs in the controller: what its environment says.
+    return int(os.environ.get("RL_CONTROLLER_WANT", "1")), {}
+
+
+@serve.deployment(autoscaling_config={"min_replicas": 1, "max_replicas": 3,
+                                      "metrics_interval_s": 0.1,
+                                      "policy": {"policy_function":
+                                                 f"{__name__}:from_controller_env"}})
+class FromEnv:
+    def __call__(self):
+        return os.getpid()
+
+
+def test_controller_options_env_vars_reach_the_policy(serve_runtime):
+    assert "RL_CONTROLLER_WANT" not in os.environ
+    serve.run(FromEnv.bind(), name="env", route_prefix=None,
+              controller_options=serve.ControllerOptions(
+                  runtime_env={"env_vars": {"RL_CONTROLLER_WANT": "3"}}))
+
+    def replicas():
+        return serve.status().applications["env"].deployments["FromEnv"] \
+            .replica_states.get("RUNNING", 0)
+    wait_until(lambda: replicas() == 3, "the three replicas the controller's env asks for", T)
+    # Once the controller runs, new options are not applied: Ray warns too.
+    with pytest.warns(UserWarning, match="controller_options apply when the Serve "
+                                         "controller starts") as warned:
+        serve.start(controller_options={"runtime_env": {"env_vars": {"RL_CONTROLLER_WANT": "1"}}})
+    assert warned[0].filename == __file__
+
+
 # ----------------------------------------------- custom autoscaling metrics
 
 def test_custom_metrics_are_kept_over_the_look_back_window_per_running_replica():

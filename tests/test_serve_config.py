@@ -83,6 +83,16 @@ def test_a_good_file_parses_with_ray_defaults():
     assert any("proxy_location" in n for n in parsed["notes"])
 
 
+def test_controller_options_tracing_and_the_external_scaler_flag_are_read():
+    parsed = _parse("controller_options: {runtime_env: {env_vars: {K: v}}}\n"
+                    "tracing_config: {enabled: false, sampling_ratio: 0.5}\n"
+                    "applications: [{import_path: m:a, external_scaler_enabled: true, "
+                    "deployments: [{name: D, num_replicas: 2}]}]\n")
+    assert parsed["controller_options"] == {"runtime_env": {"env_vars": {"K": "v"}}}
+    assert parsed["applications"][0]["external_scaler_enabled"] is True
+    assert _parse(GOOD)["applications"][0]["external_scaler_enabled"] is False
+
+
 def test_the_single_application_form():
     parsed = _parse("import_path: cfg_mod:app\nroute_prefix: /x\nport: 0\n")
     assert parsed["http_options"] == {"port": 0}
@@ -115,6 +125,19 @@ def test_the_single_application_form():
     ("http_options: {port: http}", "http_options.port"),
     ("target_capacity: 50", "target_capacity"),
     ("[1, 2]", "expected a mapping"),
+    ("controller_options: {runtime_env: {pip: [x]}}",
+     "controller_options: ControllerOptions.runtime_env only supports ['env_vars']"),
+    ("controller_options: {runtime_env: {env_vars: {A: 1}}}",
+     "controller_options: env_vars['A'] must be str"),
+    ("controller_options: {runtim_env: {}}", "controller_options: unknown key 'runtim_env'"),
+    ("tracing_config: {enabled: true}", "tracing_config: ray_lite.serve exports no traces"),
+    ("tracing_config: {sampling_ratio: 2}", "sampling_ratio must be between 0.0 and 1.0"),
+    ("applications: [{import_path: m:a, external_scaler_enabled: true, deployments: "
+     "[{name: D, num_replicas: auto}, {name: E, num_replicas: 2}]}]",
+     'external_scaler_enabled is set to True, but the following deployment(s) have '
+     'autoscaling configured: "D"'),
+    ("applications: [{import_path: m:a, external_scaler_enabled: 1}]",
+     "external_scaler_enabled: expected true or false"),
 ])
 def test_bad_files_are_refused_naming_the_key(text, names):
     with pytest.raises(ConfigError) as err:

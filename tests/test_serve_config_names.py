@@ -185,3 +185,60 @@ def test_ray_actor_options_runtime_env_and_label_selector_reach_the_replicas(ser
                      route_prefix="/fallback").remote().result(timeout_s=30) == "unset"
     with pytest.raises(ValueError, match="Invalid label selector value `in\\(\\)`"):
         EnvReader.options(ray_actor_options={"label_selector": {"region": "in()"}})
+
+
+def test_run_takes_rays_signature():
+    import inspect
+    params = inspect.signature(serve.run).parameters
+    assert list(params)[:8] == ["target", "blocking", "name", "route_prefix", "logging_config",
+                                "_local_testing_mode", "external_scaler_enabled",
+                                "controller_options"]
+    assert params["blocking"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def test_controller_options_are_checked_as_rays():
+    from ray_lite.serve.config import ControllerOptions
+    from ray_lite.serve._start_options import controller_env_vars
+    assert serve.ControllerOptions is ControllerOptions
+    opts = ControllerOptions(runtime_env={"env_vars": {"K": "v"}})
+    assert opts.model_dump() == {"runtime_env": {"env_vars": {"K": "v"}}}
+    assert controller_env_vars(opts) == controller_env_vars(opts.dict()) == {"K": "v"}
+    assert controller_env_vars(None) is None and controller_env_vars({}) is None
+    assert ControllerOptions().runtime_env is None
+    for runtime_env, words in (({"pip": ["x"]}, r"only supports \['env_vars'\].*\['pip'\]"),
+                               ("env", "runtime_env must be a dict, got str"),
+                               ({"env_vars": ["K"]}, "env_vars must be a dict"),
+                               ({"env_vars": {"": "v"}}, "non-empty str"),
+                               ({"env_vars": {"K": 1}}, r"env_vars\['K'\] must be str")):
+        with pytest.raises(ValueError, match=words):
+            ControllerOptions(runtime_env=runtime_env)
+    with pytest.raises(TypeError, match="controller_options must be a dict, ControllerOptions"):
+        controller_env_vars(["env_vars"])
+    with pytest.raises(ValueError, match="unknown key 'runtim_env'"):
+        controller_env_vars({"runtim_env": {}})
+
+
+def test_tracing_config_has_rays_defaults_and_checks(monkeypatch):
+    from ray_lite.serve.schema import TracingConfig
+    assert serve.TracingConfig is TracingConfig
+    monkeypatch.delenv("RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH", raising=False)
+    monkeypatch.delenv("RAY_SERVE_TRACING_SAMPLING_RATIO", raising=False)
+    assert TracingConfig().dict() == {"enabled": False, "exporter_import_path": "",
+                                      "sampling_ratio": 0.01}
+    monkeypatch.setenv("RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH", "mod:exporter")
+    assert TracingConfig().enabled and TracingConfig().exporter_import_path == "mod:exporter"
+    with pytest.raises(ValueError, match="sampling_ratio must be between 0.0 and 1.0, got 1.5"):
+        TracingConfig(sampling_ratio=1.5)
+
+
+def test_configure_default_serve_logger_logs_to_standard_error(capsys):
+    import logging
+    logger = logging.getLogger("ray.serve")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    try:
+        serve.configure_default_serve_logger()
+        logger.info("configured here")
+        err = capsys.readouterr().err
+        assert "INFO" in err and " serve " in err and "-- configured here" in err
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved

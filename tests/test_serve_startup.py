@@ -245,10 +245,10 @@ def test_start_refuses_what_it_cannot_honour_naming_it():
                  _GrpcOptions()):
         with pytest.raises(ValueError, match="grpc_options.*no gRPC ingress"):
             serve.start(grpc_options=grpc)
-    with pytest.raises(ValueError, match="tracing_config"):
-        serve.start(tracing_config={"exporter_import_path": "tracing:setup"})
-    with pytest.raises(ValueError, match="controller_options"):
-        serve.start(controller_options={"runtime_env": {}})
+    with pytest.raises(ValueError, match="tracing_config.*exports no traces"):
+        serve.start(tracing_config={"enabled": True, "exporter_import_path": "tracing:setup"})
+    with pytest.raises(ValueError, match="only supports"):
+        serve.start(controller_options={"runtime_env": {"working_dir": "."}})
     with pytest.raises(TypeError, match="http_port"):
         serve.start(http_port=8000)
 
@@ -257,7 +257,8 @@ def test_start_takes_ray_signature_and_harmless_options(serve_runtime):
     with pytest.warns(UserWarning, match="logging_config"):
         serve.start(None, {"port": 0, "proxies": 1},
                     grpc_options={"port": 9000, "grpc_servicer_functions": []},
-                    logging_config={"log_level": "INFO"}, detached=True)
+                    logging_config={"log_level": "INFO"}, detached=True,
+                    tracing_config=serve.TracingConfig(enabled=False))
     try:
         @serve.deployment
         def hello(request):

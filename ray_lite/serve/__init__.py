@@ -27,6 +27,8 @@ from .api import (
 )
 from ._asgi import ingress
 from ._http import HTTPOptions
+from ._logging import configure_default_serve_logger
+from ._start_options import ControllerOptions, TracingConfig
 from .batching import batch
 from .context import get_trace_context
 from .deployment import Application, Deployment, deployment
@@ -40,6 +42,7 @@ __all__ = [
     "get_deployment_actor", "get_deployment_actor_context",
     "ingress", "multiplexed", "get_multiplexed_model_id", "get_trace_context",
     "DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator", "HTTPOptions",
+    "ControllerOptions", "TracingConfig", "configure_default_serve_logger",
 ]
 
 

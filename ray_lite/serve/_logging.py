@@ -83,6 +83,12 @@ def logging_config_dict(value, where="logging_config"):
     return LoggingConfig(**value).dict()
 
 
+def configure_default_serve_logger():
+    """Ray's: this process's ``"ray.serve"`` logger set up as Serve's own
+    processes set theirs (the default ``LoggingConfig``, standard error)."""
+    configure_replica_logger("", "serve", str(os.getpid()), None)
+
+
 def configure_replica_logger(app_name, deployment, replica_id, config):
     """Set up this replica process's ``"ray.serve"`` logger (``config``: the
     dict of ``logging_config_dict``, or None for the default)."""

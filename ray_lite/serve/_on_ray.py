@@ -135,7 +135,7 @@ def _to_ray_app(app, seen):
 
 
 def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
-        **_ray_lite_only):
+        external_scaler_enabled=False, controller_options=None):
     if isinstance(target, Deployment):
         target = target.bind()
     if not isinstance(target, Application):
@@ -144,10 +144,13 @@ def run(target, *, blocking=False, name="default", route_prefix="/", logging_con
     from ._logging import logging_config_dict
     return _serve().run(_to_ray_app(target, {}), blocking=blocking, name=name,
                         route_prefix=route_prefix,
-                        logging_config=logging_config_dict(logging_config))
+                        logging_config=logging_config_dict(logging_config),
+                        external_scaler_enabled=external_scaler_enabled,
+                        controller_options=_plain(controller_options))
 
 
-def run_many(targets, blocking=False, wait_for_ingress=True, wait_for_running=True):
+def run_many(targets, blocking=False, wait_for_ingress=True, wait_for_running=True,
+             controller_options=None):
     """ray_lite's ``RunTarget``s deployed by Ray Serve's ``run_many``."""
     from ._logging import logging_config_dict
     serve = _serve()
@@ -158,7 +161,8 @@ def run_many(targets, blocking=False, wait_for_ingress=True, wait_for_running=Tr
                         logging_config=logging_config_dict(t.logging_config),
                         external_scaler_enabled=t.external_scaler_enabled)
         for t in targets], blocking=blocking, wait_for_ingress_deployment_creation=wait_for_ingress,
-        wait_for_applications_running=wait_for_running)
+        wait_for_applications_running=wait_for_running,
+        controller_options=_plain(controller_options))
 
 
 async def shutdown_async():
@@ -173,8 +177,14 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     kwargs.pop("detached", None)
     return _serve().start(proxy_location=proxy_location, http_options=http_options,
                           grpc_options=grpc_options, logging_config=logging_config,
-                          tracing_config=tracing_config, controller_options=controller_options,
-                          **kwargs)
+                          tracing_config=_plain(tracing_config),
+                          controller_options=_plain(controller_options), **kwargs)
+
+
+def _plain(config):
+    """ray_lite's ``ControllerOptions`` / ``TracingConfig`` as the dict Ray's take."""
+    from ._plain_config import PlainConfig
+    return config.dict() if isinstance(config, PlainConfig) else config
 
 
 def status():

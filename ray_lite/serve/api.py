@@ -9,6 +9,7 @@ import warnings
 import cloudpickle
 
 from ray_lite._private import backend
+from ray_lite._private.call_options import _user_stacklevel
 
 from . import _core, _defaults, _metrics, context
 from ._http import HTTPOptions, check_route_prefix
@@ -17,6 +18,7 @@ from .handle import DeploymentHandle
 from ._asgi import asgi_app_of_class, pickle_deployment_class
 from ._autoscaling_policy import ship as ship_policy
 from ._deployment_actors import pickled as pickled_actors
+from ._start_options import check_start_options, controller_env_vars
 from .multiplex import is_multiplexed
 from .schema import ServeStatus
 
@@ -44,11 +46,15 @@ def _controller_or_none():
         return None
 
 
-def _ensure_controller(http_options=None):
+def _ensure_controller(http_options=None, controller_options=None):
+    env_vars = controller_env_vars(controller_options)     # checked first, even when it runs
     if not _core.is_initialized():
         _core.init()
     ctl = _controller_or_none()
     if ctl is not None:
+        if env_vars:
+            warnings.warn("controller_options apply when the Serve controller starts; it "
+                          "already runs, so these are ignored", stacklevel=_user_stacklevel())
         return ctl
     if not _core.is_driver():
         from .exceptions import RayServeException
@@ -58,7 +64,8 @@ def _ensure_controller(http_options=None):
     from ._controller import ServeController
     cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
-                                               get_if_exists=True)
+                                               get_if_exists=True,
+                                               runtime_env={"env_vars": env_vars or {}})
     ctl = cls.remote(http_options or {})
     context.set_controller(ctl)
     return ctl
@@ -69,45 +76,25 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
     """Start Serve and its HTTP proxies (``http_options``: host, port, proxies,
     request_timeout_s, keep_alive_timeout_s, max_body_size), with Ray's signature.
 
-    What ray_lite cannot honour is refused, naming the option: a gRPC
-    ingress (``grpc_options`` with servicer functions), ``tracing_config``,
-    ``controller_options``.  ``logging_config`` is accepted and not applied
-    (Serve logs to standard error), with a warning.
+    ``controller_options`` (a ``ControllerOptions``: the controller's
+    ``env_vars``) apply if Serve was not running yet.  What ray_lite cannot
+    honour is refused, naming the option: a gRPC ingress (``grpc_options``
+    with servicer functions), a ``tracing_config`` that turns tracing on.
+    ``logging_config`` is accepted and not applied (Serve logs to standard
+    error), with a warning.
     """
     if backend.RAY:
         from . import _on_ray
         return _on_ray.start(proxy_location, http_options, grpc_options, logging_config,
                              tracing_config, controller_options, **kwargs)
-    _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
-                         kwargs)
+    check_start_options(grpc_options, logging_config, tracing_config, kwargs)
     with _lock:
         opts = _http_options(http_options)
-        ctl = _ensure_controller(opts)
+        ctl = _ensure_controller(opts, controller_options)
         _metrics.prepare(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
         _core.get(ctl.start_proxies.remote(opts))
-
-
-def _option(config, name):
-    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
-
-
-def _check_start_options(grpc_options, logging_config, tracing_config, controller_options,
-                         kwargs):
-    if grpc_options is not None and _option(grpc_options, "grpc_servicer_functions"):
-        raise ValueError("serve.start(grpc_options=...): ray_lite.serve has no gRPC ingress "
-                         "(HTTP only); drop grpc_servicer_functions")
-    for name, value in (("tracing_config", tracing_config),
-                        ("controller_options", controller_options)):
-        if value is not None:
-            raise ValueError(f"serve.start({name}=...) is not supported by ray_lite.serve")
-    unknown = sorted(k for k in kwargs if k != "detached")    # detached: Ray's older keyword
-    if unknown:
-        raise TypeError(f"serve.start() got unexpected keyword arguments: {', '.join(unknown)}")
-    if logging_config is not None:
-        warnings.warn("serve.start(logging_config=...) is not applied by ray_lite.serve: "
-                      "Serve logs to standard error", stacklevel=3)
 
 
 def _http_options(http_options):
@@ -210,14 +197,20 @@ class RunTarget:
     external_scaler_enabled: bool = False
 
 
-def run(target, *, blocking=False, name="default", route_prefix="/", logging_config=None,
-        _local_testing_mode=False, external_scaling_enabled=False, _code_version=None):
-    """Deploy ``target`` (an ``Application``) as ``name``; return its ingress handle."""
+def run(target, blocking=False, name="default", route_prefix="/", logging_config=None,
+        _local_testing_mode=False, external_scaler_enabled=False, controller_options=None, *,
+        _code_version=None):
+    """Deploy ``target`` (an ``Application``) as ``name``; return its ingress
+    handle (Ray's signature).  ``controller_options`` apply if this starts Serve."""
     if backend.RAY:
         from . import _on_ray
         return _on_ray.run(target, blocking=blocking, name=name, route_prefix=route_prefix,
-                           logging_config=logging_config)
-    (handle,) = _deploy([RunTarget(target, name, route_prefix, logging_config)], _code_version)
+                           logging_config=logging_config,
+                           external_scaler_enabled=external_scaler_enabled,
+                           controller_options=controller_options)
+    (handle,) = _deploy([RunTarget(target, name, route_prefix, logging_config,
+                                   external_scaler_enabled)],
+                        _code_version, controller_options=controller_options)
     if blocking:
         _block_forever()
     return handle
@@ -247,14 +240,14 @@ def run_many(targets, blocking=False, wait_for_ingress_deployment_creation=True,
     if backend.RAY:
         from . import _on_ray
         return _on_ray.run_many(targets, blocking, wait_for_ingress_deployment_creation,
-                                wait_for_applications_running)
-    handles = _deploy(targets, caller="serve.run_many")
+                                wait_for_applications_running, controller_options)
+    handles = _deploy(targets, caller="serve.run_many", controller_options=controller_options)
     if blocking:
         _block_forever()
     return handles
 
 
-def _deploy(targets, code_version=None, caller="serve.run"):
+def _deploy(targets, code_version=None, caller="serve.run", controller_options=None):
     """Deploy ``targets`` (``RunTarget``s), one after the other; their handles."""
     apps = []
     for t in targets:
@@ -267,7 +260,7 @@ def _deploy(targets, code_version=None, caller="serve.run"):
     global _longest_graceful_s
     handles = []
     with _lock:
-        ctl = _ensure_controller()
+        ctl = _ensure_controller(controller_options=controller_options)
         built = [_build(app, t.name, code_version, t.logging_config)
                  for app, t in zip(apps, targets)]
         for ingress, specs in built:

@@ -290,7 +290,8 @@ def _run(args):
             where = f"application {args.name!r} running at http://{opts['host']}:" \
                     f"{_http_port()}{prefix}"
         else:
-            serve.start(http_options=opts)
+            serve.start(http_options=opts,
+                        controller_options=(parsed or {}).get("controller_options"))
             if app is not None:
                 serve.run(app, name=args.name, route_prefix=None)
             elif parsed is not None:

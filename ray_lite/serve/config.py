@@ -38,6 +38,7 @@ from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOption
 from ._autoscaling_policy import (AutoscalingContext, AutoscalingPolicy,  # noqa: F401
                                   normalize as normalize_policy)   # (Ray's place for them)
 from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
+from ._start_options import ControllerOptions, check_tracing_config, controller_env_vars  # noqa: F401
 from ._plain_config import PlainConfig, normalized
 from .gang import (GangPlacementStrategy, GangRuntimeFailurePolicy,  # noqa: F401 - Ray's
                    GangSchedulingConfig)
@@ -50,7 +51,7 @@ class ConfigError(ValueError):
 
 
 _TOP_KEYS = {"proxy_location", "http_options", "grpc_options", "logging_config",
-             "applications", "target_capacity"}
+             "applications", "target_capacity", "controller_options", "tracing_config"}
 _HTTP_KEYS = {"host", "port", "root_path", "request_timeout_s", "keep_alive_timeout_s"}
 _APP_KEYS = {"name", "route_prefix", "import_path", "args", "runtime_env", "deployments",
              "logging_config", "host", "port", "external_scaler_enabled"}
@@ -230,8 +231,22 @@ def _check_app(where, raw, single):
         if dname in deps:
             raise ConfigError(f"{where}.deployments: {dname!r} is listed twice")
         deps[dname] = opts
+    external = app.get("external_scaler_enabled", False)
+    if not isinstance(external, bool):
+        raise ConfigError(f"{where}.external_scaler_enabled: expected true or false, got "
+                          f"{external!r}")
+    autoscaled = [d for d, o in deps.items() if o.get("autoscaling_config") is not None
+                  or o.get("num_replicas") == "auto"]
+    if external and autoscaled:
+        names = ", ".join('"' + d + '"' for d in autoscaled)
+        raise ConfigError(      # Ray's words
+            f"{where}: external_scaler_enabled is set to True, but the following "
+            f"deployment(s) have autoscaling configured: {names}. When using an external "
+            f"autoscaler, Serve's built-in autoscaling must be disabled for all deployments "
+            f"in the application.")
     return {"name": name, "route_prefix": prefix, "import_path": path, "args": dict(args),
-            "env_vars": dict(env_vars), "deployments": deps, "logging_config": logging_config}
+            "env_vars": dict(env_vars), "deployments": deps, "logging_config": logging_config,
+            "external_scaler_enabled": external}
 
 
 def parse(raw):
@@ -261,6 +276,15 @@ def parse(raw):
                               "gRPC ingress (HTTP only)")
     if raw.get("target_capacity") is not None:
         raise ConfigError("target_capacity: not supported by ray_lite.serve")
+    controller_options = raw.get("controller_options")
+    try:
+        controller_env_vars(controller_options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"controller_options: {exc}") from None
+    try:
+        check_tracing_config(raw.get("tracing_config"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"tracing_config: {exc}") from None
     raw_apps = raw.get("applications") or []
     if not isinstance(raw_apps, list):
         raise ConfigError("applications: expected a list")
@@ -275,7 +299,8 @@ def parse(raw):
                 raise ConfigError(f"applications: the route_prefix {a['route_prefix']!r} is "
                                   f"used twice")
             seen_prefixes.add(a["route_prefix"])
-    return {"http_options": http, "applications": apps, "notes": notes}
+    return {"http_options": http, "applications": apps, "notes": notes,
+            "controller_options": controller_options}
 
 
 def load(path):
@@ -412,7 +437,9 @@ def apply(parsed, app_dir="."):
             _deployed.pop(name, None)
     for a, (app, record) in built:
         api.run(app, name=a["name"], route_prefix=a["route_prefix"],
-                logging_config=a.get("logging_config"), _code_version=record[3])
+                logging_config=a.get("logging_config"),
+                external_scaler_enabled=a.get("external_scaler_enabled", False),
+                controller_options=parsed.get("controller_options"), _code_version=record[3])
         _deployed[a["name"]] = record
     return [a["name"] for a in parsed["applications"]]
 

@@ -1,6 +1,7 @@
 """Ray Serve's ``ray.serve.schema`` names that programs compare against:
-the status enums, the objects ``serve.status()`` returns, and
-``LoggingConfig`` (a deployment's or application's ``logging_config``).
+the status enums, the objects ``serve.status()`` returns,
+``LoggingConfig`` (a deployment's or application's ``logging_config``) and
+``TracingConfig``.
 
     from ray_lite.serve.schema import ApplicationStatus
     if serve.status().applications["app"].status == ApplicationStatus.RUNNING: ...
@@ -12,11 +13,12 @@ and the like) are not here: ``ray_lite.serve.config`` reads config files.
 import enum
 
 from ._logging import LoggingConfig
+from ._start_options import TracingConfig
 from .context import ReplicaRank  # noqa: F401 - Ray's ray.serve.schema.ReplicaRank
 
 __all__ = ["ApplicationStatus", "DeploymentStatus", "ReplicaState", "ProxyStatus",
            "ServeStatus", "ApplicationStatusOverview", "DeploymentStatusOverview",
-           "LoggingConfig", "ReplicaRank"]
+           "LoggingConfig", "ReplicaRank", "TracingConfig"]
 
 
 class ApplicationStatus(str, enum.Enum):
