@@ -651,7 +651,7 @@ def test_cancelled_response_raises_even_when_the_handler_caught_it(serve_port):
 def test_a_requests_handle_calls_are_kept_only_while_they_run():
     # What a replica call keeps to cancel with it: a call that loops for
     # ever, calling another deployment, must not keep every response.
-    from ray_lite.serve.handle import _Calls
+    from ray_lite.serve._request_calls import _Calls
 
     class Response:
         def __init__(self, done):

@@ -31,7 +31,7 @@ from .._private.shipping import shipped_form
 from . import context
 from ._body import END, FAILED, BodyStream
 from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
-from .handle import calls_of_this_request, cancel_calls
+from ._request_calls import calls_of_this_request, cancel_calls
 
 _ASGI_ATTR = "__serve_asgi_app__"
 

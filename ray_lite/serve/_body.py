@@ -108,7 +108,7 @@ class BodyStream:
         if task is not None and not task.done():
             task.cancel()
             if self.calls:       # the handle calls its request made go with it
-                from .handle import cancel_calls
+                from ._request_calls import cancel_calls
                 cancel_calls(self.calls)
 
 

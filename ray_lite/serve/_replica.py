@@ -19,7 +19,7 @@ from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 from ray_lite._private.shipping import unship
 
 from . import _core, _defaults, _metrics, _websocket, context
-from .handle import calls_of_this_request, cancel_calls, cancel_requested
+from ._request_calls import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
 from ._json import json_body
 from .gang import GangContext

@@ -108,7 +108,7 @@ def _get_serve_request_context():
     made for it (the answer's ``x-request-id`` header), as in Ray; a handle
     call made while serving a request carries that request's id and route
     (a call from a driver gets a fresh id)."""
-    from .handle import current_request_calls
+    from ._request_calls import current_request_calls
     from .multiplex import get_multiplexed_model_id
     scope = http_scope.get()
     replica = _replica_context
