@@ -249,8 +249,10 @@ def test_id_objects(rt):
     assert ref.task_id() == task_id and ref.job_id() == ctx.job_id
     assert task_id.job_id() == ctx.job_id
     assert actor_id is None and node_id == ctx.node_id
-    actor_id, actor_hex, call_id, call_hex = ray.get(_IdActor.remote().ids.remote(), timeout=T)
+    actor = _IdActor.remote()
+    actor_id, actor_hex, call_id, call_hex = ray.get(actor.ids.remote(), timeout=T)
     assert type(actor_id) is ray.ActorID and actor_id.hex() == actor_hex
+    assert actor._actor_id == actor_id      # Ray's private attribute, which libraries read
     assert call_id.hex() == call_hex and not call_id.is_nil()
 
 

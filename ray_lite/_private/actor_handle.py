@@ -87,6 +87,14 @@ class ActorHandle(metaclass=_backend.AlsoRay):
         # must not lose the actor between ``.f`` and ``.remote()``.
         return cls(self, name, is_gen, declared, arity, hard=True)
 
+    @property
+    def _actor_id(self):
+        """The actor's ``ActorID`` (Ray's private attribute, which libraries
+        read: ``handle._actor_id.hex()`` is the runtime context's
+        ``get_actor_id()`` inside the actor)."""
+        from .ids import ActorID, actor_id_hex
+        return ActorID(bytes.fromhex(actor_id_hex(self._info.actor_id)))
+
     def __reduce__(self):
         # The lease travels as any ref: the receiver holds a share of it.
         return (ActorHandle, (self._info, self._lease))
