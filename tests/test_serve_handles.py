@@ -122,6 +122,9 @@ def test_streaming_sync_and_async_iteration(serve_port):
     gen = h.options(stream=True).count.remote(5)
     assert isinstance(gen, DeploymentResponseGenerator)
     assert list(gen) == [0, 1, 2, 3, 4]
+    assert not gen.cancelled()
+    gen.cancel()                                 # ended already: nothing to stop
+    assert gen.cancelled()
 
     async def consume():
         return [x async for x in h.options(stream=True).acount.remote(3)]
@@ -601,7 +604,9 @@ def test_cancelled_response_raises_request_cancelled(serve_port):
     h = serve.run(Held.bind(gate), name="cancel", route_prefix=None)
     r = h.remote(7)
     assert ray.get(gate.wait_entered.remote(1), timeout=T) == [7]
+    assert not r.cancelled()
     r.cancel()
+    assert r.cancelled()                         # Ray's: cancel() was called
     with pytest.raises(RequestCancelledError) as info:
         r.result(timeout_s=T)
     assert isinstance(info.value, TaskCancelledError)    # what Ray code may catch

@@ -521,12 +521,13 @@ def _request_cancelled(exc):
 class DeploymentResponse:
     """The future result of a handle call: ``.result()``, ``await``, or pass it on."""
 
-    __slots__ = ("_ref", "_router", "_queued")
+    __slots__ = ("_ref", "_router", "_queued", "_cancelled")
 
     def __init__(self, ref, router=None, queued=None):
         self._ref = ref
         self._router = router      # with _queued: a call the handle holds
         self._queued = queued
+        self._cancelled = False
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
         if not _skip_asyncio_check and _get_running_loop() is not None:
@@ -548,10 +549,16 @@ class DeploymentResponse:
             raise _request_cancelled(exc) from None
 
     def cancel(self):
+        self._cancelled = True
         if self._queued is not None:
             self._router.cancel(self._queued)
         else:
             _core.cancel(self._ref)
+
+    def cancelled(self):
+        """Ray's: whether ``cancel()`` was called (the call may have run to
+        completion all the same)."""
+        return self._cancelled
 
     def _done(self):
         return _core.peek(self._ref) is not None
@@ -580,10 +587,11 @@ class DeploymentResponse:
 class DeploymentResponseGenerator:
     """The items a streaming handle call yields, in order (sync or async iteration)."""
 
-    __slots__ = ("_gen",)
+    __slots__ = ("_gen", "_cancelled")
 
     def __init__(self, gen):
         self._gen = gen
+        self._cancelled = False
 
     def __iter__(self):
         return self
@@ -607,7 +615,12 @@ class DeploymentResponseGenerator:
         raise r[1]
 
     def cancel(self):
+        self._cancelled = True
         _core.cancel(self._gen)
+
+    def cancelled(self):
+        """Ray's: whether ``cancel()`` was called."""
+        return self._cancelled
 
     def _done(self):
         return _core.peek(self._gen.completed()) is not None
