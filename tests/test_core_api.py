@@ -3,6 +3,7 @@ import os
 import pickle
 import signal
 import sys
+import warnings
 
 import pytest
 
@@ -399,7 +400,9 @@ def test_options_accepted_and_refused(rt):
         double.options(placement_group=object())
     with pytest.raises(ValueError, match="num_gpus"):
         double.options(num_gpus=1)
-    with pytest.raises(ValueError, match="dynamic.*only be used with generator"):
+    with pytest.raises(ValueError, match="dynamic.*only be used with generator"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)     # "dynamic" is deprecated too
         double.options(num_returns="dynamic")       # as Ray: a generator's option
     with pytest.raises(ValueError, match="Invalid option"):
         double.options(not_an_option=3)
