@@ -277,14 +277,13 @@ def parse(raw):
     if raw.get("target_capacity") is not None:
         raise ConfigError("target_capacity: not supported by ray_lite.serve")
     controller_options = raw.get("controller_options")
-    try:
-        controller_env_vars(controller_options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"controller_options: {exc}") from None
-    try:
-        check_tracing_config(raw.get("tracing_config"))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"tracing_config: {exc}") from None
+    for key, check in (("controller_options", controller_env_vars),
+                       ("tracing_config", check_tracing_config)):
+        try:
+            check(raw.get(key))
+        except (TypeError, ValueError) as exc:
+            said = str(exc)
+            raise ConfigError(said if said.startswith(key) else f"{key}: {said}") from None
     raw_apps = raw.get("applications") or []
     if not isinstance(raw_apps, list):
         raise ConfigError("applications: expected a list")
@@ -439,7 +438,7 @@ def apply(parsed, app_dir="."):
         api.run(app, name=a["name"], route_prefix=a["route_prefix"],
                 logging_config=a.get("logging_config"),
                 external_scaler_enabled=a.get("external_scaler_enabled", False),
-                controller_options=parsed.get("controller_options"), _code_version=record[3])
+                _code_version=record[3])
         _deployed[a["name"]] = record
     return [a["name"] for a in parsed["applications"]]
 
