@@ -115,6 +115,16 @@ class Looker:
         return "alive"
 
 
+def _running(pid):
+    """Whether ``pid`` still runs (not a zombie); its /proc entry may go
+    between any two looks, once it is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.local_only
 def test_a_name_never_leads_to_an_actor_that_just_died(rt):
     # The caller sees the death (its call fails) before the driver's loop
@@ -125,8 +135,7 @@ def test_a_name_never_leads_to_an_actor_that_just_died(rt):
     assert ray.get(looker.hold.remote("victim"), timeout=T) == 1
     os.kill(victim, 9)
     deadline = time.monotonic() + T
-    while os.path.exists(f"/proc/{victim}") and \
-            open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+    while _running(victim):
         assert time.monotonic() < deadline, "the killed actor did not end"
         time.sleep(0.001)
     assert ray.get(looker.call_then_look_up.remote(), timeout=T).startswith("no such actor")

@@ -205,12 +205,12 @@ class RemoteFunction:
             node_id = node.id
             # A worker's nested task is answered through the driver.
             target = node.pending[oid] = _Entry(None if node_id == 0 else 0)
-            spec = TaskSpec(oid, self._fn_id, blob, list(args), kwargs, 1, False, bp,
-                            plan.retries, name, node_id, not simple)
             if simple and node_id == 0:
-                node.submit_plain(spec, target)
+                node.submit_plain(oid, self._fn_id, blob, list(args), kwargs, bp, plan.retries,
+                                  name, target)
             else:
-                node.submit_task(spec)
+                node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, 1, False,
+                                          bp, plan.retries, name, node_id, not simple))
             # The ref is made after the submit: the task runs meanwhile (B11).
             return ObjectRef(oid, node_id, target)
         oid, target, result = _make_call_result(node, nret, stream, bp, name, None)

@@ -4,7 +4,7 @@ next.  A mixin of ``DriverNode``; everything here runs under ``_sched``."""
 from ray_lite.exceptions import RayError, RayTaskError
 
 from . import protocol as P
-from .protocol import TASK
+from .protocol import TASK, TaskSpec
 from .refs import ObjectRef, travels_as_value
 
 
@@ -46,7 +46,7 @@ class TaskDispatchMixin:
     # A task of this process (a TaskSpec it owns): scheduled as any other.
     submit_task = submit
 
-    def submit_plain(self, spec, target):
+    def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
         """``submit`` of the driver's common task: plain arguments, one return,
         no Demand; ``target`` is its entry.  ``submit`` and ``_send_task`` in
         one, with only the looks such a task needs: it runs per call (B11)."""
@@ -57,20 +57,28 @@ class TaskDispatchMixin:
             if idle and not self.queue and not self.nested_queue and \
                     self.busy + 1 <= self.cpu_cap:
                 w = idle.pop()
-                fn_id = spec.fn_id
-                w.task = spec       # booked before the send: see _send_task
                 self.busy += 1
                 try:
-                    self.links[w.id].send((TASK, spec.oid, fn_id,
-                                           None if fn_id in w.shipped else spec.blob,
-                                           spec.args, spec.kwargs, 1, False, spec.bp, spec.name))
+                    self.links[w.id].send((TASK, oid, fn_id,
+                                           None if fn_id in w.shipped else blob,
+                                           args, kwargs, 1, False, bp, name))
                 except BaseException as exc:
-                    self._unsent(spec, w, exc)
+                    self._unsent(TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                          retries, name, 0, False), w, exc)
                     return
+                # The spec is made and booked after the send, while the task
+                # already runs (B11): still under _sched, which every reader
+                # of ``w.task`` but the worker's own requests takes; its result
+                # cannot come before it was sent; and the driver defers a
+                # Ctrl-C in runtime code (interrupts.py), so nothing comes
+                # between the send and this line.
+                w.task = TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp, retries, name,
+                                  0, False)
                 w.shipped.add(fn_id)
                 target.peer = w.id     # where the waiting thread looks first
             else:
-                self._enqueue(spec)
+                self._enqueue(TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp, retries,
+                                       name, 0, False))
         finally:
             sched.release()
 
@@ -204,27 +212,31 @@ class TaskDispatchMixin:
 
     def _task_finished(self, w, oid):
         """Pool worker ``w`` ended its task ``oid``: it is idle (and its CPU free)."""
-        if w.task is not None:
-            sched = self._sched
-            sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
+        # ``w.task`` is read under the lock only: submit_plain books it just
+        # after the send, under the lock, and another thread may drain the
+        # result meanwhile.
+        sched = self._sched
+        sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
                             # Ctrl-C in runtime code is deferred (interrupts.py)
-            try:
-                spec = w.task
-                if spec is None or spec.oid != oid:
-                    return
-                if spec.demand is None and not w.blocked:
-                    self.busy -= 1        # the common task, inline
-                else:
-                    self._free_worker(w, spec)
+        try:
+            spec = w.task
+            if spec is None or spec.oid != oid:
+                return
+            if type(spec) is TaskSpec and not w.blocked:
+                self.busy -= 1        # the common task (no Demand, no max_calls), inline
+                w.task = None
+                self.idle.append(w)
+            else:
+                self._free_worker(w, spec)
                 w.task = None
                 if not spec.max_calls or not self.used_up(w, spec):
                     self.idle.append(w)
-                if self.queue or self.nested_queue:
-                    self._dispatch()
-                if self.placed_queue or self.res_waiters:
-                    self.resources_freed()
-            finally:
-                sched.release()
+            if self.queue or self.nested_queue:
+                self._dispatch()
+            if self.placed_queue or self.res_waiters:
+                self.resources_freed()
+        finally:
+            sched.release()
 
     def _free_worker(self, w, spec):
         """What the task ``spec`` that ``w`` ran took is free again."""
