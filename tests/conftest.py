@@ -105,6 +105,7 @@ ring_impl = _twin_module_fixture("ring")
 stream_table_impl = _twin_module_fixture("stream_table")
 broadcast_impl = _twin_module_fixture("broadcast")
 link_impl = _twin_module_fixture("link")
+pool_book_impl = _twin_module_fixture("pool_book")
 
 
 @pytest.fixture(params=TWINS)

@@ -11,13 +11,14 @@ disagree, the compiled one is wrong.
 #: True when the environment asks for the pure-Python twins.
 from .._config import NO_EXTENSIONS
 
-from . import broadcast, codec, link, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+from . import broadcast, codec, link, pool_book, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
 
 #: The hot paths (each a module ``x`` with twins ``_x_c`` and ``_x_py``).
-HOT_PATHS = ("broadcast", "codec", "link", "ring", "stream_table")
+HOT_PATHS = ("broadcast", "codec", "link", "pool_book", "ring", "stream_table")
 
 #: True when every hot path runs its compiled twin.
-USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, link, ring, stream_table))
+USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, link, pool_book, ring,
+                                              stream_table))
 
-__all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link", "ring",
-           "stream_table"]
+__all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link",
+           "pool_book", "ring", "stream_table"]

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from ray_lite._fast import shm
+from ray_lite._fast.pool_book import PoolBook, PoolWorker
 from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError,
                                  TaskCancelledError, WorkerCrashedError)
 
@@ -18,7 +19,7 @@ from .errors import KILLED, actor_died_message
 from .node import Node
 from .placement import PlacementMixin
 from .procutil import readable_now
-from .pool_worker import MaxCallsMixin, PoolWorker
+from .pool_worker import MaxCallsMixin
 from .protocol import ActorInfo, PlacedTaskSpec, TaskSpec
 from .restarts import RestartsMixin
 from .scheduler import ResourcesMixin
@@ -30,7 +31,7 @@ from .zygote import ZygoteClient, adopt_early
 
 
 class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, RestartsMixin,
-                 ActorOwnersMixin, TaskRetriesMixin, MaxCallsMixin, TaskCancelMixin):
+                 ActorOwnersMixin, TaskRetriesMixin, MaxCallsMixin, TaskCancelMixin, PoolBook):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -67,6 +68,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         self.pids = {0: pid}
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
+        self.task_op, self.spec_type = P.TASK, TaskSpec      # what PoolBook sends and books
         self.handlers.update({P.REQUEST: self._on_request, P.ACK: self._on_ack})
         # op -> handler(peer, *args): what ``request`` (here) and a worker's
         # REQUEST message (``_on_request``) run.

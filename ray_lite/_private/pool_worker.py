@@ -1,4 +1,4 @@
-"""A pool worker as the driver schedules onto it, and Ray's ``max_calls``.
+"""Ray's ``max_calls`` (a pool worker itself is ``_fast/pool_book.PoolWorker``).
 
 A function declared with ``@remote(max_calls=N)`` runs at most N times in
 one worker process: after the Nth, that worker exits and a fresh one takes
@@ -9,18 +9,6 @@ limit is the function's (``.options(max_calls=...)`` is refused).
 """
 from . import protocol as P
 from .node import Node
-
-
-class PoolWorker:
-    __slots__ = ("id", "pid", "shipped", "task", "blocked", "calls")
-
-    def __init__(self, wid, pid):
-        self.id = wid
-        self.pid = pid
-        self.shipped = set()
-        self.task = None
-        self.blocked = False
-        self.calls = None       # fn id -> tasks run, of functions with max_calls
 
 
 class MaxCallsMixin:

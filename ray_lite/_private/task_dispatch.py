@@ -1,10 +1,14 @@
 """The driver's pool tasks: ``submit`` sends a task to an idle pool worker
 or queues it, and a worker's result (``_task_finished``) frees it for the
-next.  A mixin of ``DriverNode``; everything here runs under ``_sched``."""
+next.  A mixin of ``DriverNode``; everything here runs under ``_sched``.
+
+The driver's common task (plain arguments, one return, no Demand) takes a
+shorter way, per call: ``submit_plain`` and ``_task_finished`` are in
+``_fast/pool_book`` (compiled, with its pure-Python twin)."""
 from ray_lite.exceptions import RayError, RayTaskError
 
 from . import protocol as P
-from .protocol import TASK, TaskSpec
+from .protocol import TASK
 from .refs import ObjectRef, travels_as_value
 
 
@@ -45,42 +49,6 @@ class TaskDispatchMixin:
 
     # A task of this process (a TaskSpec it owns): scheduled as any other.
     submit_task = submit
-
-    def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
-        """``submit`` of the driver's common task: plain arguments, one return,
-        no Demand; ``target`` is its entry.  ``submit`` and ``_send_task`` in
-        one, with only the looks such a task needs: it runs per call (B11)."""
-        sched = self._sched
-        sched.acquire()     # see submit
-        try:
-            idle = self.idle
-            if idle and not self.queue and not self.nested_queue and \
-                    self.busy + 1 <= self.cpu_cap:
-                w = idle.pop()
-                self.busy += 1
-                try:
-                    self.links[w.id].send((TASK, oid, fn_id,
-                                           None if fn_id in w.shipped else blob,
-                                           args, kwargs, 1, False, bp, name))
-                except BaseException as exc:
-                    self._unsent(TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp,
-                                          retries, name, 0, False), w, exc)
-                    return
-                # The spec is made and booked after the send, while the task
-                # already runs (B11): still under _sched, which every reader
-                # of ``w.task`` but the worker's own requests takes; its result
-                # cannot come before it was sent; and the driver defers a
-                # Ctrl-C in runtime code (interrupts.py), so nothing comes
-                # between the send and this line.
-                w.task = TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp, retries, name,
-                                  0, False)
-                w.shipped.add(fn_id)
-                target.peer = w.id     # where the waiting thread looks first
-            else:
-                self._enqueue(TaskSpec(oid, fn_id, blob, args, kwargs, 1, False, bp, retries,
-                                       name, 0, False))
-        finally:
-            sched.release()
 
     def _enqueue(self, spec, first=False):
         if spec.demand is None:
@@ -209,34 +177,6 @@ class TaskDispatchMixin:
                 e.set_error(err)
         elif target is not None:
             target.set_error(err)
-
-    def _task_finished(self, w, oid):
-        """Pool worker ``w`` ended its task ``oid``: it is idle (and its CPU free)."""
-        # ``w.task`` is read under the lock only: submit_plain books it just
-        # after the send, under the lock, and another thread may drain the
-        # result meanwhile.
-        sched = self._sched
-        sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
-                            # Ctrl-C in runtime code is deferred (interrupts.py)
-        try:
-            spec = w.task
-            if spec is None or spec.oid != oid:
-                return
-            if type(spec) is TaskSpec and not w.blocked:
-                self.busy -= 1        # the common task (no Demand, no max_calls), inline
-                w.task = None
-                self.idle.append(w)
-            else:
-                self._free_worker(w, spec)
-                w.task = None
-                if not spec.max_calls or not self.used_up(w, spec):
-                    self.idle.append(w)
-            if self.queue or self.nested_queue:
-                self._dispatch()
-            if self.placed_queue or self.res_waiters:
-                self.resources_freed()
-        finally:
-            sched.release()
 
     def _free_worker(self, w, spec):
         """What the task ``spec`` that ``w`` ran took is free again."""

@@ -1,0 +1,32 @@
+# cython: language_level=3
+# Layout of the driver's pool book (semantics: _pool_book_py.py, the
+# executable specification).  Typed fields, so that the two per-task steps
+# of the driver's common task (book it on an idle worker and send it; free
+# the worker at its result) read and write the scheduler's state at C level
+# instead of through attribute look-ups on a class of nine mixins (B11).
+cimport cython
+
+
+@cython.final
+cdef class PoolWorker:
+    cdef public object id
+    cdef public object pid
+    cdef public set shipped          # fn ids this worker has loaded
+    cdef public object task          # the TaskSpec it runs, or None
+    cdef public bint blocked         # lends its CPU while blocked in get
+    cdef public object calls         # fn id -> tasks run, of functions with max_calls
+
+
+cdef class PoolBook:
+    # Set by the driver; the names are those its mixins read and write.
+    cdef public object _sched        # the scheduler's RLock
+    cdef public list idle            # idle PoolWorkers
+    cdef public object queue         # deque of the driver's own queued TaskSpecs
+    cdef public object nested_queue  # deque of workers' queued TaskSpecs
+    cdef public list placed_queue    # tasks with a Demand waiting for resources
+    cdef public list res_waiters     # callables retried when resources are freed
+    cdef public object busy          # CPUs taken by running tasks (int, or float
+    cdef public object cpu_cap       # once a fractional demand ran): Python numbers
+    cdef public dict links           # peer id -> Link
+    cdef public object task_op       # protocol.TASK
+    cdef public type spec_type       # protocol.TaskSpec

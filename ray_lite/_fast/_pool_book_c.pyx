@@ -1,0 +1,70 @@
+# cython: language_level=3
+"""The driver's pool book, compiled twin (layout in ``_pool_book_c.pxd``;
+semantics and comments: ``_pool_book_py.py``, the executable specification).
+
+The same steps as the twin, with the fields typed: the scheduler's state is
+read and written at C level, and the worker's fields through its struct.
+"""
+
+
+cdef class PoolWorker:
+    def __init__(self, wid, pid):
+        self.id = wid
+        self.pid = pid
+        self.shipped = set()
+        self.task = None
+        self.blocked = False
+        self.calls = None
+
+
+cdef class PoolBook:
+    def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
+        cdef PoolWorker w
+        cdef object sched = self._sched
+        sched.acquire()
+        try:
+            if self.idle and not self.queue and not self.nested_queue and \
+                    self.busy + 1 <= self.cpu_cap:
+                w = self.idle.pop()
+                self.busy += 1
+                try:
+                    self.links[w.id].send((self.task_op, oid, fn_id,
+                                           None if fn_id in w.shipped else blob,
+                                           args, kwargs, 1, False, bp, name))
+                except BaseException as exc:
+                    self._unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                                retries, name, 0, False), w, exc)
+                    return
+                w.task = self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp, retries,
+                                        name, 0, False)
+                w.shipped.add(fn_id)
+                target.peer = w.id
+            else:
+                self._enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                             retries, name, 0, False))
+        finally:
+            sched.release()
+
+    def _task_finished(self, PoolWorker w, oid):
+        cdef object sched = self._sched
+        cdef object spec
+        sched.acquire()
+        try:
+            spec = w.task
+            if spec is None or spec.oid != oid:
+                return
+            if type(spec) is self.spec_type and not w.blocked:
+                self.busy -= 1
+                w.task = None
+                self.idle.append(w)
+            else:
+                self._free_worker(w, spec)
+                w.task = None
+                if not spec.max_calls or not self.used_up(w, spec):
+                    self.idle.append(w)
+            if self.queue or self.nested_queue:
+                self._dispatch()
+            if self.placed_queue or self.res_waiters:
+                self.resources_freed()
+        finally:
+            sched.release()

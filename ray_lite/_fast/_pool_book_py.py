@@ -1,0 +1,93 @@
+"""The driver's pool book, pure-Python twin (the executable specification).
+
+``PoolWorker`` is a pool worker as the driver schedules onto it.
+``PoolBook`` is the base of ``DriverNode`` that holds the two per-task steps
+of the driver's common task (plain arguments, one return, no Demand):
+``submit_plain`` books it on an idle worker and sends it, or queues it;
+``_task_finished`` frees the worker at its result.  The rest of the
+scheduler (``_private/task_dispatch.py`` and the other mixins) reads and
+writes the same fields under the same ``_sched`` lock.
+"""
+
+__all__ = ["PoolBook", "PoolWorker"]
+
+
+class PoolWorker:
+    __slots__ = ("id", "pid", "shipped", "task", "blocked", "calls")
+
+    def __init__(self, wid, pid):
+        self.id = wid
+        self.pid = pid
+        self.shipped = set()
+        self.task = None
+        self.blocked = False
+        self.calls = None       # fn id -> tasks run, of functions with max_calls
+
+
+class PoolBook:
+    # The fields (set by the driver): _sched, idle, queue, nested_queue,
+    # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type.
+
+    def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
+        """``submit`` of the driver's common task: plain arguments, one return,
+        no Demand; ``target`` is its entry.  ``submit`` and ``_send_task`` in
+        one, with only the looks such a task needs: it runs per call (B11)."""
+        sched = self._sched
+        sched.acquire()     # not ``with``: half the cost; driver only, where a
+                            # Ctrl-C in runtime code is deferred (interrupts.py)
+        try:
+            idle = self.idle
+            if idle and not self.queue and not self.nested_queue and \
+                    self.busy + 1 <= self.cpu_cap:
+                w = idle.pop()
+                self.busy += 1
+                try:
+                    self.links[w.id].send((self.task_op, oid, fn_id,
+                                           None if fn_id in w.shipped else blob,
+                                           args, kwargs, 1, False, bp, name))
+                except BaseException as exc:
+                    self._unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                                retries, name, 0, False), w, exc)
+                    return
+                # The spec is made and booked after the send, while the task
+                # already runs (B11): still under _sched, which every reader
+                # of ``w.task`` but the worker's own requests takes; its result
+                # cannot come before it was sent; and the driver defers a
+                # Ctrl-C in runtime code (interrupts.py), so nothing comes
+                # between the send and this line.
+                w.task = self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp, retries,
+                                        name, 0, False)
+                w.shipped.add(fn_id)
+                target.peer = w.id     # where the waiting thread looks first
+            else:
+                self._enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                             retries, name, 0, False))
+        finally:
+            sched.release()
+
+    def _task_finished(self, w, oid):
+        """Pool worker ``w`` ended its task ``oid``: it is idle (and its CPU free)."""
+        # ``w.task`` is read under the lock only: submit_plain books it just
+        # after the send, under the lock, and another thread may drain the
+        # result meanwhile.
+        sched = self._sched
+        sched.acquire()     # see submit_plain
+        try:
+            spec = w.task
+            if spec is None or spec.oid != oid:
+                return
+            if type(spec) is self.spec_type and not w.blocked:
+                self.busy -= 1        # the common task (no Demand, no max_calls), inline
+                w.task = None
+                self.idle.append(w)
+            else:
+                self._free_worker(w, spec)
+                w.task = None
+                if not spec.max_calls or not self.used_up(w, spec):
+                    self.idle.append(w)
+            if self.queue or self.nested_queue:
+                self._dispatch()
+            if self.placed_queue or self.res_waiters:
+                self.resources_freed()
+        finally:
+            sched.release()

@@ -1,0 +1,27 @@
+"""The driver's pool book (compiled twin ``_pool_book_c``, fallback
+``_pool_book_py``): the per-task steps of the driver's common task.
+
+``PoolWorker(wid, pid)``
+    A pool worker as the driver schedules onto it: ``id``, ``pid``,
+    ``shipped`` (fn ids it loaded), ``task`` (the spec it runs or None),
+    ``blocked`` (lends its CPU while blocked in get), ``calls``.
+``PoolBook``
+    A base of ``DriverNode``.  ``submit_plain(oid, fn_id, blob, args, kwargs,
+    bp, retries, name, target)`` sends the task to an idle worker and books
+    it there, or queues it; ``_task_finished(w, oid)`` makes ``w`` idle again
+    at the result of ``oid``.  Both under the ``_sched`` lock, on the fields
+    the rest of the scheduler shares: ``idle``, ``queue``, ``nested_queue``,
+    ``placed_queue``, ``res_waiters``, ``busy``, ``cpu_cap``, ``links``;
+    ``task_op`` and ``spec_type`` are the protocol's TASK and TaskSpec.
+    What is not the common case goes to the driver's methods
+    (``_enqueue``, ``_unsent``, ``_free_worker``, ``used_up``, ``_dispatch``,
+    ``resources_freed``).
+"""
+from ._select import load_twin
+
+_impl, COMPILED = load_twin("pool_book")
+
+PoolWorker = _impl.PoolWorker
+PoolBook = _impl.PoolBook
+
+__all__ = ["COMPILED", "PoolBook", "PoolWorker"]

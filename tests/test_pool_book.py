@@ -1,0 +1,200 @@
+"""The driver's pool book (``_fast/pool_book``), both twins, against a
+stand-in driver: what the common task's two per-call steps send, book,
+queue and free, and what they leave to the driver's other methods."""
+import collections
+import threading
+
+import pytest
+
+from ray_lite._private.protocol import TASK, PlacedTaskSpec, TaskSpec
+
+
+class FakeLink:
+    def __init__(self, book, fail=None):
+        self.book, self.fail, self.sent = book, fail, []
+
+    def send(self, msg):
+        # Everything the book does happens under the scheduler's lock.
+        assert self.book._sched._is_owned()
+        if self.fail is not None:
+            raise self.fail
+        self.sent.append(msg)
+
+
+class Target:
+    peer = None
+
+
+def make_book(impl, workers=2, cpu_cap=2):
+    class Driver(impl.PoolBook):
+        def __init__(self):
+            self._sched = threading.RLock()
+            self.idle = []
+            self.queue = collections.deque()
+            self.nested_queue = collections.deque()
+            self.placed_queue = []
+            self.res_waiters = []
+            self.busy = 0
+            self.cpu_cap = cpu_cap
+            self.links = {}
+            self.task_op, self.spec_type = TASK, TaskSpec
+            self.calls = []
+
+        # The driver's other methods: recorded.
+        def _enqueue(self, spec):
+            self.calls.append(("enqueue", spec))
+
+        def _unsent(self, spec, w, exc):
+            self.calls.append(("unsent", spec, w, exc))
+
+        def _free_worker(self, w, spec):
+            self.calls.append(("free", w, spec))
+
+        def used_up(self, w, spec):
+            self.calls.append(("used_up", w, spec))
+            return True
+
+        def _dispatch(self):
+            self.calls.append(("dispatch",))
+
+        def resources_freed(self):
+            self.calls.append(("resources_freed",))
+
+    book = Driver()
+    book.workers = {}
+    for wid in range(1, workers + 1):
+        w = book.workers[wid] = impl.PoolWorker(wid, 1000 + wid)
+        book.idle.append(w)
+        book.links[wid] = FakeLink(book)
+    return book
+
+
+def submit(book, oid, fn_id="f1", args=(1,)):
+    target = Target()
+    book.submit_plain(oid, fn_id, b"blob", list(args), {}, 0, 3, "f", target)
+    return target
+
+
+def test_pool_worker_starts_idle(pool_book_impl):
+    w = pool_book_impl.PoolWorker(7, 4242)
+    assert (w.id, w.pid, w.shipped, w.task, w.blocked, w.calls) == (7, 4242, set(), None, False,
+                                                                     None)
+    w.blocked = True
+    w.calls = {"f": 1}
+    assert w.blocked is True and w.calls == {"f": 1}
+
+
+def test_submit_plain_sends_to_an_idle_worker_and_books_it(pool_book_impl):
+    book = make_book(pool_book_impl)
+    target = submit(book, 11)
+    assert book.links[2].sent == [(TASK, 11, "f1", b"blob", [1], {}, 1, False, 0, "f")]
+    assert [w.id for w in book.idle] == [1]
+    assert target.peer == 2 and book.busy == 1 and not book.calls
+    booked = book.workers[2].task
+    assert type(booked) is TaskSpec
+    assert (booked.oid, booked.fn_id, booked.args, booked.retries, booked.name, booked.owner,
+            booked.has_refs) == (11, "f1", [1], 3, "f", 0, False)
+    assert book.workers[2].shipped == {"f1"}
+
+
+def test_a_worker_gets_the_function_once(pool_book_impl):
+    book = make_book(pool_book_impl, workers=1)
+    submit(book, 1)
+    book._task_finished(book.workers[1], 1)
+    submit(book, 2)
+    blobs = [msg[3] for msg in book.links[1].sent]
+    assert blobs == [b"blob", None]
+
+
+@pytest.mark.parametrize("why", ["no idle worker", "queued tasks", "nested queued tasks",
+                                 "CPUs taken"])
+def test_submit_plain_queues_when_it_cannot_send(pool_book_impl, why):
+    book = make_book(pool_book_impl)
+    if why == "no idle worker":
+        book.idle.clear()
+    elif why == "queued tasks":
+        book.queue.append("earlier")      # first come, first served
+    elif why == "nested queued tasks":
+        book.nested_queue.append("earlier")
+    else:
+        book.busy = 2
+    submit(book, 5)
+    assert not book.links[1].sent and not book.links[2].sent
+    [(what, spec)] = book.calls
+    assert what == "enqueue" and type(spec) is TaskSpec and spec.oid == 5
+
+
+def test_fractional_cpu_cap_is_respected(pool_book_impl):
+    # Actors and placement groups hold part of the node's CPUs.
+    book = make_book(pool_book_impl, cpu_cap=1.5)
+    book.busy = 0.75
+    submit(book, 5)
+    assert book.calls[0][0] == "enqueue"
+
+
+def test_a_failed_send_undoes_nothing_it_did_not_book(pool_book_impl):
+    book = make_book(pool_book_impl)
+    err = ConnectionError("worker gone")
+    book.links[2].fail = err
+    submit(book, 9)
+    [(what, spec, w, exc)] = book.calls
+    assert what == "unsent" and spec.oid == 9 and w is book.workers[2] and exc is err
+    # Not booked: _unsent (the driver's) puts the worker and its CPU back.
+    assert w.task is None and w.shipped == set() and book.busy == 1
+
+
+def test_a_keyboard_interrupt_in_the_send_reaches_unsent(pool_book_impl):
+    book = make_book(pool_book_impl)
+    book.links[2].fail = KeyboardInterrupt()
+    submit(book, 9)
+    assert book.calls[0][0] == "unsent" and type(book.calls[0][3]) is KeyboardInterrupt
+
+
+def test_task_finished_frees_the_worker(pool_book_impl):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    w = book.workers[2]
+    book._task_finished(w, 3)
+    assert w.task is None and book.busy == 0 and book.idle[-1] is w and not book.calls
+
+
+def test_task_finished_ignores_a_stale_result(pool_book_impl):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    w = book.workers[2]
+    book._task_finished(w, 99)            # not the task it runs now
+    assert w.task.oid == 3 and book.busy == 1 and w not in book.idle
+    idle = book.workers[1]
+    book._task_finished(idle, 3)          # a worker with no task
+    assert idle.task is None and book.busy == 1 and book.idle == [idle]
+
+
+def test_task_finished_leaves_a_blocked_worker_to_the_driver(pool_book_impl):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    w = book.workers[2]
+    w.blocked = True
+    spec = w.task
+    book._task_finished(w, 3)
+    assert book.calls == [("free", w, spec)] and w.task is None and book.idle[-1] is w
+
+
+def test_task_finished_of_a_placed_task_with_max_calls(pool_book_impl):
+    book = make_book(pool_book_impl)
+    w = book.idle.pop()
+    spec = PlacedTaskSpec(None, None, 1, 4, "g", b"", [], {}, 1, False, 0, 0, "g", owner=0)
+    w.task = spec
+    book._task_finished(w, 4)
+    # The driver frees what it held; used_up says it was the worker's last
+    # call, so it does not go back to the idle list.
+    assert book.calls == [("free", w, spec), ("used_up", w, spec)]
+    assert w.task is None and w not in book.idle
+
+
+def test_task_finished_dispatches_what_waits(pool_book_impl):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    book.queue.append("waiting")
+    book.placed_queue.append("placed")
+    book._task_finished(book.workers[2], 3)
+    assert book.calls == [("dispatch",), ("resources_freed",)]
