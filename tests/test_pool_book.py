@@ -198,3 +198,26 @@ def test_task_finished_dispatches_what_waits(pool_book_impl):
     book.placed_queue.append("placed")
     book._task_finished(book.workers[2], 3)
     assert book.calls == [("dispatch",), ("resources_freed",)]
+
+
+PLAIN = [0, -3, 2**70, 1.5, float("nan"), "", "s", b"", b"b", True, False, None]
+NOT_PLAIN = [[1], (1,), {"a": 1}, {1}, bytearray(b"x"), object(), 1j, type("I", (int,), {})(3)]
+
+
+def test_plain_call_takes_plain_values_only(pool_book_impl):
+    from ray_lite._private.call_options import _SIMPLE_TYPES
+    plain_call = pool_book_impl.plain_call
+    for v in PLAIN + NOT_PLAIN:
+        # What the general path calls simple, and nothing else.
+        assert plain_call((v,), {}, None) is (type(v) in _SIMPLE_TYPES), v
+        assert plain_call((1, v, "x"), {}, None) is (type(v) in _SIMPLE_TYPES), v
+    assert plain_call((), {}, None) is True
+    assert plain_call((), None, None) is True
+
+
+def test_plain_call_refuses_keywords_and_arities_that_do_not_fit(pool_book_impl):
+    plain_call = pool_book_impl.plain_call
+    assert plain_call((1,), {"x": 1}, None) is False
+    one_or_two = (1, 2, ())
+    assert [plain_call((1,) * n, {}, one_or_two) for n in range(4)] == [False, True, True, False]
+    assert plain_call((1,) * 50, {}, (0, 2**63 - 1, ())) is True      # *args

@@ -7,6 +7,20 @@ read and written at C level, and the worker's fields through its struct.
 """
 
 
+def plain_call(tuple args, kwargs, arity):
+    cdef Py_ssize_t n = len(args)
+    cdef object t
+    if kwargs:
+        return False
+    if arity is not None and not (<tuple>arity)[0] <= n <= (<tuple>arity)[1]:
+        return False
+    for a in args:
+        t = type(a)
+        if not (t is int or t is float or t is str or t is bytes or t is bool or a is None):
+            return False
+    return True
+
+
 cdef class PoolWorker:
     def __init__(self, wid, pid):
         self.id = wid

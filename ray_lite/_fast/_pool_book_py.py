@@ -9,7 +9,26 @@ scheduler (``_private/task_dispatch.py`` and the other mixins) reads and
 writes the same fields under the same ``_sched`` lock.
 """
 
-__all__ = ["PoolBook", "PoolWorker"]
+__all__ = ["PoolBook", "PoolWorker", "plain_call"]
+
+# The types of a common task's arguments: values that need no look before
+# they travel (no ref inside, always serialisable).
+_PLAIN_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+def plain_call(args, kwargs, arity):
+    """True when a call is the driver's common task's: no keyword arguments,
+    a number of positional ones that ``arity`` (``(lo, hi, ...)`` or None)
+    allows, and each an int, float, str, bytes, bool or None (exactly those
+    types).  False sends the call the general way, which checks it all."""
+    if kwargs:
+        return False
+    if arity is not None and not arity[0] <= len(args) <= arity[1]:
+        return False
+    for a in args:
+        if type(a) not in _PLAIN_TYPES:
+            return False
+    return True
 
 
 class PoolWorker:

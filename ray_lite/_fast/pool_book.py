@@ -1,6 +1,10 @@
 """The driver's pool book (compiled twin ``_pool_book_c``, fallback
 ``_pool_book_py``): the per-task steps of the driver's common task.
 
+``plain_call(args, kwargs, arity)``
+    True when a call is the driver's common task's: no keyword arguments,
+    as many positional ones as ``arity`` (``(lo, hi, ...)`` or None) allows,
+    each exactly an int, float, str, bytes, bool or None.
 ``PoolWorker(wid, pid)``
     A pool worker as the driver schedules onto it: ``id``, ``pid``,
     ``shipped`` (fn ids it loaded), ``task`` (the spec it runs or None),
@@ -23,5 +27,6 @@ _impl, COMPILED = load_twin("pool_book")
 
 PoolWorker = _impl.PoolWorker
 PoolBook = _impl.PoolBook
+plain_call = _impl.plain_call
 
-__all__ = ["COMPILED", "PoolBook", "PoolWorker"]
+__all__ = ["COMPILED", "PoolBook", "PoolWorker", "plain_call"]

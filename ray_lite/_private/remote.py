@@ -3,6 +3,7 @@ import functools
 import os
 
 from ray_lite import _ray
+from ray_lite._fast.pool_book import plain_call
 from ray_lite._lazy import lazy_module
 
 from . import backend as _backend
@@ -31,13 +32,14 @@ class _TaskPlan:
     ``special``: the task has a Demand, a retry policy, ``max_calls`` or
     env_vars (it takes ``_remote_special``, the common task does not)."""
 
-    __slots__ = ("name", "nret", "stream", "bp", "retries", "special", "demand", "retry_on",
-                 "max_calls", "env_fn_id", "env_function", "env_blob", "arity")
+    __slots__ = ("name", "nret", "stream", "single", "bp", "retries", "special", "demand",
+                 "retry_on", "max_calls", "env_fn_id", "env_function", "env_blob", "arity")
 
     def __init__(self, function, opts, is_gen, arity):
         self.name = opts.get("name") or function.__qualname__
         self.arity = arity
         self.nret, self.stream, self.bp = _stream_opts(opts, is_gen)
+        self.single = self.nret == 1 and not self.stream    # one return, no stream
         retries = opts.get("max_retries")
         self.retries = 3 if retries is None else retries      # None: Ray's default
         self.demand = demand_of(opts, "task", _driver_pid())
@@ -181,16 +183,34 @@ class RemoteFunction:
     def _call(self, plan, args, kwargs):
         if plan.special:
             return self._remote_special(plan, args, kwargs)
-        arity = plan.arity      # checked as Ray does, at the call (two comparisons)
+        if plan.single and plain_call(args, kwargs, plan.arity):
+            # The driver's common task (B11): plain arguments that fit, one return.
+            node = state.node
+            if node is None:
+                node = state.get_node()
+            if node.id == 0:
+                blob = self._blob
+                if blob is None:
+                    blob = self._blob = ship(self._function)
+                oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
+                target = node.pending[oid] = _Entry()
+                node.submit_plain(oid, self._fn_id, blob, list(args), kwargs, plan.bp,
+                                  plan.retries, plan.name, target)
+                # The ref is made after the submit: the task runs meanwhile.
+                return ObjectRef(oid, 0, target)
+        return self._call_any(plan, args, kwargs)
+
+    def _call_any(self, plan, args, kwargs):
+        """``_call`` of any task that is not special: arguments that are refs
+        or need a look, several returns, a stream, a worker's nested task."""
+        arity = plan.arity      # checked as Ray does, at the call
         if arity is not None and (kwargs or not arity[0] <= len(args) <= arity[1]):
             check_call(arity, args, kwargs)
-        node = state.node
-        if node is None:
-            node = state.get_node()
+        node = state.get_node()
         name = plan.name
         simple = not kwargs
         if simple:
-            for a in args:      # plain values only (the common case): nothing to probe
+            for a in args:      # plain values only: nothing to probe
                 if type(a) not in _SIMPLE_TYPES:
                     simple = False
                     break
@@ -201,17 +221,12 @@ class RemoteFunction:
             blob = self._blob = ship(self._function)
         nret, stream, bp = plan.nret, plan.stream, plan.bp
         if nret == 1 and not stream:
-            oid = node._oid_base | next(node._seq)      # node.new_oid(), inline: per call
+            oid = node._oid_base | next(node._seq)
             node_id = node.id
             # A worker's nested task is answered through the driver.
             target = node.pending[oid] = _Entry(None if node_id == 0 else 0)
-            if simple and node_id == 0:
-                node.submit_plain(oid, self._fn_id, blob, list(args), kwargs, bp, plan.retries,
-                                  name, target)
-            else:
-                node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, 1, False,
-                                          bp, plan.retries, name, node_id, not simple))
-            # The ref is made after the submit: the task runs meanwhile (B11).
+            node.submit_task(TaskSpec(oid, self._fn_id, blob, list(args), kwargs, 1, False,
+                                      bp, plan.retries, name, node_id, not simple))
             return ObjectRef(oid, node_id, target)
         oid, target, result = _make_call_result(node, nret, stream, bp, name, None)
         if not stream:
