@@ -236,6 +236,43 @@ def test_get_of_many_raises_a_failure_without_waiting_for_the_rest(rt):
         ray.cancel(slow, force=True)
 
 
+@pytest.mark.local_only
+def test_wait_on_ready_refs_answers_in_list_order(rt):
+    # (Ray's order of ready refs is its own: not the list's.)
+    refs = [ray.put(i) for i in range(5)]
+    ready, not_ready = ray.wait(refs, num_returns=3, timeout=0)
+    assert ready == refs[:3] and not_ready == refs[3:]
+    ready, not_ready = ray.wait(refs[::-1], num_returns=2)
+    assert ready == refs[:2:-1] and not_ready == refs[2::-1]
+    assert ray.wait([refs[0]], timeout=0) == ([refs[0]], [])
+
+
+def test_wait_takes_refs_and_generators_together(rt):
+    r = ray.put(1)
+    gen = ray.remote(lambda: (yield 1)).options(num_returns="streaming").remote()
+    ready, not_ready = ray.wait([r, gen], num_returns=2, timeout=T)
+    assert set(ready) == {r, gen} and not_ready == []
+
+
+def test_wait_refuses_bad_input_with_rays_errors(rt):
+    r, s = ray.put(1), ray.put(2)
+    with pytest.raises(TypeError, match="expected a list of ray.ObjectRef or "
+                                        "ray.ObjectRefGenerator, got a single ray.ObjectRef"):
+        ray.wait(r)
+    assert ray.wait((r, s), num_returns=2, timeout=T)[1] == []      # any iterable (both backends)
+    with pytest.raises(TypeError, match="got list containing <class 'int'>"):
+        ray.wait([r, 3])
+    with pytest.raises(ValueError, match="unique ray_waitables"):
+        ray.wait([r, s, r])
+    with pytest.raises(ValueError, match="unique ray_waitables"):
+        ray.wait([r, pickle.loads(pickle.dumps(r))])       # two refs to one object
+    with pytest.raises(ValueError, match="num_returns cannot be greater than the number of "
+                                         "ray_waitables"):
+        ray.wait([r, s], num_returns=3)
+    with pytest.raises(ValueError, match="'timeout' argument must be nonnegative. Received -1"):
+        ray.wait([r], timeout=-1)
+
+
 def test_get_timeout_and_wait(rt):
     @ray.remote
     def block():

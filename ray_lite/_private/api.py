@@ -412,25 +412,43 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     """``(ready, not_ready)``: the first ``num_returns`` ready refs (or generators)."""
     if _backend.RAY:
         return _ray.core.wait(object_refs, num_returns, timeout, fetch_local)
-    if isinstance(object_refs, (ObjectRef, ObjectRefGenerator)):
-        raise TypeError("wait() expects a list of ObjectRef or ObjectRefGenerator, got a "
-                        "single one")
+    # Ray 2.60's checks, in its order and words; but any iterable of refs is
+    # taken, as the Ray backend takes it (_ray/core.py).
+    if type(object_refs) is not list and isinstance(object_refs,
+                                                    (ObjectRef, ObjectRefGenerator)):
+        raise TypeError("wait() expected a list of ray.ObjectRef or ray.ObjectRefGenerator, "
+                        f"got a single ray.ObjectRef or ray.ObjectRefGenerator {object_refs}")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
     refs = list(object_refs)
+    generators = False
     for r in refs:
-        if type(r) is not ObjectRef and not isinstance(r, ObjectRefGenerator):
-            raise TypeError(f"wait() expects ObjectRef or ObjectRefGenerator, got "
-                            f"{type(r).__name__}")
-    if len(set(map(id, refs))) != len(refs) or len(set(r for r in refs if type(r) is ObjectRef)) \
-            != sum(1 for r in refs if type(r) is ObjectRef):
-        raise ValueError("Wait requires a list of unique object refs.")
-    if not refs:
+        if type(r) is not ObjectRef:
+            if not isinstance(r, ObjectRefGenerator):
+                raise TypeError("wait() expected a list of ray.ObjectRef or "
+                                f"ray.ObjectRefGenerator, got list containing {type(r)}")
+            generators = True
+    n = len(refs)
+    if not n:
         return [], []       # as Ray, whatever num_returns says
+    if n > 1 and _repeats(refs):
+        raise ValueError("Wait requires a list of unique ray_waitables.")
     if not isinstance(num_returns, int) or num_returns <= 0:
         raise ValueError(f"Invalid number of objects to return {num_returns}.")
-    if num_returns > len(refs):
-        raise ValueError("num_returns cannot be greater than the number of objects provided")
-    if timeout is not None and timeout < 0:
-        raise ValueError("timeout must be >= 0 or None")
+    if num_returns > n:
+        raise ValueError("num_returns cannot be greater than the number of ray_waitables "
+                         "provided to ray.wait.")
+    if not generators:
+        # Refs only: the look is the entries' flags, and when enough are
+        # ready (or the caller would not wait) it is the answer (B3).
+        ready, not_ready = [], []
+        for r in refs:
+            if len(ready) < num_returns and r._e.ready:
+                ready.append(r)
+            else:
+                not_ready.append(r)
+        if len(ready) == num_returns or timeout == 0:
+            return ready, not_ready
 
     def enough():
         c = 0
@@ -457,6 +475,14 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
         else:
             not_ready.append(r)
     return ready, not_ready
+
+
+def _repeats(refs):
+    """Whether a ref (or generator) is in ``refs`` twice: the same object, or
+    two refs to the same object."""
+    objects = {r._id for r in refs if type(r) is ObjectRef}      # (ObjectRef.__eq__'s key)
+    generators = {id(r) for r in refs if type(r) is not ObjectRef}
+    return len(objects) + len(generators) != len(refs)
 
 
 _RESTART_SEEN_WITHIN_S = 30
