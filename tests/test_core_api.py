@@ -245,6 +245,9 @@ def test_wait_on_ready_refs_answers_in_list_order(rt):
     ready, not_ready = ray.wait(refs[::-1], num_returns=2)
     assert ready == refs[:2:-1] and not_ready == refs[2::-1]
     assert ray.wait([refs[0]], timeout=0) == ([refs[0]], [])
+    mine = refs[:2]
+    ready, not_ready = ray.wait(mine, num_returns=2)
+    assert ready == mine and ready is not mine and not_ready == []     # a list of its own
 
 
 def test_wait_takes_refs_and_generators_together(rt):

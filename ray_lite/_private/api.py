@@ -422,12 +422,16 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
         raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
     refs = list(object_refs)
     generators = False
+    num_ready = 0       # of the refs (generators are looked at below)
     for r in refs:
-        if type(r) is not ObjectRef:
-            if not isinstance(r, ObjectRefGenerator):
-                raise TypeError("wait() expected a list of ray.ObjectRef or "
-                                f"ray.ObjectRefGenerator, got list containing {type(r)}")
+        if type(r) is ObjectRef:
+            if r._e.ready:
+                num_ready += 1
+        elif isinstance(r, ObjectRefGenerator):
             generators = True
+        else:
+            raise TypeError("wait() expected a list of ray.ObjectRef or "
+                            f"ray.ObjectRefGenerator, got list containing {type(r)}")
     n = len(refs)
     if not n:
         return [], []       # as Ray, whatever num_returns says
@@ -438,17 +442,18 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     if num_returns > n:
         raise ValueError("num_returns cannot be greater than the number of ray_waitables "
                          "provided to ray.wait.")
-    if not generators:
-        # Refs only: the look is the entries' flags, and when enough are
-        # ready (or the caller would not wait) it is the answer (B3).
+    if not generators and (num_ready >= num_returns or timeout == 0):
+        # Refs only, and the answer is known now: the look was the entries'
+        # flags (B3).
+        if num_ready == n == num_returns:
+            return refs, []
         ready, not_ready = [], []
         for r in refs:
             if len(ready) < num_returns and r._e.ready:
                 ready.append(r)
             else:
                 not_ready.append(r)
-        if len(ready) == num_returns or timeout == 0:
-            return ready, not_ready
+        return ready, not_ready
 
     def enough():
         c = 0
