@@ -221,3 +221,6 @@ def test_plain_call_refuses_keywords_and_arities_that_do_not_fit(pool_book_impl)
     one_or_two = (1, 2, ())
     assert [plain_call((1,) * n, {}, one_or_two) for n in range(4)] == [False, True, True, False]
     assert plain_call((1,) * 50, {}, (0, 2**63 - 1, ())) is True      # *args
+    # Any sequence, in both twins.
+    assert plain_call([1, "a"], {}, [2, 2, ()]) is True
+    assert plain_call([1, [2]], None, None) is False

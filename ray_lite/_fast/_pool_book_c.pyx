@@ -7,12 +7,12 @@ read and written at C level, and the worker's fields through its struct.
 """
 
 
-def plain_call(tuple args, kwargs, arity):
-    cdef Py_ssize_t n = len(args)
+def plain_call(args, kwargs, arity):
+    # Any sequence, as the twin takes (the runtime passes tuples).
     cdef object t
     if kwargs:
         return False
-    if arity is not None and not (<tuple>arity)[0] <= n <= (<tuple>arity)[1]:
+    if arity is not None and not arity[0] <= len(args) <= arity[1]:
         return False
     for a in args:
         t = type(a)
