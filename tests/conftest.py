@@ -19,7 +19,8 @@ import pytest
 # the environment) creates carries this prefix, so the leak check below sees
 # only ours, never those of another ray_lite on the machine.  Set before
 # ray_lite is imported: shm reads it once.
-os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"rl_t{os.getpid()}_")
+TEST_SHM_PREFIX = "rl_t"
+os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"{TEST_SHM_PREFIX}{os.getpid()}_")
 # Child interpreters the tests start (`python -c ...` in the checkout) must
 # import the installed ray_lite, not the uncompiled source tree in the current
 # directory (Python >= 3.11 honours this).
@@ -274,6 +275,10 @@ def leaves_nothing_behind(request):
 
 
 def pytest_sessionstart(session):
+    # What a killed test session left in /dev/shm (a SIGKILL unlinks nothing):
+    # init's clean-up looks at the default prefix only, never at ours.  Only
+    # the segments of sessions whose process is dead go.
+    shm.cleanup_stale_segments(TEST_SHM_PREFIX)
     # Python < 3.11 ignores PYTHONSAFEPATH and puts the current directory first
     # on a child's sys.path: from the checkout's root, the session moves to the
     # tests folder, which holds no ray_lite to shadow the installed one (once
