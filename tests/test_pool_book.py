@@ -205,7 +205,9 @@ NOT_PLAIN = [[1], (1,), {"a": 1}, {1}, bytearray(b"x"), object(), 1j, type("I", 
 
 
 def test_plain_call_takes_plain_values_only(pool_book_impl):
+    from ray_lite._fast.pool_book import PLAIN_TYPES
     from ray_lite._private.call_options import _SIMPLE_TYPES
+    assert _SIMPLE_TYPES is PLAIN_TYPES == {int, float, str, bytes, bool, type(None)}   # one set
     plain_call = pool_book_impl.plain_call
     for v in PLAIN + NOT_PLAIN:
         # What the general path calls simple, and nothing else.

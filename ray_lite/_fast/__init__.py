@@ -11,7 +11,8 @@ disagree, the compiled one is wrong.
 #: True when the environment asks for the pure-Python twins.
 from .._config import NO_EXTENSIONS
 
-from . import broadcast, codec, link, pool_book, ring, stream_table  # noqa: E402  (needs NO_EXTENSIONS)
+# (after NO_EXTENSIONS, which they need)
+from . import broadcast, codec, link, pool_book, ring, stream_table  # noqa: E402
 
 #: The hot paths (each a module ``x`` with twins ``_x_c`` and ``_x_py``).
 HOT_PATHS = ("broadcast", "codec", "link", "pool_book", "ring", "stream_table")

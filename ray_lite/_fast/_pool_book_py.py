@@ -12,8 +12,9 @@ writes the same fields under the same ``_sched`` lock.
 __all__ = ["PoolBook", "PoolWorker", "plain_call"]
 
 # The types of a common task's arguments: values that need no look before
-# they travel (no ref inside, always serialisable).
-_PLAIN_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+# they travel (no ref inside, always serialisable).  The runtime's one
+# definition (``pool_book.PLAIN_TYPES``); the compiled twin tests the same.
+PLAIN_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
 def plain_call(args, kwargs, arity):
@@ -26,7 +27,7 @@ def plain_call(args, kwargs, arity):
     if arity is not None and not arity[0] <= len(args) <= arity[1]:
         return False
     for a in args:
-        if type(a) not in _PLAIN_TYPES:
+        if type(a) not in PLAIN_TYPES:
             return False
     return True
 

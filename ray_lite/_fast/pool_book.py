@@ -1,6 +1,9 @@
 """The driver's pool book (compiled twin ``_pool_book_c``, fallback
 ``_pool_book_py``): the per-task steps of the driver's common task.
 
+``PLAIN_TYPES``
+    The argument types that need no look before they travel: int, float,
+    str, bytes, bool, None (exactly these types).
 ``plain_call(args, kwargs, arity)``
     True when a call is the driver's common task's: no keyword arguments,
     as many positional ones as ``arity`` (``(lo, hi, ...)`` or None) allows,
@@ -21,6 +24,7 @@
     (``_enqueue``, ``_unsent``, ``_free_worker``, ``used_up``, ``_dispatch``,
     ``resources_freed``).
 """
+from ._pool_book_py import PLAIN_TYPES
 from ._select import load_twin
 
 _impl, COMPILED = load_twin("pool_book")
@@ -29,4 +33,4 @@ PoolWorker = _impl.PoolWorker
 PoolBook = _impl.PoolBook
 plain_call = _impl.plain_call
 
-__all__ = ["COMPILED", "PoolBook", "PoolWorker", "plain_call"]
+__all__ = ["COMPILED", "PLAIN_TYPES", "PoolBook", "PoolWorker", "plain_call"]

@@ -4,6 +4,8 @@ import os
 import sys
 import warnings
 
+from ray_lite._fast.pool_book import PLAIN_TYPES
+
 from . import state
 from .concurrency_groups import check_groups
 from .dynamic_generator import DYNAMIC, dynamic_result
@@ -36,7 +38,7 @@ _REFUSED_UNLESS_DEFAULT = {
     "actor": {"num_gpus": (0, None), "accelerator_type": (None,),
               "retry_exceptions": (False, None)},
 }
-_SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+_SIMPLE_TYPES = PLAIN_TYPES     # arguments that need no look before they travel
 # Of those, what Ray accepts (its task would wait for a GPU node): refused
 # at the call, not where the function or class is declared, so that a
 # module declaring a GPU task it does not call here still imports.

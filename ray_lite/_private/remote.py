@@ -11,7 +11,7 @@ from . import protocol as P
 from .protocol import TaskSpec
 from . import state
 from .actor_handle import ActorHandle, actor_lease
-from .call_options import (_SIMPLE_TYPES, _by_value, _check_args_serialisable,  # noqa: F401
+from .call_options import (_by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
                            NotOnThisMachine, _make_call_result, _stream_opts,
                            warn_dynamic)
@@ -208,12 +208,7 @@ class RemoteFunction:
             check_call(arity, args, kwargs)
         node = state.get_node()
         name = plan.name
-        simple = not kwargs
-        if simple:
-            for a in args:      # plain values only: nothing to probe
-                if type(a) not in _SIMPLE_TYPES:
-                    simple = False
-                    break
+        simple = plain_call(args, kwargs, None)      # plain values only: nothing to probe
         if not simple and _check_args_serialisable(args, kwargs, name):
             args, kwargs = _by_value(node, args, kwargs)
         blob = self._blob
