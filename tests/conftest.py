@@ -107,6 +107,7 @@ stream_table_impl = _twin_module_fixture("stream_table")
 broadcast_impl = _twin_module_fixture("broadcast")
 link_impl = _twin_module_fixture("link")
 pool_book_impl = _twin_module_fixture("pool_book")
+task_runner_impl = _twin_module_fixture("task_runner")
 
 
 @pytest.fixture(params=TWINS)

@@ -12,14 +12,14 @@ disagree, the compiled one is wrong.
 from .._config import NO_EXTENSIONS
 
 # (after NO_EXTENSIONS, which they need)
-from . import broadcast, codec, link, pool_book, ring, stream_table  # noqa: E402
+from . import broadcast, codec, link, pool_book, ring, stream_table, task_runner  # noqa: E402
 
 #: The hot paths (each a module ``x`` with twins ``_x_c`` and ``_x_py``).
-HOT_PATHS = ("broadcast", "codec", "link", "pool_book", "ring", "stream_table")
+HOT_PATHS = ("broadcast", "codec", "link", "pool_book", "ring", "stream_table", "task_runner")
 
 #: True when every hot path runs its compiled twin.
 USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, link, pool_book, ring,
-                                              stream_table))
+                                              stream_table, task_runner))
 
 __all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link",
-           "pool_book", "ring", "stream_table"]
+           "pool_book", "ring", "stream_table", "task_runner"]

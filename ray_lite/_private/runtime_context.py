@@ -1,17 +1,20 @@
 """``get_runtime_context()`` and ``exit_actor()``: what the current process and call are.
 
-Which call is running is not recorded per call (that would cost every call
-a store): the lookup walks the calling thread's frames up to the worker's
-frame that runs the call, whose ``oid`` local is the call's id.  The same
-walk works on the main thread of a sync actor, on each thread of a threaded
-actor and inside each coroutine of an async actor (a running coroutine's
-frame links to the frame awaiting it).  Unlike Ray (which sets a context
+A pool worker's running task is in its fields (``current_oid``,
+``current_fn``, ``current_name``: the task runner keeps them for
+cancellation).  An actor's running call is not recorded per call (that
+would cost every call a store): the lookup walks the calling thread's frames
+up to the worker's frame that runs the call, whose ``oid`` local is the
+call's id.  The same walk works on the main thread of a sync actor, on each
+thread of a threaded actor and inside each coroutine of an async actor (a
+running coroutine's frame links to the frame awaiting it).  Unlike Ray (which sets a context
 variable per call), an asyncio task that a call spawns itself
 (``asyncio.create_task``, ``gather`` of coroutines) is not linked to the
 call: there ``get_task_id()`` is None.
 """
 import os
 import sys
+import threading
 
 from ray_lite import _ray
 from ray_lite.exceptions import AsyncioActorExit
@@ -33,12 +36,12 @@ _call_codes = None
 
 
 def _frames_running_calls(node):
-    """The code of the worker's methods that run a call (their ``oid`` local is its id)."""
+    """The code of an actor's methods that run a call (their ``oid`` local is its id)."""
     global _call_codes
     if _call_codes is None:
         cls = type(node)
         _call_codes = frozenset(f.__code__ for f in (
-            cls.run_pool_task, cls._run_method, cls._run_method_async, cls._run_method_now))
+            cls._run_method, cls._run_method_async, cls._run_method_now))
     return _call_codes
 
 
@@ -47,16 +50,21 @@ def current_call_oid():
     node = state.node
     if node is None or node.id == 0:
         return None
-    frame = _call_frame(node)
-    return frame.f_locals.get("oid") if frame is not None else None
+    call = _call_locals(node)
+    return call.get("oid") if call is not None else None
 
 
-def _call_frame(node):
+def _call_locals(node):
+    """The running call's ``oid``, ``fn`` and ``name`` (an actor call's
+    ``method`` too), or None outside a call."""
+    if node.current_oid is not None and threading.get_ident() == node._task_thread:
+        # A pool task (the runner's frame is compiled: no locals to read).
+        return {"oid": node.current_oid, "fn": node.current_fn, "name": node.current_name}
     codes = _frames_running_calls(node)
     f = sys._getframe(2)
     while f is not None:
         if f.f_code in codes:
-            return f
+            return f.f_locals
         f = f.f_back
     return None
 
@@ -157,9 +165,8 @@ class RuntimeContext:
         node = self._node
         if node.id == 0:
             return None
-        frame = _call_frame(node)
-        if frame is not None:
-            loc = frame.f_locals
+        loc = _call_locals(node)
+        if loc is not None:
             if "method" in loc and node.actor is not None:
                 cls = type(node.actor)
                 method = loc["method"]
@@ -342,10 +349,9 @@ def _class_being_constructed(node):
 
 
 def _current_call_name(node):
-    frame = _call_frame(node)
-    if frame is None:
+    loc = _call_locals(node)
+    if loc is None:
         return None
-    loc = frame.f_locals
     if "method" in loc and node.actor is not None:
         return f"{type(node.actor).__name__}.{loc['method']}"
     return loc.get("name")

@@ -5,14 +5,13 @@ import os
 import signal
 import sys
 import threading
-import types
 
+from ray_lite._fast.task_runner import TaskRunner
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
                                  RuntimeEnvSetupError, TaskCancelledError)
 
 from . import protocol as P
-from .protocol import RESULT   # per result: a global, not an attribute
 from . import concurrency_groups, restarts, state, zygote
 from .aio import AsyncSlots, new_event_loop
 from .actor_exit import begin_exit, run_exit_handlers
@@ -36,20 +35,22 @@ traceback = lazy_module("traceback", globals())
 
 _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
 
-_CoroutineType = types.CoroutineType
 
-
-class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
+class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
+        # The names the task runner needs (it imports nothing of _private).
+        self.ref_type, self.result_op = ObjectRef, P.RESULT
+        self.never_stored, self.store_result = _NEVER_STORED, stored_result
         self.lends_slot = self.kind == "pool"     # block_begin/block_end act
         self.namespace = spec.get("namespace")
         self.tasks = collections.deque()
         self.functions = {}
         self.cancelled = set()     # live oids whose cancel arrived
         self.live = set()          # oids of calls received and not finished
-        self.current_oid = None    # the pool task running on the main thread
+        self.current_oid = None    # the pool task running on the main thread,
+        self.current_fn = self.current_name = None      # its function and name
         self._in_user_code = False
         self._interrupted = False
         self._task_thread = threading.get_ident()
@@ -392,43 +393,6 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
             self.cancelled.discard(oid)
             self.live.discard(oid)
 
-    def run_pool_task(self, peer, msg):
-        _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
-        self.current_thread_busy = True
-        self.current_oid = oid
-        self._interrupted = False
-        try:
-            try:
-                fn = self.functions.get(fn_id)
-                if fn is None:
-                    fn = self._load_function(fn_id, blob)
-                if kwargs:
-                    args, kwargs = self._resolve(args, kwargs)
-                else:
-                    for a in args:      # self._resolve's look, inline: per task (B11)
-                        if type(a) is ObjectRef:
-                            args, kwargs = self._resolve(args, kwargs)
-                            break
-            except BaseException as exc:
-                self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
-                return
-            self._invoke(peer, oid, fn, args, kwargs, nret, stream, bp, name)
-        finally:
-            self.current_oid = None
-            self._interrupt = None
-            self.current_thread_busy = False
-            if self.cancelled:
-                self.cancelled.discard(oid)
-            self.live.discard(oid)
-            if self.blocked_depth:
-                # Interrupted inside a get: lend the CPU slot back for good.
-                self.blocked_depth = 0
-                self.notify(P.OP_BLOCKED, False)
-            if self._bridges:
-                # Loops made by asyncio.run for async functions are closed now.
-                for loop in [lp for lp in self._bridges if lp.is_closed()]:
-                    del self._bridges[loop]
-
     def _failure(self, oid, name, exc):
         if oid in self.cancelled and oid == self.current_oid:   # an interrupted pool task
             return running_task_cancelled(name, oid)
@@ -445,60 +409,35 @@ class WorkerNode(AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
         for m in P.failure_msgs(oid, stream, err):
             self.send(peer, m)
 
-    def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
-        try:
+    # The task runner's (``_fast/task_runner``) ways out of its common case.
+    def _send_cancelled(self, peer, oid, name):
+        self._send_failure(peer, oid, False, running_task_cancelled(name, oid), name)
+
+    def _await_result(self, coro):
+        return asyncio.run(coro)
+
+    def _run_stream(self, peer, oid, result, bp, name):
+        if inspect.isasyncgen(result):
             try:
-                # self._enter_user_code(), its look inline: this runs per call.
-                self._in_user_code = True
-                if self._cancel_signalled or self._interrupt is not None:
-                    self._enter_user_code()
-                result = fn(*args, **kwargs)
-                if not stream and type(result) is _CoroutineType:  # inspect.iscoroutine
-                    result = asyncio.run(result)
+                self._enter_user_code()   # the loop runs user code between our steps
+                asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
             finally:
                 self._in_user_code = False
-            if stream:
-                if inspect.isasyncgen(result):
-                    try:
-                        self._enter_user_code()   # the loop runs user code between our steps
-                        asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
-                    finally:
-                        self._in_user_code = False
-                    return
-                if not inspect.isgenerator(result):
-                    raise TypeError(f"{name} was called with num_returns='streaming' but "
-                                    f"returned {type(result).__name__}, not a generator")
-                self._drain_gen(peer, oid, result, bp, name)
-                return
-            if nret != 1:
-                result = self._split(result, nret, name)
-        except BaseException as exc:
-            if isinstance(exc, SystemExit) and self.kind != "actor":
-                # sys.exit() in a task ends its worker: the caller gets Ray's
-                # WorkerCrashedError (after the task's retries), not the exit.
-                raise
-            self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
-            if isinstance(exc, SystemExit):
-                raise
             return
-        if self.cancelled and oid in self.cancelled:
-            # Cancelled while it ran, and the cancel was read meanwhile
-            # (is_canceled(), or a wait of the call's): as in Ray, the
-            # caller gets TaskCancelledError, whatever the call returned.
-            self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
-            return
-        if type(result) not in _NEVER_STORED:     # (stored_result's first look, inline)
-            result = stored_result(result)
-        # self.reply(peer, msg, name), inline: it runs per call (B11).
-        link = self.links.get(peer)
-        if link is not None:
-            msg = (RESULT, oid, True, result)
-            try:
-                link.send(msg)
-            except (ConnectionError, OSError):
-                pass
-            except Exception as exc:
-                self._unsendable(peer, msg, name, exc)
+        if not inspect.isgenerator(result):
+            raise TypeError(f"{name} was called with num_returns='streaming' but "
+                            f"returned {type(result).__name__}, not a generator")
+        self._drain_gen(peer, oid, result, bp, name)
+
+    def _lend_slot_for_good(self):
+        """A pool task interrupted inside a get: its CPU slot stays lent."""
+        self.blocked_depth = 0
+        self.notify(P.OP_BLOCKED, False)
+
+    def _close_finished_bridges(self):
+        # Loops made by asyncio.run for async functions are closed now.
+        for loop in [lp for lp in self._bridges if lp.is_closed()]:
+            del self._bridges[loop]
 
     _split = staticmethod(split_returns)
 

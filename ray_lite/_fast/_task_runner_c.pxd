@@ -1,0 +1,33 @@
+# cython: language_level=3
+# Layout of a worker's task runner (semantics: _task_runner_py.py, the
+# executable specification).  Typed fields, so that the steps a worker takes
+# per task and per actor call read and write its state at C level instead of
+# through attribute look-ups on a class of several mixins (B11).  The runner
+# is WorkerNode's first base: these descriptors come before any class
+# attribute of the same name in the mixins.
+
+
+cdef class TaskRunner:
+    # The worker's own fields (the names its mixins read and write).
+    cdef public dict functions       # fn id -> loaded function
+    cdef public set cancelled        # live oids whose cancel arrived
+    cdef public set live             # oids of calls received and not finished
+    cdef public dict links           # peer id -> Link
+    cdef public object current_oid   # the pool task running on the main thread,
+    cdef public object current_fn    # its function (None until loaded)
+    cdef public object current_name  # and its name (get_runtime_context reads them)
+    cdef public bint current_thread_busy
+    cdef public bint _interrupted
+    cdef public bint _in_user_code
+    cdef public object _interrupt    # the oid whose cancel interrupts, or None
+    cdef public bint _cancel_signalled
+    cdef public object blocked_depth  # gets nested inside the running task (int)
+    cdef public dict _bridges        # event loop -> its bridge
+    cdef public object kind          # "pool" or "actor"
+    # The runtime's names it needs, set by the worker (no import of _private).
+    cdef public object ref_type      # ObjectRef (its metaclass is not exactly type)
+    cdef public object result_op     # protocol.RESULT
+    cdef public object never_stored  # result types never put in the store
+    cdef public object store_result  # refs.stored_result
+
+    cdef _invoke_c(self, peer, oid, fn, args, kwargs, nret, stream, bp, name)

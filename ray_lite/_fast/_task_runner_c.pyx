@@ -1,0 +1,91 @@
+# cython: language_level=3
+"""A worker's task runner, compiled twin (layout in ``_task_runner_c.pxd``;
+semantics and comments: ``_task_runner_py.py``, the executable specification).
+
+The same steps as the twin, with the worker's fields typed.
+"""
+from types import CoroutineType as _CoroutineType
+
+
+cdef class TaskRunner:
+    def run_pool_task(self, peer, msg):
+        cdef object a, fn, ref_type
+        _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
+        self.current_thread_busy = True
+        self.current_oid = oid
+        self.current_name = name
+        self._interrupted = False
+        try:
+            try:
+                fn = self.functions.get(fn_id)
+                if fn is None:
+                    fn = self._load_function(fn_id, blob)
+                self.current_fn = fn
+                if kwargs:
+                    args, kwargs = self._resolve(args, kwargs)
+                else:
+                    ref_type = self.ref_type
+                    for a in args:
+                        if type(a) is ref_type:
+                            args, kwargs = self._resolve(args, kwargs)
+                            break
+            except BaseException as exc:
+                self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+                return
+            self._invoke_c(peer, oid, fn, args, kwargs, nret, stream, bp, name)
+        finally:
+            self.current_oid = self.current_fn = self.current_name = None
+            self._interrupt = None
+            self.current_thread_busy = False
+            if self.cancelled:
+                self.cancelled.discard(oid)
+            self.live.discard(oid)
+            if self.blocked_depth:
+                self._lend_slot_for_good()
+            if self._bridges:
+                self._close_finished_bridges()
+
+    def _invoke(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
+        self._invoke_c(peer, oid, fn, args, kwargs, nret, stream, bp, name)
+
+    cdef _invoke_c(self, peer, oid, fn, args, kwargs, nret, stream, bp, name):
+        cdef object result, link, msg
+        try:
+            try:
+                self._in_user_code = True
+                if self._cancel_signalled or self._interrupt is not None:
+                    self._enter_user_code()
+                if kwargs:
+                    result = fn(*args, **kwargs)
+                else:
+                    result = fn(*args)
+                if not stream and type(result) is _CoroutineType:
+                    result = self._await_result(result)
+            finally:
+                self._in_user_code = False
+            if stream:
+                self._run_stream(peer, oid, result, bp, name)
+                return
+            if nret != 1:
+                result = self._split(result, nret, name)
+        except BaseException as exc:
+            if isinstance(exc, SystemExit) and self.kind != "actor":
+                raise
+            self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+            if isinstance(exc, SystemExit):
+                raise
+            return
+        if self.cancelled and oid in self.cancelled:
+            self._send_cancelled(peer, oid, name)
+            return
+        if type(result) not in self.never_stored:
+            result = self.store_result(result)
+        link = self.links.get(peer)
+        if link is not None:
+            msg = (self.result_op, oid, True, result)
+            try:
+                link.send(msg)
+            except (ConnectionError, OSError):
+                pass
+            except Exception as exc:
+                self._unsendable(peer, msg, name, exc)
