@@ -116,7 +116,7 @@ VARIABLES = (
               "an HTTP proxy packs a route's requests onto its first replicas that are "
               "under max_ongoing_requests while the route's replicas answer in less "
               "than this on average (0: never packs; requests are spread)", _micros_to_s),
-    ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "10", "an integer from 0 to 19",
+    ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "0", "an integer from 0 to 19",
               "the nice value Serve replicas lower their CPU priority by once "
               "started (0: not at all)", _nice),
     ConfigVar("RAY_LITE_SERVE_MEMDEBUG", "", "an absolute directory path, or empty",

@@ -346,10 +346,9 @@ def test_handles_spread_by_power_of_two_without_a_preferred_replica():
     assert power_of_two([], 2) is None
 
 
-def test_replicas_run_below_the_proxies_priority(serve_port):
-    """A proxy that wakes a replica must not be preempted by it at once (see
-    _replica._NICE): replicas serve at a lower priority than the runtime's
-    own processes."""
+def test_replicas_run_at_the_priority_configured(serve_port):
+    """Replicas serve at the runtime's priority lowered by
+    RAY_LITE_SERVE_REPLICA_NICE (see _replica._NICE), by default not at all."""
     import json
     import os
     from ray_lite.serve import _replica
@@ -359,4 +358,35 @@ def test_replicas_run_below_the_proxies_priority(serve_port):
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert json.loads(body)["nice"] == min(19, mine + _replica._NICE)
     if "RAY_LITE_SERVE_REPLICA_NICE" not in os.environ:
-        assert _replica._NICE > 0
+        assert _replica._NICE == 0
+
+
+NICE_SCRIPT = """
+import os
+import ray_lite
+from ray_lite import serve
+
+@serve.deployment
+class Nice:
+    def nice(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+ray_lite.init(num_cpus=1)
+serve.start(http_options={"host": "127.0.0.1", "port": 0, "proxies": 1})
+handle = serve.run(Nice.bind())
+print(handle.nice.remote().result(timeout_s=60) - os.getpriority(os.PRIO_PROCESS, 0))
+serve.shutdown()
+ray_lite.shutdown()
+"""
+
+
+def test_replicas_lower_their_priority_when_configured():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, RAY_LITE_SERVE_REPLICA_NICE="3")
+    proc = subprocess.run([sys.executable, "-c", NICE_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert int(proc.stdout.split()[-1]) == min(19, mine + 3) - mine

@@ -34,13 +34,15 @@ from ._spin import SpinPolicy, cpu_free
 
 logger = logging.getLogger("ray_lite.serve")
 
-# Replicas run below the proxies' priority (nice): a proxy that wakes a
-# replica is then not preempted by it at once, so it parses and sends what
-# it has before replicas run, and a replica wakes once for several requests
-# instead of once for each.  With 48 replicas on 2 cores that is ~20 % less
-# CPU per HTTP request.  The price: under CPU contention from other
-# programs, replicas get a smaller share.  RAY_LITE_SERVE_REPLICA_NICE=0
-# turns it off.
+# Replicas may run below the proxies' priority (RAY_LITE_SERVE_REPLICA_NICE):
+# a proxy that wakes a replica is then not preempted by it at once.  That
+# saved ~20 % of the CPU per HTTP request while requests were spread over
+# all 48 replicas of the benchmark; since a proxy packs a fast route's
+# requests onto few replicas, it costs instead: those few wait behind any
+# other program at nice 0, and behind the proxies (benchmarks/SERVE_CPU.md,
+# "Replicas' priority": wrk -c4/-c8 +25-30 % requests/s at nice 0, -c100 the
+# same or better, quiet and beside a CPU hog).  So the default is 0: the
+# priority the runtime's other processes have.
 _NICE = SERVE_REPLICA_NICE
 
 # A replica whose HTTP requests come from a lone client (the proxy says so:
