@@ -2,6 +2,8 @@
 stand-in worker: what a task's and an actor call's steps run, send and leave
 behind, and what they hand to the worker's other methods."""
 import asyncio
+import collections
+import threading
 
 import pytest
 
@@ -44,9 +46,45 @@ def make_worker(impl, kind="pool", link=None):
             self.ref_type, self.result_op = Ref, RESULT
             self.never_stored = frozenset({int, str, type(None)})
             self.store_result = lambda r: ("stored", r)
+            self.tasks = collections.deque()
+            self.exiting = False
+            self._releases = []
+            self._drive_lock = threading.Lock()
+            self._sleepers = 0
+            self._bridge_waiting = False
+            self.arrivals = []      # what each _poll receives, in turn
             self.calls = []
 
         # The worker's other methods: recorded.
+        def _drain(self):
+            assert self._drive_lock.locked()
+            self.calls.append(("drain",))
+
+        def _release_drive(self):
+            self.calls.append(("release_drive",))
+            self._drive_lock.release()
+
+        def _poll(self, timeout):
+            assert self._drive_lock.locked()
+            self.calls.append(("poll", timeout))
+            arrival = self.arrivals.pop(0)
+            if arrival == "exit":
+                self.exiting = True
+            else:
+                self._on_task(5, arrival)
+
+        def _wake_after_release(self):
+            self.calls.append(("wake", self._sleepers, self._bridge_waiting))
+
+        def wait_until(self, pred):
+            self.calls.append(("wait_until", pred()))
+            self.tasks.append((5, self.arrivals.pop(0)))
+            assert pred()
+
+        def _send_releases(self):
+            self.calls.append(("releases", list(self._releases)))
+            self._releases = []
+
         def _load_function(self, fn_id, blob):
             self.calls.append(("load", fn_id))
             if isinstance(blob, BaseException):
@@ -299,3 +337,64 @@ def test_a_malformed_task_message_is_refused(task_runner_impl):
     with pytest.raises(ValueError):
         w.run_pool_task(5, ("TASK", 1, "f"))
     assert w.current_oid is None and w.links[5].sent == []
+
+
+def test_a_task_message_is_queued_after_the_releases_it_brought(task_runner_impl):
+    w = make_worker(task_runner_impl)
+    w._releases.append(("owner", 1, 2))
+    msg = task(3, None)
+    w._on_task(5, msg)
+    assert w.calls == [("releases", [("owner", 1, 2)])]
+    assert list(w.tasks) == [(5, msg)] and w.live == {3}
+    w._on_task(5, task(4, None))
+    assert len(w.calls) == 1 and w.live == {3, 4}
+
+
+def test_the_main_loop_runs_calls_in_order_until_the_worker_exits(task_runner_impl):
+    w = make_worker(task_runner_impl)
+    ran = []
+
+    def run(peer, msg):
+        ran.append((peer, msg[1]))
+        if msg[1] == 3:
+            w._sleepers = 1       # a thread waits to drive: it is woken after the poll
+
+    w.tasks.extend([(5, task(1, None)), (5, task(2, None))])
+    w.arrivals = [task(3, None), "exit"]
+    w.serve_calls(run)
+    assert ran == [(5, 1), (5, 2), (5, 3)]
+    # Between two queued calls the links are read first (a cancel of the
+    # next, say); idle, the loop drives them itself.
+    assert w.calls == [("drain",), ("release_drive",), ("poll", None), ("poll", None),
+                       ("wake", 1, False)]
+    assert not w._drive_lock.locked() and not w.tasks
+
+
+def test_the_main_loop_waits_while_another_thread_drives(task_runner_impl):
+    w = make_worker(task_runner_impl)
+    ran = []
+
+    def run(peer, msg):
+        ran.append(msg[1])
+        w.exiting = True
+
+    w._drive_lock.acquire()       # another thread drives the links
+    w.arrivals = [task(8, None)]
+    w.serve_calls(run)
+    assert ran == [8] and w.calls == [("wait_until", False)]
+    w._drive_lock.release()
+
+
+def test_an_exit_raised_by_a_call_ends_the_main_loop(task_runner_impl):
+    w = make_worker(task_runner_impl, kind="actor")
+
+    class Exit(SystemExit):
+        pass
+
+    def run(peer, msg):
+        raise Exit
+
+    w.tasks.extend([(5, task(1, None)), (5, task(2, None))])
+    with pytest.raises(Exit):
+        w.serve_calls(run)
+    assert len(w.tasks) == 1 and not w._drive_lock.locked()

@@ -24,6 +24,12 @@ cdef class TaskRunner:
     cdef public object blocked_depth  # gets nested inside the running task (int)
     cdef public dict _bridges        # event loop -> its bridge
     cdef public object kind          # "pool" or "actor"
+    cdef public object tasks         # deque of (peer, msg) received, not run yet
+    cdef public bint exiting
+    cdef public list _releases       # (owner, oid, weight) to give back
+    cdef public object _drive_lock   # held by the thread that drives the links
+    cdef public long _sleepers       # threads asleep while another drives
+    cdef public bint _bridge_waiting  # some loop bridge may be waiting
     # The runtime's names it needs, set by the worker (no import of _private).
     cdef public object ref_type      # ObjectRef (its metaclass is not exactly type)
     cdef public object result_op     # protocol.RESULT

@@ -8,6 +8,42 @@ from types import CoroutineType as _CoroutineType
 
 
 cdef class TaskRunner:
+    def _on_task(self, peer, msg):
+        if self._releases:
+            self._send_releases()
+        self.live.add(msg[1])
+        self.tasks.append((peer, msg))
+
+    def serve_calls(self, run):
+        cdef object tasks = self.tasks
+        cdef object lock = self._drive_lock
+        cdef bint ran = False
+        cdef object peer, msg
+        while not self.exiting:
+            if tasks:
+                if ran and lock.acquire(False):
+                    try:
+                        self._drain()
+                    finally:
+                        self._release_drive()
+                    if self.exiting:
+                        break
+                peer, msg = tasks.popleft()
+                run(peer, msg)
+                ran = True
+                peer = msg = None
+            elif lock.acquire(False):
+                ran = False
+                try:
+                    if not tasks and not self.exiting:
+                        self._poll(None)
+                finally:
+                    lock.release()
+                    if self._sleepers or self._bridge_waiting:
+                        self._wake_after_release()
+            else:
+                self.wait_until(lambda: tasks or self.exiting)
+
     def run_pool_task(self, peer, msg):
         cdef object a, fn, ref_type
         _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg

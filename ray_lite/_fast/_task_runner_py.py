@@ -15,6 +15,54 @@ __all__ = ["TaskRunner"]
 class TaskRunner:
     """A base of ``WorkerNode`` (the first: its fields are the worker's)."""
 
+    def _on_task(self, peer, msg):
+        if self._releases:
+            # The shares of refs the task's arguments brought are reported
+            # before its code runs (see WorkerNode._on_method).
+            self._send_releases()
+        self.live.add(msg[1])
+        self.tasks.append((peer, msg))
+
+    def serve_calls(self, run):
+        """The main loop of a pool worker or a sync actor: run calls as they arrive.
+
+        Idle, it drives the links itself (see ``Node._poll``: with one link,
+        a sleep on that ring).
+        """
+        tasks = self.tasks
+        lock = self._drive_lock
+        ran = False
+        while not self.exiting:
+            if tasks:
+                if ran and lock.acquire(False):
+                    # A call queued behind the one that just ran: read what
+                    # came meanwhile first (a cancel of it, say).
+                    try:
+                        self._drain()
+                    finally:
+                        self._release_drive()
+                    if self.exiting:
+                        break
+                peer, msg = tasks.popleft()
+                run(peer, msg)
+                ran = True
+                # Not kept while idle: the arguments' objects (and the
+                # shares of borrowed refs) go back at once.
+                peer = msg = None
+            elif lock.acquire(False):
+                ran = False
+                try:
+                    if not tasks and not self.exiting:
+                        self._poll(None)
+                finally:
+                    # self._release_drive(), its looks inline: the call that
+                    # just came runs next (B11)
+                    lock.release()
+                    if self._sleepers or self._bridge_waiting:
+                        self._wake_after_release()
+            else:
+                self.wait_until(lambda: tasks or self.exiting)
+
     def run_pool_task(self, peer, msg):
         _, oid, fn_id, blob, args, kwargs, nret, stream, bp, name = msg
         self.current_thread_busy = True

@@ -1,8 +1,8 @@
 """``get_runtime_context()`` and ``exit_actor()``: what the current process and call are.
 
 A pool worker's running task is in its fields (``current_oid``,
-``current_fn``, ``current_name``: the task runner keeps them for
-cancellation).  An actor's running call is not recorded per call (that
+``current_fn``, ``current_name``, kept by the task runner: its frame is
+compiled, with no locals to read).  An actor's running call is not recorded per call (that
 would cost every call a store): the lookup walks the calling thread's frames
 up to the worker's frame that runs the call, whose ``oid`` local is the
 call's id.  The same walk works on the main thread of a sync actor, on each

@@ -249,12 +249,7 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
             w()
 
     # -------------------------------------------------------------- tasks
-    def _on_task(self, peer, msg):
-        if self._releases:
-            self._send_releases()     # see _on_method
-        self.live.add(msg[1])
-        self.tasks.append((peer, msg))
-
+    # (_on_task and serve_calls, the main loop: the task runner's)
     def _on_method(self, peer, msg):
         if self._releases:
             # The shares of refs the call's arguments brought are reported
@@ -318,46 +313,6 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         if e.error is not None:
             raise raisable(e.error)
         return e.value
-
-    def serve_calls(self, run):
-        """The main loop of a pool worker or a sync actor: run calls as they arrive.
-
-        Idle, it drives the links itself (see ``Node._poll``: with one link,
-        a sleep on that ring).
-        """
-        tasks = self.tasks
-        lock = self._drive_lock
-        ran = False
-        while not self.exiting:
-            if tasks:
-                if ran and lock.acquire(False):
-                    # A call queued behind the one that just ran: read what
-                    # came meanwhile first (a cancel of it, say).
-                    try:
-                        self._drain()
-                    finally:
-                        self._release_drive()
-                    if self.exiting:
-                        break
-                peer, msg = tasks.popleft()
-                run(peer, msg)
-                ran = True
-                # Not kept while idle: the arguments' objects (and the
-                # shares of borrowed refs) go back at once.
-                del msg
-            elif lock.acquire(False):
-                ran = False
-                try:
-                    if not tasks and not self.exiting:
-                        self._poll(None)
-                finally:
-                    # self._release_drive(), its looks inline: the call that
-                    # just came runs next (B11)
-                    lock.release()
-                    if self._sleepers or self._bridge_waiting:
-                        self._wake_after_release()
-            else:
-                self.wait_until(lambda: tasks or self.exiting)
 
     def reply(self, peer, msg, name):
         """Send a result; an unserialisable one becomes an error at ``get``."""
