@@ -153,8 +153,7 @@ def make_counters():
 def test_a_detached_actor_outlives_its_creator_and_its_handles(rt):
     owned_pid = ray.get(make_counters.remote(), timeout=T)
     deadline = time.monotonic() + T
-    while os.path.exists(f"/proc/{owned_pid}") and \
-            open(f"/proc/{owned_pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+    while _running(owned_pid):
         assert time.monotonic() < deadline, "the owned actor did not end with its creator"
         time.sleep(0.001)
     # The owned one ended with the worker that made it; the detached one lives on.
