@@ -194,6 +194,48 @@ def test_task_error_is_the_user_exception_with_traceback(rt):
         ray.get(double.remote(fail.remote("x")), timeout=T)
 
 
+def _failing_helper():
+    raise KeyError("from the helper")
+
+
+@ray.remote
+class FailsEveryWay:
+    def sync(self):
+        _failing_helper()
+
+    def stream(self):
+        yield 1
+        _failing_helper()
+
+
+@ray.remote
+class FailsAsync:
+    async def coro(self):
+        _failing_helper()
+
+
+@pytest.mark.local_only
+def test_a_remote_traceback_starts_at_the_users_code(rt):
+    # The runtime's frames that call the task (the task runner, an actor's
+    # loop, the stream's drain) are left out, as Ray leaves out its own.
+    @ray.remote
+    def task():
+        _failing_helper()
+
+    actor = FailsEveryWay.remote()
+    threaded = FailsEveryWay.options(max_concurrency=2).remote()
+    gen = actor.stream.options(num_returns="streaming").remote()
+    assert ray.get(next(gen), timeout=T) == 1
+    for ref in (task.remote(), actor.sync.remote(), FailsAsync.remote().coro.remote(),
+                threaded.sync.remote(), next(gen)):
+        with pytest.raises(RayTaskError) as info:
+            ray.get(ref, timeout=T)
+        frames = [ln.strip() for ln in info.value.traceback_str.splitlines()
+                  if ln.strip().startswith('File "')]
+        assert frames and all(__file__ in f for f in frames), frames
+        assert "_failing_helper()" in str(info.value) and "from the helper" in str(info.value)
+
+
 @ray.remote
 def raise_this(err):
     raise err

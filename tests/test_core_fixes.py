@@ -2,6 +2,8 @@
 import asyncio
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -384,3 +386,35 @@ def test_an_actor_waiting_for_resources_starts_when_another_thread_frees_them(rt
     remove_placement_group(group)
     t.join(T)
     assert answers == ["pong"]
+
+
+HELPER_FROM_MAIN = """
+import ray_lite as ray
+
+def helper(x):
+    return 1 / x
+
+@ray.remote
+def divide(x):
+    return helper(x)
+
+ray.init(num_cpus=1)
+try:
+    ray.get(divide.remote(0), timeout=60)
+except ZeroDivisionError as exc:
+    print(exc.traceback_str)
+ray.shutdown()
+"""
+
+
+def test_a_helper_from_main_keeps_its_file_name_in_a_remote_traceback(tmp_path):
+    """cloudpickle ships the helpers a task in ``__main__`` calls by value, and
+    names their code ``<dynamic-code>``: the traceback lost their source."""
+    script = tmp_path / "helper_from_main.py"
+    script.write_text(HELPER_FROM_MAIN)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f'File "{script}", line 9, in divide' in proc.stdout, proc.stdout
+    assert f'File "{script}", line 5, in helper' in proc.stdout, proc.stdout
+    assert "return 1 / x" in proc.stdout and "<dynamic-code>" not in proc.stdout

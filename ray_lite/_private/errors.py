@@ -11,6 +11,26 @@ from .ids import NODE_IP, actor_id_hex, task_id_hex
 traceback = lazy_module("traceback", globals())
 
 
+# Where the runtime's own frames come from: its package folder, and the
+# relative names Cython gives the frames of compiled modules.
+_RUNTIME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_RUNTIME_PYX = "ray_lite" + os.sep
+
+
+def _user_traceback(exc):
+    """``exc``'s traceback, formatted, from the first frame of user code.
+
+    The frames above it are the runtime calling the task (a task runner, an
+    actor's loop): Ray leaves its own out too, so the user sees their code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (filename.startswith(_RUNTIME_DIR) or filename.startswith(_RUNTIME_PYX)):
+            break
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def make_task_error(name, exc, tb=None):
     """The error sent for a failure of user code: a RayTaskError with the traceback.
 
@@ -20,7 +40,7 @@ def make_task_error(name, exc, tb=None):
     if isinstance(exc, RayTaskError):       # already what we send
         return exc
     if tb is None:
-        tb = traceback.format_exc()
+        tb = _user_traceback(exc)
     return RayTaskError(name, tb, exc, os.getpid())
 
 

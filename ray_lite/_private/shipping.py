@@ -48,13 +48,24 @@ def _recode(code, filename):
     return code.replace(co_consts=consts)
 
 
-def _fix_function(fn, filename):
+def _fix_function(fn, filename, seen=None):
+    """Restores ``fn``'s file name, and that of the functions of its module it
+    calls: cloudpickle took those by value too (a helper in ``__main__``)."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
     code = getattr(fn, "__code__", None)
     if isinstance(code, types.CodeType):
         try:
             fn.__code__ = _recode(code, filename)
         except (TypeError, ValueError):
             pass
+    module = getattr(fn, "__module__", None)
+    for value in list(getattr(fn, "__globals__", {}).values()):
+        if inspect.isfunction(value) and value.__module__ == module \
+                and value.__code__.co_filename == _DYNAMIC:
+            _fix_function(value, filename, seen)
 
 
 def unship(blob):
