@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from ray_lite._private.protocol import TASK, PlacedTaskSpec, TaskSpec
+from ray_lite._private.entries import _Entry, _FrozenEntry
+from ray_lite._private.protocol import RESULT, TASK, PlacedTaskSpec, TaskSpec
+from ray_lite._private.refs import LoadedValue
 
 
 class FakeLink:
@@ -38,7 +40,12 @@ def make_book(impl, workers=2, cpu_cap=2):
             self.cpu_cap = cpu_cap
             self.links = {}
             self.task_op, self.spec_type = TASK, TaskSpec
+            self.pending, self.inflight, self.forward = {}, {}, {}
+            self.entry_type, self.loaded_type = _Entry, LoadedValue
             self.calls = []
+
+        def _on_result(self, peer, msg):
+            self.calls.append(("on_result", peer, msg))
 
         # The driver's other methods: recorded.
         def _enqueue(self, spec):
@@ -61,7 +68,7 @@ def make_book(impl, workers=2, cpu_cap=2):
             self.calls.append(("resources_freed",))
 
     book = Driver()
-    book.workers = {}
+    book.workers = book.pool = {}
     for wid in range(1, workers + 1):
         w = book.workers[wid] = impl.PoolWorker(wid, 1000 + wid)
         book.idle.append(w)
@@ -226,3 +233,71 @@ def test_plain_call_refuses_keywords_and_arities_that_do_not_fit(pool_book_impl)
     # Any sequence, in both twins.
     assert plain_call([1, "a"], {}, [2, 2, ()]) is True
     assert plain_call([1, [2]], None, None) is False
+
+
+def test_a_result_sets_its_entry_and_frees_the_worker(pool_book_impl):
+    book = make_book(pool_book_impl)
+    target = submit(book, 3)
+    e = book.pending[3] = _Entry(target.peer)
+    book.inflight[2] = {3: 0, 4: 0}
+    fired = []
+    e.callbacks = [lambda entry: fired.append(entry.value)]
+    book._on_pool_result(2, (RESULT, 3, True, "value"))
+    assert (e.ready, e.value, e.error, fired) == (True, "value", None, ["value"])
+    assert 3 not in book.pending and book.inflight == {2: {4: 0}}
+    w = book.workers[2]
+    assert w.task is None and book.busy == 0 and book.idle[-1] is w and not book.calls
+
+
+def test_an_actors_result_frees_no_worker_and_a_ready_entry_stays(pool_book_impl):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    e = book.pending[8] = _Entry(77)
+    book._on_pool_result(77, (RESULT, 8, True, 1))       # 77: an actor, not in the pool
+    assert e.value == 1 and book.busy == 1 and not book.calls
+    e2 = book.pending[9] = _Entry(77)
+    e2.ready, e2.value = True, "first"                   # set already (cancelled, say)
+    book._on_pool_result(77, (RESULT, 9, True, "second"))
+    assert e2.value == "first" and 9 not in book.pending
+
+
+@pytest.mark.parametrize("case", ["error", "forwarded", "loaded", "list", "subclass", "none"])
+def test_any_other_result_goes_to_the_drivers_general_handler(pool_book_impl, case):
+    book = make_book(pool_book_impl)
+    submit(book, 3)
+    ok, payload, target = True, 5, _Entry(2)
+    if case == "error":
+        ok, payload = False, ValueError("boom")
+    elif case == "forwarded":
+        book.forward[12] = 1        # some nested task's result is forwarded
+    elif case == "loaded":
+        payload = LoadedValue.__new__(LoadedValue)
+    elif case == "list":
+        target = [_Entry(2), _Entry(2)]
+    elif case == "subclass":
+        target = _FrozenEntry.__new__(_FrozenEntry)
+    elif case == "none":
+        target = None
+    if target is not None:
+        book.pending[3] = target
+    msg = (RESULT, 3, ok, payload)
+    book._on_pool_result(2, msg)
+    assert book.calls == [("on_result", 2, msg)]
+    assert book.busy == 1 and book.workers[2].task is not None      # left to the handler
+    if target is not None:
+        assert book.pending[3] is target
+
+
+def test_no_field_of_the_book_is_hidden_in_the_driver(rt):
+    # A mixin's class attribute before PoolBook in the driver's MRO would
+    # hide a typed field's descriptor: the driver's code would write the
+    # instance's dict and the compiled book read its own, empty, slot.
+    from ray_lite._fast import pool_book
+    if not pool_book.COMPILED:
+        pytest.skip("the pure-Python twin has no typed fields")
+    fields = [n for n, v in vars(pool_book.PoolBook).items() if type(v).__name__ ==
+              "getset_descriptor"]
+    assert {"pending", "inflight", "pool", "idle", "links", "busy"} <= set(fields)
+    for name in fields:
+        assert name not in vars(rt), name
+        assert getattr(pool_book.PoolBook, name).__get__(rt) is getattr(rt, name), name

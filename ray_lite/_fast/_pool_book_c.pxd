@@ -30,3 +30,11 @@ cdef class PoolBook:
     cdef public dict links           # peer id -> Link
     cdef public object task_op       # protocol.TASK
     cdef public type spec_type       # protocol.TaskSpec
+    # A result's (_on_pool_result): the node's tables, and the types it tells
+    # (not ``forward``: a class attribute of a mixin before this base in the
+    # driver's MRO would hide its descriptor, see test_pool_book)
+    cdef public dict pending         # oid -> _Entry or [entries]
+    cdef public dict inflight        # peer -> {oid: kind}
+    cdef public dict pool            # worker id -> PoolWorker
+    cdef public type entry_type      # refs._Entry
+    cdef public type loaded_type     # refs.LoadedValue

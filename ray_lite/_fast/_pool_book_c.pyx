@@ -82,3 +82,26 @@ cdef class PoolBook:
                 self.resources_freed()
         finally:
             sched.release()
+
+    def _on_pool_result(self, peer, tuple msg):
+        cdef object oid = msg[1]
+        cdef object payload = msg[3]
+        cdef object target, fl, w
+        if msg[2] and not self.forward and type(payload) is not self.loaded_type:
+            target = self.pending.get(oid)
+            if type(target) is self.entry_type:
+                del self.pending[oid]
+                if self.inflight:
+                    fl = self.inflight.get(peer)
+                    if fl is not None:
+                        fl.pop(oid, None)
+                if not target.ready:
+                    target.value = payload
+                    target.ready = True
+                    if target.callbacks:
+                        target._fire()
+                w = self.pool.get(peer)
+                if w is not None:
+                    self._task_finished(w, oid)
+                return
+        self._on_result(peer, msg)

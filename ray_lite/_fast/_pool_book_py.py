@@ -46,7 +46,9 @@ class PoolWorker:
 
 class PoolBook:
     # The fields (set by the driver): _sched, idle, queue, nested_queue,
-    # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type.
+    # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type;
+    # and those of a result: pending, inflight, pool, entry_type, loaded_type
+    # (and ``forward``, an attribute of the node's).
 
     def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
         """``submit`` of the driver's common task: plain arguments, one return,
@@ -111,3 +113,34 @@ class PoolBook:
                 self.resources_freed()
         finally:
             sched.release()
+
+    def _on_pool_result(self, peer, msg):
+        """The driver's handler of a RESULT message ``(RESULT, oid, ok, payload)``.
+
+        The common one (a value, for an entry of this process that waits,
+        not a nested task's to forward, not a value mapped from the store)
+        is set here, and its pool worker freed: ``Node._on_result`` and
+        ``DriverNode._on_result`` in one, with only the looks it needs; it
+        comes once per task (B11).  Any other goes to ``_on_result``."""
+        oid = msg[1]
+        payload = msg[3]
+        if msg[2] and not self.forward and type(payload) is not self.loaded_type:
+            pending = self.pending
+            target = pending.get(oid)
+            if type(target) is self.entry_type:
+                del pending[oid]
+                inflight = self.inflight
+                if inflight:
+                    fl = inflight.get(peer)
+                    if fl is not None:
+                        fl.pop(oid, None)
+                if not target.ready:
+                    target.value = payload
+                    target.ready = True
+                    if target.callbacks:
+                        target._fire()
+                w = self.pool.get(peer)
+                if w is not None:           # an actor's result frees no worker
+                    self._task_finished(w, oid)
+                return
+        self._on_result(peer, msg)

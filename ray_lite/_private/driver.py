@@ -20,7 +20,9 @@ from .node import Node
 from .placement import PlacementMixin
 from .procutil import readable_now
 from .pool_worker import MaxCallsMixin
+from .entries import _Entry
 from .protocol import ActorInfo, PlacedTaskSpec, TaskSpec
+from .refs import LoadedValue
 from .restarts import RestartsMixin
 from .scheduler import ResourcesMixin
 from .task_cancel import TaskCancelMixin
@@ -69,7 +71,9 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
         self.task_op, self.spec_type = P.TASK, TaskSpec      # what PoolBook sends and books
-        self.handlers.update({P.REQUEST: self._on_request, P.ACK: self._on_ack})
+        self.entry_type, self.loaded_type = _Entry, LoadedValue   # and tells in a result
+        self.handlers.update({P.REQUEST: self._on_request, P.ACK: self._on_ack,
+                              P.RESULT: self._on_pool_result})
         # op -> handler(peer, *args): what ``request`` (here) and a worker's
         # REQUEST message (``_on_request``) run.
         self.requests = {
