@@ -83,7 +83,7 @@ cdef class PoolBook:
         finally:
             sched.release()
 
-    def _on_pool_result(self, peer, tuple msg):
+    def _on_pool_result(self, peer, msg):
         cdef object oid = msg[1]
         cdef object payload = msg[3]
         cdef object target, fl, w
