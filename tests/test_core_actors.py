@@ -117,11 +117,12 @@ class Looker:
 
 def _running(pid):
     """Whether ``pid`` still runs (not a zombie); its /proc entry may go
-    between any two looks, once it is reaped."""
+    between any two looks, once it is reaped: the open fails (ENOENT), or
+    the read of a file opened just before (ESRCH)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
