@@ -110,6 +110,16 @@ pool_book_impl = _twin_module_fixture("pool_book")
 task_runner_impl = _twin_module_fixture("task_runner")
 
 
+@pytest.fixture
+def pair(ring_impl):
+    """A producer and a consumer end of one small ring (4 KiB), in this process."""
+    producer = ring_impl.ShmRing.create(4096, side="producer")
+    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
+    yield producer, consumer
+    producer.close()
+    consumer.close()
+
+
 @pytest.fixture(params=TWINS)
 def peer_twin(request):
     """Each twin in turn for a child process, independently of ``twin``

@@ -41,16 +41,6 @@ def new_segments(before):
     return sorted(set(shm.list_segments()) - set(before))
 
 
-@pytest.fixture
-def pair(ring_impl):
-    """A producer and a consumer end of one small ring, in this process."""
-    producer = ring_impl.ShmRing.create(SMALL, side="producer")
-    consumer = ring_impl.ShmRing.attach(producer.name, side="consumer")
-    yield producer, consumer
-    producer.close()
-    consumer.close()
-
-
 def drain(consumer):
     out = []
     while consumer.poll():

@@ -122,11 +122,14 @@ cdef class ShmRing:
     cdef list _oob              # reused out-of-band buffer list for encode_to_ptr
     cdef public bint readonly_arrays    # numpy arrays sent decode read-only (the core's links)
     cdef object __weakref__
+    cdef bint _wake_owed        # its consumer's wake-up is held (hold_wakes)
 
     cdef int _enter(self, bint producer) except -1
     cdef void _leave(self)
     cdef int _raise_status(self, int st) except -1
     cdef int _put(self, object obj, object timeout) except -1
+    cdef int _publish(self, uint32_t kind, uint64_t n) except -1
+    cdef void _give_owed_wake(self) noexcept
     cdef object _get(self, object timeout)
     cdef object _get_nowait(self)
     cdef int _reserve(self, uint64_t n, object timeout, char** slot) except -1

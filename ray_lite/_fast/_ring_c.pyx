@@ -21,6 +21,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_GET_SIZE
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 from posix.unistd cimport close as c_close, getpid, read as c_read, write as c_write
@@ -46,6 +47,7 @@ from .errors import (
 __all__ = [
     "ShmRing", "DEFAULT_CAPACITY", "DEFAULT_MAX_MESSAGE_SIZE", "MIN_CAPACITY", "MAX_CAPACITY",
     "RingEmpty", "ChannelClosedError", "MessageTooLargeError", "PeerDiedError",
+    "hold_wakes", "release_wakes",
 ]
 
 DEFAULT_CAPACITY = _spec.DEFAULT_CAPACITY
@@ -330,12 +332,21 @@ cdef int rl_ring_reserve(RingEnd* e, uint64_t n, int64_t deadline_ns, char** pay
 
 
 cdef void rl_ring_publish(RingEnd* e, uint32_t kind, uint64_t n) noexcept nogil:
-    cdef uint32_t* armed
+    _publish_record(e, kind, n)
+    _wake_consumer(e)
+
+
+cdef inline void _publish_record(RingEnd* e, uint32_t kind, uint64_t n) noexcept nogil:
     (<uint64_t*>(e.data + e.pending_hdr))[0] = ((<uint64_t>kind) << 32) | n
     e.pos += e.pending_skip + 8 + _align8(n)
     rl_store_release_u64(_u64(e, H_WRITE_POS), e.pos)
     # On write_pos's line, which this store owns anyway: no extra coherence traffic.
     rl_store_relaxed_u32(_u32(e, H_PRODUCER_CPU), <uint32_t>(sched_getcpu() + 1))
+
+
+cdef void _wake_consumer(RingEnd* e) noexcept nogil:
+    """After a publish: wake the consumer if it sleeps (futex or descriptor)."""
+    cdef uint32_t* armed
     rl_wake(_u32(e, H_CONSUMER_SLEEPING))       # includes the full fence
     armed = _u32(e, H_FD_ARMED)
     if rl_load_relaxed_u32(armed) and rl_exchange_u32(armed, 0):
@@ -458,6 +469,53 @@ cdef int64_t _deadline_ns(object timeout) except? -2:
     if t <= 0:
         return 0
     return rl_now_ns() + <int64_t>(t * 1e9)
+
+
+# ------------------------------------------------------- held wake-ups ---
+# (see hold_wakes in _ring_py)
+cdef bint _holding = False
+cdef unsigned long _held_by = 0     # the thread whose puts owe their wake-ups
+cdef object _schedule = None        # its schedule(): arranges a release_wakes() soon
+cdef list _owed = []                # the rings that owe their consumer a wake-up
+cdef bint _release_scheduled = False    # and has not run yet
+
+
+def hold_wakes(schedule):
+    """See _ring_py; ``None`` stops holding (and releases)."""
+    global _holding, _held_by, _schedule
+    cdef unsigned long me
+    if schedule is None:
+        _holding = False
+        _held_by = 0
+        _schedule = None
+        release_wakes()
+        return
+    me = PyThread_get_thread_ident()
+    if _holding and _held_by != me:
+        raise RuntimeError("wake-ups are already held by another thread")
+    _schedule = schedule
+    _held_by = me
+    _holding = True
+
+
+def release_wakes():
+    """Give every wake-up owed since the last release (see ``hold_wakes``)."""
+    global _release_scheduled
+    cdef ShmRing ring
+    _release_scheduled = False
+    while _owed:
+        ring = _owed.pop()
+        ring._give_owed_wake()
+
+
+cdef int _schedule_release() except -1:
+    global _release_scheduled
+    _release_scheduled = True
+    try:
+        _schedule()
+    except Exception:
+        release_wakes()     # (a closed loop, say): nothing else would give them
+    return 0
 
 
 # ------------------------------------------------------------- the ring ---
@@ -599,6 +657,8 @@ cdef class ShmRing:
         cdef int st = rl_ring_reserve(e, n, 0, slot)
         cdef int64_t deadline
         if st == RL_TIMEOUT:
+            if _owed:
+                release_wakes()     # the consumer may sleep on a held wake-up
             deadline = _deadline_ns(timeout)
             _spin_with_gil(e)
             while True:
@@ -636,7 +696,7 @@ cdef class ShmRing:
             if <uint64_t>n <= e.inline_limit:
                 self._reserve(n, timeout, &slot)
                 memcpy(slot, src, n)
-                rl_ring_publish(e, KIND_BYTES, n)
+                self._publish(KIND_BYTES, n)
             else:
                 self._put_side(KIND_SIDE_BYTES, [memoryview(data).cast("B")], timeout)
         finally:
@@ -704,9 +764,29 @@ cdef class ShmRing:
         the record needs (more than ``room``): wait for it and encode again."""
         if PyList_GET_SIZE(self._oob) == 0:
             _check_size(&self.end, n)
-            rl_ring_publish(&self.end, KIND_VALUE, n)
+            self._publish(KIND_VALUE, n)
             return 0
         return self._put_oob(slot, n, room, timeout)
+
+    cdef int _publish(self, uint32_t kind, uint64_t n) except -1:
+        """Publish the reserved record; wake the consumer, or owe it the
+        wake-up while this thread holds them (``hold_wakes``)."""
+        _publish_record(&self.end, kind, n)
+        if _holding and PyThread_get_thread_ident() == _held_by:
+            if not self._wake_owed:
+                self._wake_owed = True
+                _owed.append(self)
+            if not _release_scheduled:
+                _schedule_release()
+        else:
+            _wake_consumer(&self.end)
+        return 0
+
+    cdef void _give_owed_wake(self) noexcept:
+        if self._wake_owed:
+            self._wake_owed = False
+            if not (self._closed or self._released):    # (a close woke the consumer)
+                _wake_consumer(&self.end)
 
     cdef Py_ssize_t _put_oob(self, char* slot, Py_ssize_t n, Py_ssize_t room,
                              object timeout) except -1:
@@ -766,7 +846,7 @@ cdef class ShmRing:
         (<uint32_t*>(payload + ref + 8))[0] = <uint32_t>name_len
         memcpy(payload + ref + 16, PyBytes_AS_STRING(name), name_len)
         (<uint64_t*>(payload + trailer))[0] = inline_len
-        rl_ring_publish(&self.end, kind, trailer + 8)
+        self._publish(kind, trailer + 8)
         return 0
 
     # -- consumer ----------------------------------------------------------
@@ -774,6 +854,8 @@ cdef class ShmRing:
         cdef RingEnd* e = &self.end
         cdef int st
         cdef int64_t deadline = _deadline_ns(timeout)
+        if _owed:
+            release_wakes()     # what we wait for may need one (hold_wakes)
         _spin_with_gil(e)
         while True:
             with nogil:
@@ -890,6 +972,8 @@ cdef class ShmRing:
             return True
         if not timeout > 0:     # also NaN
             return False
+        if _owed:
+            release_wakes()
         deadline = rl_now_ns() + <int64_t>(min(timeout, 1.0) * 1e9)
         # Pinned: a close() from another thread meanwhile ends the spin (the
         # closed flag makes the ring ready) but must not unmap under it.

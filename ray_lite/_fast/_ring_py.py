@@ -51,6 +51,21 @@ Public names (identical in ``_ring_c``)
 ``ring.close()``
     Idempotent.  Wakes the other end (and threads of this process blocked on
     this end) with ``ChannelClosedError``; unlinks the names.
+``hold_wakes(schedule)``, ``release_wakes()`` (module functions)
+    Wake-ups held back to the end of an event loop's turn.  After
+    ``hold_wakes(schedule)``, a message that the calling thread puts into any
+    ring does not wake a sleeping consumer at once: the ring owes it a
+    wake-up, and ``release_wakes()`` gives every owed one (from any thread).
+    ``schedule()`` is called once per release to come, at the first owed
+    wake-up after the last release; an event loop passes
+    ``lambda: loop.call_soon(release_wakes)``, so that the messages of one
+    turn reach a consumer with one wake-up, after the turn, instead of one
+    each, amid it.  Nothing waits on a held wake-up: a wait in this process
+    (a ``get`` that must wait, a full ring's ``put``, ``spin_poll`` and the
+    helpers of ``ring.py``) releases them first, a ``schedule`` that raises
+    releases at once, and ``hold_wakes(None)`` stops holding and releases.
+    One thread holds at a time (another's ``hold_wakes`` raises
+    ``RuntimeError``); puts from other threads wake as usual.
 
 Timeouts are in seconds; None waits forever, 0 does not wait.  An expired
 timeout raises the builtin ``TimeoutError``.  A full ring makes ``put`` wait;
@@ -221,6 +236,7 @@ from .wait_policy import (
 __all__ = [
     "ShmRing", "DEFAULT_CAPACITY", "DEFAULT_MAX_MESSAGE_SIZE", "MIN_CAPACITY", "MAX_CAPACITY",
     "RingEmpty", "ChannelClosedError", "MessageTooLargeError", "PeerDiedError",
+    "hold_wakes", "release_wakes",
 ]
 
 # ---------------------------------------------------------------- layout ---
@@ -460,6 +476,45 @@ def _open_fifo(name):
                                 f"(the ring was closed)") from None
 
 
+# ------------------------------------------------------- held wake-ups ---
+_get_ident = threading.get_ident
+_held_by = None             # the thread whose puts owe their wake-ups (hold_wakes)
+_schedule = None            # its schedule(): arranges a release_wakes() soon
+_owed = []                  # the rings that owe their consumer a wake-up
+_release_scheduled = False  # and has not run yet
+
+
+def hold_wakes(schedule):
+    """See the module docstring; ``None`` stops holding (and releases)."""
+    global _held_by, _schedule
+    if schedule is None:
+        _held_by = _schedule = None
+        release_wakes()
+        return
+    me = _get_ident()
+    if _held_by is not None and _held_by != me:
+        raise RuntimeError("wake-ups are already held by another thread")
+    _schedule = schedule
+    _held_by = me
+
+
+def release_wakes():
+    """Give every wake-up owed since the last release (see ``hold_wakes``)."""
+    global _release_scheduled
+    _release_scheduled = False
+    while _owed:
+        _owed.pop()._give_owed_wake()
+
+
+def _schedule_release():
+    global _release_scheduled
+    _release_scheduled = True
+    try:
+        _schedule()
+    except Exception:
+        release_wakes()     # (a closed loop, say): nothing else would give them
+
+
 # ----------------------------------------------------------------- ring ---
 class ShmRing:
     """One end of a shared-memory SPSC message ring (see the module docstring)."""
@@ -469,7 +524,7 @@ class ShmRing:
         "_prefix", "_mm", "_mv", "_h64", "_h32", "_data", "_d64", "_addr_anchor", "_base_addr",
         "_fifo_fd", "_pos", "_cache", "_pending_hdr", "_pending_skip", "_closed", "_in_op",
         "_closing", "_released", "_lock", "_peer_pid", "_peer_pidfd", "_peer_dead", "_my_pid",
-        "readonly_arrays", "__weakref__",
+        "readonly_arrays", "_wake_owed", "__weakref__",
     )
 
     def __init__(self, *args, **kwargs):
@@ -522,6 +577,7 @@ class ShmRing:
         self._closing = False
         self._released = False
         self.readonly_arrays = False
+        self._wake_owed = False
         self._lock = threading.Lock()
         self._pending_hdr = 0
         self._pending_skip = 0
@@ -666,6 +722,8 @@ class ShmRing:
     # -- waiting ---------------------------------------------------------
     def _wait(self, flag_off, ready, deadline):
         """Wait until ``ready()``; TimeoutError at ``deadline``; sets ``_peer_dead``."""
+        if _owed:
+            release_wakes()     # what we wait for may need one (hold_wakes)
         t = time.monotonic_ns()
         if deadline is not None and t >= deadline:
             self._raise_status(RL_TIMEOUT)
@@ -811,8 +869,26 @@ class ShmRing:
         self._h64[H_WRITE_POS // 8] = self._pos
         h32 = self._h32
         h32[H_PRODUCER_CPU // 4] = sched_getcpu() + 1
-        if h32[H_CONSUMER_SLEEPING // 4] or h32[H_FD_ARMED // 4]:
+        if _held_by is not None and _held_by == _get_ident():
+            self._owe_wake()
+        elif h32[H_CONSUMER_SLEEPING // 4] or h32[H_FD_ARMED // 4]:
             self._wake_consumer()
+
+    def _owe_wake(self):
+        """A held wake-up (``hold_wakes``): given by ``release_wakes``."""
+        if not self._wake_owed:
+            self._wake_owed = True
+            _owed.append(self)
+        if not _release_scheduled:
+            _schedule_release()
+
+    def _give_owed_wake(self):
+        if self._wake_owed:
+            self._wake_owed = False
+            if not (self._closed or self._released):    # (a close woke the consumer)
+                h32 = self._h32
+                if h32[H_CONSUMER_SLEEPING // 4] or h32[H_FD_ARMED // 4]:
+                    self._wake_consumer()
 
     def put_bytes(self, data, timeout=None):
         self._enter(True)
@@ -1055,6 +1131,8 @@ class ShmRing:
             return True
         if not timeout > 0:
             return False
+        if _owed:
+            release_wakes()
         now = time.monotonic_ns()
         deadline = now + int(min(timeout, 1.0) * 1e9)
         next_yield = now + SPIN_POLL_YIELD_NS

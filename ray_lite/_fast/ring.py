@@ -30,6 +30,9 @@ on something else than one ring from one thread:
     event loop that expects its next message within microseconds and has
     nothing else to do: a sleeper is woken in tens of microseconds on a VM,
     and its peers pay a descriptor write for the wake-up.
+``hold_wakes(schedule)``, ``release_wakes()``
+    Wake-ups held back to the end of an event loop's turn (see ``_ring_py``):
+    an HTTP proxy's requests of one turn reach a replica with one wake-up.
 ``async get_async(ring, timeout=None)``
     ``ring.get()`` for asyncio: a message already there is returned without
     touching the event loop; otherwise the ring's descriptor is armed and
@@ -58,6 +61,8 @@ asyncio = lazy_module("asyncio", globals())
 _impl, COMPILED = load_twin("ring")
 
 ShmRing = _impl.ShmRing
+hold_wakes = _impl.hold_wakes
+release_wakes = _impl.release_wakes
 
 # The numbers of ``wait_policy``, in seconds.
 #: How long ``wait_any`` polls its rings before it arms their descriptors and sleeps.
@@ -74,7 +79,8 @@ SPIN_ANY_YIELD_S = ns_to_s(SPIN_POLL_YIELD_NS)
 SPIN_ANY_PREEMPTED_S = ns_to_s(SPIN_POLL_PREEMPTED_NS)
 
 __all__ = ["COMPILED", "ShmRing", "RingEmpty", "ChannelClosedError", "MessageTooLargeError",
-           "PeerDiedError", "wait_any", "wait_rings_or_fds", "spin_any", "get_async"]
+           "PeerDiedError", "wait_any", "wait_rings_or_fds", "spin_any", "get_async",
+           "hold_wakes", "release_wakes"]
 
 
 def _ready(rings):
@@ -137,6 +143,7 @@ def wait_rings_or_fds(rings, fds=(), timeout=None, spin_s=WAIT_ANY_SPIN_S, yield
     that fired (``[]`` when a ring became ready or the time ran out): the
     caller reads its rings either way.  A ring closed under the wait ends it.
     """
+    release_wakes()     # what we wait for may need one (hold_wakes)
     polls = [r.poll for r in rings]
     if timeout is not None:
         spin_s = min(spin_s, timeout)
@@ -187,6 +194,7 @@ def spin_any(rings, timeout):
         raise ValueError("spin_any needs at least one ring")
     if len(rings) == 1:
         return rings if rings[0].spin_poll(timeout) else []
+    release_wakes()
     polls = [r.poll for r in rings]
     now = time.monotonic()
     deadline = now + min(timeout, 1.0) if timeout > 0 else now
