@@ -19,7 +19,7 @@ __all__ = [
     "VARIABLES", "ConfigVar",
     "NO_EXTENSIONS", "SHM_PREFIX",
     "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE", "BACKEND",
-    "SERVE_PACK_BELOW_S",
+    "SERVE_PACK_BELOW_S", "SERVE_PROXY_HOLD_WAKES",
     "SERVE_MEMDEBUG",
 ]
 
@@ -116,6 +116,9 @@ VARIABLES = (
               "an HTTP proxy packs a route's requests onto its first replicas that are "
               "under max_ongoing_requests while the route's replicas answer in less "
               "than this on average (0: never packs; requests are spread)", _micros_to_s),
+    ConfigVar("RAY_LITE_SERVE_PROXY_HOLD_WAKES", "1", "0 or 1",
+              "1: an HTTP proxy wakes each replica it sent requests to once after "
+              "each turn of its event loop, not at each request (0: at each)", _flag),
     ConfigVar("RAY_LITE_SERVE_REPLICA_NICE", "0", "an integer from 0 to 19",
               "the nice value Serve replicas lower their CPU priority by once "
               "started (0: not at all)", _nice),
@@ -140,6 +143,7 @@ SERVE_PROXY_SPIN_S = read("RAY_LITE_SERVE_PROXY_SPIN_US")
 SERVE_REPLICA_SPIN_S = read("RAY_LITE_SERVE_REPLICA_SPIN_US")
 SERVE_REPLICA_NICE = read("RAY_LITE_SERVE_REPLICA_NICE")
 SERVE_PACK_BELOW_S = read("RAY_LITE_SERVE_PACK_BELOW_US")
+SERVE_PROXY_HOLD_WAKES = read("RAY_LITE_SERVE_PROXY_HOLD_WAKES")
 SERVE_MEMDEBUG = read("RAY_LITE_SERVE_MEMDEBUG")
 
 
