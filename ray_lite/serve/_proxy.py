@@ -57,7 +57,7 @@ SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 # request and sleeps again before the next comes.  So the proxy holds its
 # wake-ups (ring.hold_wakes) and gives them after the turn: each replica it
 # sent to wakes once and finds all of the turn's requests.  At wrk -c100 that
-# was 0.30 -> 0.17 replica wake-ups and 43.6 -> 37.3 us of CPU per request
+# was 0.30 -> 0.17 replica wake-ups and 43.5 -> 37.3 us of CPU per request
 # (benchmarks/SERVE_CPU.md, "Wake-ups after the loop's turn").  Unlike a lower
 # priority for replicas (SCHED_BATCH measured the same gain quiet), it costs
 # nothing beside a busy process: the woken replica preempts that as before.
