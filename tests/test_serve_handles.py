@@ -254,12 +254,15 @@ class Mortal:
 
 
 def _ranks(h):
+    """Each replica's (rank, world size) by pid, from calls through ``h``
+    until two replicas answered (bounded): after a replacement the handle
+    learns of the new replica a moment after the controller lists it, and
+    until then only the survivor answers."""
     by_pid = {}
-    for _ in range(60):
+    deadline = time.monotonic() + 30
+    while len(by_pid) < 2 and time.monotonic() < deadline:
         pid, rank, world = h.rank.remote().result(timeout_s=30)
         by_pid[pid] = (rank, world)
-        if len(by_pid) == 2:
-            break
     return by_pid
 
 
