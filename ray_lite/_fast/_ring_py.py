@@ -886,9 +886,7 @@ class ShmRing:
         if self._wake_owed:
             self._wake_owed = False
             if not (self._closed or self._released):    # (a close woke the consumer)
-                h32 = self._h32
-                if h32[H_CONSUMER_SLEEPING // 4] or h32[H_FD_ARMED // 4]:
-                    self._wake_consumer()
+                self._wake_consumer()       # (it wakes only a sleeping one)
 
     def put_bytes(self, data, timeout=None):
         self._enter(True)
