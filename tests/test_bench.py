@@ -4,6 +4,9 @@ behaviour."""
 import importlib
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 import types
 
@@ -175,6 +178,52 @@ def test_a_crashing_suite_is_reported_and_fails_the_run(monkeypatch, tmp_path):
     assert bench.main(["broken", "--json", str(path)]) == 1
     (fig,) = json.loads(path.read_text())["suites"]["broken"]["figures"]
     assert fig["status"] == "error" and "workload exploded" in fig["reason"]
+
+
+# A suite that starts a child, says its PID, and waits (for stdin, which the
+# test never writes) with the child's end in its ``finally``, as the serve
+# suite's servers and hogs are ended.
+_SUITE_THAT_WAITS = r"""
+import subprocess, sys, types
+from ray_lite import bench
+
+def run(ctx):
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        print(child.pid, flush=True)
+        sys.stdin.readline()
+    finally:
+        child.stdin.close()
+        child.wait(30)
+        print("child ended", flush=True)
+    return []
+
+suite = types.ModuleType("waiting_suite")
+suite.run = run
+sys.modules["waiting_suite"] = suite
+bench.register_suite("waiting", "waiting_suite")
+sys.exit(bench.main(["waiting"]))
+"""
+
+
+def test_sigterm_ends_a_run_through_the_suites_finally():
+    # (`timeout` and job schedulers send SIGTERM: Python's default would end
+    # the run at once and leave a suite's servers running.)
+    proc = subprocess.Popen([sys.executable, "-c", _SUITE_THAT_WAITS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert "child ended" in out
+    assert proc.returncode == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
 
 
 def test_unknown_suite_is_a_usage_error(capsys):

@@ -17,7 +17,9 @@ defines::
 and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
 later suite plugs in with one line and is imported only when asked for.
 """
+import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -189,7 +191,8 @@ def main(argv=None):
     scale = "smoke" if smoke else ("quick" if args.quick else "full")
     ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err, only=args.only)
     ctx.beside_hog = args.beside_hog
-    result = run_suites(names, ctx)
+    with _ended_through_finally_on_sigterm():
+        result = run_suites(names, ctx)
     print(format_result(result), flush=True)
     if args.json:
         for suite in result["suites"].values():
@@ -202,6 +205,28 @@ def main(argv=None):
     if args.plot and _plot(result, args.plot) != 0:
         return 1
     return 1 if errors else 0
+
+
+@contextlib.contextmanager
+def _ended_through_finally_on_sigterm():
+    """While a run lasts, SIGTERM (``timeout``, a job scheduler, ``kill``)
+    ends it as Ctrl-C does: through each suite's ``finally``, which stops the
+    servers, CPU hogs and clusters the suite started.  Python's default ends
+    the process at once and leaves them running (a ``serve run`` in a
+    session of its own is not ended with its parent).  A second SIGTERM ends
+    at once."""
+    def end(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        raise SystemExit(128 + signum)
+    try:
+        before = signal.signal(signal.SIGTERM, end)
+    except ValueError:      # not the main thread: leave the signal alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _plot(result, path):
