@@ -108,6 +108,7 @@ broadcast_impl = _twin_module_fixture("broadcast")
 link_impl = _twin_module_fixture("link")
 pool_book_impl = _twin_module_fixture("pool_book")
 task_runner_impl = _twin_module_fixture("task_runner")
+http_conn_impl = _twin_module_fixture("http_conn")
 
 
 @pytest.fixture

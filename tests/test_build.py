@@ -10,7 +10,8 @@ import pytest
 import ray_lite._fast as fast
 from ray_lite._fast import NO_EXTENSIONS
 
-HOT_PATHS = ["broadcast", "codec", "link", "pool_book", "ring", "stream_table", "task_runner"]
+HOT_PATHS = ["broadcast", "codec", "http_conn", "link", "pool_book", "ring", "stream_table",
+             "task_runner"]
 
 
 def test_compiled_twins_loaded_unless_disabled():

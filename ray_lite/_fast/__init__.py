@@ -12,14 +12,16 @@ disagree, the compiled one is wrong.
 from .._config import NO_EXTENSIONS
 
 # (after NO_EXTENSIONS, which they need)
-from . import broadcast, codec, link, pool_book, ring, stream_table, task_runner  # noqa: E402
+from . import (broadcast, codec, http_conn, link, pool_book, ring,  # noqa: E402
+               stream_table, task_runner)
 
 #: The hot paths (each a module ``x`` with twins ``_x_c`` and ``_x_py``).
-HOT_PATHS = ("broadcast", "codec", "link", "pool_book", "ring", "stream_table", "task_runner")
+HOT_PATHS = ("broadcast", "codec", "http_conn", "link", "pool_book", "ring", "stream_table",
+             "task_runner")
 
 #: True when every hot path runs its compiled twin.
-USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, link, pool_book, ring,
+USING_EXTENSIONS = all(m.COMPILED for m in (broadcast, codec, http_conn, link, pool_book, ring,
                                               stream_table, task_runner))
 
-__all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "link",
-           "pool_book", "ring", "stream_table", "task_runner"]
+__all__ = ["HOT_PATHS", "NO_EXTENSIONS", "USING_EXTENSIONS", "broadcast", "codec", "http_conn",
+           "link", "pool_book", "ring", "stream_table", "task_runner"]

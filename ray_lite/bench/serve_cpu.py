@@ -51,7 +51,7 @@ PROXY_STAGES = (
     ("HTTP parse", ("HttpConnection.data_received", "HttpConnection.on_url",
                     "HttpConnection.on_header", "HttpConnection.on_body",
                     "HttpConnection.on_message_complete", "HttpConnection.on_headers_complete",
-                    "_Req.__init__", "HttpConnection._reset")),
+                    "HttpRequest.__init__", "HttpConnection._reset")),
     ("routing", ("ProxyActor.dispatch", "ProxyActor.route_request", "first_idle_else_power_of_two",
                  "power_of_two", "for_model")),
     ("ring send (encode, publish, wake)", ("ProxyActor._send", "ActorMethod.remote", "Link.send",

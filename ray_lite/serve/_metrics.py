@@ -189,10 +189,8 @@ class ProxyObserver:
         self._record(conn, req, "WS", code, code not in (1000, 1001))
 
     def _record(self, conn, req, method, status, error):
-        try:
-            ms = (_monotonic() - req.t0) * 1000.0
-        except AttributeError:      # answered before it was dispatched
-            ms = 0.0
+        t0 = req.t0
+        ms = (_monotonic() - t0) * 1000.0 if t0 is not None else 0.0   # (None: not dispatched)
         route = req.route
         if self.latency is not None:
             key = (route, method, status)

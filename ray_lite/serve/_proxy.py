@@ -2,8 +2,8 @@
 
 Each proxy is an async actor of the core runtime, so it reaches replicas
 over its own shared-memory links (no hop through the driver or another
-proxy).  Its HTTP/1.1 connections (keep-alive, pipelining) are in
-_proxy_conn.
+proxy).  Its HTTP/1.1 connections (keep-alive, pipelining) are a hot path,
+ray_lite._fast.http_conn (given what it needs from Serve in _proxy_conn).
 Requests travel to the replica as str/bytes/int arguments (msgpack on the
 ring): nothing from the network is ever unpickled.
 
@@ -418,7 +418,7 @@ class ProxyActor:
             if rep is None:
                 break
             waiting.popleft()
-            ws_headers = getattr(req, "ws_headers", None)
+            ws_headers = req.ws_headers
             if ws_headers is None:
                 self._send(conn, req, route, rep)
             else:       # a WebSocket that waited for a replica (scaled to zero)
@@ -491,10 +491,9 @@ class ProxyActor:
         not yet told): certain it never saw the request, drop it from the
         route (until the controller's next set) and route the request again,
         ``SEND_ATTEMPTS`` sends at most.  False when out of attempts."""
-        sends = getattr(req, "sends", 1)    # set on a resend only: no cost to the others
-        if sends >= _defaults.SEND_ATTEMPTS:
+        if req.sends >= _defaults.SEND_ATTEMPTS:
             return False
-        req.sends = sends + 1
+        req.sends += 1
         route, rep = req.route, req.rep
         if rep in route.replicas:
             route.replicas = [r for r in route.replicas if r is not rep]

@@ -28,6 +28,8 @@ import sys
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
+from ray_lite._fast.http_conn import END_QUIETLY
+
 from . import _core
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import status_line, text_answer
@@ -196,7 +198,7 @@ class _Relay(asyncio.Protocol):
             # Not an ASGI app: the request is answered as any other, the
             # connection ends after it (a plain HTTP server's answer).
             self._done()
-            conn.fail_status = -1           # _proxy._END_QUIETLY: read no more
+            conn.fail_status = END_QUIETLY  # read no more
             req.keep_alive = False
             req.gen = None
             self.proxy.route_request(conn, req, *req.url)

@@ -1,0 +1,222 @@
+"""The proxy's HTTP/1.1 connection, both twins (``http_conn_impl``): what it
+hands the proxy for each request, and the bytes it answers with."""
+import contextlib
+
+import pytest
+
+from ray_lite.serve import _core, _proxy_conn
+
+pytest.importorskip("httptools")
+
+MAX_BODY = 1000
+
+
+class Transport:
+    def __init__(self):
+        self.out = []
+        self.closed = False
+        self.reading = True
+
+    def write(self, data):
+        assert not self.closed, "a write after close"
+        self.out.append(bytes(data))
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+    def close(self):
+        self.closed = True
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
+
+    def take(self):
+        out, self.out = b"".join(self.out), []
+        return out
+
+
+class Proxy:
+    """Records what the connection hands it; answers only when told to."""
+
+    def __init__(self):
+        self.conns = set()
+        self.idle_sweep = object()     # a sweep is scheduled: none asked for
+        self.max_body = MAX_BODY
+        self.dispatched = []
+        self.released = []
+        self.ids = 0
+        self.loop = None
+
+    def dispatch(self, conn, req):
+        self.dispatched.append(req)
+
+    def release(self, req):
+        self.released.append(req)
+
+    def new_request_id(self):
+        self.ids += 1
+        return b"id-%d" % self.ids
+
+
+@contextlib.contextmanager
+def serve_patched(twin, **parts):
+    """``twin`` bound to Serve with some of ``_core``'s parts replaced, then
+    bound to the real ones again."""
+    real = {name: getattr(_core, name) for name in parts}
+    try:
+        for name, value in parts.items():
+            setattr(_core, name, value)
+        _proxy_conn.bind_to_serve(twin)
+        yield
+    finally:
+        for name, value in real.items():
+            setattr(_core, name, value)
+        _proxy_conn.bind_to_serve(twin)
+
+
+@pytest.fixture
+def conn(http_conn_impl):
+    _proxy_conn.bind_to_serve(http_conn_impl)
+    proxy = Proxy()
+    c = http_conn_impl.HttpConnection(proxy)
+    c.connection_made(Transport())
+    return c
+
+
+def test_a_request_reaches_the_proxy_whole_and_its_answer_names_it(conn):
+    conn.data_received(b"POST /a/b?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n"
+                       b"X-Request-Id: abc\r\n\r\nhel")
+    assert conn.proxy.dispatched == []      # the body is not complete yet
+    conn.data_received(b"lo")
+    (req,) = conn.proxy.dispatched
+    assert (req.method, req.url, req.body, req.version, req.keep_alive) == \
+        ("POST", b"/a/b?x=1", b"hello", "1.1", True)
+    assert req.headers == b"host:h\r\ncontent-length:5\r\nx-request-id:abc"
+    assert req.request_id == b"abc" and conn.client == "127.0.0.1:40000"
+    assert conn in conn.proxy.conns
+    conn.respond(req, 200, b"content-length: 2\r\n", b"ok")
+    assert conn.transport.take() == (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
+                                     b"x-request-id: abc\r\n\r\nok")
+    assert not conn.transport.closed and conn.current is None
+
+
+def test_http_1_0_closes_unless_asked_to_keep_alive(conn, http_conn_impl):
+    conn.data_received(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    (req,) = conn.proxy.dispatched
+    conn.respond(req, 200, b"", b"")
+    assert conn.transport.take() == (b"HTTP/1.1 200 OK\r\nx-request-id: id-1\r\n"
+                                     b"connection: keep-alive\r\n\r\n")
+    conn.data_received(b"GET / HTTP/1.0\r\n\r\n")
+    req = conn.proxy.dispatched[1]
+    conn.respond(req, 404, b"content-length: 1\r\n", b"x")
+    assert conn.transport.take() == (b"HTTP/1.1 404 Not Found\r\ncontent-length: 1\r\n"
+                                     b"x-request-id: id-2\r\nconnection: close\r\n\r\nx")
+    assert conn.transport.closed and conn.closed
+
+
+def test_pipelined_requests_are_answered_in_order(conn):
+    conn.data_received(b"GET /1 HTTP/1.1\r\n\r\nHEAD /2 HTTP/1.1\r\n\r\nGET /3 HTTP/1.1\r\n\r\n")
+    assert [r.url for r in conn.proxy.dispatched] == [b"/1"]   # one at a time
+    first = conn.proxy.dispatched[0]
+    conn.respond(first, 200, b"", b"a")
+    assert [r.url for r in conn.proxy.dispatched] == [b"/1", b"/2"]
+    conn.respond(conn.proxy.dispatched[1], 200, b"content-length: 1\r\n", b"b")
+    conn.respond(conn.proxy.dispatched[2], 200, b"", b"c", close=True)
+    assert conn.transport.take() == (
+        b"HTTP/1.1 200 OK\r\nx-request-id: id-1\r\n\r\na"
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nx-request-id: id-2\r\n\r\n"   # HEAD: no body
+        b"HTTP/1.1 200 OK\r\nx-request-id: id-3\r\nconnection: close\r\n\r\nc")
+    assert conn.transport.closed
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
+    (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 70000 + b"\r\n\r\n", 431),
+    (b"POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1), 413),
+    (b"POST / HTTP/1.1\r\nContent-Length: nine\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+])
+def test_refused_input_gets_its_status_and_the_connection_ends(conn, data, status):
+    conn.data_received(data)
+    out = conn.transport.take()
+    assert out.startswith(b"HTTP/1.1 %d " % status), out[:60]
+    assert b"connection: close\r\n" in out and b"x-request-id: id-1\r\n" in out
+    assert conn.transport.closed and conn.proxy.dispatched == []
+    conn.data_received(b"GET / HTTP/1.1\r\n\r\n")     # nothing more is read
+    assert conn.proxy.dispatched == []
+
+
+def test_an_error_waits_for_the_answers_before_it(conn):
+    conn.data_received(b"GET /ok HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nBad Header\r\n\r\n")
+    (req,) = conn.proxy.dispatched
+    assert conn.transport.out == []
+    conn.respond(req, 200, b"", b"fine")
+    out = conn.transport.take()
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"fine" in out
+    assert out.index(b"HTTP/1.1 400 Bad Request\r\n") > out.index(b"fine")
+    assert conn.transport.closed
+
+
+def test_a_large_body_goes_as_a_view_and_in_pieces(conn, http_conn_impl):
+    with serve_patched(http_conn_impl, LARGE_BYTES=8):
+        conn.data_received(b"POST / HTTP/1.1\r\nContent-Length: 12\r\n\r\nhello ")
+        conn.data_received(b"world!")
+        (req,) = conn.proxy.dispatched
+        assert type(req.body) is memoryview and bytes(req.body) == b"hello world!"
+        conn.respond(req, 200, b"", memoryview(b"0123456789"))
+        assert conn.transport.out == [b"HTTP/1.1 200 OK\r\nx-request-id: id-1\r\n\r\n",
+                                      b"0123456789"]
+
+
+def test_expect_100_continue_is_answered_before_the_body(conn):
+    conn.data_received(b"PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert conn.transport.take() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.data_received(b"hi")
+    assert conn.proxy.dispatched[0].body == b"hi"
+
+
+def test_a_client_that_leaves_cancels_its_request(conn, http_conn_impl):
+    cancelled = []
+    with serve_patched(http_conn_impl, cancel=cancelled.append):
+        conn.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        (req,) = conn.proxy.dispatched
+        req.ref = "the call"
+        conn.connection_lost(None)
+    assert cancelled == ["the call"] and conn.proxy.released == [req]
+    assert req.finished and conn.closed and conn not in conn.proxy.conns
+    conn.respond(req, 200, b"", b"late")        # an answer after it left: dropped
+    assert conn.transport.out == []
+
+
+def test_a_request_has_its_defaults(http_conn_impl):
+    req = http_conn_impl.HttpRequest("GET", b"/", b"", b"", True, "1.1", None)
+    assert (req.ref, req.gen, req.route, req.rep, req.timer, req.t0, req.ws_headers) == \
+        (None,) * 7
+    assert (req.finished, req.sent, req.sends) == (False, 0.0, 1)
+    with pytest.raises(AttributeError):
+        req.not_a_field = 1
+
+
+def test_the_twins_answer_byte_for_byte_alike(twin_pair):
+    inputs = [b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.0\r\n\r\n",
+              b"HEAD / HTTP/1.1\r\nX-Request-Id: q\r\n\r\n",
+              b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"]
+    outs = []
+    for twin in twin_pair:
+        module = twin.module("http_conn")
+        _proxy_conn.bind_to_serve(module)
+        got = []
+        for data in inputs:
+            c = module.HttpConnection(Proxy())
+            c.connection_made(Transport())
+            c.data_received(data)
+            while c.proxy.dispatched:
+                req = c.proxy.dispatched.pop(0)
+                c.respond(req, 200, b"content-length: 3\r\n", b"abc")
+            got.append((c.transport.take(), c.closed))
+        outs.append(got)
+    _proxy_conn.bind_to_serve(_proxy_conn._http_conn)
+    assert outs[0] == outs[1]
