@@ -563,3 +563,17 @@ def test_handle_calls_carry_the_request_id_and_route_downstream(serve_port):
     assert len(ids) == 6
     from ray_lite.serve.context import _get_serve_request_context
     assert _get_serve_request_context().request_id == ""      # the driver serves none
+
+
+def test_a_clients_address_is_split_once_and_the_cache_stays_bounded(monkeypatch):
+    # The replica's scope["client"] for each request of a keep-alive client.
+    from ray_lite.serve import _replica
+    monkeypatch.setattr(_replica, "_CLIENT_ADDRS", {})
+    monkeypatch.setattr(_replica, "_CLIENT_ADDRS_MAX", 3)
+    addr = _replica._client_addr("10.0.0.1:5000")
+    assert addr == ("10.0.0.1", 5000) and _replica._client_addr("10.0.0.1:5000") is addr
+    assert _replica._client_addr("::1:80") == ("::1", 80)     # the proxy's "host:port"
+    assert _replica._client_addr("") is None
+    for port in range(10):
+        assert _replica._client_addr(f"h:{port}") == ("h", port)
+    assert len(_replica._CLIENT_ADDRS) <= 3

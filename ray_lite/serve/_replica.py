@@ -499,7 +499,7 @@ class ServeReplica:
                 "raw_path": path.encode("utf-8", "surrogateescape"),
                 "query_string": query, "root_path": root_path,
                 "headers": _parse_headers(headers),
-                "client": _split_addr(client), "server": self._server,
+                "client": _client_addr(client), "server": self._server,
             }
             receive = _Receive(body)
             _set_http_scope(scope)
@@ -638,3 +638,18 @@ def _split_addr(s):
         return (host, int(port))
     except ValueError:
         return (s, 0)
+
+
+# A keep-alive client sends many requests from one address: its (host, port)
+# is made once, not per request.  Bounded: cleared when full.
+_CLIENT_ADDRS = {}
+_CLIENT_ADDRS_MAX = 4096
+
+
+def _client_addr(s):
+    addr = _CLIENT_ADDRS.get(s)
+    if addr is None:
+        if len(_CLIENT_ADDRS) >= _CLIENT_ADDRS_MAX:
+            _CLIENT_ADDRS.clear()
+        addr = _CLIENT_ADDRS[s] = _split_addr(s)
+    return addr

@@ -22,7 +22,7 @@ class _Calls(list):
     __slots__ = ("prune_at", "request_id", "route", "scope")
 
     def __init__(self, request_id=None, route="", scope=None):
-        super().__init__()
+        # (no list.__init__: a new list is empty already; one per request)
         self.prune_at = 64
         self.request_id = request_id
         self.route = route
