@@ -103,7 +103,7 @@ def test_a_request_reaches_the_proxy_whole_and_its_answer_names_it(conn):
     assert not conn.transport.closed and conn.current is None
 
 
-def test_http_1_0_closes_unless_asked_to_keep_alive(conn, http_conn_impl):
+def test_http_1_0_closes_unless_asked_to_keep_alive(conn):
     conn.data_received(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
     (req,) = conn.proxy.dispatched
     conn.respond(req, 200, b"", b"")
