@@ -329,14 +329,15 @@ cdef class HttpConnection:
         rid = req.request_id or self.proxy.new_request_id()
         if req.method == "HEAD":
             body = b""
-        write = self.transport.write
         if body and len(body) >= _large_bytes:
-            write(b"".join((_status_line(status), headers, _ID_NAME, rid, b"\r\n", tail)))
-            write(body)
-        elif body:
-            write(b"".join((_status_line(status), headers, _ID_NAME, rid, b"\r\n", tail, body)))
+            # A large body (a view of the replica's stored reply): to the
+            # socket from where it is, not joined to the head first.
+            self.transport.write(b"".join((_status_line(status), headers, _ID_NAME, rid,
+                                           b"\r\n", tail)))
+            self.transport.write(body)
         else:
-            write(b"".join((_status_line(status), headers, _ID_NAME, rid, b"\r\n", tail)))
+            self.transport.write(b"".join((_status_line(status), headers, _ID_NAME, rid,
+                                           b"\r\n", tail, body or b"")))
         self.current = None
         if not keep:
             self.closed = True
