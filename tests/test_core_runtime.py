@@ -3,6 +3,7 @@ cancelling running work, Ctrl-C in blocking calls, worker output, and the
 async actors' concurrency limit."""
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -372,6 +373,98 @@ def test_ctrl_c_ends_blocking_calls():
         assert f"{what} interrupted" in out.stdout, out.stdout + out.stderr
         assert f"{what} still works: pong" in out.stdout
     assert "clean exit" in out.stdout
+
+
+def _poll_syscalls():
+    import platform
+    return {"x86_64": {"7", "271"}, "aarch64": {"73"}}.get(platform.machine(), set())
+
+
+def test_a_signal_another_thread_takes_wakes_the_main_threads_get(rt):
+    # Python runs a handler when the main thread next runs bytecode.  A signal
+    # that lands in another thread (or just before the main thread's poll)
+    # interrupts no system call: a get with no time limit must still wake.
+    node = rt
+    main_tid = threading.get_native_id()
+    try:
+        with open(f"/proc/self/task/{main_tid}/syscall") as f:
+            f.read()
+    except OSError:
+        pytest.skip("needs /proc/self/task/*/syscall")
+    if not _poll_syscalls():
+        pytest.skip("poll's system call number is not known here")
+
+    @ray.remote
+    class Never:
+        async def wait(self):
+            await asyncio.Event().wait()
+
+    class Woken(Exception):
+        pass
+
+    handled, woke_late = threading.Event(), threading.Event()
+
+    def handler(signum, frame):
+        handled.set()
+        raise Woken
+
+    def main_sleeps_in_poll():
+        with open(f"/proc/self/task/{main_tid}/syscall") as f:
+            return node._polling and f.read().split()[0] in _poll_syscalls()
+
+    def signal_this_thread_once_main_sleeps():
+        pause = threading.Event()
+        for _ in range(int(T * 1000)):
+            if main_sleeps_in_poll():
+                break
+            pause.wait(0.001)
+        # Python's C-level handler runs on this thread: the main thread's
+        # poll sees no EINTR.
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        if not handled.wait(T):
+            woke_late.set()
+            ray.kill(never)     # ends the get (and runs the handler): no hang
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    never = Never.remote()
+    ray.get(never.__ray_ready__.remote(), timeout=T)
+    ref = never.wait.remote()
+    sender = threading.Thread(target=signal_this_thread_once_main_sleeps)
+    try:
+        sender.start()
+        with pytest.raises(Woken):
+            ray.get(ref)
+    finally:
+        sender.join(T)
+        signal.signal(signal.SIGUSR1, previous)
+        ray.kill(never)
+    assert not woke_late.is_set(), "the signal did not wake the get"
+    assert ray.get(inc.remote(1), timeout=T) == 2
+
+
+def test_init_sets_the_signal_wakeup_fd_only_when_none_is_set():
+    from ray_lite._private import interrupts
+    ray.init(num_cpus=1)
+    try:
+        ours = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(ours)
+        assert ours >= 0 and ours == interrupts._wakeup[1]
+        assert interrupts.signal_wakeup_fd() == interrupts._wakeup[0]
+    finally:
+        ray.shutdown()
+    assert signal.set_wakeup_fd(-1) == -1           # put back as it was
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        signal.set_wakeup_fd(w)                     # an event loop's, say
+        ray.init(num_cpus=1)
+        try:
+            assert interrupts.signal_wakeup_fd() == -1
+        finally:
+            ray.shutdown()
+        assert signal.set_wakeup_fd(-1) == w        # left alone
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost():

@@ -25,7 +25,7 @@ import time
 from ray_lite._fast import ring as _ring
 from ray_lite._fast.wait_policy import LINK_SPIN_NS, ns_to_s
 
-from .interrupts import sleep_point
+from .interrupts import drain_signal_wakeups, signal_wakeup_fd, sleep_point
 from .procutil import readable_now
 from .transport import LinkClosed
 from .transport import drain_links as _drain_links
@@ -313,12 +313,20 @@ class DrivingMixin:
                 return
             fds = list(self.sentinels)
             fds.append(wake_fd)
+            # In the main thread, a signal wakes the sleep even when it came
+            # just before it, or to another thread (see interrupts).
+            sig_fd = signal_wakeup_fd()
+            if sig_fd >= 0:
+                fds.append(sig_fd)
             fired = _wait_rings_or_fds([e[1]._rx for e in self._drain_list[0]], fds,
                                        timeout, _LINK_SPIN_S)
         finally:
             self._polling = False
-        if wake_fd in fired:
-            _clear_eventfd(wake_fd)
+        if fired:
+            if wake_fd in fired:
+                _clear_eventfd(wake_fd)
+            if sig_fd >= 0 and sig_fd in fired:
+                drain_signal_wakeups(sig_fd)
         self._drain()
         self.on_sentinels_fired(fired)
 

@@ -17,6 +17,18 @@ microseconds).
 
 Installed by ``init`` only over Python's default handler, and put back by
 ``shutdown``; a handler of the user's own is left alone.
+
+A signal must also *wake* the main thread's sleep in the runtime.  Python
+runs a signal's handler when the main thread next runs bytecode; a sleep in
+``poll`` ends early only if the signal lands in that thread during that
+system call (EINTR).  One that lands a moment before the call, after the
+last check (a worker that sends it as soon as its task starts, woken by our
+own message: on a busy machine, a common moment), or in another thread,
+would leave a wait with no time limit asleep for good.  So ``init`` also
+makes a pipe the signal wake-up descriptor (``signal.set_wakeup_fd``, unless
+one is set), into which Python's C-level handler writes whichever thread it
+runs on, and the main thread's sleeps watch it (``signal_wakeup_fd``).  That
+serves every handler, the user's own too (a SIGTERM that shuts down).
 """
 import _thread
 import os
@@ -31,6 +43,8 @@ _SLEEP_POINTS = set()       # code objects
 _previous = None
 _redelivery = [False]       # a resend is on its way
 _RESEND_AFTER_S = 0.0005
+_MAIN_IDENT = threading.main_thread().ident
+_wakeup = [-1, -1]          # the wake-up pipe (read end, write end), ours while set
 
 
 def sleep_point(fn):
@@ -71,7 +85,8 @@ def _on_sigint(signum, frame):
 
 
 def install():
-    """Route SIGINT through ``_on_sigint`` (main thread, default handler only)."""
+    """Route SIGINT through ``_on_sigint`` (main thread, default handler only),
+    and have signals wake the main thread's sleeps (see the module's docstring)."""
     global _previous
     if threading.current_thread() is not threading.main_thread():
         return
@@ -79,6 +94,7 @@ def install():
         current = signal.getsignal(signal.SIGINT)
     except ValueError:
         return
+    _watch_signal_wakeups()
     if current is signal.default_int_handler:
         _register_ring_twin()
         signal.signal(signal.SIGINT, _on_sigint)
@@ -87,7 +103,10 @@ def install():
 
 def uninstall():
     global _previous
-    if _previous is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _unwatch_signal_wakeups()
+    if _previous is None:
         return
     try:
         if signal.getsignal(signal.SIGINT) is _on_sigint:
@@ -95,6 +114,56 @@ def uninstall():
     except ValueError:
         pass
     _previous = None
+
+
+def signal_wakeup_fd():
+    """The descriptor a signal makes readable, for the main thread's sleeps to
+    watch (-1 in other threads, or when another wake-up descriptor is set)."""
+    return _wakeup[0] if _thread.get_ident() == _MAIN_IDENT else -1
+
+
+def drain_signal_wakeups(fd):
+    """Empty the wake-up pipe ``fd`` (its bytes are signal numbers Python also
+    keeps: the handlers run anyway)."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except OSError:     # empty (BlockingIOError), or closed by shutdown
+        pass
+
+
+def _watch_signal_wakeups():
+    if _wakeup[0] >= 0:
+        return
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        # A full pipe only means wake-ups are already pending: no warning.
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:
+        old = None
+    if old != -1:
+        # Someone's own (an event loop's): theirs serves the same purpose.
+        if old is not None:
+            signal.set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+        return
+    _wakeup[:] = [r, w]
+
+
+def _unwatch_signal_wakeups():
+    r, w = _wakeup
+    if r < 0:
+        return
+    _wakeup[:] = [-1, -1]
+    try:
+        current = signal.set_wakeup_fd(-1)
+        if current != w:            # replaced since: put the other one back
+            signal.set_wakeup_fd(current)
+    except ValueError:
+        pass
+    os.close(r)
+    os.close(w)
 
 
 def _register_ring_twin():
