@@ -2,6 +2,7 @@
 keep-alive and pipelining, and every error status."""
 import asyncio
 import json
+import os
 import selectors
 import socket
 import time
@@ -316,6 +317,15 @@ def test_several_proxies_share_the_port(serve_runtime):
     assert len(ray.get(serve.context.get_controller().process_ids.remote(),
                        timeout=30)["proxies"]) == 2
     assert all(http(port, "GET", "/")[2] == b"a" for _ in range(20))
+
+
+def test_by_default_one_proxy_per_core_and_two_spare(serve_runtime):
+    # The spare ones take a core whose proxy sleeps while work is on its way.
+    from ray_lite.serve._controller import SPARE_PROXIES
+    serve.start(http_options={"port": 0})
+    serve.run(hello_a.bind())
+    pids = ray.get(serve.context.get_controller().process_ids.remote(), timeout=30)["proxies"]
+    assert len(pids) == len(os.sched_getaffinity(0)) + SPARE_PROXIES
 
 
 @serve.deployment

@@ -669,9 +669,19 @@ def _same_code(a, b):
         {k: v for k, v in b["config"].items() if k not in _IN_PLACE}
 
 
+# Proxies beyond one per core: a proxy is often asleep while work is on its
+# way (a replica's answer, a client's next request), and a core whose only
+# runnable work waits for a wake-up stays idle meanwhile; a spare proxy takes
+# it.  With one per core, `ab -c100` (a connection per request) left 11-13 %
+# of this 2-core VM idle; with two spare, 3 % (benchmarks/SERVE_CPU.md).  Two,
+# not one per core: a proxy that has nothing to do costs only its memory.
+SPARE_PROXIES = 2
+
+
 def _default_proxies():
     import os
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    return max(1, cores) + SPARE_PROXIES

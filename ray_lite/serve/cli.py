@@ -44,7 +44,7 @@ def _parser():
         q.add_argument("--port", "-p", type=int, default=None,
                        help=f"port (default {HTTP_PORT}, or the config file's)")
         q.add_argument("--proxies", type=int, default=0,
-                       help="HTTP proxy processes sharing the port (default: one per core)")
+                       help="HTTP proxy processes sharing the port (default: one per core, and 2)")
         q.add_argument("--num-cpus", type=int, default=None, help="ray_lite.init(num_cpus=...)")
         q.add_argument("--metrics-export-port", "--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics on this port (default: none)")
