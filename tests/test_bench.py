@@ -305,6 +305,41 @@ def test_a_ceiling_goal_is_judged_on_the_factor_over_the_ceiling():
     assert "60x Ray Serve" in rate.note                 # the anchor is still related
 
 
+@pytest.mark.parametrize("driver, governor, poll_ns, text", [
+    ("haltpoll", "haltpoll", "0", "idle CPUs: haltpoll (halt at once)"),
+    ("haltpoll", "haltpoll", "200000", "idle CPUs: haltpoll (poll 200 µs, then halt)"),
+    ("intel_idle", "menu", None, "idle CPUs: intel_idle/menu"),
+    (None, None, None, None),          # no cpuidle in /sys: nothing said
+])
+def test_the_machine_block_says_how_idle_cpus_wait(tmp_path, driver, governor, poll_ns, text):
+    """Where idle virtual CPUs halt at once, every cross-process latency
+    pays for waking one: the machine line says so."""
+    from ray_lite.bench import _harness
+    cpuidle = tmp_path / "devices" / "system" / "cpu" / "cpuidle"
+    cpuidle.mkdir(parents=True)
+    if driver:
+        (cpuidle / "current_driver").write_text(driver + "\n")
+        (cpuidle / "current_governor_ro").write_text(governor + "\n")
+    if poll_ns is not None:
+        params = tmp_path / "module" / "haltpoll" / "parameters"
+        params.mkdir(parents=True)
+        (params / "guest_halt_poll_ns").write_text(poll_ns + "\n")
+    idle = _harness.cpu_idle(str(tmp_path))
+    info = _harness.machine_info()
+    info.pop("cpu_idle", None)
+    if idle is not None:
+        info["cpu_idle"] = idle
+    line = _harness.machine_line(info)
+    if text is None:
+        assert idle is None and "idle CPUs" not in line
+    else:
+        assert text in line
+        assert idle["driver"] == driver
+        assert idle.get("halt_poll_ns") == (int(poll_ns) if poll_ns else None)
+    # This machine's own block carries it whenever Linux says (JSON too).
+    assert ("cpu_idle" in _harness.machine_info()) == (_harness.cpu_idle() is not None)
+
+
 def test_the_machine_block_says_when_ray_lite_compiles_from_source(monkeypatch):
     from ray_lite.bench import _harness
     info = _harness.machine_info()
