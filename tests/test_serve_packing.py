@@ -3,7 +3,7 @@ spreads a slow route's (``_routing.choose_for_http``).
 
 Spread over 48 replicas on 2 cores, a fast route's requests each woke a
 sleeping replica whose caches the others had evicted; packed, they queue in
-a few warm ones (benchmarks/SERVE_CPU.md).  Packing makes a request wait for
+a few warm ones (docs/performance.md).  Packing makes a request wait for
 the ones ahead of it in its replica, so a slow handler must still be spread.
 The routing tests are deterministic; the end-to-end ones send overlapping
 requests in enough rounds that the other policy could not pass them."""

@@ -673,7 +673,7 @@ def _same_code(a, b):
 # way (a replica's answer, a client's next request), and a core whose only
 # runnable work waits for a wake-up stays idle meanwhile; a spare proxy takes
 # it.  With one per core, `ab -c100` (a connection per request) left 11-13 %
-# of this 2-core VM idle; with two spare, 3 % (benchmarks/SERVE_CPU.md).  Two,
+# of this 2-core VM idle; with two spare, 3 % (docs/performance.md, "Spare proxies").  Two,
 # not one more per core: the more proxies, the rarer it is that all of them
 # sleep at once, and each costs its memory (7 MB PSS) while it idles.
 SPARE_PROXIES = 2

@@ -187,7 +187,7 @@ def choose_for_http(slots, limit, service):
     caches that the other replicas evicted.  Packed, they queue in a few
     replicas, each of which reads several per wake-up and stays warm: a
     third less CPU per request and 40 % more requests per second with 48
-    replicas on 2 cores (benchmarks/SERVE_CPU.md).  A packed request waits
+    replicas on 2 cores (docs/performance.md).  A packed request waits
     for the handlers of those ahead of it in its replica, so packing is kept
     to fast routes and to ``PACK_WAIT_S`` of waiting; a slow route (or one
     whose answers are streams) gets its requests spread for concurrency, as
