@@ -7,7 +7,7 @@ The names here are Ray's and mean what they mean in Ray; see the README.
 __version__ = "0.1.0.dev0"
 
 from ray_lite import exceptions
-from ray_lite._private.api import (
+from ray_lite._private.api.core import (
     ObjectRef,
     ObjectRefGenerator,
     cancel,
@@ -21,19 +21,19 @@ from ray_lite._private.api import (
     shutdown,
     wait,
 )
-from ray_lite._private.cluster import (
+from ray_lite._private.scheduling.cluster import (
     available_resources,
     cluster_resources,
     get_gpu_ids,
     nodes,
 )
-from ray_lite._private.dynamic_generator import DynamicObjectRefGenerator
-from ray_lite._private.method_options import method
-from ray_lite._private.runtime_context import SCRIPT_MODE, WORKER_MODE, get_runtime_context
+from ray_lite._private.objects.dynamic_generator import DynamicObjectRefGenerator
+from ray_lite._private.api.method_options import method
+from ray_lite._private.api.runtime_context import SCRIPT_MODE, WORKER_MODE, get_runtime_context
 from ray_lite.message_queue import MessageQueue
 from ray_lite import actor  # noqa: E402  (Ray's ray.actor: exit_actor, method)
-from ray_lite._private.backend import current as backend
-from ray_lite._private.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID,
+from ray_lite._private.process.backend import current as backend
+from ray_lite._private.process.ids import (ActorClassID, ActorID, FunctionID, JobID, NodeID,
                                    PlacementGroupID, TaskID, UniqueID, WorkerID)
 ObjectID = ObjectRef        # Ray's old name, still there in Ray 2.60
 # Ray's worker modes (``SCRIPT_MODE`` a driver, ``WORKER_MODE`` a task's or
@@ -65,7 +65,7 @@ def __getattr__(name):
         import importlib
         return importlib.import_module(f"ray_lite.{name}")
     if name == "LoggingConfig":
-        from ray_lite._private.logging_config import LoggingConfig
+        from ray_lite._private.job.logging_config import LoggingConfig
         return LoggingConfig
     if name == "cloudpickle":
         # ``from ray import cloudpickle``: Ray's vendored copy; the same package.
@@ -74,4 +74,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'ray_lite' has no attribute {name!r}")
 
 # In a process Ray started for a task or an actor, ray_lite runs on Ray.
-_private.backend.adopt_ray_worker()
+_private.process.backend.adopt_ray_worker()

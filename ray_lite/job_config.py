@@ -9,7 +9,7 @@ On one machine its fields mean: ``runtime_env`` the job's runtime_env (as
 ``lifetime="detached"`` actor is; Java's ``jvm_options`` and
 ``code_search_path`` are refused when not empty.
 """
-from ray_lite._private.logging_config import LoggingConfig
+from ray_lite._private.job.logging_config import LoggingConfig
 
 __all__ = ["JobConfig"]
 

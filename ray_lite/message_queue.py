@@ -1,7 +1,7 @@
 """``ray_lite.MessageQueue``: the broadcast queue (one writer, N readers),
 usable on its own.  Readers on the writer's machine read shared memory
 (:mod:`ray_lite._fast.broadcast` documents it); readers on other machines
-get the same messages over TCP (:mod:`ray_lite._private.mq_network`).
+get the same messages over TCP (:mod:`ray_lite._private.links.mq_network`).
 
     from ray_lite import MessageQueue
     q = MessageQueue(n_readers=2)                    # the writer
@@ -23,7 +23,7 @@ from collections import namedtuple
 
 from ray_lite._fast import broadcast as _broadcast
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
-from ray_lite._private import mq_network
+from ray_lite._private.links import mq_network
 
 __all__ = ["MessageQueue", "QueueHandle", "ChannelClosedError", "PeerDiedError"]
 

@@ -20,7 +20,7 @@ def main(argv=None):
         if argv[1:2] in (["run"], ["start"]) and not {"-h", "--help"} & set(argv):
             # Its init() adopts this zygote, which starts up meanwhile, beside
             # the imports of Serve and of the application.
-            from ray_lite._private.zygote import discard_early, start_early
+            from ray_lite._private.node.zygote import discard_early, start_early
             start_early()
             try:
                 from ray_lite.serve import cli

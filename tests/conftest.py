@@ -208,7 +208,7 @@ def rt(request):
     test); yields the driver's node for tests that look inside.  On
     ``--backend=ray``: the session's Ray, and None."""
     import ray_lite
-    from ray_lite._private import state
+    from ray_lite._private.process import state
 
     if backend_under_test(request.config) == "ray":
         request.getfixturevalue("ray_session")

@@ -3,7 +3,7 @@ import pytest
 
 import ray_lite
 from ray_lite import _config
-from ray_lite._private import backend
+from ray_lite._private.process import backend
 
 
 @pytest.mark.parametrize("kwargs,env,expected", [

@@ -278,9 +278,9 @@ def test_calls_read_after_the_out_of_scope_end_still_run(rt, tmp_path, kind):
     # (from another link, or later in the same drain).  Here all on one
     # link, in that order, written while the actor is busy and does not
     # read.  (``__ray_terminate__`` would fail them.)
-    from ray_lite._private import protocol as P
-    from ray_lite._private import state
-    from ray_lite._private.actor_exit import OUT_OF_SCOPE
+    from ray_lite._private.links import protocol as P
+    from ray_lite._private.process import state
+    from ray_lite._private.actors.actor_exit import OUT_OF_SCOPE
     cls = ray.remote(AsyncGatedTally if kind == "async" else GatedTally)
     if kind == "threaded":
         cls = cls.options(max_concurrency=4)
@@ -328,7 +328,7 @@ def test_a_pinned_handle_is_kept_once_however_many_blobs_carry_it(rt):
     # A pool's function is pickled again for every map: its refs are pinned
     # once, not once per blob (which would grow without bound).
     import cloudpickle
-    from ray_lite._private.refs import pinning_refs
+    from ray_lite._private.objects.refs import pinning_refs
     a = Member.remote()
     for _ in range(3):
         with pinning_refs():

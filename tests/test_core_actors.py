@@ -285,7 +285,7 @@ def test_actor_calls_another_actor_over_its_own_link(rt):
     @ray.remote
     class Caller:
         def call_and_look(self, target):
-            from ray_lite._private import state
+            from ray_lite._private.process import state
             target_pid = ray.get(target.pid.remote())
             node = state.node
             peer = target._info.actor_id

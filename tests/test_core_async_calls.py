@@ -177,7 +177,7 @@ def test_async_call_arriving_during_the_constructor_waits_for_it(rt):
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
 def test_a_first_step_raising_past_its_call_does_not_stop_the_calls_after_it():
-    from ray_lite._private.async_actor import AsyncActorMixin
+    from ray_lite._private.actors.async_actor import AsyncActorMixin
 
     class Node(AsyncActorMixin):
         def __init__(self, loop):

@@ -26,7 +26,7 @@ DRIVER = textwrap.dedent("""
 
     a = A.remote()
     pids = {ray.get(a.pid.remote())} | set(ray.get([pid.remote() for _ in range(4)]))
-    from ray_lite._private import state
+    from ray_lite._private.process import state
     pids.add(state.node.zygote.proc.pid)
     print(" ".join(map(str, sorted(pids))), flush=True)
     sys.stdin.read()   # hold until killed
@@ -62,7 +62,7 @@ def test_killed_driver_leaves_no_orphans_and_next_init_cleans_up():
 FORGETFUL_DRIVER = textwrap.dedent("""
     import os, sys, threading
     import ray_lite as ray
-    from ray_lite._private import state
+    from ray_lite._private.process import state
 
     @ray.remote
     class Sleeper:

@@ -315,7 +315,7 @@ def test_a_thread_of_an_actor_reaching_a_new_peer_while_its_links_sleep_gets_the
     @ray.remote(max_concurrency=2)
     class Caller:
         def call(self, peer, i):
-            from ray_lite._private import state
+            from ray_lite._private.process import state
             _until_the_links_sleep(state.node)
             return ray.get(peer.ping.remote(i), timeout=T)
     caller = Caller.remote()
@@ -329,7 +329,7 @@ def test_a_thread_an_actor_started_reaching_a_new_peer_while_the_actor_idles_get
     @ray.remote
     class Background:
         def __init__(self, peer, mailbox):
-            from ray_lite._private import state
+            from ray_lite._private.process import state
             node = state.node
 
             def reach():

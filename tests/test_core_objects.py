@@ -8,7 +8,7 @@ import weakref
 import pytest
 
 import ray_lite as ray
-from ray_lite._private import state
+from ray_lite._private.process import state
 from ray_lite.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
 
 # Public API only: these run on Ray too (--backend=ray; see conftest.py).
@@ -106,7 +106,7 @@ class Holder:
 def _objects_lent(node):
     """The ids of our objects that other processes hold a share of (actors'
     leases, held by the handles we passed, aside)."""
-    from ray_lite._private.actor_handle import _ActorLease
+    from ray_lite._private.api.actor_handle import _ActorLease
     return {oid for oid, rec in node.exported.items() if type(rec[0]) is not _ActorLease}
 
 
@@ -391,7 +391,7 @@ def test_owner_killed_during_get_of_a_large_object(rt):
 
 @pytest.mark.local_only
 def test_a_failing_ready_callback_does_not_cost_the_others_theirs():
-    from ray_lite._private.refs import _Entry
+    from ray_lite._private.objects.refs import _Entry
     e = _Entry()
     seen = []
 

@@ -4,8 +4,8 @@ import os
 import pytest
 
 import ray_lite as ray
-from ray_lite._private import state
-from ray_lite._private.ids import node_id_hex as local_node_id
+from ray_lite._private.process import state
+from ray_lite._private.process.ids import node_id_hex as local_node_id
 from ray_lite.exceptions import RayActorError
 from ray_lite.util.placement_group import (
     PlacementGroup, get_placement_group, placement_group, placement_group_table,

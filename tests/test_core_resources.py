@@ -5,7 +5,7 @@ import select
 import pytest
 
 import ray_lite as ray
-from ray_lite._private import state
+from ray_lite._private.process import state
 from ray_lite.exceptions import RayActorError, TaskCancelledError
 
 from resource_helpers import NOT_YET, T, Holder, one, scheduled

@@ -483,7 +483,7 @@ def test_a_sentinel_reused_since_it_fired_is_no_death():
     import subprocess
     import sys
 
-    from ray_lite._private.drive import DrivingMixin
+    from ray_lite._private.links.drive import DrivingMixin
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     exited = os.pidfd_open(child.pid)

@@ -443,7 +443,7 @@ def test_a_signal_another_thread_takes_wakes_the_main_threads_get(rt):
 
 
 def test_init_sets_the_signal_wakeup_fd_only_when_none_is_set():
-    from ray_lite._private import interrupts
+    from ray_lite._private.process import interrupts
     ray.init(num_cpus=1)
     try:
         ours = signal.set_wakeup_fd(-1)
@@ -469,7 +469,7 @@ def test_init_sets_the_signal_wakeup_fd_only_when_none_is_set():
 
 def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost():
     import signal
-    from ray_lite._private import interrupts
+    from ray_lite._private.process import interrupts
     # Frames of code "in" the runtime's files: one plain, one a sleep point.
     fake = os.path.join(interrupts._RUNTIME_DIRS[0], "_fake_for_test.py")
     ns = {}

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 import ray_lite as ray
-from ray_lite._private.refs import ObjectRefGenerator
+from ray_lite._private.objects.refs import ObjectRefGenerator
 from ray_lite.exceptions import (RayActorError, RayTaskError, TaskCancelledError,
                                  WorkerCrashedError)
 
@@ -192,7 +192,7 @@ def test_cancel_ends_stream_without_hanging(rt):
         for ref in g2:
             ray.get(ref, timeout=T)
     # The pool worker was released (the producer reports its end even when cancelled).
-    from ray_lite._private import state
+    from ray_lite._private.process import state
     node = state.node
     assert node.wait_until(lambda: all(w.task is None for w in node.pool.values()), T)
     assert drain(count.remote(3)) == [0, 1, 2]

@@ -12,98 +12,37 @@ from ray_lite._fast import ring
 
 PKG = pathlib.Path(ray_lite.__file__).parent
 PRIVATE = PKG / "_private"
-# The zygote imports the worker before it forks, on purpose: each worker then
-# starts with it loaded (see zygote.py).  Nothing imports the zygote but the driver.
-ALLOWED_BACK_EDGES = {("zygote", "worker")}
 
 
-def _private_imports(path):
-    """The ``_private`` modules ``path`` imports, at module level or in a function."""
-    names = {p.stem for p in PRIVATE.glob("*.py")} - {"__init__"}
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                mod = node.module
-            elif node.module and node.module.startswith("ray_lite._private"):
-                mod = node.module[len("ray_lite._private"):].lstrip(".") or None
-            else:
-                continue
-            if mod is None:         # from . import a, b
-                found.update(a.name for a in node.names)
-            else:
-                found.add(mod.split(".")[0])
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("ray_lite._private."):
-                    found.add(a.name.split(".")[2])
-    return found & names
+def _private_modules():
+    """``package.module`` of every module under ``_private``."""
+    return sorted(f"{p.parent.name}.{p.stem}" for p in PRIVATE.glob("*/*.py")
+                  if p.stem != "__init__")
 
 
-def _import_graph():
-    return {p.stem: _private_imports(p) for p in PRIVATE.glob("*.py") if p.stem != "__init__"}
-
-
-def _find_cycle(graph):
-    state = {}
-    stack = []
-
-    def visit(m):
-        state[m] = "open"
-        stack.append(m)
-        for n in sorted(graph[m]):
-            if (m, n) in ALLOWED_BACK_EDGES:
-                continue
-            if state.get(n) == "open":
-                return stack[stack.index(n):] + [n]
-            if n not in state:
-                cycle = visit(n)
-                if cycle:
-                    return cycle
-        stack.pop()
-        state[m] = "done"
-        return None
-
-    for m in sorted(graph):
-        if m not in state:
-            cycle = visit(m)
-            if cycle:
-                return cycle
-    return None
-
-
-def test_the_private_modules_import_each_other_without_a_cycle():
-    graph = _import_graph()
-    assert "node" in graph and "protocol" in graph and graph["state"] == set()
-    assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
-
-
-def test_the_cycle_check_finds_a_cycle():
-    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _find_cycle({"zygote": {"worker"}, "worker": {"zygote"}}) is None
-
-
-def test_remote_and_protocol_do_not_need_the_driver():
-    graph = _import_graph()
-    assert "driver" not in graph["remote"]
-    assert graph["protocol"] == set()
+def test_private_is_a_few_packages_each_saying_what_it_owns():
+    packages = sorted(p.parent.name for p in PRIVATE.glob("*/__init__.py"))
+    assert [p.name for p in PRIVATE.glob("*.py")] == ["__init__.py"]
+    assert 5 <= len(packages) <= 10
+    for name in packages:
+        doc = ast.get_docstring(ast.parse((PRIVATE / name / "__init__.py").read_text()))
+        assert doc and "May import" in doc, name
 
 
 def test_each_private_module_imports_first_in_a_fresh_interpreter():
     # Whatever module comes first, its imports must resolve (a cycle at
     # module level fails with a partially initialised module).
-    mods = sorted(_import_graph())
     code = ("import importlib, sys\n"
             "for m in sys.argv[1:]:\n"
             "    for k in [k for k in sys.modules if k.startswith('ray_lite')]:\n"
             "        del sys.modules[k]\n"
             "    importlib.import_module('ray_lite._private.' + m)\n")
-    subprocess.run([sys.executable, "-c", code, *mods], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code, *_private_modules()], check=True, timeout=120)
 
 
 @pytest.mark.parametrize("folder", ["_private", "executor"])
 def test_no_module_is_over_700_lines(folder):
-    over = {p.name: n for p in (PKG / folder).glob("*.py")
+    over = {str(p): n for p in (PKG / folder).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 700}
     assert not over
 

@@ -139,7 +139,7 @@ def test_a_wait_on_one_peer_reads_the_other_links_while_nested_tasks_run(rt, mon
     that reads the other links while the driver passes a nested task's
     result on gets these answers: otherwise each nested call would hang for
     the whole budget (it stalled 2 ms each before)."""
-    from ray_lite._private import drive
+    from ray_lite._private.links import drive
     monkeypatch.setattr(drive, "HINT_BUDGET_S", 3600.0)
     a = CallsATask.remote()
 
@@ -180,7 +180,7 @@ def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_one
     """A get that lasts lets the driver's service thread sleep until it ends
     (one notify then); a loop of short gets must not make it park and be
     notified again and again: each wake-up takes the GIL from the loop."""
-    from ray_lite._private import state
+    from ray_lite._private.process import state
     from ray_lite.util.queue import Queue
     node = state.get_node()
     counted = _CountedCondition(node._svc_cond)

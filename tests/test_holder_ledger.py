@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from ray_lite._private import protocol as P
-from ray_lite._private.entries import HolderWeight, _Entry
-from ray_lite._private.objects import ObjectsMixin
+from ray_lite._private.links import protocol as P
+from ray_lite._private.objects.entries import HolderWeight, _Entry
+from ray_lite._private.objects.ownership import ObjectsMixin
 
 HELD, PASSED_ON, GIVEN_BACK = HolderWeight.HELD, HolderWeight.PASSED_ON, HolderWeight.GIVEN_BACK
 OID = 7

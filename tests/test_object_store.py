@@ -10,7 +10,7 @@ import pytest
 
 import ray_lite as ray
 from ray_lite._fast import shm
-from ray_lite._private import object_store
+from ray_lite._private.objects import object_store
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
 from test_core_objects import Gate
 
@@ -222,7 +222,7 @@ def test_an_object_put_by_a_worker_is_freed_by_its_owner(rt):
 def test_past_the_capacity_objects_spill_to_disk_and_come_back():
     ray.init(num_cpus=1, object_store_memory=3 * object_store.STORE_THRESHOLD)
     try:
-        node = ray._private.state.node
+        node = ray._private.process.state.node
         in_memory = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
         assert len(stored_segments(node)) == 1
         spilled = ray.put(big_array(11))

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from ray_lite._private.entries import _Entry, _FrozenEntry
-from ray_lite._private.protocol import RESULT, TASK, PlacedTaskSpec, TaskSpec
-from ray_lite._private.refs import LoadedValue
+from ray_lite._private.objects.entries import _Entry, _FrozenEntry
+from ray_lite._private.links.protocol import RESULT, TASK, PlacedTaskSpec, TaskSpec
+from ray_lite._private.objects.refs import LoadedValue
 
 
 class FakeLink:
@@ -213,7 +213,7 @@ NOT_PLAIN = [[1], (1,), {"a": 1}, {1}, bytearray(b"x"), object(), 1j, type("I", 
 
 def test_plain_call_takes_plain_values_only(pool_book_impl):
     from ray_lite._fast.pool_book import PLAIN_TYPES
-    from ray_lite._private.call_options import _SIMPLE_TYPES
+    from ray_lite._private.api.call_options import _SIMPLE_TYPES
     assert _SIMPLE_TYPES is PLAIN_TYPES == {int, float, str, bytes, bool, type(None)}   # one set
     plain_call = pool_book_impl.plain_call
     for v in PLAIN + NOT_PLAIN:

@@ -176,7 +176,7 @@ def test_timeouts_cancellation_and_dead_actors_are_ray_lite_errors(on_ray):
 
 def test_create_actors_takes_a_class_with_options_on_ray(on_ray):
     """ray_lite's own strategy object, in ``C.options(...)``, becomes Ray's."""
-    from ray_lite._private import api as core_api
+    from ray_lite._private.api import core as core_api
     from ray_lite.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     here = ray_lite.get_runtime_context().get_node_id()
     options = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
@@ -226,7 +226,7 @@ def test_context_resources_and_util_are_rays(on_ray):
 def test_job_config_logging_config_and_runtime_env_become_rays(on_ray):
     import ray
     import ray.job_config
-    from ray_lite._private.job_setup import ray_init_kwargs
+    from ray_lite._private.job.job_setup import ray_init_kwargs
     from ray_lite.job_config import JobConfig
     from ray_lite.runtime_env import RuntimeEnv
     jc = JobConfig(runtime_env={"env_vars": {"A": "1"}}, metadata={"k": "v"},

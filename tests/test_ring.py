@@ -992,7 +992,7 @@ def test_random_message_sequences_cross_processes_in_order(ring_impl, producer_p
 # LinkClosed, for a link closed by either end or by its peer's death.
 
 def test_a_link_closed_at_this_end_raises_link_closed():
-    from ray_lite._private.transport import Link, LinkClosed
+    from ray_lite._private.links.transport import Link, LinkClosed
 
     a = Link.create()
     b = Link.attach(a.names)
@@ -1018,7 +1018,7 @@ def test_a_link_closed_at_this_end_raises_link_closed():
 
 
 def test_a_link_whose_creator_closed_cannot_be_attached():
-    from ray_lite._private.transport import Link, LinkClosed
+    from ray_lite._private.links.transport import Link, LinkClosed
 
     a = Link.create()
     names = a.names
@@ -1028,7 +1028,7 @@ def test_a_link_whose_creator_closed_cannot_be_attached():
 
 
 def test_a_link_whose_peer_died_raises_link_closed():
-    from ray_lite._private.transport import Link, LinkClosed
+    from ray_lite._private.links.transport import Link, LinkClosed
 
     link = Link.create()
     try:

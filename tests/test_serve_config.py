@@ -338,7 +338,7 @@ def test_max_ongoing_requests_changes_in_place(serve_runtime, tmp_path):
 def test_async_slots_resize_grows_and_shrinks_in_place():
     import asyncio
 
-    from ray_lite._private.aio import AsyncSlots
+    from ray_lite._private.actors.aio import AsyncSlots
 
     async def main():
         slots = AsyncSlots(1)

@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from ray_lite import serve
 from ray_lite._fast import shm
-from ray_lite._private import object_store, state
+from ray_lite._private.objects import object_store
+from ray_lite._private.process import state
 
 from serve_helpers import http
 

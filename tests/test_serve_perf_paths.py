@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 import ray_lite as ray
 from ray_lite import serve
-from ray_lite._private.worker import AsyncSlots
+from ray_lite._private.node.worker import AsyncSlots
 
 from serve_helpers import http
 
@@ -151,7 +151,7 @@ class Gate:
 @ray.remote
 class BriefWaiter:
     async def run(self, gate):
-        from ray_lite._private import state
+        from ray_lite._private.process import state
         node = state.get_node()
         await gate.sq.remote(2)
         for _ in range(3):
@@ -186,7 +186,7 @@ class CallSpinner:
         self.pings = 0
 
     async def spin_for_relay(self, me):
-        from ray_lite._private import state
+        from ray_lite._private.process import state
         node = state.get_node()
         answer = self.relay.call_back.remote(me)     # messages come back while it spins
         caught = False
@@ -201,7 +201,7 @@ class CallSpinner:
         return caught, await answer, self.pings
 
     async def spin(self, budget):
-        from ray_lite._private import state
+        from ray_lite._private.process import state
         for _ in range(3):
             await asyncio.sleep(0)      # the loop's turns: its links are armed again
         return state.get_node().spin_for_messages(budget)

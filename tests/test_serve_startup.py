@@ -12,8 +12,8 @@ import pytest
 
 import ray_lite as ray
 from ray_lite import serve
-from ray_lite._private import api as core_api
-from ray_lite._private import state
+from ray_lite._private.api import core as core_api
+from ray_lite._private.process import state
 from ray_lite.exceptions import ActorDiedError
 
 from serve_helpers import http

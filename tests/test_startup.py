@@ -14,7 +14,8 @@ import textwrap
 import threading
 
 import ray_lite
-from ray_lite._private import state, zygote
+from ray_lite._private.process import state
+from ray_lite._private.node import zygote
 
 # Each costs milliseconds to import, and ray_lite uses them late or never.
 DEFERRED = {"asyncio", "inspect", "cloudpickle", "dataclasses", "typing", "secrets", "hmac",
@@ -35,15 +36,15 @@ def _modules_after(code):
 
 def test_import_ray_lite_leaves_the_heavy_modules_to_first_use():
     loaded = _modules_after("import ray_lite") - _modules_after("pass")
-    assert "ray_lite._private.api" in loaded
+    assert "ray_lite._private.api.core" in loaded
     assert not loaded & DEFERRED, sorted(loaded & DEFERRED)
 
 
 def test_the_zygotes_first_imports_leave_asyncio_for_later():
     # What the zygote imports before it forks the initial pool workers.
-    loaded = _modules_after("import ray_lite._private.zygote, ray_lite._private.worker")
+    loaded = _modules_after("import ray_lite._private.node.zygote, ray_lite._private.node.worker")
     assert "asyncio" not in loaded
-    assert "ray_lite._private.async_actor" in loaded
+    assert "ray_lite._private.actors.async_actor" in loaded
 
 
 def test_a_lazy_module_is_imported_at_first_use_then_is_the_module_itself():

@@ -7,7 +7,7 @@ Ray's errors, ``util`` the ``ray_lite.util`` names' Ray counterparts; they are
 imported when Ray becomes the backend (``_activate``), and the public
 functions reach them as ``ray_lite._ray.core`` etc. from then on.
 """
-from ray_lite._private import backend
+from ray_lite._private.process import backend
 
 __all__ = ["init", "shutdown", "is_initialized", "adopt"]
 
@@ -33,9 +33,9 @@ def adopt():
 
 
 def _activate(ray):
-    from ray_lite._private.refs import ObjectRef, ObjectRefGenerator
-    from ray_lite._private.dynamic_generator import DynamicObjectRefGenerator
-    from ray_lite._private.actor_handle import ActorHandle
+    from ray_lite._private.objects.refs import ObjectRef, ObjectRefGenerator
+    from ray_lite._private.objects.dynamic_generator import DynamicObjectRefGenerator
+    from ray_lite._private.api.actor_handle import ActorHandle
     from ray_lite.util import queue as rl_queue
     from ray.util import queue as ray_queue
 

@@ -412,7 +412,7 @@ def bytecode_cached():
     """
     import importlib.util
 
-    import ray_lite._private.driver as probe
+    import ray_lite._private.node.driver as probe
     try:
         return os.path.exists(importlib.util.cache_from_source(probe.__file__))
     except (NotImplementedError, ValueError):

@@ -182,7 +182,7 @@ def echo(ring_in, ring_out, Py_ssize_t n, double timeout=60.0):
 def c_round_trips(Py_ssize_t n, Py_ssize_t warmup=1000, Py_ssize_t size=8, double timeout=60.0):
     # The child imports this very ray_lite (python_argv), not one in the
     # current directory.
-    from ray_lite._private.boot import python_argv
+    from ray_lite._private.process.boot import python_argv
     with ShmRing.create(side="producer") as out_ring, ShmRing.create(side="consumer") as in_ring:
         child = subprocess.Popen(
             python_argv("from ray_lite.bench._ringbench_c import echo; "

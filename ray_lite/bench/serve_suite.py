@@ -40,7 +40,7 @@ import time
 import urllib.request
 
 if __package__:
-    from .._private.boot import python_argv
+    from .._private.process.boot import python_argv
     from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
     from .serve_cpu import start_hog, stop_hog

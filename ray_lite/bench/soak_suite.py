@@ -155,7 +155,7 @@ def _sizes(ctx):
 
 
 def _start_server(replicas):
-    from ray_lite._private.boot import python_argv
+    from ray_lite._private.process.boot import python_argv
 
     from .serve_suite import _free_port
     port = _free_port()

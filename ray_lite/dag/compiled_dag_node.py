@@ -186,7 +186,7 @@ class CompiledDAG:
             return
         self.is_teardown = True
         if kill_actors:
-            from ray_lite._private.api import kill
+            from ray_lite._private.api.core import kill
             for actor in self._actors:
                 kill(actor)
 
@@ -243,7 +243,7 @@ class CompiledDAGRef(_CompiledResult):
     def get(self, timeout=None):
         """The execution's result; ``timeout`` None is ``DAGContext``'s
         ``get_timeout`` (10 s), as in Ray."""
-        from ray_lite._private.api import get
+        from ray_lite._private.api.core import get
         self._taken()
         if timeout is None:
             timeout = DAGContext.get_current().get_timeout

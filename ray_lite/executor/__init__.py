@@ -27,7 +27,7 @@ def executor_class(distributed_executor_backend=None):
     """The executor class for ``distributed_executor_backend`` ("mp", "ray",
     an executor class, or None: the one of ``ray_lite.backend()``)."""
     if distributed_executor_backend is None:
-        from ray_lite._private import backend
+        from ray_lite._private.process import backend
         distributed_executor_backend = "ray" if backend.current() == backend.RAY_NAME else "mp"
     if isinstance(distributed_executor_backend, type):
         return distributed_executor_backend

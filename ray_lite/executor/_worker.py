@@ -3,7 +3,7 @@
 Started by the driver as ``python -c <bootstrap>`` (not ``multiprocessing``:
 its spawn and forkserver methods leave a resource-tracker or server process
 behind, and fork copies the driver's threads and state).  The bootstrap
-(``ray_lite._private.boot``) loads the driver's own ray_lite, puts the
+(``ray_lite._private.process.boot``) loads the driver's own ray_lite, puts the
 driver's ``sys.path`` in place and calls :func:`main` with a pipe that
 carries the start-up blob (cloudpickle).
 
@@ -23,8 +23,8 @@ import signal
 import sys
 import traceback
 
-from ray_lite._private.errors import sendable_error
-from ray_lite._private.procutil import die_with_parent
+from ray_lite._private.process.errors import sendable_error
+from ray_lite._private.process.procutil import die_with_parent
 
 CALL = 0
 SHUTDOWN = 1

@@ -26,7 +26,7 @@ from ray_lite._fast.broadcast import MessageQueue
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError, RingEmpty
 from ray_lite._fast.ring import ShmRing, wait_rings_or_fds
 from ray_lite._fast.wait_policy import BROADCAST_YIELD_NS, MULTI_SPIN_NS, SLICE_NS, ns_to_s
-from ray_lite._private.boot import python_argv
+from ray_lite._private.process.boot import python_argv
 from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
 
 from . import _worker as proto

@@ -22,7 +22,7 @@ import types
 import cloudpickle
 
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
-from ray_lite._private import backend
+from ray_lite._private.process import backend
 from ray_lite.message_queue import MessageQueue
 
 from . import _worker as proto

@@ -27,7 +27,7 @@ from time import monotonic as _monotonic
 
 import cloudpickle
 
-from .._private.shipping import shipped_form
+from .._private.objects.shipping import shipped_form
 from . import context
 from ._body import END, FAILED, BodyStream
 from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large

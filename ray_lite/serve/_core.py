@@ -8,9 +8,9 @@ fills itself (a call a handle holds), and a few questions about the process
 this code runs in and the actors it talks to.
 """
 
-from ray_lite._private import state as _state
-from ray_lite._private.object_store import STORE_THRESHOLD as LARGE_BYTES  # noqa: F401
-from ray_lite._private.api import (  # noqa: F401 (Serve's calls into the core)
+from ray_lite._private.process import state as _state
+from ray_lite._private.objects.object_store import STORE_THRESHOLD as LARGE_BYTES  # noqa: F401
+from ray_lite._private.api.core import (  # noqa: F401 (Serve's calls into the core)
     cancel,
     create_actors,
     get,
@@ -21,10 +21,10 @@ from ray_lite._private.api import (  # noqa: F401 (Serve's calls into the core)
     preload,
     remote,
 )
-from ray_lite._private.refs import ObjectRef, _Entry, error_entry
-from ray_lite._private.runtime_context import get_runtime_context  # noqa: F401
-from ray_lite._private.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
-from ray_lite._private.zygote import _recv_exact as recv_exact  # noqa: F401 (framing)
+from ray_lite._private.objects.refs import ObjectRef, _Entry, error_entry
+from ray_lite._private.api.runtime_context import get_runtime_context  # noqa: F401
+from ray_lite._private.node.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
+from ray_lite._private.node.zygote import _recv_exact as recv_exact  # noqa: F401 (framing)
 
 
 # --------------------------------------------------------------- processes

@@ -28,7 +28,7 @@ class LoggingConfig:
 
     def __init__(self, encoding="TEXT", log_level="INFO", logs_dir=None,
                  enable_access_log=True, additional_log_standard_attrs=None):
-        from ray_lite._private.logging_config import LOGRECORD_STANDARD_ATTRS
+        from ray_lite._private.job.logging_config import LOGRECORD_STANDARD_ATTRS
         if encoding not in _ENCODINGS:
             raise ValueError(f"Got invalid encoding type '{encoding}'. Valid encodings are "
                              f"{list(_ENCODINGS)}.")

@@ -41,7 +41,7 @@ import time
 from time import monotonic as _monotonic
 
 from ray_lite._fast import shm
-from ray_lite._private import metrics_files
+from ray_lite._private.job import metrics_files
 
 
 # Ray Serve's DEFAULT_LATENCY_BUCKET_MS.

@@ -16,7 +16,7 @@ import functools
 import inspect
 import weakref
 
-from ray_lite._private import backend
+from ray_lite._private.process import backend
 
 from .config import AutoscalingConfig, AutoscalingPolicy
 from .deployment import Application, Deployment

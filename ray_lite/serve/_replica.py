@@ -16,7 +16,7 @@ import types
 from time import monotonic as _monotonic
 
 from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
-from ray_lite._private.shipping import unship
+from ray_lite._private.objects.shipping import unship
 
 from . import _core, _defaults, _metrics, _websocket, context
 from ._request_calls import calls_of_this_request, cancel_calls, cancel_requested

@@ -8,8 +8,8 @@ import warnings
 
 import cloudpickle
 
-from ray_lite._private import backend
-from ray_lite._private.call_options import _user_stacklevel
+from ray_lite._private.process import backend
+from ray_lite._private.api.call_options import _user_stacklevel
 
 from . import _core, _defaults, _metrics, context
 from ._http import HTTPOptions, check_route_prefix

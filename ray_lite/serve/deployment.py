@@ -9,7 +9,7 @@ import inspect
 
 from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
 from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
-from .._private.labels import check_label_options
+from .._private.scheduling.labels import check_label_options
 # Accepted as in Ray, without effect on one machine (listed in the README).
 _HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "request_router_config",

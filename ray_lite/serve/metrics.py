@@ -8,7 +8,7 @@ key.  The first three are Serve's there: a metric that declares one of them
 is refused.  Outside a replica nothing is added.  On the Ray backend each
 class makes Ray Serve's metric.
 """
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 from ray_lite.util import metrics as _metrics
 
 from . import context

@@ -17,7 +17,7 @@ import contextvars
 import functools
 import inspect
 
-from ray_lite._private import backend
+from ray_lite._private.process import backend
 
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 _MARK = "__serve_multiplexed__"

@@ -18,7 +18,7 @@ import os
 import socket
 
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 
 from ray_lite.util.actor_pool import ActorPool
 from ray_lite.util.check_serialize import inspect_serializability

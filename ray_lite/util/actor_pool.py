@@ -2,7 +2,7 @@
 import collections
 
 import ray_lite
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 from ray_lite.exceptions import ActorDiedError
 
 __all__ = ["ActorPool"]

@@ -11,7 +11,7 @@ import sys
 import cloudpickle
 
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 
 __all__ = ["inspect_serializability", "FailureTuple"]
 
@@ -51,7 +51,7 @@ class _Report:
 
 
 def _pickle_error(obj):
-    from ray_lite._private.refs import not_lending
+    from ray_lite._private.objects.refs import not_lending
     try:
         with not_lending():     # a probe: the refs inside are not passed on
             cloudpickle.dumps(obj)

@@ -1,7 +1,7 @@
 """``as_completed`` and ``map_unordered``: results as they become ready."""
 import ray_lite
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 
 __all__ = ["as_completed", "map_unordered"]
 

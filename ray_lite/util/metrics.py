@@ -37,8 +37,8 @@ import threading
 import warnings
 from time import monotonic as _monotonic
 
-from ray_lite._private import backend as _backend
-from ray_lite._private import metrics_files
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.job import metrics_files
 
 __all__ = ["Counter", "Gauge", "Histogram"]
 

@@ -2,12 +2,12 @@
 schedule tasks and actors into them.  The driver keeps them
 (``ray_lite/_private/placement.py``)."""
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
-from ray_lite._private import protocol as P
-from ray_lite._private import state
-from ray_lite._private.ids import PlacementGroupID
-from ray_lite._private.labels import check_bundle_label_selector, check_bundles_match
-from ray_lite._private.scheduler import _node_labels
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.links import protocol as P
+from ray_lite._private.process import state
+from ray_lite._private.process.ids import PlacementGroupID
+from ray_lite._private.scheduling.labels import check_bundle_label_selector, check_bundles_match
+from ray_lite._private.scheduling.scheduler import _node_labels
 
 from .scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -22,7 +22,7 @@ def _ready_task():
     # A task taking nothing from the group: it runs once the group is created.
     global _reservation_check
     if _reservation_check is None:
-        from ray_lite._private.api import remote
+        from ray_lite._private.api.core import remote
         _reservation_check = remote(num_cpus=0)(_bundle_reservation_check)
     return _reservation_check
 
@@ -67,7 +67,7 @@ class PlacementGroup:
 
     def wait(self, timeout_seconds=30):
         """True if the group is created within ``timeout_seconds``."""
-        from ray_lite._private.api import wait
+        from ray_lite._private.api.core import wait
         ready, _ = wait([self.ready()], timeout=timeout_seconds)
         return bool(ready)
 
@@ -145,7 +145,7 @@ def get_current_placement_group():
     Ray's; None in the driver and outside a group."""
     if _backend.RAY:
         return _ray.util.UTIL["get_current_placement_group"]()
-    from ray_lite._private.runtime_context import current_placement
+    from ray_lite._private.api.runtime_context import current_placement
     found = current_placement(state.get_node())
     if found is None:
         return None

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 import ray_lite
 from ray_lite._fast import codec as _codec
-from ray_lite._private import backend as _backend
-from ray_lite._private import state as _state
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.process import state as _state
 from ray_lite.util._queue_ring import QueueRing
 
 __all__ = ["Queue", "Empty", "Full"]

@@ -1,5 +1,5 @@
 """Scheduling strategies (Ray's names), for the one node of ray_lite (Ray's own on Ray)."""
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 
 
 

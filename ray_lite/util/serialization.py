@@ -13,7 +13,7 @@ uses it too.
 import copyreg
 
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
+from ray_lite._private.process import backend as _backend
 
 __all__ = ["register_serializer", "deregister_serializer"]
 

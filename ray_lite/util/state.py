@@ -12,10 +12,10 @@ finished: actors that died, tasks and calls that returned, objects that were
 freed and processes that ended are not listed.
 """
 from ray_lite import _ray
-from ray_lite._private import backend as _backend
-from ray_lite._private import protocol as P
-from ray_lite._private import state as _state
-from ray_lite._private.ids import JOB_ID_HEX as _JOB_ID_HEX
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.links import protocol as P
+from ray_lite._private.process import state as _state
+from ray_lite._private.process.ids import JOB_ID_HEX as _JOB_ID_HEX
 
 __all__ = ["list_actors", "list_tasks", "list_objects", "list_workers", "list_nodes",
            "list_placement_groups", "list_jobs", "get_actor", "get_task", "get_job",

@@ -31,8 +31,8 @@ from multiprocessing import TimeoutError
 import cloudpickle
 
 import ray_lite
-from ray_lite._private import backend as _backend
-from ray_lite._private.refs import pinning_refs
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.objects.refs import pinning_refs
 from ray_lite.exceptions import RayActorError
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]

@@ -1,0 +1,11 @@
+"""What the public API's functions and classes do.
+
+Owns: ``core`` (``init``, ``shutdown``, ``get``, ``wait``, ``put``, ``kill``,
+``cancel``, ``get_actor``, ``remote``), ``remote`` (remote functions and actor
+classes), ``actor_handle``, ``call_options`` and ``signatures`` (a call's
+options and arguments, checked), ``method_options``, ``runtime_context``.
+
+May import: every other ``_private`` package, ``ray_lite._fast``, the base
+modules.  The layers above (the Ray engine, ``dag``, ``util``) plug in
+through ``process.backend`` and the hooks in ``api.core`` and ``api.remote``.
+"""

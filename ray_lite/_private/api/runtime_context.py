@@ -1,0 +1,389 @@
+"""``get_runtime_context()`` and ``exit_actor()``: what the current process and call are.
+
+A pool worker's running task is in its fields (``current_oid``,
+``current_fn``, ``current_name``, kept by the task runner: its frame is
+compiled, with no locals to read).  An actor's running call is not recorded per call (that
+would cost every call a store): the lookup walks the calling thread's frames
+up to the worker's frame that runs the call, whose ``oid`` local is the
+call's id.  The same walk works on the main thread of a sync actor, on each
+thread of a threaded actor and inside each coroutine of an async actor (a
+running coroutine's frame links to the frame awaiting it).  Unlike Ray (which sets a context
+variable per call), an asyncio task that a call spawns itself
+(``asyncio.create_task``, ``gather`` of coroutines) is not linked to the
+call: there ``get_task_id()`` is None.
+"""
+import os
+import sys
+import threading
+
+from ray_lite import _ray
+from ray_lite.exceptions import AsyncioActorExit
+
+from ..process import backend as _backend
+from ..links import protocol as P
+from ..process import state
+from ..process.errors import ActorExit
+from ..process.ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node_id_hex,
+                  session_name, task_id_hex, worker_id_hex)
+from .actor_handle import ActorHandle
+
+
+# Ray's worker modes, as its messages print them.
+SCRIPT_MODE = 0
+WORKER_MODE = 1
+
+_call_codes = None
+
+
+def _frames_running_calls(node):
+    """The code of an actor's methods that run a call (their ``oid`` local is its id)."""
+    global _call_codes
+    if _call_codes is None:
+        cls = type(node)
+        _call_codes = frozenset(f.__code__ for f in (
+            cls._run_method, cls._run_method_async, cls._run_method_now))
+    return _call_codes
+
+
+def current_call_oid():
+    """The id of the call this thread (or coroutine) runs; None outside one."""
+    node = state.node
+    if node is None or node.id == 0:
+        return None
+    call = _call_locals(node)
+    return call.get("oid") if call is not None else None
+
+
+def _call_locals(node):
+    """The running call's ``oid``, ``fn`` and ``name`` (an actor call's
+    ``method`` too), or None outside a call."""
+    if node.current_oid is not None and threading.get_ident() == node._task_thread:
+        # A pool task (the runner's frame is compiled: no locals to read).
+        return {"oid": node.current_oid, "fn": node.current_fn, "name": node.current_name}
+    codes = _frames_running_calls(node)
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code in codes:
+            return f.f_locals
+        f = f.f_back
+    return None
+
+
+def current_placement(node):
+    """(pg id, bundles, whether its children go there too) of the group this
+    worker's task or actor was placed in, asked of the driver (no call pays
+    for it); None in the driver and outside a group."""
+    if node.id == 0:
+        return None
+    return node.request(P.OP_INTROSPECT, "placement")
+
+
+def _is_actor(node):
+    return node is not None and node.id != 0 and getattr(node, "kind", None) == "actor"
+
+
+class RuntimeContext:
+    """What the current driver, task or actor is (Ray's ``RuntimeContext``).
+
+    One object for the process, as in Ray: each method looks at the runtime
+    running when it is called, and fails (``AssertionError``, as Ray's) when
+    none is.
+    """
+
+    @property
+    def _node(self):
+        node = state.node
+        if node is None:
+            raise AssertionError("This is not available because ray_lite has not been "
+                                 "initialized (call ray_lite.init()).")
+        return node
+
+    @property
+    def _mode(self):
+        return SCRIPT_MODE if self._node.id == 0 else WORKER_MODE
+
+    def _worker_only(self):
+        if self._mode != WORKER_MODE:
+            import logging      # once, on a misuse: not with every import ray_lite
+            logging.getLogger(__name__).warning(
+                "This method is only available when the process is a worker. "
+                "Current mode: %s", self._mode)
+            return False
+        return True
+
+    def get_job_id(self):
+        self._node      # noqa: B018 - asserts that the runtime runs, as Ray does
+        return JOB_ID_HEX
+
+    def get_node_id(self):
+        return node_id_hex(self._node.driver_pid)
+
+    def get_worker_id(self):
+        node = self._node
+        return worker_id_hex(node_id_hex(node.driver_pid), node.id)
+
+    def get_task_id(self):
+        """The running task's or actor call's id (hex); None in the driver."""
+        if not self._worker_only():
+            return None
+        oid = current_call_oid()
+        return task_id_hex(oid) if oid is not None else None
+
+    # Ray's older properties, id objects where the methods above give hex.
+    @property
+    def node_id(self):
+        return NodeID.from_hex(self.get_node_id())
+
+    @property
+    def job_id(self):
+        return JobID.from_hex(self.get_job_id())
+
+    @property
+    def task_id(self):
+        """The running call's ``TaskID`` (nil outside one); workers only."""
+        self._assert_worker()
+        task_id = self.get_task_id()
+        return TaskID.nil() if task_id is None else TaskID.from_hex(task_id)
+
+    @property
+    def actor_id(self):
+        """This actor's ``ActorID``, None in a task; workers only."""
+        self._assert_worker()
+        actor_id = self.get_actor_id()
+        return None if actor_id is None else ActorID.from_hex(actor_id)
+
+    def _assert_worker(self):
+        if self._mode != WORKER_MODE:
+            raise AssertionError(f"This method is only available when the process is a "
+                                 f"worker. Current mode: {self._mode}")
+
+    def get_task_function_name(self):
+        """The running call's function as ``module.name`` (an actor's method:
+        ``module.Class.method``, its constructor ``module.Class.__init__``);
+        None in the driver.  A function of the script run as ``__main__`` is
+        named after the script's file, as in Ray."""
+        node = self._node
+        if node.id == 0:
+            return None
+        loc = _call_locals(node)
+        if loc is not None:
+            if "method" in loc and node.actor is not None:
+                cls = type(node.actor)
+                method = loc["method"]
+                fn = getattr(cls, method, None)
+                return f"{_module_of(cls, fn)}.{cls.__qualname__}.{method}"
+            fn = loc.get("fn")
+            if fn is None:
+                return None
+            # Ray's: the function's __name__ (a nested one's too, not its qualname).
+            return f"{_module_of(fn, fn)}.{getattr(fn, '__name__', repr(fn))}"
+        cls = _class_being_constructed(node)
+        if cls is not None:
+            return f"{_module_of(cls, cls.__init__)}.{cls.__qualname__}.__init__"
+        return None
+
+    def get_task_name(self):
+        if not self._worker_only():
+            return None
+        return _current_call_name(self._node)
+
+    def get_actor_id(self):
+        """This actor's id (hex); None in the driver or a task."""
+        return actor_id_hex(self._node.id) if _is_actor(self._node) else None
+
+    def get_actor_name(self):
+        """This actor's name ("" if unnamed); None in the driver or a task."""
+        if not self._worker_only():
+            return None
+        if not _is_actor(self._node):
+            return None
+        return self._node.actor_name or ""
+
+    @property
+    def namespace(self):
+        return self._node.namespace
+
+    @property
+    def current_actor(self):
+        """A handle to this actor (inside an actor only)."""
+        node = self._node
+        if not _is_actor(node):
+            raise RuntimeError("This method is only available in an actor.")
+        return ActorHandle(node.request(P.OP_INTROSPECT, "actor_info", node.id))
+
+    @property
+    def was_current_actor_reconstructed(self):
+        """Whether this actor was restarted (after its process died)."""
+        node = self._node
+        if not _is_actor(node):
+            raise AssertionError("This method should't be called inside Ray tasks.")
+        return bool(node.request(P.OP_INTROSPECT, "restarted", node.id))
+
+    def get_assigned_resources(self):
+        """The resources this worker holds: ``{"CPU": 1.0}`` in a task by default,
+        ``{}`` in an actor that asked for none."""
+        self._assert_worker()
+        return self._node.request(P.OP_INTROSPECT, "assigned")
+
+    def get_accelerator_ids(self):
+        return {"GPU": []}
+
+    def get_resource_ids(self):
+        """Ray's older name of ``get_accelerator_ids``."""
+        return self.get_accelerator_ids()
+
+    def get_node_labels(self):
+        """The node's labels (what ``label_selector`` and label strategies match)."""
+        from ..scheduling.cluster import node_labels
+        return node_labels(self.get_node_id())
+
+    def get_session_name(self):
+        """The runtime's session name, the same in every one of its processes."""
+        if state.node is None:
+            raise RuntimeError("Session name is not available because ray_lite has not "
+                               "been initialized.")
+        return session_name(state.node.driver_pid)
+
+    def get_temp_dir(self):
+        """Where ray_lite's files on disk go (spilled objects, metrics): the
+        system's temp directory."""
+        self._node      # noqa: B018 - asserts that the runtime runs, as Ray does
+        import tempfile
+        return tempfile.gettempdir()
+
+    def is_canceled(self):
+        """Whether ``cancel`` was called on the running task or actor call:
+        for code that checks now and then and stops cleanly (a sync actor's
+        running call is not interrupted by a cancel)."""
+        if self._mode != WORKER_MODE:
+            raise RuntimeError(f"This method is only available when the process is a "
+                               f"worker. Current mode: {self._mode}")
+        node = self._node
+        if node.loop is not None:
+            raise RuntimeError("This method is not supported in an async actor.")
+        oid = current_call_oid()
+        if oid is None:
+            return False
+        # A sync call's process reads no message while the call runs: read
+        # now (a cancel is one), unless another thread is reading already.
+        node.drive_nowait()
+        return oid in node.cancelled
+
+    def get_placement_group_id(self):
+        """The id (hex) of the placement group the running task or actor was
+        scheduled into; None in the driver and outside a group."""
+        found = current_placement(self._node)
+        return None if found is None else found[0]
+
+    @property
+    def current_placement_group_id(self):
+        """``get_placement_group_id()`` as a ``PlacementGroupID`` (nil if none), as Ray's."""
+        from ..process.ids import PlacementGroupID
+        pg_id = self.get_placement_group_id()
+        return PlacementGroupID.nil() if pg_id is None else PlacementGroupID.from_hex(pg_id)
+
+    @property
+    def should_capture_child_tasks_in_placement_group(self):
+        """Whether the running task's or actor's children go into its
+        placement group (``placement_group_capture_child_tasks``)."""
+        found = current_placement(self._node)
+        return bool(found and found[2])
+
+    def get_runtime_env_string(self):
+        """The runtime_env this code runs with, as JSON: the job's (``init``),
+        an actor's own env_vars in an actor, a task's own in a task."""
+        from ..job.runtime_env import runtime_env_string
+        node = self._node
+        if node.id == 0:
+            base = (getattr(node, "job", None) or {}).get("runtime_env")
+        else:
+            base = node.runtime_env
+        return runtime_env_string(base or {})
+
+    @property
+    def runtime_env(self):
+        """``get_runtime_env_string()`` as a ``ray_lite.runtime_env.RuntimeEnv``."""
+        from ray_lite.runtime_env import RuntimeEnv
+        return RuntimeEnv.deserialize(self.get_runtime_env_string())
+
+    @property
+    def gcs_address(self):
+        return "127.0.0.1:0"
+
+    def get(self):
+        """A dict of the context (deprecated in Ray, still there): Ray's id
+        objects (``JobID``, ``NodeID``, ``TaskID``, ``ActorID``), not hex."""
+        out = {"job_id": self.job_id, "node_id": self.node_id, "namespace": self.namespace}
+        if self._mode == WORKER_MODE:
+            task_id = self.get_task_id()
+            if task_id is not None:
+                out["task_id"] = TaskID.from_hex(task_id)
+            actor_id = self.get_actor_id()
+            if actor_id is not None:
+                out["actor_id"] = ActorID.from_hex(actor_id)
+        return out
+
+
+def _module_of(obj, fn):
+    """``obj``'s module name; for the script run as ``__main__``, the script's
+    name (from the file of ``fn``'s code), as Ray's function descriptors say."""
+    module = getattr(obj, "__module__", None) or "__main__"
+    if module == "__main__":
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename[:1] != "<":
+            return os.path.splitext(os.path.basename(code.co_filename))[0]
+    return module
+
+
+def _class_being_constructed(node):
+    """The actor class whose ``__init__`` runs on this thread, or None."""
+    if not _is_actor(node) or node.actor is not None:
+        return None
+    code = type(node).start_actor.__code__
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code is code:
+            return f.f_locals.get("cls")
+        f = f.f_back
+    return None
+
+
+def _current_call_name(node):
+    loc = _call_locals(node)
+    if loc is None:
+        return None
+    if "method" in loc and node.actor is not None:
+        return f"{type(node.actor).__name__}.{loc['method']}"
+    return loc.get("name")
+
+
+_runtime_context = RuntimeContext()
+
+
+def get_runtime_context():
+    """The runtime context of this driver or worker (Ray's own on Ray).
+    Like Ray, it starts the runtime if none runs yet."""
+    if _backend.RAY:
+        return _ray.core.ray.get_runtime_context()
+    if state.node is None:
+        state.get_node()
+    return _runtime_context
+
+
+# ----------------------------------------------------------------- exit_actor
+def exit_actor():
+    """End the current actor gracefully: the calls running on it finish, the
+    queued ones and every later one fail with ``RayActorError``, ``atexit``
+    handlers run.  Outside an actor: ``TypeError``, as in Ray."""
+    if _backend.RAY:
+        return _ray.core.ray.actor.exit_actor()
+    node = state.node
+    if not _is_actor(node):
+        mode = SCRIPT_MODE if node is None or node.id == 0 else WORKER_MODE
+        raise TypeError(f"exit_actor API is called on a non-actor worker, {mode}. Call this "
+                        f"API inside an actor methodsif you'd like to exit the actor "
+                        f"gracefully.")
+    if node.loop is not None:
+        raise AsyncioActorExit()
+    raise ActorExit(0)
+

@@ -1,0 +1,10 @@
+"""The links between processes and the loop that drives them.
+
+Owns: ``protocol`` (every message, named once), ``transport`` (a link: a ring
+each way), ``drive`` (the wait loop every blocking call runs), ``service``
+(the driver's service thread), ``loop_bridge`` (asyncio loops driving the
+links through descriptors), ``mq_network`` (MessageQueue readers on other
+machines).
+
+May import: ``process``, ``ray_lite._fast``, the base modules.
+"""

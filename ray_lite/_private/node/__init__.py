@@ -1,0 +1,11 @@
+"""The node each process holds, made of parts, and the processes themselves.
+
+Owns: ``node`` (``Node``: what every process has, composed of its parts),
+``driver`` (``DriverNode``: the pool, the scheduler, actors, names),
+``worker`` and ``worker_streams`` (pool workers and actor processes),
+``zygote`` (forks workers), ``pool_worker`` (``max_calls``), ``introspect``
+(the driver's answers about the runtime's state).
+
+May import: ``actors``, ``scheduling``, ``job``, ``objects``, ``links``,
+``process``, ``ray_lite._fast``, the base modules.
+"""

@@ -1,0 +1,264 @@
+"""The part of the runtime every process has: ``Node``, this process's end of every link.
+
+``Node`` is composed of one part per responsibility, each in its own module:
+
+  drive.py        the drive lock, the wait loop and the drain of every link
+  service.py      the driver's service thread (serves the links while no one waits)
+  objects.py      results, refs lent and borrowed, fetching values from their owners
+  streams.py      streams this process owns (items, back-pressure, ends)
+  loop_bridge.py  waiting from asyncio (a loop drives the links through descriptors)
+
+and this module keeps what ties them: ids, links, peer death, requests to the
+driver.  The messages and their handlers are listed in ``protocol.py``.
+"""
+import itertools
+import os
+import threading
+import time
+import weakref
+
+from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedError
+
+from ..objects import object_store
+from ..links import protocol as P
+from ..actors.actor_exit import OUT_OF_SCOPE
+from ..links.drive import DrivingMixin
+from ..process.interrupts import sleep_point
+from ..links.loop_bridge import BridgesMixin
+from ..objects.ownership import ObjectsMixin
+from ..process.procutil import open_sentinel
+from ..links.service import ServiceMixin
+from ..objects.streams import StreamsMixin
+from ..links.transport import LinkClosed
+
+_OID_SHIFT = 40
+
+
+class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
+    def __init__(self, node_id, driver_pid, shm_prefix):
+        self.id = node_id
+        self.driver_pid = driver_pid
+        self.shm_prefix = shm_prefix
+        self.links = {}          # peer id -> Link
+        self.peer_pids = {}      # peer id -> pid
+        self.sentinels = {}      # pidfd -> peer id
+        self.dead_peers = {}     # peer id -> error factory kind
+        self.death_causes = {}   # actor id -> the text of the error its death gives
+        self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
+        self.pending = {}        # oid -> _Entry or [entries] (results expected)
+        self.streams = {}        # sid -> _StreamState (streams this process owns)
+        self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
+        self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
+        self.relayed_holders = {}   # peer -> owners its HolderWeights were relayed to
+        self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
+        self.fetching = {}       # oid -> [entries] borrowed objects being fetched
+        self.fetch_requested = set()
+        self.rpc_replies = {}    # req id -> (ok, payload)
+        self._deferred = []      # stream releases asked from __del__
+        self.pinned_refs = {}    # oid -> ref, in blobs loaded more than once (refs.pinning_refs)
+        self._releases = []      # (owner, oid, weight) to give back
+        self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
+        self._drain_list = ((), ())
+        self._export_lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._oid_base = node_id << _OID_SHIFT
+        self._rpc_seq = itertools.count(1)
+        self._drive_lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._sleepers = 0
+        self._waiting = []       # one item per thread inside wait_until (append/pop: atomic)
+        self._wait_epoch = 0     # changes whenever a thread leaves wait_until
+        self._fds_touched = False
+        self._service = None     # the driver's service thread (start_service)
+        self._svc_cond = threading.Condition(threading.Lock())
+        self._svc_parked = False
+        self._svc_listening = False
+        self._kick_fd = -1
+        self._bridges = {}       # loop -> _LoopBridge
+        self.closed = False
+        # The runtime starts no other thread that drives (no service thread,
+        # no loop, no pool of method threads): while the user's code starts
+        # none either, a wait may block in one ring without missing a link
+        # another thread adds meanwhile (see DrivingMixin._poll).
+        self.single_waiter = False
+        # tag -> bound handler (see protocol.py); subclasses add theirs.
+        self.handlers = {
+            P.RESULT: self._on_result, P.ITEM: self._on_item, P.END: self._on_end,
+            P.FETCH: self._on_fetch, P.FETCHED: self._on_fetched, P.ATTACH: self._on_attach,
+            P.REPLY: self._on_rpc_reply, P.ACK: self._on_ack, P.RELEASE: self._on_release,
+        }
+
+    # ----------------------------------------------------------------- ids
+    def new_oid(self):
+        return self._oid_base | next(self._seq)
+
+    def new_oids(self, n):
+        first = self.new_oid()
+        for _ in range(n - 1):
+            self.new_oid()
+        return first
+
+    # --------------------------------------------------------------- links
+    def add_link(self, peer, link, pid):
+        link.on_full = self._on_link_full
+        self.links[peer] = link
+        self._index_links()
+        self.inflight.setdefault(peer, {})
+        if pid is not None and pid != os.getpid():
+            self.peer_pids[peer] = pid
+            fd = open_sentinel(pid)
+            if fd is None:
+                self._on_peer_died(peer)
+                return
+            self.sentinels[fd] = peer
+            for bridge in list(self._bridges.values()):
+                bridge.watch(link, fd)
+        else:
+            for bridge in list(self._bridges.values()):
+                bridge.watch(link, None)
+        self.links_changed()
+
+    def remove_peer(self, peer):
+        link = self.links.pop(peer, None)
+        self._index_links()
+        for fd, p in list(self.sentinels.items()):
+            if p == peer:
+                del self.sentinels[fd]
+                for bridge in list(self._bridges.values()):
+                    bridge.unwatch_fd(fd)
+                os.close(fd)
+        if link is not None:
+            for bridge in list(self._bridges.values()):
+                bridge.unwatch_fd(link.fileno())
+            link.close()
+        self.peer_pids.pop(peer, None)
+        self.links_changed()
+
+    def _index_links(self):
+        # What _drain walks: a snapshot (handlers may add or remove links
+        # meanwhile) with each ring's poll bound once; one attribute, so that
+        # a drain on another thread never pairs a new list with old polls.
+        entries = tuple((peer, link, link._rx.poll) for peer, link in self.links.items())
+        self._drain_list = (entries, tuple(e[2] for e in entries))
+
+    @sleep_point
+    def _on_link_full(self):
+        # The peer's ring is full and it may itself be blocked writing to us:
+        # read what it sent (if no other thread is already doing so), then retry.
+        if self._drive_lock.acquire(False):
+            try:
+                self._drain()
+            finally:
+                self._release_drive()
+            if self._interrupt is not None:
+                self._raise_interrupt()
+        time.sleep(0.0002)
+
+    def send(self, peer, msg):
+        """Send to ``peer``; False if it is gone."""
+        link = self.links.get(peer)
+        if link is None:
+            return False
+        try:
+            link.send(msg)
+        except (LinkClosed, OSError):
+            return False
+        return True
+
+    # ------------------------------------------------- an actor's last handle
+    def actor_handle_dropped(self, aid):
+        """The last handle to actor ``aid``, this process's (its creator's)
+        and every copy, is gone (``_ActorLease.__del__``, so at any point of
+        any thread): the actor is ended at the next drain, which the service
+        thread (if it is listening) does now."""
+        if not self.closed:
+            self._deferred.append(aid)      # an int among streams: see _run_deferred
+            self._kick(False)
+
+    def end_dropped_actor(self, aid):
+        """Ray's out-of-scope end (``actor_exit.out_of_scope``): after the
+        calls sent before it; its answer is awaited by nobody.
+
+        This runs inside a drain: nothing here may wait (``connect`` from a
+        worker asks the driver and waits).  A worker with no link to the
+        actor never called it: the driver, linked to every actor, sends the
+        end, told by a request that needs no answer."""
+        if aid in self.dead_peers or self.closed:
+            return
+        if aid in self.links:
+            self.send(aid, P.method_msg(self.new_oid(), OUT_OF_SCOPE, [], {}, 1, False, 0))
+        elif self.id != 0:
+            self.notify(P.OP_OUT_OF_SCOPE, aid)
+
+    # --------------------------------------------------------- peer death
+    def death_error(self, peer, kind):
+        if kind == P.ACTOR_CALL or kind == P.FETCH_FROM_ACTOR:
+            return ActorDiedError(self.death_causes.get(
+                peer, "The actor died unexpectedly before finishing this task."), actor_id=peer)
+        if kind == P.FETCH_OBJECT:
+            return OwnerDiedError("the process that owns this object died")
+        return WorkerCrashedError()
+
+    def peer_kind(self, peer):
+        return P.ACTOR_CALL
+
+    def _on_peer_died(self, peer):
+        if peer in self.dead_peers:
+            return
+        # Whatever the peer wrote before dying is still worth reading.
+        link = self.links.get(peer)
+        if link is not None:
+            try:
+                for msg in link.recv_all():
+                    self.handlers[msg[0]](peer, msg)
+            except (LinkClosed, OSError):
+                pass
+        kind = self.peer_kind(peer)
+        self.dead_peers[peer] = kind
+        pid = self.peer_pids.get(peer)
+        self.remove_peer(peer)
+        if pid and self.id == 0:
+            # Its stored objects are lost (readers keep what they mapped).
+            object_store.release_dead_owner(self, pid)
+        if self.holders:
+            self.release_dead_holder(peer)
+        if self.relayed_holders:
+            self.tell_owners_holder_died(peer)
+        for oid, k in list(self.inflight.pop(peer, {}).items()):
+            err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)
+            if k == P.STREAM:
+                s = self.streams.get(oid)
+                if s is not None:
+                    self.fail_stream(s, err)
+            elif k == P.FETCH_OBJECT:
+                self._fail_fetch(oid, err)
+            else:
+                target = self.pending.pop(oid, None)
+                if type(target) is list:
+                    for e in target:
+                        e.set_error(err)
+                elif target is not None:
+                    target.set_error(err)
+        self.on_peer_died(peer, kind)
+
+    def on_peer_died(self, peer, kind):
+        """Hook for subclasses."""
+
+    # --------------------------------------------------------------- rpc
+    def _on_rpc_reply(self, peer, msg):
+        self.rpc_replies[msg[1]] = (msg[2], msg[3])
+
+    def connect(self, peer):
+        """Make sure a link to ``peer`` exists; False if it cannot."""
+        raise NotImplementedError
+
+    def _on_attach(self, peer, msg):
+        raise RuntimeError("only workers attach links made by others")
+
+    def request(self, op, *args):
+        """Ask the driver for ``op`` (a ``protocol.OP_*``) and return its answer.
+
+        In the driver, a direct call of the handler; in a worker, a round
+        trip (``rpc``).  The same errors either way.
+        """
+        raise NotImplementedError
