@@ -240,20 +240,6 @@ def test_percentile_interpolates():
     assert spread["trial_p50_min"] == 2.0 and spread["trial_p50_max"] == 4.0
 
 
-def test_table_shows_missing_rows_with_their_reason():
-    figures = [
-        _harness.Figure("B4", "round trip", "python", "ray_lite (pure Python)", "us", 6.0,
-                        stat="p50", spread={"p99": 9.0}, trials=2, samples=10, goal="<= 2 µs p50",
-                        goal_met=False),
-        _harness.missing("B4", "round trip", "compiled", "ray_lite (compiled)", "us",
-                         _harness.NOT_BUILT, "ray_lite._fast._ring_c is not built"),
-    ]
-    table = _harness.render_table(figures)
-    assert "B4  round trip" in table
-    assert "6.00 µs (p50)" in table and "p99 9.00 µs" in table and "NO" in table
-    assert "not built" in table and "_ring_c is not built" in table
-
-
 def test_figures_are_related_to_the_anchor_of_the_same_run():
     from ray_lite.bench._harness import Figure, relate_to_anchors
 

@@ -1,7 +1,8 @@
 """``ray-lite bench``: ray_lite's benchmarks, with the anchors they are
 compared with measured in the same run.
 
-    ray-lite bench [NAME ...] [--quick] [--json FILE] [--compare-ray PYTHON] [--plot FILE.png]
+    ray-lite bench [NAME ...] [--quick] [--json FILE] [--verbose] [--compare-ray PYTHON]
+                   [--plot FILE.png]
 
 Each NAME is a suite (``DEFAULT_SUITES`` when none is given).  A suite is a module that
 defines::
@@ -70,6 +71,7 @@ def _load_suite(name):
 def run_suites(names, ctx):
     """Run the suites ``names``; return the JSON-ready result."""
     from ._harness import ERROR, Figure, machine_info, relate_to_anchors
+    from ._report import goal_summary
     result = {
         "schema": "ray_lite.bench/1",
         "scale": ctx.scale,
@@ -100,29 +102,18 @@ def run_suites(names, ctx):
         result["suites"][name] = {
             "seconds": round(time.monotonic() - t0, 2),
             "notes": notes,
+            "goals": goal_summary(figures),
             "figures": [f.to_json() for f in figures],
             "_figures": figures,
         }
     return result
 
 
-def format_result(result):
-    from ._harness import SPREAD_WIDTH, machine_line, render_table
-    lines = [f"machine: {machine_line(result['machine'])}"]
-    for name, suite in result["suites"].items():
-        lines.append("")
-        lines.append(f"== {name} ({result['scale']} run, {suite['seconds']:.1f} s)")
-        figures = suite["_figures"]
-        lines.append(render_table(figures))
-        # Reasons too long for the table, in full (once each).
-        seen = set()
-        for f in figures:
-            if f.status != "ok" and f.reason and len(f.reason) > SPREAD_WIDTH and f.reason not in seen:
-                seen.add(f.reason)
-                lines.append(f"  {f.bench} {f.label}: {f.status}: {f.reason}")
-        for note in suite["notes"]:
-            lines.append(f"  note: {note}")
-    return "\n".join(lines)
+def format_result(result, verbose=False):
+    """The text ``ray-lite bench`` prints: every line within 100 columns, or
+    with ``verbose`` every detail of every figure (wider)."""
+    from ._report import format_result as render
+    return render(result, verbose=verbose)
 
 
 def _parser():
@@ -137,6 +128,8 @@ def _parser():
     parser.add_argument("--only", metavar="IDS", type=lambda s: s.split(","),
                         help="only these benchmarks of the suites, e.g. B11,B3,B1")
     parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine as JSON")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print every figure with all it carries (wider than the table)")
     parser.add_argument("--compare-ray", metavar="PYTHON",
                         help="an interpreter with Ray installed: run the suites' Ray workloads with it")
     parser.add_argument("--plot", metavar="FILE.png",
@@ -179,7 +172,7 @@ def main(argv=None):
             result = json.load(f)
         for suite in result["suites"].values():
             suite["_figures"] = [Figure(**fig) for fig in suite["figures"]]
-        print(format_result(result), flush=True)
+        print(format_result(result, args.verbose), flush=True)
         return _plot(result, args.plot) if args.plot else 0
     names = args.names or list(DEFAULT_SUITES)
     unknown = [n for n in names if n not in SUITES]
@@ -191,9 +184,11 @@ def main(argv=None):
     scale = "smoke" if smoke else ("quick" if args.quick else "full")
     ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err, only=args.only)
     ctx.beside_hog = args.beside_hog
+    load = check_load(sample_s=0.2 if smoke else 0.5)
     with _ended_through_finally_on_sigterm():
         result = run_suites(names, ctx)
-    print(format_result(result), flush=True)
+    result["load_before"] = load
+    print(format_result(result, args.verbose), flush=True)
     if args.json:
         for suite in result["suites"].values():
             del suite["_figures"]
@@ -205,6 +200,20 @@ def main(argv=None):
     if args.plot and _plot(result, args.plot) != 0:
         return 1
     return 1 if errors else 0
+
+
+def check_load(sample_s=0.5, reading=None):
+    """Before a run: how busy the machine is (``reading``, default: sampled
+    now for ``sample_s`` s), with a warning on stderr when it is too busy
+    for the figures to mean anything.  Returns the reading (kept in the
+    JSON as ``load_before``)."""
+    from ._harness import load_reading, print_err
+    from ._report import busy_lines
+    if reading is None:
+        reading = load_reading(sample_s)
+    for line in busy_lines(reading):
+        print_err(line)
+    return reading
 
 
 @contextlib.contextmanager

@@ -271,6 +271,17 @@ class ChildProcess:
 
 # -- ours against the anchor of the same run ---------------------------------------
 
+def reference_rows(figures):
+    """``{"anchor": {(bench, name): figure}, "ceiling": {...}}``: the measured
+    anchor and ceiling each ray_lite figure of a workload is compared with
+    (the last one measured on the workload)."""
+    refs = {"anchor": {}, "ceiling": {}}
+    for f in figures:
+        if f.impl in refs and f.status == OK and f.value:
+            refs[f.impl][(f.bench, f.name)] = f
+    return refs
+
+
 def relate_to_anchors(figures, ratio_goals=None, ceiling_goals=None):
     """Give each ray_lite figure its factor over the anchor row of the same
     workload (same ``bench`` and ``name``, ``impl == "anchor"``) measured in
@@ -286,10 +297,7 @@ def relate_to_anchors(figures, ratio_goals=None, ceiling_goals=None):
     goal of its own).
     """
     least_factor = {"anchor": ratio_goals or {}, "ceiling": ceiling_goals or {}}
-    refs = {"anchor": {}, "ceiling": {}}
-    for f in figures:
-        if f.impl in refs and f.status == OK and f.value:
-            refs[f.impl][(f.bench, f.name)] = f
+    refs = reference_rows(figures)
     for f in figures:
         if f.impl in refs or f.status != OK or not f.value:
             continue
@@ -302,7 +310,7 @@ def relate_to_anchors(figures, ratio_goals=None, ceiling_goals=None):
             higher_is_better = f.unit.endswith("/s")
             x = f.value / a.value if higher_is_better else a.value / f.value
             f.detail = dict(f.detail, **{f"x_{kind}": round(x, 2)})
-            texts.append(f"{x:,.0f}x {a.label}" if x >= 10 else f"{x:.2f}x {a.label}")
+            texts.append(f"{ratio_text(x)} {a.label}")
             least = least_factor[kind].get(f.bench)
             if least is not None:
                 f.goal = (f"{f.goal} and >= {least}x {a.label}" if f.goal
@@ -391,7 +399,12 @@ def cpu_idle(sys_root="/sys"):
     return idle
 
 
-def _idle_text(idle):
+def ratio_text(x):
+    """A factor as printed: "262x", "2.51x", "0.061x"."""
+    return f"{x:,.0f}x" if x >= 10 else f"{x:.2g}x" if x < 0.1 else f"{x:.2f}x"
+
+
+def idle_text(idle):
     text = idle["driver"]
     if idle.get("governor") and idle["governor"] != idle["driver"]:
         text += f"/{idle['governor']}"
@@ -419,110 +432,65 @@ def bytecode_cached():
         return False
 
 
-def machine_line(info):
+def machine_parts(info):
+    """The machine description as parts: CPU and cores and how idle CPUs
+    wait first (they move every cross-process figure), then the rest."""
     if info.get("compiled") is None:
         mode = "hot paths did not import"
     else:
         mode = "compiled hot paths" if info["compiled"] else "pure-Python hot paths"
         if not info["compiled"] and "hot_paths" in info:
             mode += " (" + ", ".join(f"{k} {v}" for k, v in info["hot_paths"].items()) + ")"
+    parts = [f"{info['cpu']}, {info['cores']} cores"]
     idle = info.get("cpu_idle")
-    idle = f", idle CPUs: {_idle_text(idle)}" if idle else ""
-    line = (f"{info['cpu']}, {info['cores']} cores, {info['kernel']}{idle}, {info['python']}, "
-            f"ray_lite {info['ray_lite']} ({mode}), {info['date']}")
-    if info.get("bytecode_cached") is False:
-        line += ("\nnote: ray_lite has no cached bytecode here: every process it starts compiles"
+    if idle:
+        parts.append(f"idle CPUs: {idle_text(idle)}")
+    parts += [info["kernel"], info["python"], f"ray_lite {info['ray_lite']} ({mode})",
+              info["date"]]
+    return parts
+
+
+BYTECODE_NOTE = ("note: ray_lite has no cached bytecode here: every process it starts compiles"
                  " it from source (start-up and memory figures run high); pip install . writes it")
+
+
+def machine_line(info):
+    """The machine in one line (and the bytecode note on a second one)."""
+    line = ", ".join(machine_parts(info))
+    if info.get("bytecode_cached") is False:
+        line += "\n" + BYTECODE_NOTE
     return line
 
 
-# -- output ------------------------------------------------------------------------
+# -- the load before a run ------------------------------------------------------------
 
-_UNIT_TEXT = {"us": "µs", "ns": "ns", "%": "%"}
-
-
-def fmt_number(value, unit):
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    u = _UNIT_TEXT.get(unit, unit)
-    if unit == "%":
-        return f"{value:.2f} %" if value < 10 else f"{value:.1f} %"
-    if value >= 1000:
-        text = f"{value:,.0f}"
-    elif value >= 100:
-        text = f"{value:.0f}"
-    elif value >= 10:
-        text = f"{value:.1f}"
-    else:
-        text = f"{value:.2f}"
-    return f"{text} {u}"
-
-
-def fmt_spread(fig):
-    s = fig.spread
-    if not s:
-        return ""
-    parts = []
-    if "min" in s and "max" in s and "p99" not in s:
-        parts.append(f"{fmt_number(s['min'], fig.unit)} – {fmt_number(s['max'], fig.unit)}")
-    if "p99" in s:
-        parts.append(f"p99 {fmt_number(s['p99'], fig.unit)}")
-    if "trial_p50_min" in s:
-        parts.append(f"p50s {fmt_number(s['trial_p50_min'], fig.unit)} – "
-                     f"{fmt_number(s['trial_p50_max'], fig.unit)}")
-    for key, val in s.items():
-        if key not in ("min", "max", "p99", "trial_p50_min", "trial_p50_max"):
-            parts.append(f"{key} {fmt_number(val, fig.unit)}")
-    return "; ".join(parts)
+def load_reading(sample_s=0.5, exclude=None):
+    """How busy the machine is now: ``{"cores", "loadavg_1min",
+    "sample_s", "others_cores", "busiest": [{"pid", "name", "cores"}, ...]}``
+    -- the load average of the last minute, and the CPU every other process
+    used over ``sample_s`` seconds, read from ``/proc`` (the busiest three
+    named).  ``exclude``: PIDs not counted (default: this process)."""
+    from ._procs import cpu_by_process
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    reading = {"cores": cores or 1, "sample_s": sample_s}
+    try:
+        reading["loadavg_1min"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    exclude = {os.getpid()} if exclude is None else set(exclude)
+    try:
+        used = cpu_by_process(sample_s)
+    except OSError:
+        return reading
+    others = sorted(((s, pid, name) for pid, (name, s) in used.items() if pid not in exclude),
+                    reverse=True)
+    reading["others_cores"] = round(sum(s for s, _, _ in others) / sample_s, 2)
+    reading["busiest"] = [{"pid": pid, "name": name, "cores": round(s / sample_s, 2)}
+                          for s, pid, name in others[:3] if s > 0]
+    return reading
 
 
-def render_table(figures):
-    """The figures as a plain-text table: a heading line per workload, then a
-    row per implementation measured on it."""
-    header = ("", "impl", "value", "spread over trials", "goal", "met")
-    groups = []                     # [(heading, [row, ...])], in first-seen order
-    index = {}
-    for fig in figures:
-        key = (fig.bench, fig.name)
-        if key not in index:
-            index[key] = len(groups)
-            groups.append((f"{fig.bench}  {fig.name}", []))
-        if fig.status == OK:
-            value = fmt_number(fig.value, fig.unit)
-            if fig.stat and fig.stat != "median":
-                value = f"{value} ({fig.stat})"
-            spread = fmt_spread(fig)
-            if fig.note:
-                spread = f"{spread}; {fig.note}" if spread else fig.note
-        else:
-            value = fig.status
-            spread = fig.reason or ""
-        met = {True: "yes", False: "NO", None: ""}[fig.goal_met]
-        groups[index[key]][1].append(("  " + fig.label, fig.impl, value, spread, fig.goal or "", met))
-    rows = [r for _, g in groups for r in g]
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    widths[3] = min(widths[3], SPREAD_WIDTH)
-
-    def line(r):
-        cells = [_clip(r[i], widths[i]) if i == 3 else r[i].ljust(widths[i]) for i in range(len(r))]
-        return "  ".join(cells).rstrip()
-
-    out = [line(header)]
-    for heading, group in groups:
-        out.append(heading)
-        out.extend(line(r) for r in group)
-    return "\n".join(out)
-
-
-#: Longer spreads or reasons are clipped in the table (the JSON has them whole).
-SPREAD_WIDTH = 70
-
-
-def _clip(text, width):
-    if len(text) <= width:
-        return text.ljust(width)
-    return text[: width - 1] + "…"
-
+# -- misc ---------------------------------------------------------------------------
 
 def settle():
     """Collect garbage before a timed section so a collection does not land in it."""

@@ -67,10 +67,10 @@ def _figures(res, impl, label, with_goals):
     if "b3" in res:
         r = res["b3"]
         both = [a + b for a, b in zip(r["next_us"], r["get_us"])]
-        goal, met = g("<= 0.2 us", lambda v: v <= 0.2)
+        goal, met = g("<= 0.2 µs", lambda v: v <= 0.2)
         figs.append(_fig("B3", "next() + get() on a reported item", impl, label, "us", both,
                          goal, met))
-        goal, met = g("<= 0.5 us", lambda v: v <= 0.5)
+        goal, met = g("<= 0.5 µs", lambda v: v <= 0.5)
         figs.append(_fig("B3", "wait() on a ready ref", impl, label, "us", r["wait_us"],
                          goal, met))
     if "b10" in res:
@@ -79,10 +79,10 @@ def _figures(res, impl, label, with_goals):
                          res["b10"]["init_s"], goal, met))
     if "b11" in res:
         r = res["b11"]
-        goal, met = g("<= 5 us", lambda v: v <= 5)
+        goal, met = g("<= 5 µs", lambda v: v <= 5)
         figs.append(_fig("B11", "task round trip get(f.remote(x))", impl, label, "us",
                          r["task_us"], goal, met))
-        goal, met = g("<= 5 us", lambda v: v <= 5)
+        goal, met = g("<= 5 µs", lambda v: v <= 5)
         figs.append(_fig("B11", "actor call round trip", impl, label, "us", r["actor_us"],
                          goal, met))
     if "b13" in res:
@@ -99,7 +99,7 @@ def _figures(res, impl, label, with_goals):
                              r["stdlib_pool_ms"]))
     if "b18" in res:
         r = res["b18"]
-        goal, met = g("<= 20 us", lambda v: v <= 20)
+        goal, met = g("<= 20 µs", lambda v: v <= 20)
         figs.append(_fig("B18", "Queue put + get between two processes, per item", impl, label,
                          "us", r["put_get_between_processes_us"], goal, met))
     if "b19" in res:

@@ -44,8 +44,10 @@ MESSAGE_TIMEOUT_S = 30.0
 
 def run(ctx):
     figures = []
-    for step in (bench_b3, bench_b4, bench_b5, bench_b12):
-        figures.extend(step(ctx))
+    for bench_id, step in (("B3", bench_b3), ("B4", bench_b4), ("B5", bench_b5),
+                           ("B12", bench_b12)):
+        if ctx.only is None or bench_id in ctx.only:
+            figures.extend(step(ctx))
     return figures
 
 

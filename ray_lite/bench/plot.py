@@ -36,6 +36,7 @@ def require_matplotlib():
 
 def _groups(figures):
     """[(heading, [figure dict, ...])] of the measured figures, in first-seen order."""
+    from ._report import unit_text
     groups, index = [], {}
     for f in figures:
         value = f.get("value")
@@ -47,7 +48,7 @@ def _groups(figures):
             heading = f"{f['bench']}  {f['name']}"
             if len(heading) > _HEADING_CHARS:
                 heading = heading[:_HEADING_CHARS - 1] + "…"
-            groups.append((f"{heading} [{f.get('unit', '')}]", []))
+            groups.append((f"{heading} [{unit_text(f.get('unit', ''))}]", []))
         groups[index[key]][1].append(f)
     return groups
 
@@ -60,7 +61,7 @@ def _row_label(f):
 def _draw_suite(ax, name, groups):
     import math
 
-    from ._harness import fmt_number
+    from ._report import fmt_number
     ticks, labels, bold = [], [], []
     lowest, highest = math.inf, 0.0
     y = 0
@@ -100,6 +101,29 @@ def _draw_suite(ax, name, groups):
     ax.grid(axis="x", which="both", alpha=0.3)
 
 
+# Inches: per row of bars, per panel (its title and the x axis under it),
+# and per line of the figure's title.
+_ROW_IN, _PANEL_IN, _TITLE_LINE_IN = 0.22, 1.0, 0.22
+
+
+def _title(result):
+    """The figure's title: the run, then the machine (CPU, cores, how idle
+    CPUs wait, ...) in lines short enough for the figure's width."""
+    import textwrap
+    title = f"ray-lite bench ({result.get('scale', '?')} run)"
+    machine = result.get("machine") or {}
+    if machine:
+        from ._harness import machine_parts
+        try:
+            text = ", ".join(machine_parts(machine))
+        except KeyError:        # a result written without some of the machine's keys
+            hot = {True: "compiled", False: "pure-Python"}.get(machine.get("compiled"), "?")
+            text = (f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+                    f"{machine.get('python', '?')}, {hot} hot paths, {machine.get('date', '')}")
+        title += "\n" + "\n".join(textwrap.wrap(text, 110))
+    return title
+
+
 def plot_result(result, path):
     """Draw ``result`` (what :func:`ray_lite.bench.run_suites` returns, or its
     JSON) into the image ``path``; returns the number of bars drawn."""
@@ -108,21 +132,19 @@ def plot_result(result, path):
     suites = [(name, g) for name, g in suites if g]
     if not suites:
         raise ValueError("no measured figure to plot")
-    heights = [sum(1 + len(rows) for _, rows in g) * 0.22 + 0.8 for _, g in suites]
-    fig = Figure(figsize=(11, sum(heights)))
+    heights = [sum(1 + len(rows) for _, rows in g) * _ROW_IN + _PANEL_IN for _, g in suites]
+    title = _title(result)
+    title_in = (title.count("\n") + 1) * _TITLE_LINE_IN + 0.2
+    # Constrained layout places the title above the first panel's own title
+    # (tight_layout of some matplotlib versions lets them overlap), and the
+    # title's height is added to the figure's so that no panel is squeezed.
+    fig = Figure(figsize=(11, sum(heights) + title_in), layout="constrained")
     axes = fig.subplots(len(suites), 1, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]
     bars = 0
     for ax, (name, groups) in zip(axes, suites):
         _draw_suite(ax, name, groups)
         bars += sum(len(rows) for _, rows in groups)
-    title = f"ray-lite bench ({result.get('scale', '?')} run)"
-    machine = result.get("machine") or {}
-    if machine:
-        hot = {True: "compiled", False: "pure-Python"}.get(machine.get("compiled"), "?")
-        title += (f"\n{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
-                  f"{machine.get('python', '?')}, {hot} hot paths, {machine.get('date', '')}")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     return bars

@@ -323,7 +323,7 @@ def _round_figures(bench, name, unit, impl, label, rounds, goals):
     elif bench == "B10" and goals:
         fig.goal, fig.goal_met = "<= 0.5 s", value <= 0.5
     elif bench == "B16" and goals:
-        fig.goal, fig.goal_met = f"<= {B16_GOAL_US:g} us", value <= B16_GOAL_US
+        fig.goal, fig.goal_met = f"<= {B16_GOAL_US:g} µs", value <= B16_GOAL_US
     return fig
 
 
