@@ -374,7 +374,7 @@ def cpu_idle(sys_root="/sys"):
 
     It moves every latency figure that crosses processes: where an idle
     virtual CPU halts at once, waking a process onto it is an exit to the
-    host.  On the 2-core VM of benchmarks/SERVE_CPU.md, bare uvicorn's B9
+    host.  On the EPYC VM of docs/performance.md, bare uvicorn's B9
     was 186 µs a request with ``guest_halt_poll_ns=0`` and 111 µs with
     200,000.
     """
