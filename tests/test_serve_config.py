@@ -239,7 +239,6 @@ def test_a_file_that_changes_only_options_updates_in_place(serve_runtime, tmp_pa
     # imported again, replicas kept, user_config to their reconfigure,
     # num_replicas scaled; edited code -> imported anew, replicas rolled.
     from ray_lite import serve
-    from ray_lite.serve import cli
     serve.start(http_options={"port": 0, "proxies": 1})
     (tmp_path / "live_mod.py").write_text(LIVE_MODULE)
     config.apply(_live_file(1, {"v": 1}), str(tmp_path))
@@ -251,7 +250,7 @@ def test_a_file_that_changes_only_options_updates_in_place(serve_runtime, tmp_pa
     monkeypatch.setattr(config, "import_attr",
                         lambda *a, **k: imports.append(a) or real(*a, **k))
     calls = []
-    monkeypatch.setattr(cli, "application_of", lambda *a: calls.append(a))   # never called
+    monkeypatch.setattr(config, "application_of", lambda *a: calls.append(a))   # never called
     config.apply(_live_file(2, {"v": 2}, max_queued_requests=50,
                             graceful_shutdown_timeout_s=3, health_check_period_s=5),
                  str(tmp_path))

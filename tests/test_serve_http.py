@@ -577,13 +577,13 @@ def test_handle_calls_carry_the_request_id_and_route_downstream(serve_port):
 
 def test_a_clients_address_is_split_once_and_the_cache_stays_bounded(monkeypatch):
     # The replica's scope["client"] for each request of a keep-alive client.
-    from ray_lite.serve import _replica
-    monkeypatch.setattr(_replica, "_CLIENT_ADDRS", {})
-    monkeypatch.setattr(_replica, "_CLIENT_ADDRS_MAX", 3)
-    addr = _replica._client_addr("10.0.0.1:5000")
-    assert addr == ("10.0.0.1", 5000) and _replica._client_addr("10.0.0.1:5000") is addr
-    assert _replica._client_addr("::1:80") == ("::1", 80)     # the proxy's "host:port"
-    assert _replica._client_addr("") is None
+    from ray_lite.serve import _asgi_scope
+    monkeypatch.setattr(_asgi_scope, "_ADDRS", {})
+    monkeypatch.setattr(_asgi_scope, "_ADDRS_MAX", 3)
+    addr = _asgi_scope.addr("10.0.0.1:5000")
+    assert addr == ("10.0.0.1", 5000) and _asgi_scope.addr("10.0.0.1:5000") is addr
+    assert _asgi_scope.addr("::1:80") == ("::1", 80)     # the proxy's "host:port"
+    assert _asgi_scope.addr("") is None
     for port in range(10):
-        assert _replica._client_addr(f"h:{port}") == ("h", port)
-    assert len(_replica._CLIENT_ADDRS) <= 3
+        assert _asgi_scope.addr(f"h:{port}") == ("h", port)
+    assert len(_asgi_scope._ADDRS) <= 3

@@ -69,8 +69,8 @@ REPLICA_STAGES = (
     ("ring receive (drain, re-arm)", ("_LoopBridge.on_readable", "DrivingMixin._drain",
                                       "_LoopBridge._rearm", "_LoopBridge._drain_and_arm",
                                       "Link.recv_all", "Link.disarm", "Link.arm")),
-    ("request object (Starlette)", ("Request.__init__", "_parse_headers", "_split_addr",
-                                    "HTTPConnection.__init__")),
+    ("request object (Starlette)", ("Request.__init__", "http_scope", "parse_headers", "addr",
+                                    "split_addr", "HTTPConnection.__init__")),
     ("handler", ("TestDeployment.__call__",)),
     ("reply (encode, publish, wake)", ("Link.send", "WorkerNode.reply")),
     ("replica bookkeeping", ("ServeReplica.handle_http", "ServeReplica._leave",
@@ -341,7 +341,7 @@ class _AnsweringProxy:
         self.conns = set()
         self.idle_sweep = 1
         self.max_body = 1 << 20
-        from ray_lite.serve._proxy_conn import request_id_maker
+        from ray_lite.serve._request_calls import request_id_maker
         self.new_request_id = request_id_maker()     # as the proxy's: every answer names one
 
     def dispatch(self, conn, req):

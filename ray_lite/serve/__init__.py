@@ -9,6 +9,32 @@
 
     handle = serve.run(Hello.bind())            # HTTP on 127.0.0.1:8000
     handle.remote(...).result()
+
+The package owns Serve: deployments and applications, the controller, the
+HTTP proxies, the replicas, handles, and the ``serve`` CLI.  It sits on top
+of ray_lite and may import any of it: the core runtime (``ray_lite._private``,
+mostly through ``_core``), ``ray_lite._fast`` (the compiled HTTP connection,
+rings), ``ray_lite._config``, ``ray_lite.exceptions``, ``ray_lite.actor``,
+``ray_lite.util.metrics``, and for the Ray backend ``ray_lite._ray`` and
+``ray.serve``.  Nothing below imports it (the ``ray-lite serve`` command
+loads ``cli`` when it runs).
+
+Inside, imports go one way, downwards, with no circle (function-level
+imports included):
+
+1. entry points: this package, ``cli``, ``config`` (config files), ``api``;
+2. the actors and their parts: ``_controller`` (``_controller_scaling``,
+   ``_autoscaler``), ``_proxy`` (``_proxy_conn``, ``_listen``), ``_replica``
+   (``_asgi``, ``_websocket``, ``_body``), ``_on_ray`` (the Ray backend);
+3. what callers and actors share: ``deployment``, ``handle`` and its
+   ``_router``, ``_routing``, ``_demand``, ``_deployment_actors``,
+   ``_autoscaling_policy``, ``schema``;
+4. low modules: ``context``, ``_request_calls``, ``multiplex``, ``batching``,
+   ``_asgi_scope``, ``_http``, ``_json``, ``_logging``, ``_options``,
+   ``_metrics``, ``_spin``, ``_defaults``, ``_core``, ``exceptions``, ...
+
+An actor does not import the one it talks to: the controller starts proxies
+and replicas by their classes; they reach it through ``context``.
 """
 from .api import (
     delete,

@@ -30,7 +30,7 @@ import cloudpickle
 from .._private.objects.shipping import shipped_form
 from . import context
 from ._body import END, FAILED, BodyStream
-from ._replica import _parse_headers, _Receive, _split_addr, stored_if_large
+from ._asgi_scope import Receive, header_block, http_scope, stored_if_large
 from ._request_calls import calls_of_this_request, cancel_calls
 
 _ASGI_ATTR = "__serve_asgi_app__"
@@ -273,23 +273,16 @@ class AsgiIngress:
             raise
         t0 = _monotonic()
         try:
-            scope = {
-                "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-                "http_version": http_version, "method": method,
-                "scheme": "http", "path": path,
-                "raw_path": path.encode("utf-8", "surrogateescape"),
-                "query_string": query, "root_path": root_path,
-                "headers": _parse_headers(headers),
-                "client": _split_addr(client), "server": _split_addr(server),
-                "state": self._state.copy(),
-            }
+            scope = http_scope(method, path, query, headers, client, root_path, http_version,
+                               server)
+            scope["state"] = self._state.copy()
             reply = _Reply()
             # The app's task (made in a copy of this context) notes the handle
             # calls it makes here: they are cancelled with the request.
             calls = calls_of_this_request(scope=scope)
             context.http_scope.set(scope)
             task = asyncio.get_running_loop().create_task(
-                self._run(reply, scope, _Receive(body), f"{method} {path}"))
+                self._run(reply, scope, Receive(body), f"{method} {path}"))
             try:
                 await reply.head
             except asyncio.CancelledError:
@@ -298,11 +291,11 @@ class AsgiIngress:
                 raise
             if reply.stream is None:
                 body = b"".join(reply.body)
-                return stored_if_large((reply.status, _headers_block(reply.headers, len(body)),
+                return stored_if_large((reply.status, header_block(reply.headers, len(body)),
                                         body, 0, _monotonic() - t0))
             reply.stream.task = task
             reply.stream.calls = calls
-            return (reply.status, _headers_block(reply.headers, None), None,
+            return (reply.status, header_block(reply.headers, None), None,
                     rep._new_stream(reply.stream), _monotonic() - t0)
         finally:
             slots.release()
@@ -337,24 +330,6 @@ def _settle(fut, value):
             fut.set_exception(value)
         else:
             fut.set_result(value)
-
-
-def _headers_block(headers, length):
-    """The header lines of an answer whose body has ``length`` bytes (None:
-    streamed, it goes out chunked, so a content-length the app set would
-    contradict that); a whole body the app sent without its length gets it."""
-    lines = []
-    sized = False
-    for k, v in headers:
-        k = bytes(k)
-        if k.lower() == b"content-length":
-            if length is None:
-                continue
-            sized = True
-        lines.append(k + b": " + bytes(v) + b"\r\n")
-    if length is not None and not sized:
-        lines.append(b"content-length: %d\r\n" % length)
-    return b"".join(lines)
 
 
 _INTERNAL_ERROR = b"Internal Server Error"

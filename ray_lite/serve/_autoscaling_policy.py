@@ -1,4 +1,6 @@
-"""Custom autoscaling policies (Ray Serve's ``autoscaling_config["policy"]``).
+"""A deployment's ``autoscaling_config``: Ray Serve's fields and defaults
+(``normalize_autoscaling``, ``AutoscalingConfig``), and its custom policies
+(``autoscaling_config["policy"]``).
 
 ``AutoscalingPolicy(policy_function=..., policy_kwargs=...)`` names a
 function, or a class (made once with ``policy_kwargs``, then called), that
@@ -22,6 +24,7 @@ import sys
 import time
 
 from . import context
+from ._options import ConfigError, check_keys, check_number, import_attr
 
 DEFAULT_POLICY_NAME = "ray.serve.autoscaling_policy:default_autoscaling_policy"
 
@@ -63,7 +66,6 @@ class AutoscalingPolicy:
 def normalize(value, where):
     """``autoscaling_config["policy"]`` -> None (Ray's default policy) or
     ``{"policy_function", "policy_kwargs"}``; errors name ``where``."""
-    from .config import ConfigError, _unknown
     if value is None:
         return None
     if isinstance(value, AutoscalingPolicy):
@@ -74,7 +76,7 @@ def normalize(value, where):
             raise ConfigError(f"{where}: expected an AutoscalingPolicy or a mapping, got "
                               f"{type(value).__name__}")
         value = dump()
-    _unknown(where, value, ("policy_function", "policy_kwargs", "policy_blob"))
+    check_keys(where, value, ("policy_function", "policy_kwargs", "policy_blob"))
     if "policy_blob" in value:
         return dict(value)          # shipped already (see ship)
     try:
@@ -88,7 +90,6 @@ def normalize(value, where):
 def _resolve(function):
     if callable(function):
         return function
-    from .config import import_attr
     target = import_attr(function, None, "autoscaling policy")
     if not callable(target):
         raise ValueError(f"autoscaling policy {function!r} is not callable")
@@ -203,7 +204,6 @@ class PolicyRunner:
 
     def decide(self, dep, cfg, total_requests, queued, target):
         """The replica count the policy asks for (``target`` if it fails)."""
-        from .config import AutoscalingConfig
         policy = cfg["policy"]
         where = f"autoscaling policy {policy['policy_function']} of {dep.app}/{dep.name}"
         try:
@@ -244,3 +244,102 @@ class PolicyRunner:
 def _replica_id(dep, rid):
     """Ray's ReplicaID of the controller's replica id ``rid`` ("Model#3")."""
     return context.ReplicaID(rid.rpartition("#")[2], context.DeploymentID(dep.name, dep.app))
+
+
+# ------------------------------------------------------ autoscaling_config
+# Ray's AutoscalingConfig fields (2.60), with its defaults.
+AUTOSCALING_DEFAULTS = {
+    "min_replicas": 1, "initial_replicas": None, "max_replicas": 1,
+    "target_ongoing_requests": 2.0, "metrics_interval_s": 10.0, "look_back_period_s": 30.0,
+    "smoothing_factor": 1.0, "upscale_smoothing_factor": None,
+    "downscale_smoothing_factor": None, "upscaling_factor": None, "downscaling_factor": None,
+    "downscale_delay_s": 600.0, "downscale_to_zero_delay_s": None, "upscale_delay_s": 30.0,
+    "aggregation_function": "mean", "policy": None,
+}
+# What num_replicas="auto" means, unless autoscaling_config says otherwise.
+AUTO_DEFAULTS = {"target_ongoing_requests": 2.0, "min_replicas": 1, "max_replicas": 100}
+
+
+def _given_autoscaling(cfg, where):
+    """The fields set in ``cfg``: a mapping, an ``AutoscalingConfig`` (this
+    module's, or another pydantic-style one, as Ray's), or None."""
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    for dump in ("model_dump", "dict"):
+        method = getattr(cfg, dump, None)
+        if callable(method):
+            return dict(method(exclude_unset=True))
+    raise ConfigError(f"{where}: expected a mapping or an AutoscalingConfig, got "
+                      f"{type(cfg).__name__}")
+
+
+def normalize_autoscaling(cfg, where="autoscaling_config", auto=False):
+    """``cfg`` (a dict, an ``AutoscalingConfig`` or None) with Ray's defaults
+    filled in and checked; with ``auto`` (num_replicas="auto") the defaults
+    of that mode first."""
+    given = _given_autoscaling(cfg, where)
+    check_keys(where, given, AUTOSCALING_DEFAULTS)
+    out = dict(AUTOSCALING_DEFAULTS)
+    if auto:
+        out.update(AUTO_DEFAULTS)
+    out.update(given)
+    for key in ("min_replicas", "max_replicas"):
+        check_number(f"{where}.{key}", out[key], integer=True, positive=key == "max_replicas")
+    if out["initial_replicas"] is not None:
+        check_number(f"{where}.initial_replicas", out["initial_replicas"], integer=True)
+    for key in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):
+        check_number(f"{where}.{key}", out[key], positive=True)
+    for key in ("upscale_delay_s", "downscale_delay_s"):
+        check_number(f"{where}.{key}", out[key])
+    for key in ("smoothing_factor", "upscale_smoothing_factor", "downscale_smoothing_factor",
+                "upscaling_factor", "downscaling_factor", "downscale_to_zero_delay_s"):
+        if out[key] is not None:
+            check_number(f"{where}.{key}", out[key], positive=key != "downscale_to_zero_delay_s")
+    if out["min_replicas"] > out["max_replicas"]:
+        raise ConfigError(f"{where}: min_replicas ({out['min_replicas']}) is greater than "
+                          f"max_replicas ({out['max_replicas']})")
+    init = out["initial_replicas"]
+    if init is not None and not out["min_replicas"] <= init <= out["max_replicas"]:
+        raise ConfigError(f"{where}: initial_replicas ({init}) must be between min_replicas "
+                          f"and max_replicas")
+    if out["aggregation_function"] not in ("mean", "max", "min"):
+        raise ConfigError(f"{where}.aggregation_function: expected mean, max or min, got "
+                          f"{out['aggregation_function']!r}")
+    out["policy"] = normalize(out["policy"], f"{where}.policy")
+    return out
+
+
+class AutoscalingConfig:
+    """Ray Serve's ``AutoscalingConfig``: ``deployment(autoscaling_config=
+    AutoscalingConfig(min_replicas=1, max_replicas=4))`` is the dict with
+    those keys.  Checked when made, as the dict is when deployed (an unknown
+    field, a bad number or min above max: ``ConfigError``, a ValueError as
+    pydantic's errors are); every field reads back with Ray's default filled
+    in, and ``dict()``/``model_dump()`` give them (``exclude_unset=True``:
+    only those given)."""
+
+    def __init__(self, **fields):
+        full = normalize_autoscaling(fields, "AutoscalingConfig")
+        self.__dict__["_given"] = dict(fields)
+        self.__dict__.update(full)
+
+    def __setattr__(self, name, value):
+        fields = {**self._given, name: value}
+        full = normalize_autoscaling(fields, "AutoscalingConfig")
+        self.__dict__["_given"] = fields
+        self.__dict__.update(full)
+
+    def dict(self, exclude_unset=False):
+        if exclude_unset:
+            return dict(self._given)
+        return {k: self.__dict__[k] for k in AUTOSCALING_DEFAULTS}
+
+    model_dump = dict
+
+    def __eq__(self, other):
+        return isinstance(other, AutoscalingConfig) and self.dict() == other.dict()
+
+    def __repr__(self):
+        return "AutoscalingConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._given.items()) + ")"

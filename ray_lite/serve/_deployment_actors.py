@@ -107,7 +107,7 @@ def _actor_class(actor_class, name):
     from ray_lite.actor import ActorClass
     target = actor_class
     if isinstance(actor_class, str):
-        from .config import import_attr
+        from ._options import import_attr
         target = import_attr(actor_class, None, f"DeploymentActorConfig {name!r}: actor_class")
     if not isinstance(target, ActorClass):
         raise TypeError(f"DeploymentActorConfig {name!r}: actor_class must be a "

@@ -18,12 +18,11 @@ import weakref
 
 from ray_lite._private.process import backend
 
-from .config import AutoscalingConfig, AutoscalingPolicy
+from ._autoscaling_policy import AutoscalingConfig, AutoscalingPolicy
 from .deployment import Application, Deployment
 
 __all__ = ["run", "start", "status", "delete", "shutdown", "get_app_handle",
-           "get_deployment_handle", "get_replica_context", "get_multiplexed_model_id",
-           "to_ray_deployment"]
+           "get_deployment_handle", "get_replica_context", "to_ray_deployment"]
 
 # ray_lite Deployment -> its Ray Serve deployment (translated once).
 _translated = weakref.WeakKeyDictionary()
@@ -218,6 +217,3 @@ def get_deployment_actor(actor_name):
 def get_deployment_actor_context():
     return _serve().get_deployment_actor_context()
 
-
-def get_multiplexed_model_id():
-    return _serve().get_multiplexed_model_id()

@@ -31,7 +31,8 @@ from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, contex
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
-from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, request_id_maker
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection
+from ._request_calls import request_id_maker
 from ._routing import ServiceTime, choose_for_http, for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
 from .multiplex import MODEL_ID_HEADER, header_value

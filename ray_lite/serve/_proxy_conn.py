@@ -1,10 +1,6 @@
 """The proxy's HTTP/1.1 connections (see _proxy): the connection itself is a
 hot path, ``ray_lite._fast.http_conn`` (compiled, with a pure-Python twin);
-this module gives it what it needs from Serve, and makes request ids."""
-import itertools
-import os
-import uuid
-
+this module gives it what it needs from Serve."""
 from ray_lite._fast import http_conn as _http_conn
 
 from . import _core, _websocket
@@ -12,16 +8,6 @@ from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
 from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
 
 REQUEST_ID_HEADER = b"x-request-id"
-
-
-def request_id_maker():
-    """A function making this process's fresh request ids (bytes), shaped as
-    Ray's (a UUID 4): a random UUID made here (after the fork: each proxy its
-    own) whose last 12 hex digits are a counter, a few hundred ns per id
-    where ``uuid4()`` costs several microseconds."""
-    prefix = str(uuid.UUID(bytes=os.urandom(16), version=4))[:24].encode()
-    count = itertools.count(1).__next__
-    return lambda: prefix + b"%012x" % count()
 
 
 def _load_parser():

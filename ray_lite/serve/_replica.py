@@ -9,7 +9,6 @@ import asyncio
 import inspect
 import logging
 import os
-import pickle
 import sys
 import traceback
 import types
@@ -19,6 +18,7 @@ from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
 from ray_lite._private.objects.shipping import unship
 
 from . import _core, _defaults, _metrics, _websocket, context
+from ._asgi_scope import Receive, StoredReply, header_block, http_scope, stored_if_large
 from ._request_calls import calls_of_this_request, cancel_calls, cancel_requested
 from ._body import pumped
 from ._json import json_body
@@ -85,20 +85,6 @@ def _http_entry(fn):
     return without_request
 
 
-def _headers_block(raw_headers):
-    return b"".join(k + b": " + v + b"\r\n" for k, v in raw_headers)
-
-
-def _parse_headers(blob):
-    if not blob:
-        return []
-    out = []
-    for line in blob.split(b"\r\n"):
-        k, _, v = line.partition(b":")
-        out.append((k, v))
-    return out
-
-
 _Request = None
 
 
@@ -109,53 +95,6 @@ def _load_request():
     from starlette.requests import Request
     _Request = Request
     return Request
-
-
-class _Receive:
-    """The ASGI ``receive`` of a request whose body arrived whole."""
-
-    __slots__ = ("body",)
-
-    def __init__(self, body):
-        self.body = body
-
-    async def __call__(self):
-        body = self.body
-        if body is not None:
-            self.body = None
-            if type(body) is not bytes:
-                # A large body arrives as a read-only view of the proxy's
-                # stored copy; ASGI promises bytes: the one copy made here.
-                body = bytes(body)
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.get_running_loop().create_future()   # until cancelled
-
-
-class StoredReply(tuple):
-    """An HTTP reply ``(status, header block, body, 0, service s)`` whose whole body is
-    large: the core stores it in the object store as it does any large
-    result (its ``nbytes`` says it is one), the body as an out-of-band
-    buffer, and the proxy maps that one copy: the body arrives there as a
-    read-only memoryview, written to the socket from the mapping.  It
-    arrives as a plain tuple (the class does not travel)."""
-
-    __slots__ = ()
-
-    @property
-    def nbytes(self):
-        return len(self[2])
-
-    def __reduce__(self):
-        status, head, body, token, service_s = self
-        return (tuple, ((status, head, pickle.PickleBuffer(body), token, service_s),))
-
-
-def stored_if_large(reply):
-    """``reply`` (a whole answer), as a ``StoredReply`` when its body is large."""
-    body = reply[2]
-    if body is not None and len(body) >= _core.LARGE_BYTES:
-        return StoredReply(reply)
-    return reply
 
 
 async def _resolve_args(args, kwargs):
@@ -191,8 +130,6 @@ class ServeReplica:
         self._port_host = None
         self._slots = _core.Slots(config.get("max_ongoing_requests",
                                               _defaults.MAX_ONGOING_REQUESTS))
-        self._server_str = None
-        self._server = None
         self._http_fn = None
         self._niced = False
         # replica_id is "<deployment>#<n>"; Ray's unique_id is the part after it.
@@ -489,19 +426,9 @@ class ServeReplica:
                 raise
         t0 = _monotonic()
         try:
-            if server != self._server_str:
-                self._server_str = server
-                self._server = _split_addr(server)
-            scope = {
-                "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-                "http_version": http_version, "method": method,
-                "scheme": "http", "path": path,
-                "raw_path": path.encode("utf-8", "surrogateescape"),
-                "query_string": query, "root_path": root_path,
-                "headers": _parse_headers(headers),
-                "client": _client_addr(client), "server": self._server,
-            }
-            receive = _Receive(body)
+            scope = http_scope(method, path, query, headers, client, root_path, http_version,
+                               server)
+            receive = Receive(body)
             _set_http_scope(scope)
             calls = calls_of_this_request(scope=scope)
             try:
@@ -563,11 +490,11 @@ class ServeReplica:
         except ImportError:  # pragma: no cover
             Response = StreamingResponse = ()
         if isinstance(r, StreamingResponse):
-            hb = _headers_block([(k, v) for k, v in r.raw_headers if k != b"content-length"])
+            hb = header_block(r.raw_headers, None)
             return (r.status_code, hb, None, self._new_stream(pumped(r.body_iterator)))
         if isinstance(r, Response):
             if type(r).__call__ is Response.__call__ and r.background is None:
-                return (r.status_code, _headers_block(r.raw_headers), bytes(r.body), 0)
+                return (r.status_code, header_block(r.raw_headers), bytes(r.body), 0)
             return await _run_asgi_response(r, scope, receive)
         if isinstance(r, (bytearray, memoryview)):
             b = bytes(r)
@@ -623,33 +550,8 @@ async def _run_asgi_response(response, scope, receive):
     async def send(msg):
         if msg["type"] == "http.response.start":
             status[0] = msg["status"]
-            headers[0] = _headers_block(msg.get("headers") or [])
+            headers[0] = header_block(msg.get("headers") or [])
         elif msg["type"] == "http.response.body":
             body.append(msg.get("body", b""))
     await response(scope, receive, send)
     return (status[0], headers[0], b"".join(body), 0)
-
-
-def _split_addr(s):
-    if not s:
-        return None
-    host, _, port = s.rpartition(":")
-    try:
-        return (host, int(port))
-    except ValueError:
-        return (s, 0)
-
-
-# A keep-alive client sends many requests from one address: its (host, port)
-# is made once, not per request.  Bounded: cleared when full.
-_CLIENT_ADDRS = {}
-_CLIENT_ADDRS_MAX = 4096
-
-
-def _client_addr(s):
-    addr = _CLIENT_ADDRS.get(s)
-    if addr is None:
-        if len(_CLIENT_ADDRS) >= _CLIENT_ADDRS_MAX:
-            _CLIENT_ADDRS.clear()
-        addr = _CLIENT_ADDRS[s] = _split_addr(s)
-    return addr

@@ -1,11 +1,13 @@
 """The handle calls that one replica call (one request) has made: passed
 its id and route, and cancelled with it, as Ray Serve cancels a request's
-downstream calls with the request."""
+downstream calls with the request.  And requests' ids: made here, read
+from an HTTP request's ``x-request-id``."""
 import asyncio
 import contextvars
+import itertools
+import os
 import sys
-
-from . import context
+import uuid
 
 # The handle calls the replica call that runs now has made (a list, set by
 # ``calls_of_this_request`` in the call's own context): cancelled with it,
@@ -35,10 +37,10 @@ class _Calls(list):
         if request_id is None:
             scope = self.scope
             if scope is not None:
-                request_id = context.scope_request_id(scope)
+                request_id = scope_request_id(scope)
                 self.route = scope.get("root_path") or "/"
             if not request_id:
-                request_id = context.new_request_id()
+                request_id = new_request_id()
             self.request_id = request_id
         return request_id, self.route
 
@@ -86,6 +88,37 @@ def cancel_calls(calls):
         except Exception:   # noqa: BLE001 - its replica is gone: nothing to stop
             pass
     calls.clear()
+
+
+def request_id_maker():
+    """A function making this process's fresh request ids (bytes), shaped as
+    Ray's (a UUID 4): a random UUID made here (after the fork: each proxy its
+    own) whose last 12 hex digits are a counter, a few hundred ns per id
+    where ``uuid4()`` costs several microseconds."""
+    prefix = str(uuid.UUID(bytes=os.urandom(16), version=4))[:24].encode()
+    count = itertools.count(1).__next__
+    return lambda: prefix + b"%012x" % count()
+
+
+_id_maker = None     # (pid, function): this process's request-id maker
+
+
+def new_request_id():
+    """A fresh request id (UUID 4-shaped), for a handle call that came
+    without one; made per process (a forked child makes its own)."""
+    global _id_maker
+    maker = _id_maker
+    if maker is None or maker[0] != os.getpid():
+        maker = _id_maker = (os.getpid(), request_id_maker())
+    return maker[1]().decode()
+
+
+def scope_request_id(scope):
+    """The HTTP request's id: its ``x-request-id`` header ("" without one)."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return value.decode("latin-1")
+    return ""
 
 
 def _noted(response):

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 from ray_lite._fast.http_conn import END_QUIETLY
 
 from . import _core
+from ._asgi_scope import websocket_scope
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
@@ -492,7 +493,6 @@ async def serve(rep, key, path, query, headers, client, root_path, http_version,
     if asgi is None:
         yield ["http"]
         return
-    from ._replica import _parse_headers, _split_addr
     rep._inflight += 1
     try:
         await rep._slots.__aenter__()
@@ -501,17 +501,8 @@ async def serve(rep, key, path, query, headers, client, root_path, http_version,
         raise
     loop = asyncio.get_running_loop()
     sock = _sockets[key] = _ReplicaSocket(loop)
-    hdrs = _parse_headers(headers)
-    protocols = [p.strip() for k, v in hdrs if k == b"sec-websocket-protocol"
-                 for p in v.decode("latin-1").split(",") if p.strip()]
-    scope = {
-        "type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": http_version, "scheme": "ws", "path": path,
-        "raw_path": path.encode("utf-8", "surrogateescape"), "query_string": query,
-        "root_path": root_path, "headers": [(k, v.strip()) for k, v in hdrs],
-        "client": _split_addr(client), "server": _split_addr(server),
-        "subprotocols": protocols, "state": asgi._state.copy(),
-    }
+    scope = websocket_scope(path, query, headers, client, root_path, http_version, server)
+    scope["state"] = asgi._state.copy()
     sock.inbox.put_nowait({"type": "websocket.connect"})
     task = loop.create_task(asgi._app(scope, sock.take, sock.send))
 

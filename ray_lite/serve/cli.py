@@ -15,7 +15,6 @@ the other commands reach.  Ctrl-C, SIGTERM or SIGHUP shuts Serve down cleanly
 """
 import argparse
 import concurrent.futures
-import inspect
 import os
 import queue
 import signal
@@ -65,49 +64,9 @@ def _parser():
     return p
 
 
-def application_of(obj, args, target):
-    """The ``Application`` that ``obj`` (what ``target`` names) makes with ``args``."""
-    from .deployment import Application, Deployment
-    if isinstance(obj, Application):
-        if args:
-            raise ValueError("arguments were given but the target is an Application, not a "
-                             "builder function")
-        return obj
-    if isinstance(obj, Deployment):
-        return obj.bind()
-    if callable(obj):
-        app = obj(_builder_argument(obj, dict(args)))
-        if isinstance(app, Deployment):
-            app = app.bind()
-        if not isinstance(app, Application):
-            raise TypeError(f"the builder {target} returned {type(app).__name__}, "
-                            f"not an Application")
-        return app
-    raise TypeError(f"{target} is a {type(obj).__name__}, not an Application or a builder")
-
-
-def _builder_argument(builder, args):
-    """What a builder is called with, as in Ray: the arguments' dict, or the
-    pydantic model its one parameter is annotated with, validated from it."""
-    try:
-        params = list(inspect.signature(builder).parameters.values())
-    except (TypeError, ValueError):
-        return args
-    if len(params) != 1:
-        raise TypeError("Application builder functions should take exactly one parameter, "
-                        "a dictionary containing the passed arguments.")
-    model = params[0].annotation
-    if inspect.isclass(model) and any(c.__name__ == "BaseModel" and
-                                      c.__module__.startswith("pydantic")
-                                      for c in model.__mro__):
-        validate = getattr(model, "model_validate", None) or model.parse_obj  # pydantic 2, 1
-        return validate(args)
-    return args
-
-
 def load_target(target, args, app_dir="."):
     """The ``Application`` that ``target`` ("module:attr") names, built with ``args``."""
-    from .config import import_attr
+    from .config import application_of, import_attr
     if ":" not in target:
         raise ValueError(f"target must be module:attribute, got {target!r}")
     return application_of(import_attr(target, app_dir), args, target)

@@ -26,28 +26,25 @@ deployments in place, as Ray's lightweight update does (``num_replicas``
 scaled, ``user_config`` given to the replicas' ``reconfigure``).  A change of
 any of those imports it anew and rolls its replicas.
 """
-import enum
 import hashlib
-import importlib
+import inspect
 import json
 import os
 import sys
 
 from ._defaults import DEPLOYMENT_OPTIONS
 from ._http import HTTPOptions  # noqa: F401 - Ray's ray.serve.config.HTTPOptions
-from ._autoscaling_policy import (AutoscalingContext, AutoscalingPolicy,  # noqa: F401
-                                  normalize as normalize_policy)   # (Ray's place for them)
+from ._autoscaling_policy import (AutoscalingConfig, AutoscalingContext,  # noqa: F401
+                                  AutoscalingPolicy, normalize_autoscaling)   # (Ray's place)
 from ._deployment_actors import DeploymentActorConfig  # noqa: F401 - Ray's place for it
+from ._options import (BackpressureConfig, ConfigError, DeploymentMode,  # noqa: F401 - Ray's
+                       ProxyLocation, RequestRouterConfig, check_keys, check_mapping,
+                       check_number, gRPCOptions, import_attr, normalize_backpressure)
 from ._start_options import ControllerOptions, check_tracing_config, controller_env_vars  # noqa: F401
-from ._plain_config import PlainConfig, normalized
 from .gang import (GangPlacementStrategy, GangRuntimeFailurePolicy,  # noqa: F401 - Ray's
                    GangSchedulingConfig)
 from .context import DeploymentID  # noqa: F401 - Ray's ray.serve.config.DeploymentID
 from ._http import check_route_prefix
-
-
-class ConfigError(ValueError):
-    """A config file that does not follow Serve's schema (the message says where)."""
 
 
 _TOP_KEYS = {"proxy_location", "http_options", "grpc_options", "logging_config",
@@ -60,107 +57,20 @@ _DEPLOYMENT_KEYS = (set(DEPLOYMENT_OPTIONS) | {"name", "logging_config", "max_re
                                                "placement_group_bundles",
                                                "placement_group_strategy",
                                                "request_router_config", "deployment_actors"})
-# Ray's AutoscalingConfig fields (2.60), with its defaults.
-AUTOSCALING_DEFAULTS = {
-    "min_replicas": 1, "initial_replicas": None, "max_replicas": 1,
-    "target_ongoing_requests": 2.0, "metrics_interval_s": 10.0, "look_back_period_s": 30.0,
-    "smoothing_factor": 1.0, "upscale_smoothing_factor": None,
-    "downscale_smoothing_factor": None, "upscaling_factor": None, "downscaling_factor": None,
-    "downscale_delay_s": 600.0, "downscale_to_zero_delay_s": None, "upscale_delay_s": 30.0,
-    "aggregation_function": "mean", "policy": None,
-}
-# What num_replicas="auto" means, unless autoscaling_config says otherwise.
-AUTO_DEFAULTS = {"target_ongoing_requests": 2.0, "min_replicas": 1, "max_replicas": 100}
-
-
-def _unknown(where, given, allowed):
-    extra = sorted(str(k) for k in given if k not in allowed)
-    if extra:
-        raise ConfigError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} "
-                          f"{', '.join(repr(k) for k in extra)} (allowed: "
-                          f"{', '.join(sorted(allowed))})")
-
-
-def _mapping(where, value):
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-    return value
-
-
-def _number(where, value, *, minimum=0.0, positive=False, integer=False):
-    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
-    if not ok or value < minimum or (positive and value <= 0):
-        kind = "an integer" if integer else "a number"
-        bound = "> 0" if positive else f">= {minimum}"
-        raise ConfigError(f"{where}: expected {kind} {bound}, got {value!r}")
-    return value
-
-
-def _given_autoscaling(cfg, where):
-    """The fields set in ``cfg``: a mapping, an ``AutoscalingConfig`` (this
-    module's, or another pydantic-style one, as Ray's), or None."""
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    for dump in ("model_dump", "dict"):
-        method = getattr(cfg, dump, None)
-        if callable(method):
-            return dict(method(exclude_unset=True))
-    raise ConfigError(f"{where}: expected a mapping or an AutoscalingConfig, got "
-                      f"{type(cfg).__name__}")
-
-
-def normalize_autoscaling(cfg, where="autoscaling_config", auto=False):
-    """``cfg`` (a dict, an ``AutoscalingConfig`` or None) with Ray's defaults
-    filled in and checked; with ``auto`` (num_replicas="auto") the defaults
-    of that mode first."""
-    given = _given_autoscaling(cfg, where)
-    _unknown(where, given, AUTOSCALING_DEFAULTS)
-    out = dict(AUTOSCALING_DEFAULTS)
-    if auto:
-        out.update(AUTO_DEFAULTS)
-    out.update(given)
-    for key in ("min_replicas", "max_replicas"):
-        _number(f"{where}.{key}", out[key], integer=True, positive=key == "max_replicas")
-    if out["initial_replicas"] is not None:
-        _number(f"{where}.initial_replicas", out["initial_replicas"], integer=True)
-    for key in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):
-        _number(f"{where}.{key}", out[key], positive=True)
-    for key in ("upscale_delay_s", "downscale_delay_s"):
-        _number(f"{where}.{key}", out[key])
-    for key in ("smoothing_factor", "upscale_smoothing_factor", "downscale_smoothing_factor",
-                "upscaling_factor", "downscaling_factor", "downscale_to_zero_delay_s"):
-        if out[key] is not None:
-            _number(f"{where}.{key}", out[key], positive=key != "downscale_to_zero_delay_s")
-    if out["min_replicas"] > out["max_replicas"]:
-        raise ConfigError(f"{where}: min_replicas ({out['min_replicas']}) is greater than "
-                          f"max_replicas ({out['max_replicas']})")
-    init = out["initial_replicas"]
-    if init is not None and not out["min_replicas"] <= init <= out["max_replicas"]:
-        raise ConfigError(f"{where}: initial_replicas ({init}) must be between min_replicas "
-                          f"and max_replicas")
-    if out["aggregation_function"] not in ("mean", "max", "min"):
-        raise ConfigError(f"{where}.aggregation_function: expected mean, max or min, got "
-                          f"{out['aggregation_function']!r}")
-    out["policy"] = normalize_policy(out["policy"], f"{where}.policy")
-    return out
-
-
 def _check_http_options(raw):
-    opts = dict(_mapping("http_options", raw))
-    _unknown("http_options", opts, _HTTP_KEYS)
+    opts = dict(check_mapping("http_options", raw))
+    check_keys("http_options", opts, _HTTP_KEYS)
     if "port" in opts:
-        _number("http_options.port", opts["port"], integer=True)
+        check_number("http_options.port", opts["port"], integer=True)
     for key in ("request_timeout_s", "keep_alive_timeout_s"):
         if opts.get(key) is not None:
-            _number(f"http_options.{key}", opts[key], positive=True)
+            check_number(f"http_options.{key}", opts[key], positive=True)
     return opts
 
 
 def _check_deployment(where, raw):
-    d = dict(_mapping(where, raw))
-    _unknown(where, d, _DEPLOYMENT_KEYS)
+    d = dict(check_mapping(where, raw))
+    check_keys(where, d, _DEPLOYMENT_KEYS)
     if not isinstance(d.get("name"), str) or not d["name"]:
         raise ConfigError(f"{where}: every deployment needs a name")
     opts = {k: v for k, v in d.items() if k != "name"}
@@ -187,8 +97,8 @@ def _check_actor_entries(where, actors):
     if not isinstance(actors, list):
         raise ConfigError(f"{where}: expected a list, got {type(actors).__name__}")
     for i, entry in enumerate(actors):
-        entry = _mapping(f"{where}[{i}]", entry)
-        _unknown(f"{where}[{i}]", entry, ("name", "actor_class", "init_args", "init_kwargs",
+        entry = check_mapping(f"{where}[{i}]", entry)
+        check_keys(f"{where}[{i}]", entry, ("name", "actor_class", "init_args", "init_kwargs",
                                           "actor_options"))
         for key in ("name", "actor_class"):
             if not isinstance(entry.get(key), str) or not entry[key]:
@@ -196,8 +106,8 @@ def _check_actor_entries(where, actors):
 
 
 def _check_app(where, raw, single):
-    app = dict(_mapping(where, raw))
-    _unknown(where, app, _APP_KEYS)
+    app = dict(check_mapping(where, raw))
+    check_keys(where, app, _APP_KEYS)
     path = app.get("import_path")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}: import_path is required (module:attribute)")
@@ -210,11 +120,11 @@ def _check_app(where, raw, single):
     except ValueError as exc:
         raise ConfigError(f"{where}.route_prefix: {exc}") from None
     args = app.get("args") or {}
-    _mapping(f"{where}.args", args)
+    check_mapping(f"{where}.args", args)
     env = app.get("runtime_env") or {}
-    _mapping(f"{where}.runtime_env", env)
-    _unknown(f"{where}.runtime_env", env, {"env_vars"})
-    env_vars = _mapping(f"{where}.runtime_env.env_vars", env.get("env_vars") or {})
+    check_mapping(f"{where}.runtime_env", env)
+    check_keys(f"{where}.runtime_env", env, {"env_vars"})
+    env_vars = check_mapping(f"{where}.runtime_env.env_vars", env.get("env_vars") or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
         raise ConfigError(f"{where}.runtime_env.env_vars: keys and values must be strings")
     from ._logging import logging_config_dict
@@ -254,14 +164,14 @@ def parse(raw):
     ``{"http_options": {...}, "applications": [...], "notes": [...]}``."""
     if raw is None:
         raw = {}
-    _mapping("config", raw)
+    check_mapping("config", raw)
     notes = []
     if "import_path" in raw:       # one application at the top level
         http = {k: raw[k] for k in ("host", "port") if k in raw}
         app = {k: v for k, v in raw.items() if k not in ("host", "port")}
         apps = [_check_app("config", app, True)]
         return {"http_options": http, "applications": apps, "notes": notes}
-    _unknown("config", raw, _TOP_KEYS)
+    check_keys("config", raw, _TOP_KEYS)
     http = _check_http_options(raw.get("http_options") or {})
     if raw.get("proxy_location") not in (None, "EveryNode", "HeadOnly", "Disabled"):
         raise ConfigError(f"proxy_location: expected EveryNode, HeadOnly or Disabled, got "
@@ -270,7 +180,7 @@ def parse(raw):
         notes.append(f"proxy_location {raw['proxy_location']} is ignored: one machine, "
                      f"the proxies share one port")
     if raw.get("grpc_options"):
-        gopts = _mapping("grpc_options", raw["grpc_options"])
+        gopts = check_mapping("grpc_options", raw["grpc_options"])
         if gopts.get("grpc_servicer_functions"):
             raise ConfigError("grpc_options.grpc_servicer_functions: ray_lite.serve has no "
                               "gRPC ingress (HTTP only)")
@@ -324,32 +234,44 @@ def read(path):
     return raw
 
 
-def import_attr(import_path, app_dir=".", what="import_path"):
-    """What ``module:attr`` (or ``module.attr``; ``attr`` may be dotted) names,
-    ``app_dir`` (unless None) first put on ``sys.path``; ``ConfigError``
-    naming ``what`` and the path if it does not import."""
-    if ":" in import_path:
-        module_name, _, attr = import_path.partition(":")
-    else:
-        module_name, _, attr = import_path.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"{what} {import_path!r}: expected module:attribute")
-    if app_dir is not None:
-        path = os.path.abspath(app_dir)
-        if path not in sys.path:
-            sys.path.insert(0, path)
+def application_of(obj, args, target):
+    """The ``Application`` that ``obj`` (what ``target`` names) makes with ``args``."""
+    from .deployment import Application, Deployment
+    if isinstance(obj, Application):
+        if args:
+            raise ValueError("arguments were given but the target is an Application, not a "
+                             "builder function")
+        return obj
+    if isinstance(obj, Deployment):
+        return obj.bind()
+    if callable(obj):
+        app = obj(_builder_argument(obj, dict(args)))
+        if isinstance(app, Deployment):
+            app = app.bind()
+        if not isinstance(app, Application):
+            raise TypeError(f"the builder {target} returned {type(app).__name__}, "
+                            f"not an Application")
+        return app
+    raise TypeError(f"{target} is a {type(obj).__name__}, not an Application or a builder")
+
+
+def _builder_argument(builder, args):
+    """What a builder is called with, as in Ray: the arguments' dict, or the
+    pydantic model its one parameter is annotated with, validated from it."""
     try:
-        target = importlib.import_module(module_name)
-    except Exception as exc:   # noqa: BLE001 - the user's module: say what failed
-        raise ConfigError(f"{what} {import_path!r}: cannot import {module_name!r}: "
-                          f"{type(exc).__name__}: {exc}") from None
-    try:
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except AttributeError:
-        raise ConfigError(f"{what} {import_path!r}: module {module_name!r} has no "
-                          f"attribute {attr!r}") from None
-    return target
+        params = list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):
+        return args
+    if len(params) != 1:
+        raise TypeError("Application builder functions should take exactly one parameter, "
+                        "a dictionary containing the passed arguments.")
+    model = params[0].annotation
+    if inspect.isclass(model) and any(c.__name__ == "BaseModel" and
+                                      c.__module__.startswith("pydantic")
+                                      for c in model.__mro__):
+        validate = getattr(model, "model_validate", None) or model.parse_obj  # pydantic 2, 1
+        return validate(args)
+    return args
 
 
 def build_app(app_cfg, app_dir="."):
@@ -361,7 +283,6 @@ def build_app(app_cfg, app_dir="."):
 def imported_app(app_cfg, app_dir="."):
     """The ``Application`` the entry's import path names (a builder called
     with its ``args``), as the code has it."""
-    from .cli import application_of
     target = import_attr(app_cfg["import_path"], app_dir)
     try:
         return application_of(target, app_cfg["args"], app_cfg["import_path"])
@@ -501,110 +422,3 @@ def _forget_modules(files):
         except (OSError, ValueError, NotImplementedError):
             pass
     importlib.invalidate_caches()
-
-
-# ------------------------------------------------- Ray's ray.serve.config names
-class AutoscalingConfig:
-    """Ray Serve's ``AutoscalingConfig``: ``deployment(autoscaling_config=
-    AutoscalingConfig(min_replicas=1, max_replicas=4))`` is the dict with
-    those keys.  Checked when made, as the dict is when deployed (an unknown
-    field, a bad number or min above max: ``ConfigError``, a ValueError as
-    pydantic's errors are); every field reads back with Ray's default filled
-    in, and ``dict()``/``model_dump()`` give them (``exclude_unset=True``:
-    only those given)."""
-
-    def __init__(self, **fields):
-        full = normalize_autoscaling(fields, "AutoscalingConfig")
-        self.__dict__["_given"] = dict(fields)
-        self.__dict__.update(full)
-
-    def __setattr__(self, name, value):
-        fields = {**self._given, name: value}
-        full = normalize_autoscaling(fields, "AutoscalingConfig")
-        self.__dict__["_given"] = fields
-        self.__dict__.update(full)
-
-    def dict(self, exclude_unset=False):
-        if exclude_unset:
-            return dict(self._given)
-        return {k: self.__dict__[k] for k in AUTOSCALING_DEFAULTS}
-
-    model_dump = dict
-
-    def __eq__(self, other):
-        return isinstance(other, AutoscalingConfig) and self.dict() == other.dict()
-
-    def __repr__(self):
-        return "AutoscalingConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._given.items()) + ")"
-
-
-class BackpressureConfig(PlainConfig):
-    """Ray Serve's ``BackpressureConfig``: the HTTP answer to a request refused
-    because ``max_queued_requests`` already wait, ``status_code`` 503 (the
-    default) or 429, and with ``retry_after_s`` a ``Retry-After`` header (its
-    seconds rounded up).  A deployment that is unavailable still answers 503;
-    handles still raise ``BackPressureError``."""
-
-    def __init__(self, status_code=503, retry_after_s=None):
-        if status_code not in (503, 429) or isinstance(status_code, bool):
-            raise ConfigError(f"BackpressureConfig.status_code must be 503 or 429, got "
-                              f"{status_code!r}")
-        if retry_after_s is not None:
-            _number("BackpressureConfig.retry_after_s", retry_after_s)
-            if retry_after_s == float("inf"):
-                raise ConfigError("BackpressureConfig.retry_after_s must be finite")
-        self.status_code = status_code
-        self.retry_after_s = retry_after_s
-
-    FIELDS = ("status_code", "retry_after_s")
-
-    def __repr__(self):
-        return f"BackpressureConfig({self.status_code}, retry_after_s={self.retry_after_s})"
-
-
-def normalize_backpressure(value, where="backpressure_config"):
-    """A deployment's ``backpressure_config`` (a ``BackpressureConfig``, a dict
-    of its fields, or None) as a plain dict, or None."""
-    return normalized(BackpressureConfig, value, where, ConfigError)
-
-
-class ProxyLocation(str, enum.Enum):
-    """Where Ray Serve runs proxies (``serve.start(proxy_location=...)``).  On
-    one machine ``HeadOnly`` and ``EveryNode`` are the same; ``Disabled``
-    starts none."""
-
-    Disabled = "Disabled"
-    HeadOnly = "HeadOnly"
-    EveryNode = "EveryNode"
-
-
-class DeploymentMode(str, enum.Enum):
-    """Ray's older spelling of ``ProxyLocation`` (``HTTPOptions(location=...)``,
-    accepted and ignored)."""
-
-    NoServer = "NoServer"
-    HeadOnly = "HeadOnly"
-    EveryNode = "EveryNode"
-    FixedNumber = "FixedNumber"
-
-
-class gRPCOptions:  # noqa: N801 - Ray's name
-    """Ray Serve's ``gRPCOptions``.  ray_lite.serve has no gRPC ingress:
-    ``serve.start`` refuses options that list servicer functions."""
-
-    def __init__(self, port=9000, grpc_servicer_functions=None, request_timeout_s=None):
-        self.port = port
-        self.grpc_servicer_functions = list(grpc_servicer_functions or [])
-        self.request_timeout_s = request_timeout_s
-
-
-class RequestRouterConfig:
-    """Ray Serve's ``RequestRouterConfig``: accepted and not used (ray_lite's
-    proxies route by their own rules; see the README)."""
-
-    def __init__(self, request_router_class=None, request_router_kwargs=None,
-                 request_routing_stats_period_s=10, request_routing_stats_timeout_s=30):
-        self.request_router_class = request_router_class
-        self.request_router_kwargs = dict(request_router_kwargs or {})
-        self.request_routing_stats_period_s = request_routing_stats_period_s
-        self.request_routing_stats_timeout_s = request_routing_stats_timeout_s

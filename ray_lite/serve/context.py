@@ -1,10 +1,11 @@
 """Per-process Serve state: the controller's handle, and which replica we are."""
 import contextvars
 import dataclasses
-import os
 import threading
 
 from . import _core
+from ._request_calls import current_request_calls, scope_request_id
+from .multiplex import get_multiplexed_model_id
 
 CONTROLLER_NAME = "SERVE_CONTROLLER"
 SERVE_NAMESPACE = "serve"
@@ -108,8 +109,6 @@ def _get_serve_request_context():
     made for it (the answer's ``x-request-id`` header), as in Ray; a handle
     call made while serving a request carries that request's id and route
     (a call from a driver gets a fresh id)."""
-    from ._request_calls import current_request_calls
-    from .multiplex import get_multiplexed_model_id
     scope = http_scope.get()
     replica = _replica_context
     app_name = replica.app_name if replica is not None else ""
@@ -126,28 +125,6 @@ def _get_serve_request_context():
                            multiplexed_model_id=get_multiplexed_model_id(),
                            is_http_request=True,
                            _client=f"{client[0]}:{client[1]}" if client else "")
-
-
-def scope_request_id(scope):
-    """The HTTP request's id: its ``x-request-id`` header ("" without one)."""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            return value.decode("latin-1")
-    return ""
-
-
-_id_maker = None     # (pid, function): this process's request-id maker
-
-
-def new_request_id():
-    """A fresh request id (UUID 4-shaped), for a handle call that came
-    without one; made per process (a forked child makes its own)."""
-    global _id_maker
-    maker = _id_maker
-    if maker is None or maker[0] != os.getpid():
-        from ._proxy_conn import request_id_maker
-        maker = _id_maker = (os.getpid(), request_id_maker())
-    return maker[1]().decode()
 
 
 _lock = threading.RLock()

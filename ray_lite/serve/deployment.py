@@ -34,7 +34,7 @@ def _check_config(cfg):
         raise ValueError("Manually setting num_replicas is not allowed when "
                          "autoscaling_config is provided.")
     if cfg.get("autoscaling_config") is not None or n == "auto":
-        from .config import normalize_autoscaling
+        from ._autoscaling_policy import normalize_autoscaling
         normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
     if cfg.get("logging_config") is not None:
         from ._logging import logging_config_dict
@@ -69,7 +69,7 @@ def _check_config(cfg):
             raise ValueError(f"ray_lite does not support accelerator_type="
                              f"{rao['accelerator_type']!r} in ray_actor_options")
     if cfg.get("backpressure_config") is not None:
-        from .config import normalize_backpressure
+        from ._options import normalize_backpressure
         cfg["backpressure_config"] = normalize_backpressure(cfg["backpressure_config"])
     if cfg.get("deployment_actors") is not None:
         from ._deployment_actors import check
@@ -92,7 +92,7 @@ def autoscaling_of(cfg):
     n = cfg.get("num_replicas", 1)
     if cfg.get("autoscaling_config") is None and n != "auto":
         return None
-    from .config import normalize_autoscaling
+    from ._autoscaling_policy import normalize_autoscaling
     return normalize_autoscaling(cfg.get("autoscaling_config"), auto=n == "auto")
 
 

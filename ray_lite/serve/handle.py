@@ -1,375 +1,31 @@
-"""``DeploymentHandle``, ``DeploymentResponse``, ``DeploymentResponseGenerator``.
+"""``DeploymentHandle``, ``DeploymentResponse``, ``DeploymentResponseGenerator``,
+``DeploymentBroadcastResponse``.
 
-A handle routes each call to one replica of a deployment, chosen by power of
-two choices on the calls this process has in flight to each replica, among
-those under ``max_ongoing_requests``.  When every replica is at the limit the
-call waits in the handle's queue (its response is a ref this process owns,
-filled when the call has run), and beyond ``max_queued_requests`` waiting
-calls it fails with ``BackPressureError``, as in Ray: both limits are per
-caller.  Streaming calls are not held: the least loaded replica queues them.
-
-The replica set comes from the controller and is kept current by a long poll:
-one ``listen`` call is always outstanding, renewed from its answer's callback
-(on the thread that reads the links: the driver's service thread, a replica's
-event loop), so even an idle handle sees changes as they come, without a
-thread of its own.  A call that a replica refuses unseen (dead when it was
-sent) is sent to another; one it was running fails as in Ray.  For a
-deployment that autoscales the handle tells the controller how many calls it
-holds (``_demand``); one scaled to zero gets its calls held while the
-controller starts a replica.
+A handle's call goes to one replica of the deployment, picked by the
+process's ``Router`` of it (``_router``: which replica, the calls held
+while every one is busy, the replica set kept current).  A response is the
+call's ref; waiting on it from a running event loop is refused, as in Ray.
+``broadcast`` calls every running replica once, as Ray Serve's does (for
+control work: a cache reset, a configuration reload): it bypasses
+``max_ongoing_requests`` and ``max_queued_requests``, skips a replica found
+dead when the call reaches it, and raises ``DeploymentUnavailableError``
+when none is left; ``results()`` / ``results_async()`` give one result per
+replica, in the order the calls went out.
 """
-import collections
+import asyncio
+import time
 from asyncio import _get_running_loop    # (C: a look at a thread-local, per call)
-import threading
 
-from ray_lite.exceptions import TaskCancelledError
+from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
 
-from . import _core, _defaults, _demand, context
-from ._broadcast import broadcast
+from . import _core, _defaults, context
 from ._request_calls import _noted, _request_calls
-from ._routing import for_model, least_loaded, power_of_two, slots_for
-from .exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
+from ._router import get_router, send_call
+from .exceptions import DeploymentUnavailableError, RequestCancelledError
 
-_SENDING = object()
 # Replicas a call may be sent to that turn out dead before seeing it (each
 # then leaves the handle's set) before its error is the caller's.
 _SEND_ATTEMPTS = _defaults.SEND_ATTEMPTS
-
-
-class _Queued:
-    """A call the handle holds until a replica is under max_ongoing_requests."""
-
-    __slots__ = ("method", "args", "kwargs", "ref", "sent", "cancelled", "model_id", "meta")
-
-    def __init__(self, method, args, kwargs, ref, model_id, meta):
-        self.method, self.args, self.kwargs, self.ref = method, args, kwargs, ref
-        self.model_id = model_id
-        self.meta = meta
-        self.sent = None          # the replica call's ref, once sent (keeps it alive)
-        self.cancelled = False
-
-
-class Router:
-    """The replicas of one deployment as this process sees them."""
-
-    def __init__(self, app_name, deployment_name):
-        self.app_name = app_name
-        self.deployment_name = deployment_name
-        self.version = -1
-        self.replicas = []
-        self.config = {}
-        self.listen_ref = None
-        self.exists = True
-        self.queue = collections.deque()
-        # In-flight counts and the queue change on the caller's thread and on
-        # the thread that runs reply callbacks.  Never held while sending: a
-        # send may wait on a full ring, driving the links (and so callbacks).
-        self.lock = threading.RLock()
-        self.listen_error = None      # why the last listen call failed, if it did
-        self._listening = False       # a thread is sending the listen call
-        self._listen_watched = None   # the listen ref a pump waits on
-        self._pumping = False
-        self._pump_again = False
-        self.report = None            # a WaitingReport while the deployment autoscales
-
-    # ------------------------------------------------------------- updates
-    def apply(self, snap):
-        version, exists, handles, config = snap
-        with self.lock:
-            if version < self.version:
-                return
-            self.replicas = slots_for(handles, self.replicas)[0]
-            self.version = version
-            self.config = config
-            self.exists = exists
-            if not config.get("autoscaling"):
-                self.report = None
-            elif self.report is None:
-                self.report = _demand.WaitingReport(self.app_name, self.deployment_name)
-
-    def _waiting_changed(self):
-        """Tell the controller how many calls are held (outside ``lock``)."""
-        report = self.report
-        if report is not None:
-            report.changed(len(self.queue))
-
-    def poll_update(self):
-        """Apply the outstanding listen call's answer if it has come, and keep
-        one listen call outstanding (a readiness check, no message, when
-        nothing changed)."""
-        with self.lock:
-            ref = self.listen_ref
-            if ref is not None:
-                r = _core.peek(ref)
-                if r is None:
-                    return
-                self.listen_ref = None
-                if r[0]:
-                    self.apply(r[1])
-                    self.listen_error = None
-                else:
-                    self.listen_error = r[1]     # the controller is gone or failing
-            if self._listening:
-                return                           # another thread is sending it
-            self._listening = True
-        ref = None
-        try:
-            ctl = context.get_controller()
-            ref = ctl.listen_deployment.remote(self.app_name, self.deployment_name,
-                                               self.version)
-        except Exception as exc:   # noqa: BLE001 - Serve shut down meanwhile
-            self.listen_error = exc
-        finally:
-            with self.lock:
-                self.listen_ref = ref
-                self._listening = False
-        if ref is not None and self.exists:
-            _core.on_ready(ref, self._on_listen_answer)
-
-    def _on_listen_answer(self, _x):
-        """Apply a change as it comes (on the thread that reads the links) and
-        listen again, so that a handle idle meanwhile routes its next call
-        with the replicas of now: with the set of its last call, it would send
-        it to a replica scaled down or replaced since, being stopped.  A
-        failed listen is not renewed here (the controller is gone or failing;
-        the next call tries again): renewing it would loop at once."""
-        ref = self.listen_ref
-        r = _core.peek(ref) if ref is not None else None
-        # Only with the controller's handle at hand: looking it up may wait
-        # for an answer, which this thread (the one reading the links) is.
-        if r is not None and r[0] and context._controller is not None:
-            self.poll_update()
-
-    def refresh_blocking(self, held=False, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
-        ctl = context.get_controller()
-        snap = _core.get(ctl.wait_replicas.remote(
-            self.app_name, self.deployment_name, self.version,
-            _defaults.WAIT_REPLICAS_TIMEOUT_S, held), timeout=timeout)
-        self.apply(snap)
-
-    # ------------------------------------------------------------- choice
-    def _live_replicas(self):
-        with self.lock:
-            reps = self.replicas
-            if reps:
-                dead_ids = _core.dead_actor_ids()
-                dead = [r for r in reps if r.actor_id in dead_ids]
-                if dead:
-                    reps = self.replicas = [r for r in reps if r not in dead]
-            return reps
-
-    def _reserve(self, reps, model_id=""):
-        """Under ``lock``: a replica under max_ongoing_requests by power of two
-        choices (for a multiplexed model's call: the model's replica, see
-        ``for_model``), counted in flight; None when every one is at the limit."""
-        limit = self.config.get("max_ongoing_requests") or 1 << 30
-        a = for_model(reps, limit, model_id) if model_id else power_of_two(reps, limit)
-        if a is not None:
-            a.inflight += 1
-        return a
-
-    def reserve(self, hold, model_id=""):
-        """A replica for a new call, counted in flight; or, when ``hold`` and
-        every replica is at max_ongoing_requests (or calls already wait), None:
-        the caller queues the call."""
-        self.poll_update()
-        reps = self._live_replicas()
-        if not reps:
-            self.refresh_blocking(held=hold)
-            reps = self._live_replicas()
-            if not reps:
-                if hold and self.config.get("from_zero"):
-                    return None     # held while the controller starts a replica
-                raise DeploymentUnavailableError(
-                    f"deployment {self.deployment_name!r} of application {self.app_name!r} "
-                    f"has no running replica")
-        with self.lock:
-            if hold:
-                # First come, first served: behind calls already held.
-                return None if self.queue else self._reserve(reps, model_id)
-            rep = self._reserve(reps, model_id)
-            if rep is None:
-                # A stream is never held: the least loaded replica queues it.
-                rep = least_loaded(reps)
-                rep.inflight += 1
-            return rep
-
-    def release(self, rep):
-        with self.lock:
-            rep.inflight -= 1
-        if self.queue:
-            self.pump()
-
-    def drop(self, rep):
-        """``rep`` refused a call (it was dead when the call was sent): out of
-        this handle's set until the controller's next set, and released."""
-        with self.lock:
-            rep.inflight -= 1
-            if rep in self.replicas:
-                self.replicas = [r for r in self.replicas if r is not rep]
-        self.poll_update()
-
-    # -------------------------------------------------------------- queue
-    def enqueue(self, method, args, kwargs, model_id="", meta=None):
-        """Hold a call; its ref, or a ref to a BackPressureError when
-        max_queued_requests calls already wait."""
-        with self.lock:
-            limit = self.config.get("max_queued_requests", _defaults.MAX_QUEUED_REQUESTS)
-            if limit != -1 and len(self.queue) >= limit:
-                return None, _core.error_ref(BackPressureError(
-                    num_queued_requests=len(self.queue), max_queued_requests=limit))
-            q = _Queued(method, args, kwargs, _core.pending_ref(), model_id, meta)
-            self.queue.append(q)
-        self._waiting_changed()
-        # A slot may have freed meanwhile (its release saw no queue yet).
-        self.pump()
-        return q, q.ref
-
-    def cancel(self, q):
-        """Cancel a held call: dropped at once if not sent yet, else cancelled
-        in the replica as soon as it is sent; its result raises
-        ``RequestCancelledError`` either way."""
-        with self.lock:
-            if q.cancelled:
-                return
-            q.cancelled = True
-            sent = q.sent
-            if sent is None:
-                try:
-                    self.queue.remove(q)
-                except ValueError:
-                    pass
-        if sent is None:
-            self._waiting_changed()
-            _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
-        elif sent is not _SENDING:
-            _core.cancel(sent)
-        # else: _send_held cancels it once the call is out.
-
-    def pump(self):
-        """Send held calls while replicas have room.  Any thread may call it,
-        a reply callback included; a call that comes while another pumps
-        (this thread re-entering, or another thread) leaves it to that one,
-        which goes round once more: no recursion, no lost turn."""
-        with self.lock:
-            if self._pumping:
-                self._pump_again = True
-                return
-            self._pumping = True
-        try:
-            while True:
-                with self.lock:
-                    self._pump_again = False
-                watch = self._pump_round()
-                if watch is not None:
-                    # Nothing free: a change of the replica set (a new or a
-                    # replaced replica) must send the held calls too, not only
-                    # a finished call.  Registered outside the lock, and a
-                    # callback that fires at once only asks for another round.
-                    _core.on_ready(watch, lambda _x: self.pump())
-                with self.lock:
-                    if not self._pump_again:
-                        self._pumping = False
-                        return
-        except BaseException:
-            with self.lock:
-                self._pumping = False
-            raise
-
-    def _pump_round(self):
-        """Send what can be sent; the listen ref to watch if calls remain held."""
-        while True:
-            self.poll_update()
-            reps = self._live_replicas()
-            with self.lock:
-                if not self.queue:
-                    return None
-                rep = self._reserve(reps, self.queue[0].model_id)
-                if rep is None:
-                    failure = self._held_calls_failure(reps)
-                    if failure is None:
-                        ref = self.listen_ref
-                        if ref is None or self._listen_watched is ref:
-                            return None
-                        self._listen_watched = ref
-                        return ref
-                    held, self.queue = list(self.queue), collections.deque()
-                else:
-                    q = self.queue.popleft()
-                    q.sent = _SENDING       # from here on, cancel() goes to the replica
-            self._waiting_changed()
-            if rep is None:
-                for q in held:
-                    _core.set_error(q.ref, failure)
-                return None
-            self._send_held(q, rep)
-
-    def _held_calls_failure(self, reps):
-        """Under ``lock``, nothing free: why the held calls can never be sent
-        (the deployment deleted; the controller gone with no call in flight
-        whose end could free a replica), or None."""
-        if not self.exists:
-            return DeploymentUnavailableError(
-                f"deployment {self.deployment_name!r} of application {self.app_name!r} "
-                f"was deleted")
-        if self.listen_error is not None and not any(r.inflight for r in reps):
-            return DeploymentUnavailableError(
-                f"deployment {self.deployment_name!r} of application {self.app_name!r} "
-                f"is unavailable: {self.listen_error}")
-        return None
-
-    def _send_held(self, q, rep):
-        try:
-            ref = _send_call(rep, q.meta, q.method, q.args, q.kwargs)
-            if _core.never_sent(ref):
-                # The replica died before it saw the call: hold it again, first.
-                self.drop(rep)
-                with self.lock:
-                    q.sent = None
-                    held_again = not q.cancelled
-                    if held_again:
-                        self.queue.appendleft(q)
-                if held_again:
-                    self._waiting_changed()
-                    return
-                _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
-                return
-        except Exception as exc:   # noqa: BLE001 - e.g. the replica just died
-            _core.set_error(q.ref, exc)
-            self.release(rep)
-            return
-        except BaseException:      # Ctrl-C while a full ring made the send wait
-            _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
-            self.release(rep)
-            raise
-        q.args = q.kwargs = None
-        with self.lock:
-            q.sent = ref
-            cancelled = q.cancelled
-        if cancelled:
-            _core.cancel(ref)
-
-        def done(_x):
-            r = _core.peek(ref)
-            if r[0]:
-                _core.set_value(q.ref, r[1])
-            elif q.cancelled and isinstance(r[1], TaskCancelledError):
-                _core.set_error(q.ref, RequestCancelledError(q.meta and q.meta[1]))
-            else:
-                _core.set_error(q.ref, r[1])
-            self.release(rep)
-        _core.on_ready(ref, done)
-
-
-def get_router(app_name, deployment_name):
-    return context.per_runtime(context.routers, (app_name, deployment_name),
-                               lambda: Router(app_name, deployment_name))
-
-
-def _send_call(rep, meta, method, args, kwargs):
-    if meta is None:
-        return rep.call.remote(method, args, kwargs)
-    return rep.call.remote(method, args, kwargs, meta)
 
 
 def _call_meta(model_id):
@@ -467,7 +123,7 @@ class DeploymentHandle:
                         gen = rep.stream.remote(self._method, args, kwargs, meta)
                     ref = gen.completed()     # fails at once, like a call's ref, if refused
                 else:
-                    ref = _send_call(rep, meta, self._method, args, kwargs)
+                    ref = send_call(rep, meta, self._method, args, kwargs)
             except BaseException as exc:
                 router.release(rep)
                 _raise_serve_cause(exc)
@@ -484,12 +140,22 @@ class DeploymentHandle:
         return _noted(DeploymentResponse(ref))
 
     def broadcast(self, method_name, *args, **kwargs):
-        """Call ``method_name`` on every running replica (Ray's; see
-        ``_broadcast``): a ``DeploymentBroadcastResponse``."""
+        """Call ``method_name`` on every running replica (Ray's): a
+        ``DeploymentBroadcastResponse``."""
+        if not isinstance(method_name, str):
+            raise TypeError(f"broadcast: method_name must be a str, got "
+                            f"{type(method_name).__name__}")
         router = self._router
         if router is None or context._controller_node is not _core.current_node():
             router = self._router = get_router(self.app_name, self.deployment_name)
-        return broadcast(self, router, method_name, args, kwargs, _call_meta(self._model_id))
+        refs = router.send_to_all(method_name, [_unwrap(a) for a in args],
+                                  {k: _unwrap(v) for k, v in kwargs.items()},
+                                  _call_meta(self._model_id))
+        if not refs:
+            raise DeploymentUnavailableError(
+                f"deployment {self.deployment_name!r} of application {self.app_name!r} has "
+                f"no running replica to broadcast to")
+        return DeploymentBroadcastResponse([DeploymentResponse(ref) for ref in refs])
 
     def shutdown(self):
         """Ray's: release what this handle holds.  Its calls go through the
@@ -632,3 +298,59 @@ class DeploymentResponseGenerator:
         if not _allow_running_in_asyncio_loop and _get_running_loop() is not None:
             _refuse_sync_wait("`await response._to_object_ref_gen()`")
         return self._gen
+
+
+_TIMED_OUT = "Timed out waiting for broadcast results."     # Ray's words
+
+
+def _check_timeout(timeout_s):
+    if timeout_s is not None and timeout_s < 0:
+        raise ValueError("timeout_s must be None or non-negative.")
+
+
+class DeploymentBroadcastResponse:
+    """The results of ``handle.broadcast(...)``: one per replica called."""
+
+    __slots__ = ("_responses",)
+
+    def __init__(self, responses):
+        self._responses = responses
+
+    def results(self, *, timeout_s=None, return_exceptions=False):
+        """Each replica's result; the first error raises unless
+        ``return_exceptions``, where errors take their replica's place.
+        ``TimeoutError`` when ``timeout_s`` passes first."""
+        if _get_running_loop() is not None:
+            _refuse_sync_wait("`await response.results_async()`")
+        _check_timeout(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        out = []
+        for response in self._responses:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                out.append(response.result(timeout_s=left, _skip_asyncio_check=True))
+            except GetTimeoutError:
+                raise TimeoutError(_TIMED_OUT) from None
+            except Exception as exc:    # noqa: BLE001 - the replica's error, kept or raised
+                if not return_exceptions:
+                    raise
+                out.append(exc)
+        return out
+
+    async def results_async(self, *, timeout_s=None, return_exceptions=False):
+        """``results()`` for asyncio code."""
+        _check_timeout(timeout_s)
+
+        async def one(response):
+            return await response
+        gathered = asyncio.gather(*(one(r) for r in self._responses),
+                                  return_exceptions=return_exceptions)
+        if timeout_s is None:
+            return list(await gathered)
+        try:
+            return list(await asyncio.wait_for(gathered, timeout_s))
+        except asyncio.TimeoutError:
+            raise TimeoutError(_TIMED_OUT) from None
+
+    def __repr__(self):
+        return "DeploymentBroadcastResponse()"

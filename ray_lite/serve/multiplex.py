@@ -28,8 +28,9 @@ _model_id = contextvars.ContextVar("serve_multiplexed_model_id", default="")
 def get_multiplexed_model_id():
     """The model id of the request this replica is serving ("" if it has none)."""
     if backend.RAY:
-        from ._on_ray import get_multiplexed_model_id as on_ray
-        return on_ray()
+        backend.require_ray()
+        from ray import serve as ray_serve
+        return ray_serve.get_multiplexed_model_id()
     return _model_id.get()
 
 
