@@ -48,7 +48,7 @@ from .multiplex import MODEL_ID_HEADER, header_value
 # asleep (150-200 us on a loaded VM), not just a warm replica's answer: with
 # a budget below that, one sleeping replica made the proxy sleep too, which
 # lengthened the client's cycle past the replica's own budget, so neither
-# spun again (benchmarks/SERVE_CPU.md, "Spins at ab -c 1").
+# spun again (docs/performance.md, "Spinning at low load").
 # RAY_LITE_SERVE_PROXY_SPIN_US=0 turns it off.
 SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 
@@ -59,7 +59,7 @@ SPIN_BUDGET_S = SERVE_PROXY_SPIN_S
 # wake-ups (ring.hold_wakes) and gives them after the turn: each replica it
 # sent to wakes once and finds all of the turn's requests.  At wrk -c100 that
 # was 0.30 -> 0.17 replica wake-ups and 43.5 -> 37.3 us of CPU per request
-# (benchmarks/SERVE_CPU.md, "Wake-ups after the loop's turn").  Unlike a lower
+# (docs/performance.md, "Held wake-ups").  Unlike a lower
 # priority for replicas (SCHED_BATCH measured the same gain quiet), it costs
 # nothing beside a busy process: the woken replica preempts that as before.
 HOLD_WAKES = SERVE_PROXY_HOLD_WAKES
