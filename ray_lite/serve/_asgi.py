@@ -264,13 +264,7 @@ class AsgiIngress:
         ``(status, header block, body, stream token, seconds it took)``
         (``lone``: unused, an ASGI app's replica does not spin)."""
         rep = self._replica
-        rep._inflight += 1
-        slots = rep._slots
-        try:
-            await slots.__aenter__()
-        except BaseException:
-            rep._leave()
-            raise
+        await rep.admit()
         t0 = _monotonic()
         try:
             scope = http_scope(method, path, query, headers, client, root_path, http_version,
@@ -298,7 +292,7 @@ class AsgiIngress:
             return (reply.status, header_block(reply.headers, None), None,
                     rep._new_stream(reply.stream), _monotonic() - t0)
         finally:
-            slots.release()
+            rep._slots.release()
             rep._leave()
 
     async def _run(self, reply, scope, receive, what):

@@ -323,6 +323,17 @@ class ServeReplica:
                 return False
         return True
 
+    async def admit(self):
+        """Count a request in and wait for one of the replica's slots (a
+        cancelled wait counts it out again); ``_slots.release()`` and
+        ``_leave()`` when it is done."""
+        self._inflight += 1
+        try:
+            await self._slots.__aenter__()
+        except BaseException:
+            self._leave()
+            raise
+
     def _leave(self):
         self._inflight -= 1
         if self._inflight == 0 and self._idle is not None and not self._idle.done():
@@ -414,16 +425,12 @@ class ServeReplica:
         if self._idle_since:
             self._spin.observe(_monotonic() - self._idle_since)
             self._idle_since = 0.0
-        self._inflight += 1
         slots = self._slots
         if slots.free > 0 and not slots.waiters:
+            self._inflight += 1
             slots.free -= 1
         else:
-            try:
-                await slots.wait()
-            except BaseException:
-                self._leave()
-                raise
+            await self.admit()
         t0 = _monotonic()
         try:
             scope = http_scope(method, path, query, headers, client, root_path, http_version,

@@ -493,12 +493,7 @@ async def serve(rep, key, path, query, headers, client, root_path, http_version,
     if asgi is None:
         yield ["http"]
         return
-    rep._inflight += 1
-    try:
-        await rep._slots.__aenter__()
-    except BaseException:
-        rep._leave()
-        raise
+    await rep.admit()
     loop = asyncio.get_running_loop()
     sock = _sockets[key] = _ReplicaSocket(loop)
     scope = websocket_scope(path, query, headers, client, root_path, http_version, server)

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Iterable
 
 import ray_lite
+from ray_lite import _ray
 from ray_lite._fast import codec as _codec
 from ray_lite._private.process import backend as _backend
 from ray_lite._private.process import state as _state
@@ -53,9 +54,35 @@ class Full(_stdlib_queue.Full):
     """``put`` found the queue full (at once, or until its timeout)."""
 
 
+# On the Ray backend, Ray's queue raises its own Empty and Full: they are these.
+_ray.add_error_twins([("ray.util.queue", "Empty", Empty), ("ray.util.queue", "Full", Full)])
+
+
 def _check_timeout(timeout):
     if timeout is not None and timeout < 0:
         raise ValueError("'timeout' must be a non-negative number")
+
+
+def _wait_s(block, timeout):
+    """How long a get or put may wait: 0 unless ``block``, else ``timeout``
+    (None: for ever), checked."""
+    if not block:
+        timeout = 0
+    _check_timeout(timeout)
+    return timeout
+
+
+def _got(answer):
+    """The item of the owner's ``(found, item)`` answer to a get; ``Empty`` if none."""
+    found, item = answer
+    if not found:
+        raise Empty
+    return item
+
+
+# What a get straight from the ring returns when it took no item (an item
+# may be None).
+_NOTHING = object()
 
 
 # This process's mappings of queue rings, one per ring whatever the number of
@@ -150,31 +177,30 @@ class Queue:
         Raises ``Full`` when no room was found.  With several producers
         waiting on a full queue, their items go in in the order they came.
         """
-        if not block:
-            timeout = 0
-        _check_timeout(timeout)
-        ring = self._direct()
-        if ring is not None:
-            data = _codec.dumps(item, readonly_arrays=True)
-            if ring.try_put(data, self.maxsize) or (
-                    self.maxsize > 0 and _may_spin(timeout)
-                    and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize)):
-                return None
-        if not ray_lite.get(self._owner.put.remote(item, timeout)):
+        timeout = _wait_s(block, timeout)
+        if not self._ring_put(item, timeout, spin=True) and \
+                not ray_lite.get(self._owner.put.remote(item, timeout)):
             raise Full
         return None
 
     async def put_async(self, item, block=True, timeout=None):
         """``put`` for asyncio code: awaits the room instead of blocking the thread."""
-        if not block:
-            timeout = 0
-        _check_timeout(timeout)
-        ring = self._direct()
-        if ring is not None and ring.try_put(_codec.dumps(item, readonly_arrays=True),
-                                             self.maxsize):
-            return
-        if not await self._owner.put.remote(item, timeout):
+        timeout = _wait_s(block, timeout)
+        if not self._ring_put(item, timeout, spin=False) and \
+                not await self._owner.put.remote(item, timeout):
             raise Full
+
+    def _ring_put(self, item, timeout, spin):
+        """Put ``item`` straight into the ring, without the owner; False if
+        there is no ring or no room (with ``spin``, and a wait long enough,
+        after polling a while for room)."""
+        ring = self._direct()
+        if ring is None:
+            return False
+        data = _codec.dumps(item, readonly_arrays=True)
+        return ring.try_put(data, self.maxsize) or (
+            spin and self.maxsize > 0 and _may_spin(timeout)
+            and ring.spin_until_room(self.maxsize) and ring.try_put(data, self.maxsize))
 
     def put_nowait(self, item):
         """``put(item, block=False)``."""
@@ -196,35 +222,31 @@ class Queue:
 
         Raises ``Empty`` when no item came.
         """
-        if not block:
-            timeout = 0
-        _check_timeout(timeout)
-        ring = self._direct()
-        if ring is not None:
-            data = ring.try_get()
-            if data is None and _may_spin(timeout) and ring.spin_until_items():
-                data = ring.try_get()
-            if data is not None:
-                return _codec.loads(data)
-        found, item = ray_lite.get(self._owner.get.remote(timeout))
-        if not found:
-            raise Empty
+        timeout = _wait_s(block, timeout)
+        item = self._ring_get(timeout, spin=True)
+        if item is _NOTHING:
+            item = _got(ray_lite.get(self._owner.get.remote(timeout)))
         return item
 
     async def get_async(self, block=True, timeout=None):
         """``get`` for asyncio code: awaits the item instead of blocking the thread."""
-        if not block:
-            timeout = 0
-        _check_timeout(timeout)
-        ring = self._direct()
-        if ring is not None:
-            data = ring.try_get()
-            if data is not None:
-                return _codec.loads(data)
-        found, item = await self._owner.get.remote(timeout)
-        if not found:
-            raise Empty
+        timeout = _wait_s(block, timeout)
+        item = self._ring_get(timeout, spin=False)
+        if item is _NOTHING:
+            item = _got(await self._owner.get.remote(timeout))
         return item
+
+    def _ring_get(self, timeout, spin):
+        """The oldest item, taken straight from the ring without the owner;
+        ``_NOTHING`` if there is no ring or no item (with ``spin``, and a
+        wait long enough, after polling a while for one)."""
+        ring = self._direct()
+        if ring is None:
+            return _NOTHING
+        data = ring.try_get()
+        if data is None and spin and _may_spin(timeout) and ring.spin_until_items():
+            data = ring.try_get()
+        return _NOTHING if data is None else _codec.loads(data)
 
     def get_nowait(self):
         """``get(block=False)``."""
