@@ -5,29 +5,22 @@ this file as is.  Prints one JSON object.
 
     python _core_workloads.py NAME [SCALE]      # SCALE: full | quick | smoke
 """
-import asyncio
-import importlib
+import functools
 import json
 import os
 import sys
 import time
 
-RAYMOD = os.environ.get("RAYMOD", "ray_lite")
-ray = importlib.import_module(RAYMOD)
+# A sibling file, standalone too: this script runs as a file, not in the
+# package, and PYTHONSAFEPATH may keep its folder off sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _workload_common as common  # noqa: E402
 
-NAME = sys.argv[1]
-SCALE = sys.argv[2] if len(sys.argv) > 2 else "full"
+ray = common.runtime()
+common.ship_with_classes(ray)
 
-
-def pick(full, quick, smoke):
-    return {"full": full, "quick": quick, "smoke": smoke}[SCALE]
-
-
-def init():
-    # On Ray (--compare-ray, or ray_lite on its Ray backend) as Ray is measured: no dashboard.
-    on_ray = RAYMOD == "ray" or os.environ.get("RAY_LITE_BACKEND") == "ray"
-    extra = {"include_dashboard": False, "log_to_driver": False} if on_ray else {}
-    ray.init(num_cpus=2, **extra)
+NAME, SCALE, pick = common.command_line()
+init = functools.partial(common.init, ray)
 
 
 def rss_kb():
@@ -75,36 +68,16 @@ class Endpoint:
 
 
 @ray.remote
-class Caller:
+class Caller(common.TokenStreamCaller):
     def __init__(self, ep):
         self.ep = ep
-        self.durations = []
 
-    async def _consume(self):
-        t = time.monotonic()
+    async def _read_stream(self):
         async for ref in self.ep.aio_stream.options(num_returns="streaming").remote():
             ray.get(ref)
-        self.durations.append((time.monotonic() - t) * 1000)
-
-    async def batch(self):
-        await asyncio.gather(*[self._consume() for _ in range(BATCH)])
 
     async def run(self, trials, trial_s):
-        end = time.monotonic() + 0.1
-        while time.monotonic() < end:
-            await self.batch()
-        self.durations.clear()
-        res = []
-        for _ in range(trials):
-            t0 = time.monotonic()
-            n = 0
-            while time.monotonic() - t0 < trial_s:
-                await self.batch()
-                n += 1
-            res.append(BATCH * TOKENS * n / (time.monotonic() - t0))
-        d = sorted(self.durations)
-        q = [d[min(len(d) - 1, int(len(d) * p))] for p in (0.5, 0.75, 0.99)]
-        return res, q
+        return await self.measure(trials, trial_s, BATCH, TOKENS)
 
 
 def b10():

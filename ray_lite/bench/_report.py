@@ -68,7 +68,9 @@ def fmt_number(value, unit):
     u = unit_text(unit)
     if unit == "%":
         return f"{value:.2f} %" if value < 10 else f"{value:.1f} %"
-    if value >= 1000:
+    if isinstance(value, int):
+        text = f"{value:,}"
+    elif value >= 1000:
         text = f"{value:,.0f}"
     elif value >= 100:
         text = f"{value:.0f}"
@@ -144,16 +146,15 @@ def _subject(fig):
 
 
 def _value(fig):
-    if fig.value is not None and fig.value >= 1e6 and fig.unit != "%":
-        text = f"{fig.value / 1e6:.2f}M {unit_text(fig.unit)}"     # "1.23M tokens/s"
-    else:
-        text = fmt_number(fig.value, fig.unit)
-    if fig.stat in ("p50", "p99", "mean", "max"):
-        text += f" {fig.stat}"
-    return text
+    text = fmt_number(fig.value, fig.unit)
+    stat = f" {fig.stat}" if fig.stat in ("p50", "p99", "mean", "max") else ""
+    if len(text + stat) > _VALUE and fig.value >= 1e5:    # "1.23M tokens/s", "191k tokens/s"
+        text = (f"{fig.value / 1e6:.2f}M" if fig.value >= 1e6 else
+                f"{fig.value / 1e3:.0f}k") + f" {unit_text(fig.unit)}"
+    return text + stat
 
 
-def _versus(fig, refs):
+def _versus(fig, refs, width=_VERSUS):
     """The factor over the anchor (and the ceiling) of the same run, naming
     it; else the figure's own note."""
     parts = []
@@ -166,7 +167,7 @@ def _versus(fig, refs):
                 label = label.split()[0]        # "pickle dumps/loads (protocol 5)": "pickle"
             parts.append(f"{ratio_text(x)} {label}")
     text = "; ".join(parts) if parts else plain_text(fig.note)
-    return abbreviate(text, _VERSUS)
+    return abbreviate(text, width)
 
 
 def _met(fig):
@@ -216,8 +217,13 @@ def render_table(figures):
         out.append(_heading(bench, name, goals))
         for fig in group:
             if fig.status == OK:
-                cells = (_subject(fig), abbreviate(_value(fig), _VALUE), short_spread(fig),
-                         _versus(fig, refs), _met(fig))
+                spread, met = short_spread(fig), _met(fig)
+                if spread or met:
+                    cells = (_subject(fig), abbreviate(_value(fig), _VALUE), spread,
+                             _versus(fig, refs), met)
+                else:       # the comparison or note may take the empty columns
+                    cells = (_subject(fig), abbreviate(_value(fig), _VALUE),
+                             _versus(fig, refs, _REASON))
             else:
                 # Not measured: the reason takes the columns of the spread,
                 # the comparison and the verdict.

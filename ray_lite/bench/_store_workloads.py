@@ -16,7 +16,7 @@ readers10  memory of the whole program (the driver and every process under
      counted once), RSS summed (shared pages counted per reader), and the
      PSS before the array was made
 """
-import importlib
+import functools
 import json
 import os
 import sys
@@ -27,24 +27,13 @@ import numpy as np
 # A sibling file, standalone too: this script runs as a file, not in the
 # package, and PYTHONSAFEPATH may keep its folder off sys.path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _workload_common as common  # noqa: E402
 from _procs import descendants  # noqa: E402
 
-RAYMOD = os.environ.get("RAYMOD", "ray_lite")
-ray = importlib.import_module(RAYMOD)
+ray = common.runtime()
 
-NAME = sys.argv[1]
-SCALE = sys.argv[2] if len(sys.argv) > 2 else "full"
-
-
-def pick(full, quick, smoke):
-    return {"full": full, "quick": quick, "smoke": smoke}[SCALE]
-
-
-def init():
-    # On Ray (--compare-ray, or ray_lite on its Ray backend) as Ray is measured: no dashboard.
-    on_ray = RAYMOD == "ray" or os.environ.get("RAY_LITE_BACKEND") == "ray"
-    extra = {"include_dashboard": False, "log_to_driver": False} if on_ray else {}
-    ray.init(num_cpus=2, **extra)
+NAME, SCALE, pick = common.command_line()
+init = functools.partial(common.init, ray)
 
 
 def array():
@@ -127,7 +116,7 @@ def b21():
     finally:
         ray.shutdown()
     out["collective_rpc_2_workers_ms"] = (
-        _collective_ms(arr, trials) if RAYMOD == "ray_lite" else None)
+        _collective_ms(arr, trials) if common.RAYMOD == "ray_lite" else None)
     return out
 
 

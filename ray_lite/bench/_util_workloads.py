@@ -15,20 +15,21 @@ import statistics
 import sys
 import time
 
-RAYMOD = os.environ.get("RAYMOD", "ray_lite")
-ray = importlib.import_module(RAYMOD)
-ON_RAY = RAYMOD == "ray"
+if __package__:
+    from . import _workload_common as common
+else:
+    # Run as a file, maybe by a Python without ray_lite; PYTHONSAFEPATH may
+    # keep this folder off sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _workload_common as common
 
-
-def pick(scale, full, quick, smoke):
-    return {"full": full, "quick": quick, "smoke": smoke}[scale]
+ray = common.runtime()
+ON_RAY = common.RAYMOD == "ray"     # Ray itself, not ray_lite on its Ray backend
+pick = common.pick
 
 
 def init():
-    # On Ray (--compare-ray, or ray_lite on its Ray backend) as Ray is measured: no dashboard.
-    on_ray = ON_RAY or os.environ.get("RAY_LITE_BACKEND") == "ray"
-    extra = {"include_dashboard": False, "log_to_driver": False} if on_ray else {}
-    ray.init(num_cpus=2, **extra)
+    common.init(ray)
 
 
 def tiny(x):
@@ -69,7 +70,7 @@ def b17(scale="full"):
     try:
         init()
         try:
-            pool = importlib.import_module(f"{RAYMOD}.util.multiprocessing").Pool(2)
+            pool = importlib.import_module(f"{common.RAYMOD}.util.multiprocessing").Pool(2)
             try:
                 for _ in range(max(2, reps)):       # workers up, functions loaded
                     assert pool.map(tiny, items) == expected
@@ -105,7 +106,7 @@ def b18(scale="full"):
     trials = pick(scale, 5, 3, 1)
     init()
     try:
-        q = importlib.import_module(f"{RAYMOD}.util.queue").Queue()
+        q = importlib.import_module(f"{common.RAYMOD}.util.queue").Queue()
         ray.get(produce.remote(q, 200))
         for _ in range(200):
             q.get()
@@ -139,7 +140,7 @@ def actor_pool(scale="full"):
     try:
         actors = [Doubler.remote() for _ in range(2)]
         ray.get([a.double.remote(0) for a in actors])
-        pool = importlib.import_module(f"{RAYMOD}.util").ActorPool(actors)
+        pool = importlib.import_module(f"{common.RAYMOD}.util").ActorPool(actors)
         values = list(range(n))
         assert list(pool.map(double, values[:200])) == [2 * v for v in values[:200]]
         rates = []

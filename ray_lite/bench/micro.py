@@ -158,32 +158,42 @@ class RingPair:
             self.child.stop(timeout=10.0 if graceful else 2.0)
 
 
+def _trials(trials, one_trial):
+    """``(samples of every trial, each trial's p50)``; ``one_trial()``
+    returns one trial's samples.  The collector runs between trials."""
+    samples, p50s = [], []
+    for _ in range(trials):
+        settle()
+        trial = one_trial()
+        p50s.append(statistics.median(trial))
+        samples.extend(trial)
+    return samples, p50s
+
+
 def ring_round_trips(ring_module, n, trials, warmup):
     """Per-round-trip ns samples (and per-trial p50s) through a ring pair."""
     pair = RingPair(ring_module, _children.ring_echo)
     try:
         put, get = pair.to_child.put_bytes, pair.to_parent.get
-        clock = time.perf_counter_ns
         timeout = MESSAGE_TIMEOUT_S
-        msg = B4_MESSAGE
         for _ in range(warmup):
-            put(msg, timeout)
+            put(B4_MESSAGE, timeout)
             get(timeout)
-        samples, p50s = [], []
-        for _ in range(trials):
-            settle()
+
+        # Everything the loop touches is a local (default arguments), as fast
+        # to reach as in a loop written inline.
+        def one_trial(put=put, get=get, msg=B4_MESSAGE, timeout=timeout,
+                      clock=time.perf_counter_ns, n=n):
             trial = []
             for _ in range(n):
                 t0 = clock()
                 put(msg, timeout)
                 get(timeout)
                 trial.append(clock() - t0)
-            p50s.append(statistics.median(trial))
-            samples.extend(trial)
-        return samples, p50s
+            return trial
+        return _trials(trials, one_trial)
     finally:
         pair.close()
-
 
 
 def pipe_round_trips(n, trials, warmup):
@@ -194,30 +204,27 @@ def pipe_round_trips(n, trials, warmup):
         child.start()
         child_end.close()
         send, recv = parent_end.send_bytes, parent_end.recv_bytes
-        clock = time.perf_counter_ns
-        msg = B4_MESSAGE
-        send(msg)
+        send(B4_MESSAGE)
         # The first answer waits for the child to start; later ones cannot
         # hang: a dead child makes recv raise EOFError.
         if not parent_end.poll(STARTUP_TIMEOUT_S):
             raise TimeoutError("the Pipe echo child did not answer")
         recv()
         for _ in range(warmup):
-            send(msg)
+            send(B4_MESSAGE)
             recv()
-        samples, p50s = [], []
-        for _ in range(trials):
-            settle()
+
+        def one_trial(send=send, recv=recv, msg=B4_MESSAGE, clock=time.perf_counter_ns, n=n):
             trial = []
             for _ in range(n):
                 t0 = clock()
                 send(msg)
                 recv()
                 trial.append(clock() - t0)
-            p50s.append(statistics.median(trial))
-            samples.extend(trial)
+            return trial
+        result = _trials(trials, one_trial)
         send(_children.STOP)
-        return samples, p50s
+        return result
     finally:
         parent_end.close()
         child.stop(timeout=10.0)
@@ -280,11 +287,8 @@ def _ring_c_level(ctx):
     row = Figure("B4", B4_NAME, "C", label, "us")
 
     def run_c():
-        samples, p50s = [], []
-        for _ in range(trials):
-            trial = list(measure(n, size=len(B4_MESSAGE), timeout=MESSAGE_TIMEOUT_S))
-            p50s.append(statistics.median(trial))
-            samples.extend(trial)
+        samples, p50s = _trials(trials, lambda: list(
+            measure(n, size=len(B4_MESSAGE), timeout=MESSAGE_TIMEOUT_S)))
         return [_latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)]
     return guard(run_c, row)
 
@@ -303,12 +307,9 @@ def _spin_floor(ctx):
     row = Figure("B4", B4_NAME, "C", label, "us")
 
     def run_floor():
-        samples, p50s = [], []
         floor.spin_round_trips(max(n // 10, 1000))          # warm-up
-        for _ in range(trials):
-            blocks = floor.spin_round_trips(n, block=1000, timeout_s=30.0)
-            p50s.append(statistics.median(blocks))
-            samples.extend(blocks)
+        samples, p50s = _trials(trials, lambda: list(
+            floor.spin_round_trips(n, block=1000, timeout_s=30.0)))
         fig = _latency_figure("B4", B4_NAME, "C", label, samples, p50s, trials)
         fig.note = "samples are block means"
         return [fig]

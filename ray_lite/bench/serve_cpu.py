@@ -38,7 +38,9 @@ import time
 
 if __package__:
     from ._harness import ERROR, UNAVAILABLE, Figure, missing
-    from ._procs import descendants, stat_fields
+    from ._procs import descendants, holds_socket, listening_inodes, stat_fields
+    from ._procs import start_hog, stop_hog
+    from ._servers import Server
 
 DESCRIPTION = "Serve: CPU, sleeps and system calls per HTTP request, by process role"
 ROLES = ("proxy", "replica", "other")
@@ -98,9 +100,8 @@ def _stat(pid):
 def _roles(root, port):
     """{pid: role}: the proxies hold the listening socket, replicas are the
     actors that answer (found by their CPU under load: see ``_split``)."""
-    from .soak_suite import _holds, _listening_inodes
-    inodes = _listening_inodes(port)
-    return {pid: ("proxy" if _holds(pid, inodes) else "other") for pid in descendants(root)}
+    inodes = listening_inodes(port)
+    return {pid: ("proxy" if holds_socket(pid, inodes) else "other") for pid in descendants(root)}
 
 
 def _counters(pids):
@@ -206,18 +207,6 @@ def _wrk(port, seconds, conns):
     if n is None:
         raise RuntimeError(f"wrk failed: {out[-400:]}")
     return int(n.group(1))
-
-
-def start_hog():
-    """One CPU-bound process at normal priority (ended by its PID with ``stop_hog``)."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-
-
-def stop_hog(hog):
-    if hog is not None and hog.poll() is None:
-        os.kill(hog.pid, signal.SIGKILL)
-        hog.wait(10)
 
 
 def measure(port, root, conns, seconds, profile=False):
@@ -451,8 +440,7 @@ def stage_costs():
 
 # ------------------------------------------------------------------ running
 def _server(replicas):
-    from .serve_suite import _Server
-    srv = _Server(sys.executable, "ray_lite", replicas)
+    srv = Server(sys.executable, "ray_lite", replicas)
     srv.wait_up(600)
     srv.wait_ready(600)
     return srv

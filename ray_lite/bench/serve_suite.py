@@ -26,24 +26,22 @@ returned, which waits for all of them), and stopped -- so a drift of the
 machine during the run touches all of them alike, and one server never
 runs beside another.
 """
+import importlib
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:
     from .._private.process.boot import python_argv
-    from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
-    from .serve_cpu import start_hog, stop_hog
+    from ._procs import start_hog, stop_hog
+    from ._servers import HI, AppSpec, env_for
+    from ._servers import Server as _Server
 
 # Goals relative to bare uvicorn, the ceiling measured in the same run (with
 # --compare-ray): B7 1.2 times its req/s, B8 as many, B9 no more time, B14
@@ -53,10 +51,7 @@ CEILING_GOALS = {"B7": 1.2, "B8": 1.0, "B9": 1.0, "B14": 2.0, "B15": 1.5}
 RAY_RATIO_GOALS = {"B14": 20, "B15": 25}
 DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
                "streaming, 48 replicas up, server-sent events, FastAPI ingress")
-HERE = os.path.dirname(os.path.abspath(__file__))
 INSTALL = "apt-get install -y apache2-utils wrk"
-# What a server prints (stdout) once every replica is ready.
-READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
 B16_GOAL_US = 40.0
 
 
@@ -68,142 +63,6 @@ def _sizes(ctx):
             "b2_tokens": ctx.pick(1000, 1000, 100),
             "sse_replicas": ctx.pick(4, 4, 2), "fastapi_replicas": ctx.pick(8, 8, 2),
             "warm_s": ctx.pick(2, 1, 0)}
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _env(raymod, replicas):
-    return dict(os.environ, RAYMOD=raymod, REPLICAS=str(replicas), RAY_AUTH_MODE="disabled")
-
-
-_RAY_SERVER = """
-import sys, time, ray
-from ray import serve
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
-sys.path.insert(0, sys.argv[2])
-import importlib, ray.cloudpickle as cloudpickle
-app = importlib.import_module(sys.argv[3])
-cloudpickle.register_pickle_by_value(app)   # Ray's workers cannot import it
-serve.run(app.model({}), route_prefix="/")   # returns once every replica is up
-print("READY", flush=True)
-time.sleep(3600)
-"""
-
-
-_UVICORN_SERVER = """
-import sys, uvicorn
-
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-    await send({"type": "http.response.body", "body": b"hi"})
-
-if len(sys.argv) > 3:        # an app of this package: "module:attribute"
-    import importlib
-    sys.path.insert(0, sys.argv[2])
-    module, attr = sys.argv[3].split(":")
-    app = getattr(importlib.import_module(module), attr)
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
-            access_log=False, log_level="warning")
-"""
-
-
-class _Server:
-    """An app (``_App``; the hi app by default) served by ray_lite's CLI, Ray
-    Serve or bare uvicorn, until stopped."""
-
-    def __init__(self, python, raymod, replicas, app=None):
-        self.port = _free_port()
-        self.raymod = raymod
-        self.app = app = app or HI_APP
-        env = _env(raymod, replicas)
-        if raymod == "ray_lite":
-            # Pinned to this ray_lite, wherever the benchmark is started from.
-            cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
-                              "benchmark's serve run", python=python)
-            cmd += ["serve", "run", f"ray_lite.bench.{app.module}:model", "--port", str(self.port)]
-        elif raymod == "uvicorn":
-            cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
-            if app.asgi:
-                cmd += [HERE, f"{app.module}:{app.asgi}"]
-        else:
-            cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE, app.module]
-        self.out = tempfile.TemporaryFile()
-        self.err = tempfile.TemporaryFile()
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=self.err,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        self.up_s = None
-        self.stderr_lines = []
-
-    def _check_alive(self):
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the {self.raymod} server exited ({self.proc.returncode}): "
-                               f"{self.stderr_text()[-600:]}")
-
-    def wait_up(self, timeout):
-        """Seconds from the start to the first answer."""
-        url = f"http://127.0.0.1:{self.port}{self.app.path}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.read().startswith(self.app.expect):
-                        self.up_s = time.monotonic() - self.t0
-                        return self.up_s
-            except OSError:
-                time.sleep(0.01)
-        raise RuntimeError(f"the {self.raymod} server did not answer within {timeout} s")
-
-    def wait_ready(self, timeout):
-        """Until the server says every replica is ready (bare uvicorn: it answers)."""
-        marker = READY_LINE.get(self.raymod)
-        if marker is None:
-            return
-        deadline = time.monotonic() + timeout
-        while marker.encode() not in self._read(self.out):
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the {self.raymod} server was not ready within {timeout} s")
-            time.sleep(0.05)
-
-    @staticmethod
-    def _read(f):
-        f.seek(0)
-        return f.read()
-
-    def stderr_text(self):
-        return self._read(self.err).decode(errors="replace")
-
-    def cpu_s(self):
-        return tree_cpu_s(self.proc.pid)
-
-    def stop(self):
-        # Ray's GCS, raylet and workers are this server's descendants: end
-        # them by PID if the server's own shutdown left any (never `ray stop`,
-        # which ends every Ray on the machine, other users' too).
-        tree = tree_snapshot(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT if self.raymod == "ray" else signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        kill_survivors(tree)
-        self.stderr_lines = self.stderr_text().splitlines()
-        self.out.close()
-        self.err.close()
 
 
 def _ab(port, n, c):
@@ -275,20 +134,19 @@ def _wrk_round(bench, per_request):
     return one_round
 
 
-class _App:
-    """An app the HTTP benchmarks load: ``ray_lite.bench.<module>:model`` on
-    ray_lite and Ray Serve, ``<module>:<asgi>`` on bare uvicorn (None: the
-    inline "hi" app); ``path`` is what the load asks for and ``expect`` how
-    its answer starts; ``rows(replicas)`` are the figures ({bench: (name,
-    unit)}) that ``one_round(server, sizes, have_ab, have_wrk)`` measures."""
+class _App(AppSpec):
+    """An app the HTTP benchmarks load (:class:`AppSpec`), with the sizes'
+    key of its replica count, and ``rows(replicas)``: the figures ({bench:
+    (name, unit)}) that ``one_round(server, sizes, have_ab, have_wrk)``
+    measures."""
 
     def __init__(self, module, asgi, replicas, path, expect, rows, one_round):
-        self.module, self.asgi, self.replicas = module, asgi, replicas
-        self.path, self.expect = path, expect
+        super().__init__(module, asgi, path, expect)
+        self.replicas = replicas
         self.rows, self.one_round = rows, one_round
 
 
-HI_APP = _App("serve_hi_app", None, "replicas", "/", b"hi", _http_rows, _one_round)
+HI_APP = _App(HI.module, HI.asgi, "replicas", HI.path, HI.expect, _http_rows, _one_round)
 SSE_APP = _App(
     "serve_sse_app", "asgi", "sse_replicas", "/?n=100", b"data: tok0",
     lambda n: {"B14": (f"HTTP server-sent events, 100 a request, {n} replicas, wrk -t1 -c100",
@@ -411,7 +269,7 @@ def _http_figures(ctx, app=None):
 
 def _b2(ctx, python, raymod, impl, label, goals):
     sz = _sizes(ctx)
-    env = _env(raymod, 1)
+    env = env_for(raymod, 1)
     env.update(TOKENS=str(sz["b2_tokens"]), TRIALS=str(sz["b2_trials"]),
                TRIAL_S=str(sz["b2_trial_s"]), BATCH="10")
     cmd = (python_argv("from ray_lite.bench.serve_suite import _b2_main; _b2_main()",
@@ -475,12 +333,14 @@ def compare_ray(ctx, python):
 # ------------------------------------------------------------------ B2 workload
 def _b2_main():
     """Ray's streaming_handle_throughput.py workload (async), on RAYMOD."""
-    import asyncio
-    import importlib
-    import statistics
-    raymod = os.environ.get("RAYMOD", "ray_lite")
-    ray = importlib.import_module(raymod)
-    serve = importlib.import_module(raymod + ".serve")
+    if __package__:
+        from . import _workload_common as common
+    else:   # run as a file by Ray's Python, maybe without ray_lite
+        sys.path.insert(0, HERE)
+        import _workload_common as common
+    ray = common.runtime()
+    common.ship_with_classes(ray)
+    serve = importlib.import_module(common.RAYMOD + ".serve")
     tokens = int(os.environ.get("TOKENS", 1000))
     batch = int(os.environ.get("BATCH", 10))
     trials = int(os.environ.get("TRIALS", 5))
@@ -493,39 +353,20 @@ def _b2_main():
                 yield "OK"
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class Caller:
+    class Caller(common.TokenStreamCaller):
         def __init__(self, ep):
             self.ep = ep.options(stream=True)
-            self.durations = []
 
-        async def _consume(self):
-            t = time.monotonic()
+        async def _read_stream(self):
             async for _ in self.ep.aio_stream.remote():
                 pass
-            self.durations.append((time.monotonic() - t) * 1000)
-
-        async def batch(self):
-            await asyncio.gather(*[self._consume() for _ in range(batch)])
 
         async def run(self):
-            end = time.monotonic() + 0.1
-            while time.monotonic() < end:
-                await self.batch()
-            self.durations.clear()
-            res = []
-            for _ in range(trials):
-                t0 = time.monotonic()
-                n = 0
-                while time.monotonic() - t0 < trial_s:
-                    await self.batch()
-                    n += 1
-                res.append(batch * tokens * n / (time.monotonic() - t0))
-            d = sorted(self.durations)
-            q = [d[min(len(d) - 1, int(len(d) * p))] for p in (0.5, 0.75, 0.99)]
-            return statistics.mean(res), (statistics.pstdev(res) if len(res) > 1 else 0.0), q
+            rates, q = await self.measure(trials, trial_s, batch, tokens)
+            return (statistics.mean(rates), statistics.pstdev(rates) if len(rates) > 1 else 0.0,
+                    q)
 
-    kw = {"include_dashboard": False, "log_to_driver": False} if raymod == "ray" else {}
-    ray.init(num_cpus=2, **kw)
+    common.init(ray)
     h = serve.run(Caller.bind(Endpoint.bind()), route_prefix=None)
     mean, std, q = h.run.remote().result(timeout_s=1200)
     print("RESULT " + json.dumps({"mean": mean, "std": std, "p50": q[0], "p75": q[1],

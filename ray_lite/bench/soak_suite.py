@@ -17,12 +17,13 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
-import time
 
 if __package__:
     from ._harness import ERROR, UNAVAILABLE, Figure, missing
-    from ._procs import descendants
+    from ._procs import descendants, holds_socket, listening_inodes
+    from ._servers import AppSpec, Server
 
 DESCRIPTION = "Serve soak: wrk -c100 on the 48-replica hi app beside a slow-reader stream, RSS growth"
 CHUNK_BYTES = 65536
@@ -51,35 +52,6 @@ def model(args):
 
 
 # ------------------------------------------------------------ the processes
-def _listening_inodes(port):
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    cols = line.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(cols[9])
-        except OSError:
-            pass
-    return inodes
-
-
-def _holds(pid, inodes):
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                return True
-    except OSError:
-        pass
-    return False
-
-
 def _rss_kb(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -93,13 +65,13 @@ def _rss_kb(pid):
 
 def _snapshot(root, port):
     """``{pid: (role, rss kB)}`` of the server's processes."""
-    inodes = _listening_inodes(port)
+    inodes = listening_inodes(port)
     out = {}
     for pid in descendants(root):
         rss = _rss_kb(pid)
         if rss is None:
             continue
-        role = "driver" if pid == root else "proxy" if _holds(pid, inodes) else "other"
+        role = "driver" if pid == root else "proxy" if holds_socket(pid, inodes) else "other"
         out[pid] = (role, rss)
     return out
 
@@ -154,62 +126,24 @@ def _sizes(ctx):
             "warmup_s": ctx.pick(5, 2, 1)}
 
 
-def _start_server(replicas):
-    from ray_lite._private.process.boot import python_argv
-
-    from .serve_suite import _free_port
-    port = _free_port()
-    env = dict(os.environ, REPLICAS=str(replicas))
-    # Pinned to this ray_lite, wherever the benchmark is started from.
-    cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
-                      "soak benchmark's serve run")
-    cmd += ["serve", "run", "ray_lite.bench.soak_suite:model", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    return proc, port
-
-
-def _wait_up(proc, port, timeout):
-    import urllib.request
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode})")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
-                if r.read() == b"hi":
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the server did not answer within {timeout} s")
-
-
-def _stop_server(proc):
-    import signal
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 def run(ctx):
     if not shutil.which("wrk"):
         return [missing("S1", "soak (wrk)", "ray_lite", "ray_lite", "req/s", UNAVAILABLE,
                         "wrk not found: apt-get install -y wrk")]
     sz = _sizes(ctx)
-    proc, port = _start_server(sz["replicas"])
-    reader = None
+    srv = reader = None
     try:
-        _wait_up(proc, port, 600)
+        # "hi" at / and the slow stream, from this module's ``model``.
+        app = AppSpec("soak_suite", None, "/", b"hi")
+        srv = Server(sys.executable, "ray_lite", sz["replicas"], app)
+        srv.wait_up(600)
+        port = srv.port
         reader = _SlowReader(port)
         reader.start()
         _wrk(port, sz["warmup_s"])
-        start = _snapshot(proc.pid, port)
+        start = _snapshot(srv.proc.pid, port)
         r = _wrk(port, sz["seconds"])
-        end = _snapshot(proc.pid, port)
+        end = _snapshot(srv.proc.pid, port)
         reader.stop.set()
         reader.join(30)
     except Exception as exc:   # noqa: BLE001
@@ -218,7 +152,8 @@ def run(ctx):
     finally:
         if reader is not None:
             reader.stop.set()
-        _stop_server(proc)
+        if srv is not None:
+            srv.stop()
     return _figures(sz, r, reader, start, end)
 
 

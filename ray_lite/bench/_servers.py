@@ -1,0 +1,172 @@
+"""The servers the Serve benchmarks load (``serve``, ``serve_cpu``,
+``soak``): an app served by ray_lite's CLI, Ray Serve or bare uvicorn in
+a process tree of its own, started, waited for and ended by PID.
+
+The suites import this module; it imports none of them.
+"""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+from .._private.process.boot import python_argv
+from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# What a server prints (stdout) once every replica is ready.
+READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
+
+
+class AppSpec:
+    """An app a benchmark serves: ``ray_lite.bench.<module>:model`` on
+    ray_lite and Ray Serve, ``<module>:<asgi>`` on bare uvicorn (None: the
+    inline "hi" app); ``path`` is what the load asks for and ``expect`` how
+    its answer starts."""
+
+    def __init__(self, module, asgi, path, expect):
+        self.module, self.asgi, self.path, self.expect = module, asgi, path, expect
+
+
+#: The 48-replica "hi" app of Ray's issue (``serve_hi_app.py``).
+HI = AppSpec("serve_hi_app", None, "/", b"hi")
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def env_for(raymod, replicas):
+    """The environment of a server (or workload) of ``raymod`` with ``replicas``."""
+    return dict(os.environ, RAYMOD=raymod, REPLICAS=str(replicas), RAY_AUTH_MODE="disabled")
+
+
+_RAY_SERVER = """
+import sys, time, ray
+from ray import serve
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
+sys.path.insert(0, sys.argv[2])
+import importlib, ray.cloudpickle as cloudpickle
+app = importlib.import_module(sys.argv[3])
+cloudpickle.register_pickle_by_value(app)   # Ray's workers cannot import it
+serve.run(app.model({}), route_prefix="/")   # returns once every replica is up
+print("READY", flush=True)
+time.sleep(3600)
+"""
+
+
+_UVICORN_SERVER = """
+import sys, uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+    await send({"type": "http.response.body", "body": b"hi"})
+
+if len(sys.argv) > 3:        # an app of this package: "module:attribute"
+    import importlib
+    sys.path.insert(0, sys.argv[2])
+    module, attr = sys.argv[3].split(":")
+    app = getattr(importlib.import_module(module), attr)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
+            access_log=False, log_level="warning")
+"""
+
+
+class Server:
+    """An app (an :class:`AppSpec`; the hi app by default) served by
+    ray_lite's CLI, Ray Serve or bare uvicorn, until stopped."""
+
+    def __init__(self, python, raymod, replicas, app=None):
+        self.port = free_port()
+        self.raymod = raymod
+        self.app = app = app or HI
+        env = env_for(raymod, replicas)
+        if raymod == "ray_lite":
+            # Pinned to this ray_lite, wherever the benchmark is started from.
+            cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
+                              "benchmark's serve run", python=python)
+            cmd += ["serve", "run", f"ray_lite.bench.{app.module}:model", "--port", str(self.port)]
+        elif raymod == "uvicorn":
+            cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
+            if app.asgi:
+                cmd += [HERE, f"{app.module}:{app.asgi}"]
+        else:
+            cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE, app.module]
+        self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=self.err,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.up_s = None
+        self.stderr_lines = []
+
+    def _check_alive(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the {self.raymod} server exited ({self.proc.returncode}): "
+                               f"{self.stderr_text()[-600:]}")
+
+    def wait_up(self, timeout):
+        """Seconds from the start to the first answer."""
+        url = f"http://127.0.0.1:{self.port}{self.app.path}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.read().startswith(self.app.expect):
+                        self.up_s = time.monotonic() - self.t0
+                        return self.up_s
+            except OSError:
+                time.sleep(0.01)
+        raise RuntimeError(f"the {self.raymod} server did not answer within {timeout} s")
+
+    def wait_ready(self, timeout):
+        """Until the server says every replica is ready (bare uvicorn: it answers)."""
+        marker = READY_LINE.get(self.raymod)
+        if marker is None:
+            return
+        deadline = time.monotonic() + timeout
+        while marker.encode() not in self._read(self.out):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.raymod} server was not ready within {timeout} s")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _read(f):
+        f.seek(0)
+        return f.read()
+
+    def stderr_text(self):
+        return self._read(self.err).decode(errors="replace")
+
+    def cpu_s(self):
+        return tree_cpu_s(self.proc.pid)
+
+    def stop(self):
+        # Ray's GCS, raylet and workers are this server's descendants: end
+        # them by PID if the server's own shutdown left any (never `ray stop`,
+        # which ends every Ray on the machine, other users' too).
+        tree = tree_snapshot(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT if self.raymod == "ray" else signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        kill_survivors(tree)
+        self.stderr_lines = self.stderr_text().splitlines()
+        self.out.close()
+        self.err.close()
