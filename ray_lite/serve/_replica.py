@@ -39,7 +39,7 @@ logger = logging.getLogger("ray_lite.serve")
 # saved ~20 % of the CPU per HTTP request while requests were spread over
 # all 48 replicas of the benchmark; since a proxy packs a fast route's
 # requests onto few replicas, it costs instead: those few wait behind any
-# other program at nice 0, and behind the proxies (benchmarks/SERVE_CPU.md,
+# other program at nice 0, and behind the proxies (docs/performance.md,
 # "Replicas' priority": wrk -c4/-c8 +25-30 % requests/s at nice 0, -c100 the
 # same or better, quiet and beside a CPU hog).  So the default is 0: the
 # priority the runtime's other processes have.
@@ -58,7 +58,7 @@ _NICE = SERVE_REPLICA_NICE
 # CPUs (``_spin.cpu_free``).  In those cases the proxies and the other
 # replicas need the CPU that the spin would take, and the next request comes
 # anyway: packed replicas that spun after every request cost 20-70 % of the
-# requests/s at wrk -c4 to -c100 (benchmarks/SERVE_CPU.md).  The budget
+# requests/s at wrk -c4 to -c100 (docs/performance.md).  The budget
 # (1 ms) covers a lone client's whole cycle between two requests (ab -c 1
 # on a VM: 200-600 us), since the gap it must bridge is the client's, not
 # ours.  RAY_LITE_SERVE_REPLICA_SPIN_US=0 turns it off.
