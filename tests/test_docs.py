@@ -177,3 +177,20 @@ def test_code_blocks_are_found(tmp_path):
         (6, "import torch\n", "needs a GPU"),
         (13, "if True:\n    x = 8000\n", None),
     ]
+
+
+@pytest.mark.skipif(not (DOCS / "hooks" / "config_table.py").is_file(),
+                    reason="docs/ is not here (an installed run)")
+def test_configuration_page_gets_every_variable_from_config():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_docs_config_hook",
+                                                  DOCS / "hooks" / "config_table.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook.MARKER in (DOCS / "configuration.md").read_text(encoding="utf-8")
+    config = hook._load_config_module(str(ROOT / "mkdocs.yml"))
+    table = hook.config_table(config.VARIABLES).splitlines()
+    assert len(table) == 2 + len(config.VARIABLES)
+    for var, row in zip(config.VARIABLES, table[2:]):
+        assert row.startswith(f"| `{var.name}` |")
+        assert var.name.startswith("RAY_LITE_")
