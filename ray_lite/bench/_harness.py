@@ -1,5 +1,6 @@
 """What every benchmark suite shares: figures, statistics, timing loops,
-child processes, the machine description, and the table and JSON output.
+child processes, the machine description and how busy it is, and a
+figure's JSON form (what is printed, and how: ``_report.py``).
 
 A suite returns a list of :class:`Figure`.  A figure is one row of the table:
 one workload (``bench``, e.g. ``"B4"``) measured on one implementation
@@ -35,7 +36,7 @@ class Figure:
     name: str                      # what is measured, e.g. "ring round trip, 1-byte message"
     impl: str                      # "compiled" | "python" | "anchor" | "ceiling" | "C"
     label: str                     # the row's subject, e.g. "ray_lite (compiled)", "multiprocessing.Pipe"
-    unit: str                      # "ns" | "us" | "%"
+    unit: str                      # "ns", "us" (printed µs), "%", "req/s", ...: ASCII codes
     value: float = None            # the headline statistic (a median or a p50)
     stat: str = "median"           # what `value` is: "median" of trials, "p50" of samples, ...
     spread: dict = field(default_factory=dict)   # e.g. {"min": .., "max": ..} or {"p99": ..}

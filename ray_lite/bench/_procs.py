@@ -91,6 +91,8 @@ def command_of(pid, width=48):
     except OSError:
         args = []
     args = [a for a in args if a]
+    if len(args) > 2 and args[1] == "-c":       # the program's text says little: its arguments
+        args = args[:2] + ["…"] + args[3:]
     if args:
         text = " ".join([os.path.basename(args[0])] + args[1:])
     else:

@@ -28,7 +28,7 @@ _US_WORD = re.compile(r"(?<=[\d ])us\b")
 
 # The columns of a workload's lines (after the indent), and the indent.
 _INDENT = 5
-_SUBJECT, _VALUE, _SPREAD, _VERSUS, _MET = 28, 16, 11, 21, 3
+_SUBJECT, _VALUE, _SPREAD, _VERSUS, _MET = 28, 16, 12, 20, 3
 _GAP = "  "
 _REASON = _SPREAD + _VERSUS + _MET + 2 * len(_GAP)
 
@@ -103,17 +103,21 @@ def fmt_spread(fig):
 def short_spread(fig):
     """The spread in a few characters: ``±N%``, the widest distance from the
     figure to a trial's own figure (min-max of trials, or of the trials'
-    p50s), or the standard deviation; the p99 where there was one trial."""
+    p50s), or the standard deviation; the p99 (or max) of the samples
+    where there was one trial."""
     s, value = fig.spread or {}, fig.value
     if not value or not isinstance(value, (int, float)):
         return ""
     lo, hi = s.get("trial_p50_min", s.get("min")), s.get("trial_p50_max", s.get("max"))
     if "p99" in s and "trial_p50_min" not in s:
         lo = hi = None                  # one trial: its max is a sample, not a trial
+    gap = None
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-        return f"±{max(value - lo, hi - value) / value * 100:.0f}%"
-    if isinstance(s.get("std"), (int, float)):
-        return f"±{s['std'] / value * 100:.0f}%"
+        gap = max(value - lo, hi - value)
+    elif isinstance(s.get("std"), (int, float)):
+        gap = s["std"]
+    if gap is not None:
+        return "1 trial" if fig.trials == 1 else f"±{gap / value * 100:.0f}%"
     for key in ("p99", "max"):
         if isinstance(s.get(key), (int, float)):
             return abbreviate(f"{key} {fmt_number(s[key], fig.unit)}", _SPREAD)
@@ -147,7 +151,8 @@ def _subject(fig):
 
 def _value(fig):
     text = fmt_number(fig.value, fig.unit)
-    stat = f" {fig.stat}" if fig.stat in ("p50", "p99", "mean", "max") else ""
+    # Percentiles and maxima are named; a median or mean of trials is the default.
+    stat = f" {fig.stat}" if fig.stat in ("p50", "p99", "max") else ""
     if len(text + stat) > _VALUE and fig.value >= 1e5:    # "1.23M tokens/s", "191k tokens/s"
         text = (f"{fig.value / 1e6:.2f}M" if fig.value >= 1e6 else
                 f"{fig.value / 1e3:.0f}k") + f" {unit_text(fig.unit)}"
@@ -163,7 +168,7 @@ def _versus(fig, refs, width=_VERSUS):
         ref = refs[kind].get((fig.bench, fig.name))
         if x is not None and ref is not None:
             label = ref.label.replace("multiprocessing.", "mp.")
-            if len(ratio_text(x)) + 1 + len(label) > _VERSUS:
+            if len(ratio_text(x)) + 1 + len(label) > width:
                 label = label.split()[0]        # "pickle dumps/loads (protocol 5)": "pickle"
             parts.append(f"{ratio_text(x)} {label}")
     text = "; ".join(parts) if parts else plain_text(fig.note)
@@ -217,13 +222,11 @@ def render_table(figures):
         out.append(_heading(bench, name, goals))
         for fig in group:
             if fig.status == OK:
-                spread, met = short_spread(fig), _met(fig)
-                if spread or met:
-                    cells = (_subject(fig), abbreviate(_value(fig), _VALUE), spread,
-                             _versus(fig, refs), met)
-                else:       # the comparison or note may take the empty columns
-                    cells = (_subject(fig), abbreviate(_value(fig), _VALUE),
-                             _versus(fig, refs, _REASON))
+                met = _met(fig)
+                # Without a verdict, the comparison or note may take its column.
+                versus = _versus(fig, refs, _VERSUS if met else _VERSUS + len(_GAP) + _MET)
+                cells = (_subject(fig), abbreviate(_value(fig), _VALUE), short_spread(fig),
+                         versus, met)
             else:
                 # Not measured: the reason takes the columns of the spread,
                 # the comparison and the verdict.

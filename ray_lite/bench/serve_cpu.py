@@ -284,10 +284,10 @@ def _report(roles, before, after, requests, ticks, calls, spy, conns, seconds):
 def format_report(r):
     lines = [f"wrk -t1 -c{r['connections']} {r['seconds']} s: {r['requests']} requests "
              f"({r['rps']:.0f}/s); CPU per request, all server processes: "
-             f"{r['cpu_us']:.1f} us"]
+             f"{r['cpu_us']:.1f} µs"]
     for role, d in r["roles"].items():
-        lines.append(f"  {role:8s} x{d['processes']:<3d} user {d['user_us']:6.1f} us  "
-                     f"sys {d['sys_us']:6.1f} us  sleeps {d['sleeps']:.2f}  "
+        lines.append(f"  {role:8s} x{d['processes']:<3d} user {d['user_us']:6.1f} µs  "
+                     f"sys {d['sys_us']:6.1f} µs  sleeps {d['sleeps']:.2f}  "
                      f"preempted {d['preempted']:.2f}  per request")
         sc = d.get("syscalls")
         if sc:
@@ -295,7 +295,7 @@ def format_report(r):
                               if k != "all" and v >= 0.01)
             lines.append(f"           system calls {sc.get('all', 0):.2f}: {kinds}")
         for stage, us in (d.get("stages_us") or {}).items():
-            lines.append(f"           {us:6.1f} us  {stage}")
+            lines.append(f"           {us:6.1f} µs  {stage}")
     return "\n".join(lines)
 
 
@@ -501,7 +501,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.stages:
         for stage, us in stage_costs().items():
-            print(f"{us:7.2f} us  {stage}")
+            print(f"{us:7.2f} µs  {stage}")
         return 0
     conns = [int(c) for c in args.connections.split(",")]
     reports = breakdown(args.replicas, conns, int(args.seconds), args.profile, args.beside_hog)
