@@ -78,3 +78,34 @@ def test_without_matplotlib_the_command_names_the_extra(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "matplotlib" in err and "ray_lite[plot]" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("suites", [("serve", "micro"), ("micro",)])
+def test_the_title_stays_clear_of_the_first_panel(tmp_path, monkeypatch, suites):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+    drawn = []
+    save = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        drawn.append(self)
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    result = _fake_result()
+    result["suites"] = {name: result["suites"][name] for name in suites}
+    # A tall figure (tight_layout let the title run into the first panel's
+    # there), and a long machine line: the title wraps over several lines.
+    result["suites"]["micro"]["figures"] += [
+        _fig(f"B{i}", f"workload {i}", "compiled", "ray_lite", "us", 1.0 + i) for i in range(60)]
+    result["machine"]["cpu"] = "A processor with a model name long enough to wrap the title " * 2
+    plot.plot_result(result, str(tmp_path / "title.png"))
+    (fig,) = drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()                           # the same layout, on a canvas that can measure it
+    renderer = canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    first = fig.axes[0]
+    panel = first.title.get_window_extent(renderer)
+    assert title.y0 >= panel.y1                     # above the first panel's own title
+    assert title.y0 >= first.get_window_extent(renderer).y1
