@@ -1,11 +1,21 @@
-"""Exceptions of the ray_lite runtime, with Ray's names and meanings.
+"""Every error ray_lite raises, with Ray's names and meanings where Ray has them.
 
 ``RayTaskError`` is what ``get`` raises when user code failed remotely.  Like
 Ray's, the instance ``get`` raises is *also* an instance of the user's
 exception class (``except ValueError`` still catches a remote ``ValueError``)
 and its message carries the remote traceback.
+
+Besides Ray's classes, this module holds the errors of ray_lite's own public
+modules (the channels of ``MessageQueue``, the executor, ``util``), so one
+import reaches every error a program can get; Serve's are in
+``ray_lite.serve.exceptions``.
 """
 import builtins
+import queue as _stdlib_queue
+
+# The channels' errors, raised by both twins of the hot paths.
+from ray_lite._fast.errors import (ChannelClosedError, DecodeError, MessageTooLargeError,
+                                   PeerDiedError, SerializationError)
 
 __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
@@ -22,6 +32,12 @@ __all__ = [
     "RayChannelError", "RayChannelTimeoutError", "RayCgraphCapacityExceeded",
     "RayDirectTransportError", "StreamingGeneratorReplayInconsistentError",
     "OufOfBandObjectRefSerializationException", "RAY_EXCEPTION_TYPES",
+    # Ray's, defined elsewhere in Ray (ray.actor, ray.util.annotations, ray.util.queue)
+    "ActorClassInheritanceException", "RayDeprecationWarning", "Empty", "Full",
+    # ray_lite's own
+    "NotOnThisMachineError", "FunctionRaisedActorError", "WorkerDiedError",
+    "ExecutorShutdownError", "SerializationError", "ChannelClosedError", "PeerDiedError",
+    "MessageTooLargeError", "DecodeError",
 ]
 
 
@@ -344,3 +360,83 @@ RAY_EXCEPTION_TYPES = [
     RayCgraphCapacityExceeded, UnserializableException, ActorAlreadyExistsError,
     ActorHandleNotFoundError, AuthenticationError,
 ]
+
+
+# ---------------------------------------------------------------------------
+# Ray's classes that Ray defines outside ray.exceptions, under the same names.
+
+class ActorClassInheritanceException(TypeError):
+    """``class B(A)`` where ``A`` is an actor class (``ray.actor``'s error):
+    subclass the plain class, then decorate the subclass with ``remote``."""
+
+
+class RayDeprecationWarning(DeprecationWarning):
+    """A Ray API marked ``@Deprecated(warning=True)`` was used
+    (``ray.util.annotations``)."""
+
+
+class Empty(_stdlib_queue.Empty):
+    """``ray_lite.util.queue.Queue.get`` found the queue empty (at once, or
+    until its timeout).  A ``queue.Empty``."""
+
+
+class Full(_stdlib_queue.Full):
+    """``ray_lite.util.queue.Queue.put`` found the queue full (at once, or
+    until its timeout).  A ``queue.Full``."""
+
+
+# ---------------------------------------------------------------------------
+# ray_lite's own.
+
+class NotOnThisMachineError(ValueError, RayError):
+    """An option Ray honours on a cluster that one machine cannot:
+    ``num_gpus`` above 0 or an ``accelerator_type``, on a task, an actor or a
+    Serve deployment's ``ray_actor_options``.  On Ray the call would wait for
+    a node that has the accelerator; ray_lite refuses it when the function is
+    called or the class instantiated (a module that only declares one still
+    imports).  The message names the option and what to do instead: leave
+    it out, or run the program on Ray (``RAY_LITE_BACKEND=ray``), where it
+    means what Ray says.  A ``ValueError``."""
+
+    @classmethod
+    def for_option(cls, name, value, where=""):
+        """The error for the option ``name=value``; ``where`` names whose
+        option it is (``"ray_actor_options"``, ``"task"``)."""
+        what = {"num_gpus": "schedules no GPUs",
+                "accelerator_type": "has no accelerator types to match"}.get(
+                    name, "cannot honour this option")
+        place = f" in {where}" if where else ""
+        return cls(f"{name}={value!r}{place}: ray_lite runs on one machine and {what}. "
+                   f"Leave {name} out (a task or actor may still use this machine's "
+                   f"devices, as any process can), or run the program on Ray "
+                   f"(RAY_LITE_BACKEND=ray or ray_lite.init(backend=\"ray\")), where "
+                   f"{name} is honoured.")
+
+
+class FunctionRaisedActorError(RayActorError):
+    """A ``RayActorError`` that the function of a
+    ``ray_lite.util.multiprocessing.Pool`` raised itself (an actor it called
+    died): unlike one the runtime raises for a dead worker, it does not make
+    the pool replace the worker that ran the function."""
+
+
+class WorkerDiedError(WorkerCrashedError):
+    """A worker process of ``ray_lite.executor.MultiprocExecutor`` died; the
+    executor is failed (make a new one).
+
+    ``rank``, ``pid`` and ``exitcode`` (negative: killed by that signal) say
+    which and how.
+    """
+
+    def __init__(self, message, rank=None, pid=None, exitcode=None):
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.exitcode = exitcode
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.rank, self.pid, self.exitcode))
+
+
+class ExecutorShutdownError(RayError):
+    """The executor was shut down before this call completed (or was made)."""

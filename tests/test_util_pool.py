@@ -389,3 +389,91 @@ def use_a_pool_inside_a_task(n):
 
 def test_a_pool_inside_a_task(rt):
     assert ray_lite.get(use_a_pool_inside_a_task.remote(5), timeout=60) == (25, [0, 1, 4])
+
+
+# -- a failing item's error reads like a failing task's ------------------------------
+
+def assert_traceback_starts_at(exc, function_name, filename, line):
+    """``exc`` is headed with ``function_name`` and its traceback's first frame
+    is ``filename``:``line``; none of the runtime's frames is shown."""
+    text = str(exc)
+    assert text.startswith(f"ray_lite::{function_name}() (pid="), text
+    frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("File ")]
+    assert frames and frames[0].startswith(f'File "{filename}", line {line}, in '), text
+    assert "<dynamic-code>" not in text and "_PoolWorker" not in text
+    ray_lite_dir = os.path.dirname(ray_lite.__file__)
+    assert not [f for f in frames if ray_lite_dir in f], text
+
+
+def test_a_failing_items_traceback_starts_at_the_users_function(pool):
+    # A local function travels by value (cloudpickle), as a function of a
+    # script's __main__ does: its frames must keep their file and line.
+    def check(x):
+        if x == 3:
+            raise KeyError(f"item {x}")
+        return x
+    raise_line = check.__code__.co_firstlineno + 2
+    name = check.__qualname__
+    for run in (lambda: pool.map(check, range(6), chunksize=2),
+                lambda: list(pool.imap(check, range(6))),
+                lambda: pool.starmap(check, [(x,) for x in range(6)]),
+                lambda: pool.apply(check, (3,)),
+                lambda: pool.apply_async(check, (3,)).get(timeout=60)):
+        with pytest.raises(KeyError) as info:
+            run()
+        assert_traceback_starts_at(info.value, name, __file__, raise_line)
+    assert pool.map(check, [1, 2]) == [1, 2]     # the pool goes on
+
+
+def test_a_failing_initializers_traceback_starts_at_it(rt):
+    def setup(x):
+        return 1 / x
+    with pytest.raises(RayActorError) as info:
+        Pool(1, initializer=setup, initargs=(0,))
+    text = str(info.value)
+    assert "ZeroDivisionError" in text and "<dynamic-code>" not in text
+    line = setup.__code__.co_firstlineno + 1
+    assert f'File "{__file__}", line {line}, in {setup.__name__}' in text
+    assert f"ray_lite::{setup.__qualname__}()" in text
+
+
+_SCRIPT = '''\
+import ray_lite
+from ray_lite.util.multiprocessing import Pool
+
+
+def work(x):
+    if x == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+if __name__ == "__main__":
+    ray_lite.init(num_cpus=2)
+    try:
+        with Pool(2) as pool:
+            try:
+                pool.map(work, range(6))
+            except ValueError as exc:
+                print(exc)
+            else:
+                print("no error")
+    finally:
+        ray_lite.shutdown()
+'''
+
+
+def test_a_scripts_function_fails_with_its_file_and_line(twin, tmp_path):
+    # The case users meet: the function is in the script run as __main__.
+    import subprocess
+    import sys
+    twin.check()
+    script = tmp_path / "pool_script.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, RAY_LITE_NO_EXTENSIONS="0" if twin.compiled else "1")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert_traceback_starts_at(out.stdout.strip(), "work", str(script), 7)
+    assert 'raise ValueError(f"bad item {x}")' in out.stdout
+    assert out.stdout.rstrip().endswith("ValueError: bad item 3")

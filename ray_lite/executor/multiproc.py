@@ -27,7 +27,7 @@ from ray_lite._fast.errors import ChannelClosedError, PeerDiedError, RingEmpty
 from ray_lite._fast.ring import ShmRing, wait_rings_or_fds
 from ray_lite._fast.wait_policy import BROADCAST_YIELD_NS, MULTI_SPIN_NS, SLICE_NS, ns_to_s
 from ray_lite._private.process.boot import python_argv
-from ray_lite.exceptions import RayError, RayTaskError, WorkerCrashedError
+from ray_lite.exceptions import ExecutorShutdownError, RayTaskError, WorkerDiedError
 
 from . import _worker as proto
 from ._async_pump import AsyncPump
@@ -40,27 +40,6 @@ __all__ = ["ExecutorCore", "MultiprocExecutor", "RpcFuture", "WorkerDiedError", 
 _SPIN_S = ns_to_s(MULTI_SPIN_NS)
 _YIELD_S = ns_to_s(BROADCAST_YIELD_NS)
 _SLICE_S = ns_to_s(SLICE_NS)
-
-
-class WorkerDiedError(WorkerCrashedError):
-    """A worker process of the executor died; the executor is failed.
-
-    ``rank``, ``pid`` and ``exitcode`` (negative: killed by that signal) say
-    which and how.
-    """
-
-    def __init__(self, message, rank=None, pid=None, exitcode=None):
-        super().__init__(message)
-        self.rank = rank
-        self.pid = pid
-        self.exitcode = exitcode
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.rank, self.pid, self.exitcode))
-
-
-class ExecutorShutdownError(RayError):
-    """The executor was shut down before this call completed (or was made)."""
 
 
 class RpcFuture(concurrent.futures.Future):

@@ -9,10 +9,7 @@ import os
 import sys
 
 from ._plain_config import PlainConfig, normalized
-
-
-class ConfigError(ValueError):
-    """A config file that does not follow Serve's schema (the message says where)."""
+from .exceptions import ConfigError  # noqa: F401 - with Serve's other errors
 
 
 def check_keys(where, given, allowed):

@@ -10,7 +10,8 @@ import inspect
 from ._defaults import DEPLOYMENT_OPTIONS as _DEFAULTS
 from ._defaults import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 from .._private.scheduling.labels import check_label_options
-# Accepted as in Ray, without effect on one machine (listed in the README).
+from ..exceptions import NotOnThisMachineError
+# Accepted as in Ray, without effect on one machine (the manual's compatibility page lists them).
 _HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "request_router_config",
              "max_constructor_retry_count", "is_driver_deployment", "_internal"}
@@ -62,12 +63,10 @@ def _check_config(cfg):
             if key not in _ACTOR_OPTIONS_OK:
                 raise ValueError(f"ray_actor_options: invalid option {key!r}")
         check_label_options(rao)      # matched against the node's labels at deployment
-        if rao.get("num_gpus") not in (None, 0):
-            raise ValueError("ray_lite does not support GPUs in ray_actor_options")
-        if rao.get("accelerator_type") is not None:
+        for key in ("num_gpus", "accelerator_type"):
             # As on tasks and actors: this machine's CPUs are all there is.
-            raise ValueError(f"ray_lite does not support accelerator_type="
-                             f"{rao['accelerator_type']!r} in ray_actor_options")
+            if rao.get(key) not in (None, 0):
+                raise NotOnThisMachineError.for_option(key, rao[key], "ray_actor_options")
     if cfg.get("backpressure_config") is not None:
         from ._options import normalize_backpressure
         cfg["backpressure_config"] = normalize_backpressure(cfg["backpressure_config"])

@@ -1,9 +1,21 @@
-"""Serve's errors (Ray Serve's names)."""
+"""Every error ``ray_lite.serve`` raises: Ray Serve's under Ray Serve's names,
+and ``ConfigError`` for a config file or option that does not follow Serve's
+schema.  The core's errors (a replica's ``RayTaskError``, ``ActorDiedError``)
+are in ``ray_lite.exceptions``."""
 from ray_lite.exceptions import RayError, TaskCancelledError
+
+__all__ = ["RayServeException", "BackPressureError", "DeploymentUnavailableError",
+           "RequestCancelledError", "ReplicaUnavailableError", "ConfigError"]
 
 
 class RayServeException(RayError):
-    pass
+    """Base of Serve's errors."""
+
+
+class ConfigError(ValueError, RayServeException):
+    """A Serve config file (``ray-lite serve run/deploy config.yaml``) or a
+    Serve option that does not follow Serve's schema; the message names the
+    key at fault and where it is.  A ``ValueError``."""
 
 
 class BackPressureError(RayServeException):
@@ -28,7 +40,8 @@ class BackPressureError(RayServeException):
 
 
 class DeploymentUnavailableError(RayServeException):
-    pass
+    """No replica of the deployment can take the call: its deploy failed, or
+    none is left running (``handle.broadcast``)."""
 
 
 class RequestCancelledError(RayServeException, TaskCancelledError):

@@ -9,6 +9,8 @@ import functools
 import inspect
 import warnings
 
+from ray_lite.exceptions import RayDeprecationWarning
+
 __all__ = ["PublicAPI", "DeveloperAPI", "Deprecated", "RayDeprecationWarning",
            "AnnotationType"]
 
@@ -20,10 +22,6 @@ class AnnotationType(enum.Enum):
     DEVELOPER_API = "DeveloperAPI"
     DEPRECATED = "Deprecated"
     UNKNOWN = "Unknown"
-
-
-class RayDeprecationWarning(DeprecationWarning):
-    """A Ray API marked ``@Deprecated(warning=True)`` was used."""
 
 
 def _mark(obj, kind, note=None, api_group=None):

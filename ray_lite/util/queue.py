@@ -24,7 +24,6 @@ import asyncio
 import collections
 import functools
 import os
-import queue as _stdlib_queue
 import weakref
 from collections.abc import Iterable
 
@@ -33,6 +32,7 @@ from ray_lite import _ray
 from ray_lite._fast import codec as _codec
 from ray_lite._private.process import backend as _backend
 from ray_lite._private.process import state as _state
+from ray_lite.exceptions import Empty, Full
 from ray_lite.util._queue_ring import QueueRing
 
 __all__ = ["Queue", "Empty", "Full"]
@@ -44,14 +44,6 @@ _SPIN_MIN_TIMEOUT_S = 0.001
 
 def _may_spin(timeout):
     return timeout is None or timeout >= _SPIN_MIN_TIMEOUT_S
-
-
-class Empty(_stdlib_queue.Empty):
-    """``get`` found the queue empty (at once, or until its timeout)."""
-
-
-class Full(_stdlib_queue.Full):
-    """``put`` found the queue full (at once, or until its timeout)."""
 
 
 # On the Ray backend, Ray's queue raises its own Empty and Full: they are these.

@@ -5,6 +5,7 @@ import sys
 import warnings
 
 from ray_lite._fast.pool_book import PLAIN_TYPES
+from ray_lite.exceptions import NotOnThisMachineError, RayDeprecationWarning
 
 from ..process import state
 from ..actors.concurrency_groups import check_groups
@@ -24,7 +25,7 @@ _TASK_HONOURED = {"num_returns", "max_retries", "name", "_generator_backpressure
 _ACTOR_HONOURED = {"max_concurrency", "name", "namespace", "get_if_exists", "lifetime",
                    "max_restarts", "max_task_retries", "concurrency_groups"} | _PLACEMENT
 # Options that make no sense on one machine but are harmless: accepted, listed
-# in the README, and without effect.
+# in the manual's compatibility page, and without effect.
 HARMLESS = {"num_gpus", "memory", "accelerator_type", "_metadata",
             "enable_task_events", "object_store_memory", "_labels"}
 # ...except for these values, which ray_lite cannot honour: refusing is
@@ -43,10 +44,6 @@ _SIMPLE_TYPES = PLAIN_TYPES     # arguments that need no look before they travel
 # at the call, not where the function or class is declared, so that a
 # module declaring a GPU task it does not call here still imports.
 _VALID_ON_RAY = ("num_gpus", "accelerator_type")
-
-
-class NotOnThisMachine(ValueError):
-    """An option Ray honours elsewhere that this machine cannot (``num_gpus=1``)."""
 
 
 def _driver_pid():
@@ -84,7 +81,6 @@ def _check_num_returns(nr):
 
 def warn_dynamic():
     """Ray's warning where ``num_returns="dynamic"`` is declared or set."""
-    from ray_lite.util.annotations import RayDeprecationWarning
     warnings.warn("num_returns='dynamic' is deprecated and will be removed in a future Ray "
                   "release. Use num_returns='streaming' instead.", RayDeprecationWarning,
                   stacklevel=_user_stacklevel())
@@ -100,9 +96,11 @@ def _check_options(opts, kind):
         allowed = refused.get(key)
         if allowed is not None and value not in allowed and not (
                 isinstance(value, dict) and not value):
-            raise (NotOnThisMachine if key in _VALID_ON_RAY else ValueError)(
-                f"ray_lite does not support the option {key}={value!r} "
-                f"(single machine runtime; see the README's list of options)")
+            if key in _VALID_ON_RAY:
+                raise NotOnThisMachineError.for_option(key, value, f"the {kind}'s options")
+            other = "actor" if kind == "task" else "task"
+            raise ValueError(f"{key}={value!r}: {key} is an option of {other}s, not of "
+                             f"{kind}s; leave it out of the {kind}'s options")
     if kind == "task":
         _check_num_returns(opts.get("num_returns", 1))
         _check_count(opts, "max_retries")

@@ -5,6 +5,7 @@ import os
 from ray_lite import _ray
 from ray_lite._fast.pool_book import plain_call
 from ray_lite._lazy import lazy_module
+from ray_lite.exceptions import ActorClassInheritanceException, NotOnThisMachineError
 
 from ..process import backend as _backend
 from ..links import protocol as P
@@ -13,7 +14,7 @@ from ..process import state
 from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
-                           NotOnThisMachine, _make_call_result, _stream_opts,
+                           _make_call_result, _stream_opts,
                            warn_dynamic)
 from ..actors.concurrency_groups import check_groups, check_method_groups
 from ..objects.refs import ObjectRef, _Entry
@@ -64,7 +65,8 @@ class _RefusedHere:
     __slots__ = ("error",)
 
     def __init__(self, error):
-        if _backend.current() != _backend.RAY_NAME and not isinstance(error, NotOnThisMachine):
+        if _backend.current() != _backend.RAY_NAME and \
+                not isinstance(error, NotOnThisMachineError):
             raise error
         self.error = error
 
@@ -287,10 +289,6 @@ def _methods_of(cls):
 def _is_async(cls):
     return any(inspect.iscoroutinefunction(m) or inspect.isasyncgenfunction(m)
                for _, m in inspect.getmembers(cls))
-
-
-class ActorClassInheritanceException(TypeError):
-    """``class B(A)`` where ``A`` is an actor class (Ray's ``ray.actor`` error)."""
 
 
 class ActorClass:

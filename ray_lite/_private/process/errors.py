@@ -13,7 +13,8 @@ traceback = lazy_module("traceback", globals())
 
 # Where the runtime's own frames come from: its package folder, and the
 # relative names Cython gives the frames of compiled modules.
-_RUNTIME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# (This file is ray_lite/_private/process/errors.py: three levels up.)
+_RUNTIME_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _RUNTIME_PYX = "ray_lite" + os.sep
 
 

@@ -31,9 +31,11 @@ from multiprocessing import TimeoutError
 import cloudpickle
 
 import ray_lite
-from ray_lite._private.process import backend as _backend
 from ray_lite._private.objects.refs import pinning_refs
-from ray_lite.exceptions import RayActorError
+from ray_lite._private.objects.shipping import shipped_form, unship
+from ray_lite._private.process import backend as _backend
+from ray_lite._private.process.errors import make_task_error
+from ray_lite.exceptions import FunctionRaisedActorError, RayActorError
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
 
@@ -47,10 +49,23 @@ _READ_ARRIVALS_S = 1e-4
 _FUNCTION_CACHE = 32
 
 
-class FunctionRaisedActorError(RayActorError):
-    """A ``RayActorError`` that the pool's function raised itself (an actor it
-    called died): unlike one the runtime raises for a dead worker, it does
-    not make the pool replace the worker that ran the function."""
+def _function_name(fn):
+    """What a failure of ``fn`` is headed with, as a task's is with its function's."""
+    fn = getattr(fn, "func", fn)            # functools.partial: the function it calls
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _item_error(fn, exc):
+    """What the pool's function raising ``exc`` is sent back as: the error of
+    a task named after the function, whose traceback starts at the function
+    (the worker's own frames left out, as a task's are).  A ``RayActorError``
+    it raised (an actor it called died) becomes ``FunctionRaisedActorError``,
+    which the pool tells from its own worker's death."""
+    if isinstance(exc, RayActorError) and not isinstance(exc, FunctionRaisedActorError):
+        cause = FunctionRaisedActorError(str(exc))
+        cause.__cause__, cause.__traceback__ = exc, exc.__traceback__
+        exc = cause
+    return make_task_error(_function_name(fn), exc)
 
 
 class _PoolWorker:
@@ -59,15 +74,20 @@ class _PoolWorker:
     def __init__(self, init_blob):
         self._functions = {}
         if init_blob is not None:
-            initializer, initargs = cloudpickle.loads(init_blob)
-            initializer(*initargs)
+            initializer, initargs = init_blob
+            initializer = unship(initializer)
+            try:
+                initializer(*cloudpickle.loads(initargs))
+            except Exception as exc:
+                raise _item_error(initializer, exc) from None
 
     def _function(self, blob):
         fn = self._functions.get(blob)
         if fn is None:
             if len(self._functions) >= _FUNCTION_CACHE:
                 self._functions.clear()
-            fn = self._functions[blob] = cloudpickle.loads(blob)
+            # (Its file name restored: a function of __main__ travels by value.)
+            fn = self._functions[blob] = unship(blob)
         return fn
 
     def run_chunk(self, blob, chunk, star):
@@ -76,18 +96,15 @@ class _PoolWorker:
             if star:
                 return [fn(*args) for args in chunk]
             return [fn(x) for x in chunk]
-        except FunctionRaisedActorError:
-            raise
-        except RayActorError as exc:
-            raise FunctionRaisedActorError(str(exc)) from exc
+        except Exception as exc:
+            raise _item_error(fn, exc) from None
 
     def run_call(self, blob, args, kwds):
+        fn = self._function(blob)
         try:
-            return self._function(blob)(*args, **kwds)
-        except FunctionRaisedActorError:
-            raise
-        except RayActorError as exc:
-            raise FunctionRaisedActorError(str(exc)) from exc
+            return fn(*args, **kwds)
+        except Exception as exc:
+            raise _item_error(fn, exc) from None
 
 
 _pool_worker_class = functools.cache(lambda: ray_lite.remote(_PoolWorker))
@@ -397,7 +414,8 @@ class Pool:
             self._init_blob = None
         else:
             with pinning_refs():    # loaded by every worker
-                self._init_blob = cloudpickle.dumps((initializer, tuple(initargs or ())))
+                self._init_blob = (cloudpickle.dumps(shipped_form(initializer)),
+                                   cloudpickle.dumps(tuple(initargs or ())))
         self._maxtasksperchild = maxtasksperchild
         self._remote_args = dict(ray_remote_args or {})
         self._pending = set()            # AsyncResults not finished yet
@@ -477,7 +495,7 @@ class Pool:
         if not callable(func):
             raise TypeError(f"{type(func).__name__!r} object is not callable")
         with pinning_refs():    # loaded by every worker that runs a chunk
-            return cloudpickle.dumps(func)
+            return cloudpickle.dumps(shipped_form(func))
 
     # ----------------------------------------------------------------- apply
     def apply(self, func, args=(), kwds=None):
