@@ -231,3 +231,34 @@ def test_rays_errors_outside_ray_exceptions_keep_rays_names(name, ray_home):
     stdlib = ("builtins", "_queue", "queue")
     assert [b for b in theirs.__mro__ if b.__module__ in stdlib] == \
         [b for b in ours.__mro__ if b.__module__ in stdlib]
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"local_mode": True}, "leave local_mode out"),
+    ({"storage": "/tmp/x"}, "leave storage out"),
+    ({"_node_ip_address": "10.0.0.1"}, "leave _node_ip_address out"),
+])
+def test_init_refuses_what_it_cannot_honour_saying_what_to_do(kwargs, says):
+    # Refused before anything starts: no runtime to shut down.
+    with pytest.raises(ValueError) as info:
+        ray_lite.init(**kwargs)
+    key, value = next(iter(kwargs.items()))
+    assert str(info.value).startswith(f"init({key}={value!r}): ")
+    assert says in str(info.value)
+    assert not ray_lite.is_initialized()
+
+
+def test_a_job_config_ray_lite_cannot_honour_is_refused_saying_what_to_do():
+    from ray_lite.job_config import JobConfig
+    with pytest.raises(ValueError, match="leave jvm_options or code_search_path out"):
+        ray_lite.init(job_config=JobConfig(jvm_options=["-Xmx1g"]))
+    with pytest.raises(ValueError, match="give lifetime='detached' to the actors"):
+        ray_lite.init(job_config=JobConfig(default_actor_lifetime="detached"))
+    assert not ray_lite.is_initialized()
+
+
+def test_a_serve_config_with_target_capacity_is_refused_saying_what_to_do():
+    from ray_lite.serve import config
+    from ray_lite.serve.exceptions import ConfigError
+    with pytest.raises(ConfigError, match="remove target_capacity from the config"):
+        config.parse({"target_capacity": 50, "applications": []})

@@ -185,7 +185,8 @@ def parse(raw):
             raise ConfigError("grpc_options.grpc_servicer_functions: ray_lite.serve has no "
                               "gRPC ingress (HTTP only)")
     if raw.get("target_capacity") is not None:
-        raise ConfigError("target_capacity: not supported by ray_lite.serve")
+        raise ConfigError("target_capacity: ray_lite.serve runs every deployment at full "
+                          "capacity; remove target_capacity from the config")
     controller_options = raw.get("controller_options")
     for key, check in (("controller_options", controller_env_vars),
                        ("tracing_config", check_tracing_config)):

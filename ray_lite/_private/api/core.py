@@ -36,7 +36,15 @@ _HARMLESS_INIT = {"include_dashboard", "dashboard_host", "dashboard_port", "logg
                   "configure_logging", "log_to_driver",
                   "_system_config", "num_gpus", "_temp_dir", "logging_format",
                   "_memory"}
-_REFUSED_INIT = {"local_mode", "storage", "_node_ip_address"}
+# What init refuses, and what to do instead.
+_REFUSED_INIT = {
+    "local_mode": "tasks and actors always run in worker processes here; leave local_mode "
+                  "out (to step through a task in this process, call the function itself, "
+                  "without .remote())",
+    "storage": "ray_lite has no cluster storage; leave storage out and write files "
+               "where the program chooses",
+    "_node_ip_address": "ray_lite runs on this machine only; leave _node_ip_address out",
+}
 
 
 class RayContext(Mapping):
@@ -133,7 +141,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
     namespace = job.namespace
     for key, value in kwargs.items():
         if key in _REFUSED_INIT and value not in (None, False, {}):
-            raise ValueError(f"ray_lite.init does not support {key}= (single machine runtime)")
+            raise ValueError(f"init({key}={value!r}): {_REFUSED_INIT[key]}")
         if key not in _HARMLESS_INIT and key not in _REFUSED_INIT:
             raise TypeError(f"init() got an unexpected keyword argument '{key}'")
     with _init_lock:

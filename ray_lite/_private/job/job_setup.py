@@ -18,11 +18,13 @@ class JobSetup:
                 raise TypeError(f"init(job_config=...) must be a ray_lite.job_config.JobConfig, "
                                 f"got {type(job_config).__name__}")
             if job_config.jvm_options or job_config.code_search_path:
-                raise ValueError("ray_lite does not support jvm_options or code_search_path in "
-                                 "job_config (Python only)")
+                raise ValueError("ray_lite runs Python only: leave jvm_options or "
+                                 "code_search_path out of the JobConfig")
             if job_config.default_actor_lifetime == "detached":
-                raise ValueError("ray_lite does not support default_actor_lifetime='detached': "
-                                 "actors end with the driver that started them")
+                raise ValueError("JobConfig(default_actor_lifetime='detached'): ray_lite "
+                                 "does not make every actor detached; leave it out and give "
+                                 "lifetime='detached' to the actors that should outlive "
+                                 "their creator")
             if not runtime_env:
                 runtime_env = job_config.runtime_env or None
             if namespace is None:
