@@ -125,7 +125,7 @@ class gRPCOptions:  # noqa: N801 - Ray's name
 
 class RequestRouterConfig:
     """Ray Serve's ``RequestRouterConfig``: accepted and not used (ray_lite's
-    proxies route by their own rules; see the README)."""
+    proxies and handles choose replicas by their own rules)."""
 
     def __init__(self, request_router_class=None, request_router_kwargs=None,
                  request_routing_stats_period_s=10, request_routing_stats_timeout_s=30):
