@@ -62,9 +62,7 @@ def _item_error(fn, exc):
     it raised (an actor it called died) becomes ``FunctionRaisedActorError``,
     which the pool tells from its own worker's death."""
     if isinstance(exc, RayActorError) and not isinstance(exc, FunctionRaisedActorError):
-        cause = FunctionRaisedActorError(str(exc))
-        cause.__cause__, cause.__traceback__ = exc, exc.__traceback__
-        exc = cause
+        exc = FunctionRaisedActorError(str(exc)).with_traceback(exc.__traceback__)
     return make_task_error(_function_name(fn), exc)
 
 
