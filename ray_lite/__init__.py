@@ -4,9 +4,10 @@
 
 The names here are Ray's and mean what they mean in Ray; see the README.
 """
-__version__ = "0.1.0.dev0"
+from ray_lite._version import __version__
 
 from ray_lite import exceptions
+from ray_lite import _ray  # noqa: F401 - the Ray engine registers itself (imports no Ray)
 from ray_lite._private.api.core import (
     ObjectRef,
     ObjectRefGenerator,

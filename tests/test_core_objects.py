@@ -106,7 +106,7 @@ class Holder:
 def _objects_lent(node):
     """The ids of our objects that other processes hold a share of (actors'
     leases, held by the handles we passed, aside)."""
-    from ray_lite._private.api.actor_handle import _ActorLease
+    from ray_lite._private.actors.lease import _ActorLease
     return {oid for oid, rec in node.exported.items() if type(rec[0]) is not _ActorLease}
 
 

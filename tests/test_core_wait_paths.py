@@ -183,15 +183,15 @@ def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_one
     from ray_lite._private.process import state
     from ray_lite.util.queue import Queue
     node = state.get_node()
-    counted = _CountedCondition(node._svc_cond)
-    node._svc_cond = counted
+    counted = _CountedCondition(node.service.cond)
+    node.service.cond = counted
     try:
         q = Queue()
         ref = waits_for_item.remote(q)
         out = {}
         t = threading.Thread(target=lambda: out.update(v=ray.get(ref)), daemon=True)
         t.start()
-        wait_until(lambda: node._svc_parked, "the service thread to sleep through a long get",
+        wait_until(lambda: node.service.parked, "the service thread to sleep through a long get",
                    timeout=T)
         q.put("item")
         t.join(T)
@@ -206,4 +206,4 @@ def test_the_service_thread_sleeps_through_a_long_wait_but_not_between_short_one
         _bounded(loop)
         assert counted.notifies - before <= 3, counted.notifies - before
     finally:
-        node._svc_cond = counted.cond
+        node.service.cond = counted.cond

@@ -1,7 +1,7 @@
 """Picks the compiled or the pure-Python twin of a hot-path module."""
 import importlib
 
-from . import NO_EXTENSIONS
+from .._config import NO_EXTENSIONS
 
 
 def load_twin(name):

@@ -1,12 +1,15 @@
 """The Ray backend: ray_lite's public names mapped onto Ray's.
 
-Nothing here is imported unless a program chooses Ray (see
-``ray_lite/_private/backend.py``), so ``import ray_lite`` never imports Ray.
-``core`` holds the core API's Ray branches, ``exceptions`` the translation of
-Ray's errors, ``util`` the ``ray_lite.util`` names' Ray counterparts; they are
-imported when Ray becomes the backend (``_activate``), and the public
-functions reach them as ``ray_lite._ray.core`` etc. from then on.
+The package root imports this package, which registers itself with the core
+(``backend.ENGINE``, in ``_private/process/backend.py``) and imports Ray only
+when a program chooses Ray: ``import ray_lite`` never imports Ray.  ``core``
+holds the core API's Ray branches, ``exceptions`` the translation of Ray's
+errors, ``util`` the ``ray_lite.util`` names' Ray counterparts; they are
+imported when Ray becomes the backend (``_activate``), and the core reaches
+them as ``backend.ENGINE.core`` etc. from then on.
 """
+import sys
+
 from ray_lite._private.process import backend
 
 __all__ = ["init", "shutdown", "is_initialized", "adopt"]
@@ -36,7 +39,7 @@ def _activate(ray):
     from ray_lite._private.objects.refs import ObjectRef, ObjectRefGenerator
     from ray_lite._private.objects.dynamic_generator import DynamicObjectRefGenerator
     from ray_lite._private.api.actor_handle import ActorHandle
-    from ray_lite.util import queue as rl_queue
+    from ray_lite.exceptions import Empty, Full
     from ray.util import queue as ray_queue
 
     from . import core, exceptions, util  # noqa: F401 - reached as ray_lite._ray.<module>
@@ -44,8 +47,7 @@ def _activate(ray):
                               ObjectRefGenerator: ray.ObjectRefGenerator,
                               DynamicObjectRefGenerator: ray.DynamicObjectRefGenerator,
                               ActorHandle: ray.actor.ActorHandle})
-    exceptions.register(ray.exceptions, [(ray_queue.Empty, rl_queue.Empty),
-                                         (ray_queue.Full, rl_queue.Full)])
+    exceptions.register(ray.exceptions, [(ray_queue.Empty, Empty), (ray_queue.Full, Full)])
     exceptions.translate_generator_errors(ray.ObjectRefGenerator)
     backend.activate(backend.RAY_NAME)
 
@@ -61,3 +63,6 @@ def shutdown():
 def is_initialized():
     import ray
     return ray.is_initialized()
+
+
+backend.register_engine(sys.modules[__name__])

@@ -64,8 +64,8 @@ class _Optioned:
         return self._on_ray.remote(*args, **kwargs)
 
     def bind(self, *args, **kwargs):
-        from ray_lite import dag
-        return getattr(dag, self._node_class)(self, args, kwargs)
+        from ray_lite._private.api.plugins import dag
+        return getattr(dag(), self._node_class)(self, args, kwargs)
 
     def __getattr__(self, name):
         return getattr(self._on_ray, name)

@@ -21,10 +21,11 @@ meaning here.
 """
 from ray_lite.exceptions import (GetTimeoutError, RayCgraphCapacityExceeded, RayChannelError,
                                  RayChannelTimeoutError)
+from ray_lite._private.api import plugins as _plugins
 
 from .context import DAGContext
-from . import (ClassMethodNode, DAGNode, FunctionNode, InputAttributeNode, InputNode,
-               MultiOutputNode)
+from .dag_node import (ClassMethodNode, DAGNode, FunctionNode, InputAttributeNode, InputNode,
+                       MultiOutputNode)
 
 __all__ = ["CompiledDAG", "CompiledDAGRef", "CompiledDAGFuture", "build_compiled_dag"]
 
@@ -277,3 +278,8 @@ def build_compiled_dag(root, **options):
         raise ValueError(f"`buffer_size_bytes` must be a positive integer, found {size}")
     return CompiledDAG(root, enable_asyncio=bool(options.get("enable_asyncio")),
                        max_inflight_executions=options.get("_max_inflight_executions"))
+
+
+# ``ray_lite.get`` reads a CompiledDAGRef through this hook (the core does not
+# import this layer).
+_plugins.register_compiled_ref(CompiledDAGRef)

@@ -1,4 +1,4 @@
 """``ray.dag.output_node``'s names (Ray code imports them from here)."""
-from . import MultiOutputNode
+from .dag_node import MultiOutputNode
 
 __all__ = ["MultiOutputNode"]

@@ -15,10 +15,10 @@ are imported on first use, as in Ray, where they are submodules too;
 """
 import importlib
 import os
-import socket
 
 from ray_lite import _ray
 from ray_lite._private.process import backend as _backend
+from ray_lite._private.scheduling.cluster import node_ip_address
 
 from ray_lite.util.actor_pool import ActorPool
 from ray_lite.util.check_serialize import inspect_serializability
@@ -76,12 +76,4 @@ def get_node_ip_address(address="8.8.8.8:53"):
     """
     if _backend.RAY:
         return _ray.util.UTIL["get_node_ip_address"](address)
-    host, _, port = address.rpartition(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        sock.connect((host, int(port)))
-        return sock.getsockname()[0]
-    except (OSError, ValueError):
-        return "127.0.0.1"
-    finally:
-        sock.close()
+    return node_ip_address(address)

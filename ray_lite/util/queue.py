@@ -28,7 +28,6 @@ import weakref
 from collections.abc import Iterable
 
 import ray_lite
-from ray_lite import _ray
 from ray_lite._fast import codec as _codec
 from ray_lite._private.process import backend as _backend
 from ray_lite._private.process import state as _state
@@ -44,10 +43,6 @@ _SPIN_MIN_TIMEOUT_S = 0.001
 
 def _may_spin(timeout):
     return timeout is None or timeout >= _SPIN_MIN_TIMEOUT_S
-
-
-# On the Ray backend, Ray's queue raises its own Empty and Full: they are these.
-_ray.add_error_twins([("ray.util.queue", "Empty", Empty), ("ray.util.queue", "Full", Full)])
 
 
 def _check_timeout(timeout):

@@ -12,11 +12,12 @@ import sys
 import threading
 
 from ray_lite._lazy import lazy_module
-from ray_lite.exceptions import ActorDiedError
+from ray_lite.exceptions import ActorDiedError, AsyncioActorExit
 
 from ..links import protocol as P
-from ..process.errors import EXITED, actor_died_message
 from ..links.protocol import ActorInfo
+from ..process import backend as _backend, state
+from ..process.errors import EXITED, ActorExit, actor_died_message
 
 asyncio = lazy_module("asyncio", globals())
 
@@ -62,15 +63,13 @@ OUT_OF_SCOPE = "__ray_lite_out_of_scope__"
 
 def out_of_scope(actor):
     """The actor's last handle is gone, its creator's and every copy
-    (``actor_handle._ActorLease``): Ray's out-of-scope end.
+    (``lease._ActorLease``): Ray's out-of-scope end.
 
     A copy held in another process sent its last calls before its share of
     the count went back to the creator, and so before the creator sent
     this: they are in this actor's rings, maybe not read yet, maybe read
     after this in one drain.  They run first; then the actor exits as by
     ``exit_actor()``."""
-    from ..process import state
-    from ..api.runtime_context import exit_actor
     node = state.node
     if node.loop is not None:
         # (Run at once, inside the drain that read it: the calls read after
@@ -156,10 +155,36 @@ def end_process():
 
 def give_back_borrowed():
     """Before ``os._exit``: what this process borrowed goes back to its owners."""
-    from ..process import state
     node = state.node
     if node is not None and not node.closed:
         try:
             node.give_back_borrowed()
         except Exception:   # noqa: BLE001 - ending anyway; the owners keep the objects
             pass
+
+
+# Ray's worker modes, as its messages print them.
+SCRIPT_MODE = 0
+WORKER_MODE = 1
+
+
+def _is_actor(node):
+    return node is not None and node.id != 0 and getattr(node, "kind", None) == "actor"
+
+
+def exit_actor():
+    """End the current actor gracefully: the calls running on it finish, the
+    queued ones and every later one fail with ``RayActorError``, ``atexit``
+    handlers run.  Outside an actor: ``TypeError``, as in Ray."""
+    if _backend.RAY:
+        return _backend.ENGINE.core.ray.actor.exit_actor()
+    node = state.node
+    if not _is_actor(node):
+        mode = SCRIPT_MODE if node is None or node.id == 0 else WORKER_MODE
+        raise TypeError(f"exit_actor API is called on a non-actor worker, {mode}. Call this "
+                        f"API inside an actor methodsif you'd like to exit the actor "
+                        f"gracefully.")
+    if node.loop is not None:
+        raise AsyncioActorExit()
+    raise ActorExit(0)
+

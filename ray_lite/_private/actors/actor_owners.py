@@ -4,7 +4,8 @@ An actor created by a task or another actor is owned by that worker's
 process: when the process dies (a crash, ``kill``, an actor's restart), its
 actors are ended with it, saying so.  The driver's own actors end with it
 anyway.  A detached actor (``lifetime="detached"``) has no owner: it lives
-until it is killed or the runtime ends.  (Part of ``DriverNode``.)
+until it is killed or the runtime ends.  (``ActorOwners`` is a part of the
+driver's node: ``driver.owners``.)
 """
 
 OWNER_DIED = ("The actor is dead because its owner has died: the worker process that "
@@ -18,16 +19,20 @@ def owner_of(creator, request):
     return 0 if extra and extra.get("detached") else creator
 
 
-class ActorOwnersMixin:
-    """``owned_actors``: owner process id (a peer) -> the actors it created."""
+class ActorOwners:
+    """Which process created which actor; ends them with their creator."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.owned = {}         # owner process id (a peer) -> the actors it created
 
     def owned_by(self, owner, info):
         """Record that ``owner`` created the actor ``info`` (returned as is)."""
         if owner != 0 and not isinstance(info, Exception):
-            self.owned_actors.setdefault(owner, set()).add(info.actor_id)
+            self.owned.setdefault(owner, set()).add(info.actor_id)
         return info
 
-    def end_owned_actors(self, owner):
+    def end_owned(self, owner):
         """``owner`` died: end the actors it created (none restarts)."""
-        for aid in self.owned_actors.pop(owner, ()):
-            self.kill_actor(aid, no_restart=True, cause=OWNER_DIED)
+        for aid in self.owned.pop(owner, ()):
+            self.driver.kill_actor(aid, no_restart=True, cause=OWNER_DIED)

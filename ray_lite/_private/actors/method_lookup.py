@@ -17,7 +17,7 @@ UNSET = object()
 def ray_terminate(actor):
     """``handle.__ray_terminate__``: Ray's graceful end of an actor, as
     ``exit_actor()`` in a method of its own."""
-    from ..api.runtime_context import exit_actor
+    from .actor_exit import exit_actor
     exit_actor()
 
 

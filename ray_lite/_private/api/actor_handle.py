@@ -10,6 +10,7 @@ from ..process import state
 from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
                            _prepare_args, _stream_opts, warn_dynamic)
 from ..objects.refs import ObjectRef, _Entry
+from ..actors.lease import _ActorLease, actor_lease  # noqa: F401 (re-exported)
 from ..actors.restarts import keep_for_exceptions, reach, retained_calls
 from ..scheduling.scheduler import check_retry_exceptions
 from .signatures import check_call
@@ -20,34 +21,6 @@ from ..links.transport import LinkClosed
 # calls sent before it) and ``handle.__ray_ready__`` are: methods without
 # parameters (``protocol.BUILTIN_METHODS``).
 _BUILTIN_ENTRY = (False, None, (0, 0, ()))
-
-
-class _ActorLease(_Entry):
-    """What keeps an actor in scope: an object of its creator's that is never
-    filled.  The creator's handle holds a ref to it, and a copy of the
-    handle passed to another process carries the ref along, with a share
-    of the creator's count (refs.py's weighted reference counting).  When
-    the last ref is gone, here and in every other process, this entry dies
-    and the actor is ended as Ray ends an actor out of scope: after the
-    calls sent to it before."""
-
-    __slots__ = ("node", "actor_id")
-
-    def __init__(self, node, actor_id):
-        _Entry.__init__(self)
-        self.node = node
-        self.actor_id = actor_id
-
-    def __del__(self):
-        node = self.node
-        if node is not None:
-            self.node = None
-            node.actor_handle_dropped(self.actor_id)
-
-
-def actor_lease(node, actor_id):
-    """The ref that the handle ``node`` got on creating actor ``actor_id`` holds."""
-    return ObjectRef(node.new_oid(), node.id, _ActorLease(node, actor_id))
 
 
 class ActorHandle(metaclass=_backend.AlsoRay):
@@ -142,9 +115,9 @@ class ActorMethod:
 
     def bind(self, *args, **kwargs):
         """A node of Ray's DAG API: this call when the graph is executed (``ray_lite.dag``)."""
-        from ray_lite.dag import ClassMethodNode
+        from .plugins import dag
         name = self._name if type(self._name) is str else self._name[0]
-        return ClassMethodNode(self._handle(), name, args, kwargs, self._options)
+        return dag().ClassMethodNode(self._handle(), name, args, kwargs, self._options)
 
     def _remote(self, args=None, kwargs=None, **options):
         """Ray's older form: ``m._remote(args=[...], kwargs={...}, num_returns=...)``."""

@@ -5,7 +5,6 @@ import sys
 import threading
 from collections.abc import Mapping
 
-from ray_lite import _ray
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCancelledError
 
@@ -17,6 +16,7 @@ from ..links import protocol as P
 from ..objects.dynamic_generator import DynamicEntry
 from ..process.errors import KILLED, actor_died_message
 from ..objects.refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
+from . import plugins
 from .actor_handle import ActorHandle
 from .remote import ActorClass, RemoteFunction, _Bound
 from ..job.job_setup import JobSetup
@@ -54,7 +54,7 @@ class RayContext(Mapping):
     ``dashboard_url`` is None."""
 
     def __init__(self, node):
-        from ray_lite import __version__
+        from ray_lite._version import __version__
         self.dashboard_url = None
         self.python_version = ".".join(map(str, sys.version_info[:3]))
         self.ray_version = __version__
@@ -64,13 +64,12 @@ class RayContext(Mapping):
 
     @property
     def address_info(self):
-        # Made on first use: ray_lite.util (the node's address) is not
-        # imported by every init.
+        # Made on first use: finding the node's address opens a socket.
         if self._address_info is None:
-            from ray_lite.util import get_node_ip_address
             from ..process.ids import node_id_hex
+            from ..scheduling.cluster import node_ip_address
             self._address_info = {
-                "node_ip_address": get_node_ip_address(), "address": "local",
+                "node_ip_address": node_ip_address(), "address": "local",
                 "node_id": node_id_hex(self._driver_pid), "webui_url": None,
                 "session_dir": None, "gcs_address": None}
         return self._address_info
@@ -125,7 +124,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if logging_config is not None:
             kwargs["logging_config"] = logging_config
         runtime_env, kwargs = ray_init_kwargs(runtime_env, kwargs)
-        context = _ray.init(address=address, num_cpus=num_cpus, namespace=namespace,
+        context = _backend.ENGINE.init(address=address, num_cpus=num_cpus, namespace=namespace,
                             resources=resources, runtime_env=runtime_env,
                             object_store_memory=object_store_memory,
                             ignore_reinit_error=ignore_reinit_error, **kwargs)
@@ -199,8 +198,8 @@ def create_actors(actor_class, calls):
     the exception in place of each actor that could not be started."""
     if _backend.RAY:
         # (There C.options(...) is Ray's own optioned class.)
-        if isinstance(actor_class, ActorClass) or _ray.core.is_class_with_options(actor_class):
-            return _ray.core.create_actors(actor_class, calls)
+        if isinstance(actor_class, ActorClass) or _backend.ENGINE.core.is_class_with_options(actor_class):
+            return _backend.ENGINE.core.create_actors(actor_class, calls)
     elif type(actor_class) is _Bound and isinstance(actor_class._target, ActorClass):
         actor_class, opts = actor_class._target, actor_class._how       # C.options(...)
     elif isinstance(actor_class, ActorClass):
@@ -225,7 +224,7 @@ def _shutdown_at_exit():
 def shutdown():
     """Stop every worker and actor and free the runtime's shared memory."""
     if _backend.RAY:
-        _ray.shutdown()
+        _backend.ENGINE.shutdown()
         return
     with _init_lock:
         node = state.node
@@ -244,7 +243,7 @@ def shutdown():
 
 def is_initialized():
     if _backend.RAY:
-        return _ray.is_initialized()
+        return _backend.ENGINE.is_initialized()
     return state.node is not None
 
 
@@ -278,8 +277,7 @@ def _make_remote(obj, options):
 
 def _is_compiled_ref(r):
     """Whether ``r`` is a Compiled Graph's result (``ray.get`` reads it)."""
-    from ray_lite.dag.compiled_dag_node import CompiledDAGRef
-    return isinstance(r, CompiledDAGRef)
+    return isinstance(r, plugins.COMPILED_REFS)
 
 
 def _check_ref(r):
@@ -331,7 +329,7 @@ def get(object_refs, *, timeout=None):
     exception class), or ``GetTimeoutError`` after ``timeout`` seconds.
     """
     if _backend.RAY:
-        return _ray.core.get(object_refs, timeout)
+        return _backend.ENGINE.core.get(object_refs, timeout)
     if type(object_refs) is ObjectRef:
         e = object_refs._e
         if not e.ready:
@@ -392,7 +390,7 @@ def put(value):
     ``ObjectStoreFullError`` is raised when even that has no room.
     """
     if _backend.RAY:
-        return _ray.core.put(value)
+        return _backend.ENGINE.core.put(value)
     if type(value) is ObjectRef:
         raise TypeError("Calling 'put' on an ObjectRef is not allowed. If you really want to "
                         "do this, you can wrap the ObjectRef in a list and call 'put' on it.")
@@ -421,7 +419,7 @@ def _is_ready(x):
 def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
     """``(ready, not_ready)``: the first ``num_returns`` ready refs (or generators)."""
     if _backend.RAY:
-        return _ray.core.wait(object_refs, num_returns, timeout, fetch_local)
+        return _backend.ENGINE.core.wait(object_refs, num_returns, timeout, fetch_local)
     # Ray 2.60's checks, in its order and words; but any iterable of refs is
     # taken, as the Ray backend takes it (_ray/core.py).
     if type(object_refs) is not list and isinstance(object_refs,
@@ -506,7 +504,7 @@ _RESTART_SEEN_WITHIN_S = 30
 def kill(actor, *, no_restart=True):
     """Kill an actor's process at once; pending and later calls raise ``ActorDiedError``."""
     if _backend.RAY:
-        return _ray.core.kill(actor, no_restart)
+        return _backend.ENGINE.core.kill(actor, no_restart)
     if not isinstance(actor, ActorHandle):
         raise ValueError(f"kill() only supports actors; got {type(actor).__name__}")
     node = state.get_node()
@@ -539,7 +537,7 @@ def cancel(ref, *, force=False, recursive=True):
     ``TaskCancelledError`` for its caller, as in Ray; ``force=True`` is refused.
     """
     if _backend.RAY:
-        return _ray.core.cancel(ref, force, recursive)
+        return _backend.ENGINE.core.cancel(ref, force, recursive)
     node = state.get_node()
     if isinstance(ref, ObjectRefGenerator):
         s = ref._s
@@ -574,7 +572,7 @@ def cancel(ref, *, force=False, recursive=True):
 def get_actor(name, namespace=None):
     """The handle of the live actor registered under ``name``."""
     if _backend.RAY:
-        return _ray.core.get_actor(name, namespace)
+        return _backend.ENGINE.core.get_actor(name, namespace)
     if not isinstance(name, str) or not name:
         raise ValueError("Please supply a non-empty value to get_actor")
     node = state.get_node()

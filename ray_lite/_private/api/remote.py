@@ -2,7 +2,6 @@
 import functools
 import os
 
-from ray_lite import _ray
 from ray_lite._fast.pool_book import plain_call
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ActorClassInheritanceException, NotOnThisMachineError
@@ -11,6 +10,7 @@ from ..process import backend as _backend
 from ..links import protocol as P
 from ..links.protocol import TaskSpec
 from ..process import state
+from . import plugins
 from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
@@ -116,7 +116,7 @@ class _Bound:
 
 
 def _dag_node(remote_object, target, args, kwargs):
-    from ray_lite import dag
+    dag = plugins.dag()
     cls = dag.ClassNode if isinstance(remote_object, ActorClass) else dag.FunctionNode
     return cls(target, args, kwargs)
 
@@ -152,12 +152,12 @@ class RemoteFunction:
 
     def remote(self, *args, **kwargs):
         if _backend.RAY:
-            return _ray.core.remote_function(self).remote(*args, **kwargs)
+            return _backend.ENGINE.core.remote_function(self).remote(*args, **kwargs)
         return self._call(self._plan, args, kwargs)
 
     def options(self, **opts):
         if _backend.RAY:
-            return _ray.core.function_options(self, opts)
+            return _backend.ENGINE.core.function_options(self, opts)
         if "max_calls" in opts:
             # As Ray: the limit belongs to the function (its workers count
             # its calls, whatever the options of each).
@@ -339,12 +339,12 @@ class ActorClass:
 
     def remote(self, *args, **kwargs):
         if _backend.RAY:
-            return _ray.core.actor_class(self).remote(*args, **kwargs)
+            return _backend.ENGINE.core.actor_class(self).remote(*args, **kwargs)
         return self._call(self._options, args, kwargs)
 
     def options(self, **opts):
         if _backend.RAY:
-            return _ray.core.actor_options(self, opts)
+            return _backend.ENGINE.core.actor_options(self, opts)
         bound, key = _cached_bound(self._bound, opts)
         if bound is None:
             merged = {**self._options, **opts}

@@ -16,21 +16,12 @@ import os
 import sys
 import threading
 
-from ray_lite import _ray
-from ray_lite.exceptions import AsyncioActorExit
-
-from ..process import backend as _backend
+from ..actors.actor_exit import SCRIPT_MODE, WORKER_MODE, _is_actor, exit_actor  # noqa: F401
 from ..links import protocol as P
-from ..process import state
-from ..process.errors import ActorExit
+from ..process import backend as _backend, state
 from ..process.ids import (JOB_ID_HEX, ActorID, JobID, NodeID, TaskID, actor_id_hex, node_id_hex,
-                  session_name, task_id_hex, worker_id_hex)
+                           session_name, task_id_hex, worker_id_hex)
 from .actor_handle import ActorHandle
-
-
-# Ray's worker modes, as its messages print them.
-SCRIPT_MODE = 0
-WORKER_MODE = 1
 
 _call_codes = None
 
@@ -76,10 +67,6 @@ def current_placement(node):
     if node.id == 0:
         return None
     return node.request(P.OP_INTROSPECT, "placement")
-
-
-def _is_actor(node):
-    return node is not None and node.id != 0 and getattr(node, "kind", None) == "actor"
 
 
 class RuntimeContext:
@@ -303,7 +290,7 @@ class RuntimeContext:
     @property
     def runtime_env(self):
         """``get_runtime_env_string()`` as a ``ray_lite.runtime_env.RuntimeEnv``."""
-        from ray_lite.runtime_env import RuntimeEnv
+        from ..job.runtime_env_spec import RuntimeEnv
         return RuntimeEnv.deserialize(self.get_runtime_env_string())
 
     @property
@@ -364,26 +351,11 @@ def get_runtime_context():
     """The runtime context of this driver or worker (Ray's own on Ray).
     Like Ray, it starts the runtime if none runs yet."""
     if _backend.RAY:
-        return _ray.core.ray.get_runtime_context()
+        return _backend.ENGINE.core.ray.get_runtime_context()
     if state.node is None:
         state.get_node()
     return _runtime_context
 
 
-# ----------------------------------------------------------------- exit_actor
-def exit_actor():
-    """End the current actor gracefully: the calls running on it finish, the
-    queued ones and every later one fail with ``RayActorError``, ``atexit``
-    handlers run.  Outside an actor: ``TypeError``, as in Ray."""
-    if _backend.RAY:
-        return _ray.core.ray.actor.exit_actor()
-    node = state.node
-    if not _is_actor(node):
-        mode = SCRIPT_MODE if node is None or node.id == 0 else WORKER_MODE
-        raise TypeError(f"exit_actor API is called on a non-actor worker, {mode}. Call this "
-                        f"API inside an actor methodsif you'd like to exit the actor "
-                        f"gracefully.")
-    if node.loop is not None:
-        raise AsyncioActorExit()
-    raise ActorExit(0)
-
+# Read by log records' context (``job/logging_config.py``, a layer below).
+state.runtime_context = get_runtime_context

@@ -13,7 +13,7 @@ class JobSetup:
         metadata = {}
         self.workers_logging = None
         if job_config is not None:
-            from ray_lite.job_config import JobConfig
+            from .job_config import JobConfig
             if not isinstance(job_config, JobConfig):
                 raise TypeError(f"init(job_config=...) must be a ray_lite.job_config.JobConfig, "
                                 f"got {type(job_config).__name__}")
@@ -71,7 +71,7 @@ def _is_logging_config(obj):
 def ray_init_kwargs(runtime_env, kwargs):
     """``init``'s arguments for Ray: ray_lite's ``JobConfig``, ``LoggingConfig``
     and ``RuntimeEnv`` as Ray's own."""
-    from ray_lite.runtime_env import RuntimeEnv
+    from .runtime_env_spec import RuntimeEnv
     out = dict(kwargs)
     job_config = out.get("job_config")
     if job_config is not None and hasattr(job_config, "_to_ray"):

@@ -83,11 +83,10 @@ def _add_context(record):
     """A filter (returns True) setting the record's runtime context: the
     job, worker and node everywhere; the task and actor in a worker."""
     from ..process import state
-    from ..api.runtime_context import get_runtime_context
     values = {}
     node = state.node
-    if node is not None:
-        ctx = get_runtime_context()
+    if node is not None and state.runtime_context is not None:
+        ctx = state.runtime_context()
         getters = [("job_id", ctx.get_job_id), ("worker_id", ctx.get_worker_id),
                    ("node_id", ctx.get_node_id)]
         if node.id != 0:

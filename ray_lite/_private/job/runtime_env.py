@@ -48,7 +48,7 @@ def env_vars_of(runtime_env, where="runtime_env", job=False):
                          f"{', '.join(map(repr, other))} (single machine runtime: nothing "
                          f"is installed or shipped)")
     if runtime_env.get("config") is not None:
-        from ray_lite.runtime_env import RuntimeEnvConfig
+        from .runtime_env_spec import RuntimeEnvConfig
         RuntimeEnvConfig.parse_and_validate_runtime_env_config(runtime_env["config"])
     env = runtime_env.get("env_vars")
     if env is None:

@@ -56,7 +56,6 @@ class DrivingMixin:
     _bridge_waiting = False     # some bridge may be waiting (see _release_drive)
     _relink_fd = -1             # eventfd: ends a sleep in _poll (see links_changed)
     _polling = False            # a wait sleeps (or is about to) in _poll
-    _svc_parked = False         # (ServiceMixin) a service thread waits for a wait's end
     lends_slot = False          # block_begin/block_end do something (a pool worker)
     # (DriverNode) oid -> the worker whose nested task it is: while any is
     # on, answers come on other links than the waited-for peer's, which the
@@ -106,8 +105,23 @@ class DrivingMixin:
         """What every wait does on its way out (see the service thread)."""
         self._waiting.pop()
         self._wait_epoch += 1
-        if self._svc_parked or self._fds_touched:
+        if self.service.parked or self._fds_touched:
             self._after_wait()
+
+    def _after_wait(self):
+        # A thread left wait_until: wake a service thread parked for as long
+        # as someone drives.  A wait that slept in poll disarmed the links'
+        # descriptors on its way out, under whoever else listens to them: an
+        # event loop's bridge, the service thread.  They re-arm.
+        service = self.service
+        if service.parked:
+            service.unpark()
+        if self._fds_touched:
+            self._fds_touched = False
+            for bridge in list(self._bridges.values()):
+                bridge.rearm_soon()
+            if service.listening:
+                service.kick(False)
 
     def _signals_during_wait(self):
         if self._cancel_signalled:
@@ -335,7 +349,7 @@ class DrivingMixin:
         on the old set wakes to take the new one (the driver's service
         thread, asleep on its own set, too)."""
         self.wake_poll()
-        self._kick()
+        self.service.kick()
 
     def wake_poll(self):
         """End a sleep in ``_poll`` (if one is on): this thread changed what

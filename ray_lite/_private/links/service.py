@@ -27,76 +27,80 @@ _ASYNC_SIGNALS = {s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, sign
 _ASYNC_SIGNALS.update(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
 
 
-class ServiceMixin:
-    """The service thread's part of ``Node`` (only the driver starts it)."""
+class ServiceThread:
+    """The driver's service thread, a part of its ``Node`` (``node.service``):
+    owns the thread, its condition, and what the node's waits read of it
+    (``parked``, ``listening``).  Every node holds one; only the driver
+    starts it."""
 
-    def start_service(self):
+    def __init__(self, node):
+        self.node = node
+        self.thread = None
+        self.cond = threading.Condition(threading.Lock())
+        self.parked = False         # asleep until a wait ends (see unpark)
+        self.listening = False      # asleep in poll on the links' descriptors
+        self.kick_fd = -1           # eventfd: makes it leave poll
+
+    def start(self):
         """Start the thread that serves the links while no other thread drives them."""
-        self._kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        t = threading.Thread(target=self._service_main, name="ray_lite-service", daemon=True)
-        self._service = t
+        self.kick_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        t = threading.Thread(target=self._main, name="ray_lite-service", daemon=True)
+        self.thread = t
         t.start()
 
-    def stop_service(self, timeout=5.0):
-        t = self._service
+    def stop(self, timeout=5.0):
+        t = self.thread
         if t is None:
             return
-        self.closed = True
-        self._kick()
-        with self._svc_cond:
-            self._svc_cond.notify_all()
+        self.node.closed = True
+        self.kick()
+        with self.cond:
+            self.cond.notify_all()
         if t is not threading.current_thread():
             t.join(timeout)
-        self._service = None
-        fd, self._kick_fd = self._kick_fd, -1
+        self.thread = None
+        fd, self.kick_fd = self.kick_fd, -1
         if fd >= 0:
             os.close(fd)
 
-    def _kick(self, always=True):
-        """Make the service thread leave ``poll`` (its set of descriptors changed)."""
-        fd = self._kick_fd
-        if fd >= 0 and (always or self._svc_listening):
+    def kick(self, always=True):
+        """Make the thread leave ``poll`` (its set of descriptors changed);
+        ``always=False``: only if it is in ``poll``."""
+        fd = self.kick_fd
+        if fd >= 0 and (always or self.listening):
             try:
                 os.eventfd_write(fd, 1)
             except OSError:
                 pass
 
-    def _after_wait(self):
-        # A thread left wait_until: wake a service thread parked for as long
-        # as someone drives.  A wait that slept in poll disarmed the links'
-        # descriptors on its way out, under whoever else listens to them: an
-        # event loop's bridge, the service thread.  They re-arm.
-        if self._svc_parked:
-            with self._svc_cond:
-                # One notify per sleep: the flag goes down here, not when the
-                # woken thread runs (it needs the GIL first, and every get
-                # that ended meanwhile would notify again).
-                if self._svc_parked:
-                    self._svc_parked = False
-                    self._svc_cond.notify()
-        if self._fds_touched:
-            self._fds_touched = False
-            for bridge in list(self._bridges.values()):
-                bridge.rearm_soon()
-            if self._svc_listening:
-                self._kick(False)
+    def unpark(self):
+        """A thread left a wait: wake the thread if it is parked for as long
+        as someone drives."""
+        with self.cond:
+            # One notify per sleep: the flag goes down here, not when the
+            # woken thread runs (it needs the GIL first, and every get
+            # that ended meanwhile would notify again).
+            if self.parked:
+                self.parked = False
+                self.cond.notify()
 
-    def _service_main(self):
+    def _main(self):
         # Signals go to the main thread: a Ctrl-C taken by this thread would
         # leave the main thread asleep in poll, never raising KeyboardInterrupt.
         try:
             signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
         except (OSError, ValueError):
             pass
+        node = self.node
         seen = -1
-        cond = self._svc_cond
-        lock = self._drive_lock
+        cond = self.cond
+        lock = node._drive_lock
         fired = []
         woken = False
         pause = SERVICE_IDLE_S
-        while not self.closed:
-            epoch = self._wait_epoch
-            if self._waiting or epoch != seen or lock.locked():
+        while not node.closed:
+            epoch = node._wait_epoch
+            if node._waiting or epoch != seen or lock.locked():
                 # Someone drives, or did lately (a loop of gets): stand aside.
                 # Only a wait that is still the same one after a whole pause
                 # (a long wait) lets this thread sleep until it leaves (one
@@ -109,14 +113,14 @@ class ServiceMixin:
                 seen = epoch
                 fired = []      # stale once someone else drove (fds get reused)
                 with cond:
-                    if self.closed:
+                    if node.closed:
                         break
-                    if self._waiting and long_wait and not woken:
-                        self._svc_parked = True
+                    if node._waiting and long_wait and not woken:
+                        self.parked = True
                         try:
                             woken = cond.wait(1.0)   # 1 s: a backstop, not a tick
                         finally:
-                            self._svc_parked = False
+                            self.parked = False
                         pause = SERVICE_IDLE_S
                     else:
                         woken = False
@@ -128,21 +132,21 @@ class ServiceMixin:
             if not lock.acquire(False):
                 continue
             try:
-                if self.closed:
+                if node.closed:
                     break
-                self._fds_touched = False
-                fds = self._service_round(fired)
+                node._fds_touched = False
+                fds = self._round(fired)
             except Exception:  # noqa: BLE001 - a bug here must not end serving
                 import traceback
                 traceback.print_exc()
                 fds = None
             finally:
-                self._release_drive()
+                node._release_drive()
             if fds is None:
                 continue
-            self._svc_listening = True
+            self.listening = True
             try:
-                if self._waiting or self._wait_epoch != seen or self.closed:
+                if node._waiting or node._wait_epoch != seen or node.closed:
                     fired = []
                     continue
                 p = select.poll()
@@ -154,26 +158,27 @@ class ServiceMixin:
                 except OSError:
                     fired = []
             finally:
-                self._svc_listening = False
-            if self._kick_fd in fired:
+                self.listening = False
+            if self.kick_fd in fired:
                 try:
-                    os.eventfd_read(self._kick_fd)
+                    os.eventfd_read(self.kick_fd)
                 except OSError:
                     pass
 
-    def _service_round(self, fired):
+    def _round(self, fired):
         """Under the drive lock: handle what woke us, drain, arm; the fds to poll."""
-        self.on_sentinels_fired(fired)
-        links = list(self.links.values())
+        node = self.node
+        node.on_sentinels_fired(fired)
+        links = list(node.links.values())
         fired = set(fired)
         for link in links:
             if link.fileno() in fired:
                 link.disarm()
         while True:
-            self._drain()
+            node._drain()
             for link in links:
                 if not link.arm():
                     break
             else:
                 break
-        return [lk.fileno() for lk in links] + list(self.sentinels) + [self._kick_fd]
+        return [lk.fileno() for lk in links] + list(node.sentinels) + [self.kick_fd]

@@ -15,27 +15,27 @@ from ..links import protocol as P
 from . import introspect
 from ..actors import restarts
 from ..process import state
-from ..actors.actor_owners import ActorOwnersMixin, owner_of
+from ..actors.actor_owners import ActorOwners, owner_of
 from ..scheduling.cluster import memory_resource
 from ..process.errors import KILLED, actor_died_message
 from .node import Node
 from ..scheduling.placement import PlacementMixin
 from ..process.procutil import readable_now
-from .pool_worker import MaxCallsMixin
+from .pool_worker import MaxCalls
 from ..objects.entries import _Entry
 from ..links.protocol import ActorInfo, PlacedTaskSpec, TaskSpec
 from ..objects.refs import LoadedValue
 from ..actors.restarts import RestartsMixin
 from ..scheduling.scheduler import ResourcesMixin
-from ..scheduling.task_cancel import TaskCancelMixin
+from ..scheduling.task_cancel import cancel_task
 from ..scheduling.task_dispatch import TaskDispatchMixin
-from ..scheduling.task_retries import TaskRetriesMixin
+from ..scheduling.task_retries import TaskRetries
 from ..links.transport import Link
 from .zygote import ZygoteClient, adopt_early
 
 
 class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, RestartsMixin,
-                 ActorOwnersMixin, TaskRetriesMixin, MaxCallsMixin, TaskCancelMixin, PoolBook):
+                 PoolBook):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -52,7 +52,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
         restarts.install(self)
         self.pool = {}
-        self.retired = set()   # pool workers exiting after their max_calls (see used_up)
+        self.max_calls = MaxCalls(self)     # pool workers retired after their max_calls
         self.idle = []
         self.queue = collections.deque()
         # Tasks that workers and actors submit go first: their submitter is
@@ -65,10 +65,10 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         self.num_blocked = 0   # pool workers lending their CPU while blocked in get
         self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
         self.actors = {}       # actor id -> ActorInfo (alive)
-        self.owned_actors = {}   # creator (a worker) -> its actors (actor_owners.py)
+        self.owners = ActorOwners(self)     # creator (a worker) -> its actors
         self.named = {}        # (namespace, name) -> ActorInfo
         self.forward = {}      # oid/sid -> owner of a nested task
-        self.init_task_retries()
+        self.retries = TaskRetries(self)    # tasks run again on retry_exceptions
         self.pids = {0: pid}
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
@@ -103,7 +103,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             raise
         # Workers ask the driver for things (objects it owns, nested tasks,
         # actors) while the user's code may be busy elsewhere.
-        self.start_service()
+        self.service.start()
 
     # --------------------------------------------------------------- pool
     def _spawn_spec(self, node_id, kind, link):
@@ -136,10 +136,11 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             raise failed[0]
 
     def peer_kind(self, peer):
-        return P.POOL_WORKER if peer in self.pool or peer in self.retired else P.ACTOR_CALL
+        return (P.POOL_WORKER if peer in self.pool or peer in self.max_calls.retired
+                else P.ACTOR_CALL)
 
     def _on_result(self, peer, msg):
-        if not msg[2] and self._retry_on_error(peer, msg):
+        if not msg[2] and self.retries.retry_on_error(peer, msg):
             return
         owner = self.forward.pop(msg[1], None) if self.forward else None
         if owner is not None:
@@ -151,9 +152,10 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             self._task_finished(w, msg[1])
 
     def _on_item(self, peer, msg):
-        if self.stream_replayed and self.skip_replayed_item(msg):
+        retries = self.retries
+        if retries.stream_replayed and retries.skip_replayed_item(msg):
             return
-        if not msg[3] and self._retry_stream_on_error(peer, msg):
+        if not msg[3] and retries.retry_stream_on_error(peer, msg):
             return
         owner = self.forward.get(msg[1])
         if owner is not None:
@@ -162,7 +164,8 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             Node._on_item(self, peer, msg)
 
     def _on_end(self, peer, msg):
-        if self.stream_replayed and self.drop_stale_end(peer, msg):
+        retries = self.retries
+        if retries.stream_replayed and retries.drop_stale_end(peer, msg):
             return
         owner = self.forward.pop(msg[1], None)
         if owner is not None:
@@ -184,8 +187,8 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
 
     def _on_peer_died(self, peer):
         with self._sched:
-            if peer in self.retired:
-                return self.retired_died(peer)
+            if peer in self.max_calls.retired:
+                return self.max_calls.retired_died(peer)
             w = self.pool.pop(peer, None)
             if w is None:
                 self.actors.pop(peer, None)
@@ -193,7 +196,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
                     if info.actor_id == peer:
                         del self.named[key]
                 Node._on_peer_died(self, peer)
-                self.end_owned_actors(peer)
+                self.owners.end_owned(peer)
                 if peer in self.restartable:
                     self.after_actor_died(peer)
                 if peer not in self.actors:
@@ -205,7 +208,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
                 self._free_worker(w, w.task)
             spec = w.task
             Node._on_peer_died(self, peer)
-            self.end_owned_actors(peer)
+            self.owners.end_owned(peer)
             if spec is not None:
                 if spec.cancelled:
                     self._fail_task(spec, TaskCancelledError())
@@ -445,14 +448,14 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             if not fits:
                 # Its resources are taken now: as in Ray, the handle comes at
                 # once and the actor starts when they are free.
-                return self.owned_by(owner_of(peer, request),
+                return self.owners.owned_by(owner_of(peer, request),
                                      self.create_actor(*request, await_resources=True))
-        return self.owned_by(owner_of(peer, request), self.create_actor(*request))
+        return self.owners.owned_by(owner_of(peer, request), self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):
         if self.captured and peer in self.captured:
             requests = [self.captured_actor_request(peer, r) for r in requests]
-        return [self.owned_by(owner_of(peer, r), info)
+        return [self.owners.owned_by(owner_of(peer, r), info)
                 for r, info in zip(requests, self.create_actors(requests))]
 
     def _req_get_actor(self, peer, name, namespace):
@@ -461,12 +464,16 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
     def _req_kill(self, peer, actor_id, no_restart=True):
         self.kill_actor(actor_id, no_restart)
 
+    def used_up(self, w, spec):
+        """``PoolBook`` (compiled) asks when a ``max_calls`` function's task ends."""
+        return self.max_calls.used_up(w, spec)
+
     def _req_cancel(self, peer, oid, force):
-        return self.cancel_task(oid, force)
+        return cancel_task(self, oid, force)
 
     # ----------------------------------------------------------- shutdown
     def shutdown(self):
-        self.stop_service()
+        self.service.stop()
         self.closed = True
         for peer in list(self.links):
             self.send(peer, P.exit_msg())

@@ -131,7 +131,7 @@ def _list_objects(driver, peer):
         n = len(target) if type(target) is list else 1
         for i in range(n):
             out.append(_object_row(driver, oid + i, "PENDING_OBJECT_CREATION"))
-    from ..api.actor_handle import _ActorLease
+    from ..actors.lease import _ActorLease
     for oid, rec in list(driver.exported.items()):
         if type(rec[0]) is not _ActorLease:     # what keeps an actor: not a user's object
             out.append(_object_row(driver, oid, "FINISHED"))

@@ -21,20 +21,21 @@ from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedErr
 
 from ..objects import object_store
 from ..links import protocol as P
+from ..actors import restarts
 from ..actors.actor_exit import OUT_OF_SCOPE
 from ..links.drive import DrivingMixin
 from ..process.interrupts import sleep_point
 from ..links.loop_bridge import BridgesMixin
 from ..objects.ownership import ObjectsMixin
 from ..process.procutil import open_sentinel
-from ..links.service import ServiceMixin
+from ..links.service import ServiceThread
 from ..objects.streams import StreamsMixin
 from ..links.transport import LinkClosed
 
 _OID_SHIFT = 40
 
 
-class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
+class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
     def __init__(self, node_id, driver_pid, shm_prefix):
         self.id = node_id
         self.driver_pid = driver_pid
@@ -69,11 +70,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         self._waiting = []       # one item per thread inside wait_until (append/pop: atomic)
         self._wait_epoch = 0     # changes whenever a thread leaves wait_until
         self._fds_touched = False
-        self._service = None     # the driver's service thread (start_service)
-        self._svc_cond = threading.Condition(threading.Lock())
-        self._svc_parked = False
-        self._svc_listening = False
-        self._kick_fd = -1
+        self.service = ServiceThread(self)   # started by the driver only
         self._bridges = {}       # loop -> _LoopBridge
         self.closed = False
         # The runtime starts no other thread that drives (no service thread,
@@ -173,7 +170,7 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         thread (if it is listening) does now."""
         if not self.closed:
             self._deferred.append(aid)      # an int among streams: see _run_deferred
-            self._kick(False)
+            self.service.kick(False)
 
     def end_dropped_actor(self, aid):
         """Ray's out-of-scope end (``actor_exit.out_of_scope``): after the
@@ -245,6 +242,11 @@ class Node(DrivingMixin, ServiceMixin, ObjectsMixin, StreamsMixin, BridgesMixin)
         """Hook for subclasses."""
 
     # --------------------------------------------------------------- rpc
+    def retry_on_exception(self, oid, error):
+        """An actor call failed: True if it was sent again (``retry_exceptions``;
+        the objects part asks, the actors layer knows)."""
+        return restarts.retry_on_exception(self, oid, error)
+
     def _on_rpc_reply(self, peer, msg):
         self.rpc_replies[msg[1]] = (msg[2], msg[3])
 

@@ -11,8 +11,13 @@ from ..links import protocol as P
 from .node import Node
 
 
-class MaxCallsMixin:
-    """Part of ``DriverNode`` (under its ``_sched`` lock)."""
+class MaxCalls:
+    """A part of ``DriverNode`` (``driver.max_calls``; called under its
+    ``_sched`` lock): the pool workers retired after their ``max_calls``."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.retired = set()    # pool workers exiting after their max_calls
 
     def used_up(self, w, spec):
         """Count the run of ``spec``'s function on ``w``; True if it was its
@@ -24,13 +29,14 @@ class MaxCallsMixin:
         n = calls[spec.fn_id] = calls.get(spec.fn_id, 0) + 1
         if n < spec.max_calls:
             return False
-        del self.pool[w.id]
+        driver = self.driver
+        del driver.pool[w.id]
         self.retired.add(w.id)
-        self.send(w.id, P.exit_msg())   # (False if it died already: seen as its death)
+        driver.send(w.id, P.exit_msg())   # (False if it died already: seen as its death)
         return True
 
     def retired_died(self, peer):
         """A worker that exited after its max_calls: no task of ours ran there."""
         self.retired.discard(peer)
-        Node._on_peer_died(self, peer)
-        self.end_owned_actors(peer)
+        Node._on_peer_died(self.driver, peer)
+        self.driver.owners.end_owned(peer)

@@ -14,7 +14,6 @@ from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, Ray
 from ..links import protocol as P
 from ..actors import concurrency_groups, restarts
 from ..process import state
-from . import zygote
 from ..actors.aio import AsyncSlots, new_event_loop
 from ..actors.actor_exit import begin_exit, run_exit_handlers
 from ..actors.async_actor import AsyncActorMixin
@@ -34,6 +33,11 @@ from ..links.transport import Link, LinkClosed
 asyncio = lazy_module("asyncio", globals())
 inspect = lazy_module("inspect", globals())
 traceback = lazy_module("traceback", globals())
+
+# Set by the zygote in a worker it forked (``zygote.relabel_from_repr``): an
+# actor's ``__repr__`` then prefixes its output.  The zygote imports this
+# module, not the other way round.
+relabel_from_repr = None
 
 _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
 
@@ -428,7 +432,8 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
             cls = unship(a["cls_blob"])
             args, kwargs = self._resolve(*unship(a["args_blob"]))   # zygote._as_sent
             self.actor = cls(*args, **kwargs)
-            zygote.relabel_from_repr(self.actor)   # its __repr__ prefixes its output (Ray)
+            if relabel_from_repr is not None:
+                relabel_from_repr(self.actor)   # its __repr__ prefixes its output (Ray)
         except BaseException as exc:
             tb = traceback.format_exc()
             self.actor_init_error = ActorDiedError(

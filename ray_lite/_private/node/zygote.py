@@ -274,8 +274,9 @@ def _spawn_worker(spec, label, ctrl, sel_fds):
                 sys.stderr.reconfigure(line_buffering=True)
             except (AttributeError, ValueError):
                 pass
-            from .worker import worker_main
-            worker_main(spec)
+            from . import worker
+            worker.relabel_from_repr = relabel_from_repr
+            worker.worker_main(spec)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0

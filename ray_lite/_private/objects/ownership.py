@@ -19,7 +19,6 @@ from .entries import HolderWeight
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
                    adopt_stored, error_entry, loaded, map_stored,
                    stored_form)
-from ..actors.restarts import retry_on_exception
 from ..links.transport import LinkClosed
 
 # Weights are fractions once a borrower passes a ref on; fractions imports
@@ -37,7 +36,7 @@ class ObjectsMixin:
 
     def _on_result(self, peer, msg):
         _, oid, ok, payload = msg
-        if not ok and self.exc_retries and retry_on_exception(self, oid, payload):
+        if not ok and self.exc_retries and self.retry_on_exception(oid, payload):
             return      # sent again (retry_exceptions of an actor's method)
         mapped = None
         if type(payload) is LoadedValue:

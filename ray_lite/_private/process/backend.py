@@ -10,13 +10,19 @@ Hot paths test the module global ``RAY`` (a bool), one load and one branch.
 
 A process that Ray started to run a task or an actor (a Ray worker) runs on
 Ray from the moment it imports ray_lite: ``adopt_ray_worker`` below.
+
+The Ray engine itself (``ray_lite._ray``, a layer above the core) registers
+here when it is imported (``register_engine``; the package root imports it,
+which does not import Ray).  The core's Ray branches reach it as ``ENGINE``
+and never import it.
 """
 import sys
 
 from ray_lite import _config
 
 __all__ = ["LOCAL", "RAY_NAME", "current", "choose", "activate", "deactivate",
-           "require_ray", "RAY_INSTALL_HINT", "AlsoRay", "RAY_TWINS"]
+           "require_ray", "RAY_INSTALL_HINT", "AlsoRay", "RAY_TWINS", "ENGINE",
+           "register_engine"]
 
 LOCAL = "local"
 RAY_NAME = "ray"
@@ -26,6 +32,14 @@ RAY_INSTALL_HINT = "pip install 'ray_lite[ray]'"
 _active = None
 # True while the Ray backend is the active one; hot paths read only this.
 RAY = False
+# The Ray engine (the module ``ray_lite._ray``) once it has registered.
+ENGINE = None
+
+
+def register_engine(engine):
+    """Called by ``ray_lite._ray`` when it is imported."""
+    global ENGINE
+    ENGINE = engine
 
 
 def choose(backend=None, address=None):
@@ -116,20 +130,18 @@ def adopt_ray_worker():
     except (ImportError, AttributeError):
         return
     if in_worker:
-        from ray_lite import _ray
-        _ray.adopt()
+        ENGINE.adopt()
 
 
 def ray_counterpart(name):
     """Class decorator: on the Ray backend, making an object of this class
-    makes Ray's counterpart ``ray_lite._ray.util.CLASSES[name]`` instead (a
+    makes Ray's counterpart ``ENGINE.util.CLASSES[name]`` instead (a
     subclass of it is left alone: it builds on the public API, which
     dispatches)."""
     def decorate(local_cls):
         def __new__(cls, *args, **kwargs):
             if RAY and cls is local_cls:
-                from ray_lite._ray.util import CLASSES
-                return CLASSES[name](*args, **kwargs)
+                return ENGINE.util.CLASSES[name](*args, **kwargs)
             return object.__new__(cls)
         local_cls.__new__ = staticmethod(__new__)
         return local_cls

@@ -16,10 +16,9 @@ benchmark or server is not a mystery.
 import os
 import sys
 
-import ray_lite
 
 #: Folder of the parent's ``ray_lite`` package, which its children import.
-PACKAGE_DIR = os.path.dirname(os.path.abspath(ray_lite.__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The child's first statements.  The package is loaded from a fixed location
 # (spec_from_file_location) rather than by putting its parent folder first on

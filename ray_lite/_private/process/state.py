@@ -2,7 +2,9 @@
 
 This module imports nothing of the runtime: everything else imports it.  The
 driver's first use starts the runtime, as Ray does, through ``auto_start``,
-which ``api`` sets to its ``init`` when it is imported.
+which ``api`` sets to its ``init`` when it is imported; ``runtime_context``
+(``get_runtime_context``, set by ``api/runtime_context.py``) is read by the
+layers below ``api`` that need it (the job's log records).
 """
 import os
 import threading
@@ -10,6 +12,7 @@ import threading
 node = None
 _lock = threading.RLock()
 auto_start = None
+runtime_context = None
 
 
 def get_node():

@@ -3,7 +3,6 @@ import os
 
 from ray_lite.exceptions import RaySystemError
 
-from ray_lite import _ray
 
 from ..process import backend as _backend
 from ..links import protocol as P
@@ -91,7 +90,7 @@ def cluster_resources():
     """Every resource of the machine: ``CPU`` (``init(num_cpus=...)``), ``memory``,
     ``object_store_memory`` and the node's ``node:<ip>`` keys."""
     if _backend.RAY:
-        return _ray.core.ray.cluster_resources()
+        return _backend.ENGINE.core.ray.cluster_resources()
     return _ask()[0]
 
 
@@ -99,21 +98,21 @@ def available_resources():
     """What is free now: as ``cluster_resources()``, less what running tasks and
     actors hold (a resource with nothing left is absent, as in Ray)."""
     if _backend.RAY:
-        return _ray.core.ray.available_resources()
+        return _backend.ENGINE.core.ray.available_resources()
     return _ask()[1]
 
 
 def nodes():
     """The nodes of the cluster: this machine, alive."""
     if _backend.RAY:
-        return _ray.core.ray.nodes()
+        return _backend.ENGINE.core.ray.nodes()
     return _running().request(P.OP_INTROSPECT, "nodes")
 
 
 def get_gpu_ids():
     """The GPUs assigned to this worker: none (ray_lite schedules no GPU)."""
     if _backend.RAY:
-        return _ray.core.ray.get_gpu_ids()
+        return _backend.ENGINE.core.ray.get_gpu_ids()
     _running()
     return []
 
@@ -129,3 +128,22 @@ def _running():
         raise RaySystemError("Ray has not been started yet. You can start Ray with "
                              "'ray.init()'.")
     return node
+
+
+def node_ip_address(address="8.8.8.8:53"):
+    """The address this machine uses to reach ``address`` (the one node's IP).
+
+    A UDP ``connect`` sends nothing; it only asks the kernel which local
+    address routes there.  Without a route (an offline machine) the node is
+    reached at the loopback address, ``127.0.0.1``.
+    """
+    import socket
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.connect((host, int(port)))
+        return sock.getsockname()[0]
+    except (OSError, ValueError):
+        return "127.0.0.1"
+    finally:
+        sock.close()

@@ -1,5 +1,5 @@
 """Tasks run again when they fail with an exception their ``retry_exceptions``
-lists (part of the driver, which schedules them).
+lists: ``TaskRetries``, a part of the driver's node (``driver.retries``).
 
 A streaming generator is run again from its start, as in Ray: the items its
 earlier run reported are not reported twice (the owner already has them), so
@@ -10,25 +10,26 @@ for acknowledgements of items the consumer took from the earlier one).
 from .scheduler import matches_retry
 
 
-class TaskRetriesMixin:
-    """Part of ``DriverNode``."""
+class TaskRetries:
+    """The pool tasks run again, and the streams whose earlier run's items are skipped."""
 
-    def init_task_retries(self):
+    def __init__(self, driver):
+        self.driver = driver
         self.stream_replayed = {}    # sid -> items an earlier run reported (skipped now)
         self.stale_stream_ends = set()     # (sid, peer): the END of a run that failed
 
-    def _retry_on_error(self, peer, msg):
+    def retry_on_error(self, peer, msg):
         """A task failed with an exception its retry_exceptions lists: run it again."""
-        w = self.pool.get(peer)
+        w = self.driver.pool.get(peer)
         spec = None if w is None else w.task
         if spec is None or spec.oid != msg[1] or not self._may_retry(spec, msg[3]):
             return False
         return self._run_again(w, spec)
 
-    def _retry_stream_on_error(self, peer, msg):
+    def retry_stream_on_error(self, peer, msg):
         """A streaming task's generator raised at item ``msg[2]`` with an
         exception its retry_exceptions lists: run it again (see above)."""
-        w = self.pool.get(peer)
+        w = self.driver.pool.get(peer)
         spec = None if w is None else w.task
         if spec is None or spec.oid != msg[1] or not spec.stream or spec.bp > 0 or \
                 not self._may_retry(spec, msg[4]):
@@ -62,13 +63,14 @@ class TaskRetriesMixin:
                 and matches_retry(spec.retry_on, error))
 
     def _run_again(self, w, spec):
-        with self._sched:
+        driver = self.driver
+        with driver._sched:
             if w.task is not spec:
                 return False
             spec.retries -= 1
-            self._free_worker(w, spec)
+            driver._free_worker(w, spec)
             w.task = None
-            if not spec.max_calls or not self.used_up(w, spec):
-                self.idle.append(w)
-            self._enqueue(spec)
+            if not spec.max_calls or not driver.used_up(w, spec):
+                driver.idle.append(w)
+            driver._enqueue(spec)
         return True
