@@ -102,7 +102,13 @@ def test_micro_runs_and_writes_the_documented_json(micro_result):
             built = importable(f"ray_lite._fast._{hot_path}_{suffix}")
             assert (rows[0]["status"] == "ok") == built, rows[0]
             if built:
-                assert rows[0]["goal_met"] is not None or rows[0]["goal"] is None
+                # A verdict, or no goal, or why there is none (a pure twin
+                # beside a compiled run; msgspec, B12's reference, absent).
+                row = rows[0]
+                assert row["goal_met"] is not None or row["goal"] is None or row["goal_note"]
+                if twin == "python" and result["machine"]["compiled"]:
+                    assert row["goal_met"] is None and (row["goal"] is None
+                                                        or row["informational"])
     for bench_id, name, impl, label in ANCHOR_ROWS:
         rows = find(figures, bench_id, name, impl, label)
         assert len(rows) == 1, (bench_id, name, impl, label)
@@ -243,52 +249,26 @@ def test_percentile_interpolates():
 def test_figures_are_related_to_the_anchor_of_the_same_run():
     from ray_lite.bench._harness import Figure, relate_to_anchors
 
-    def fig(bench, impl, label, unit, value, goal=None, met=None):
-        return Figure(bench=bench, name="w", impl=impl, label=label, unit=unit, value=value,
-                      goal=goal, goal_met=met)
+    def fig(bench, impl, label, unit, value):
+        return Figure(bench=bench, name="w", impl=impl, label=label, unit=unit, value=value)
 
-    ours_rate = fig("B1", "compiled", "ray_lite", "tokens/s", 600_000, ">= 250,000", True)
-    ours_time = fig("B11", "compiled", "ray_lite", "us", 10.0, "<= 20 us", True)
-    slow_rate = fig("B2", "compiled", "ray_lite", "tokens/s", 300_000, ">= 250,000", True)
+    ours_rate = fig("B1", "compiled", "ray_lite", "tokens/s", 600_000)
+    ours_time = fig("B11", "compiled", "ray_lite", "us", 10.0)
     figures = [ours_rate, fig("B1", "anchor", "Ray", "tokens/s", 2_000),
                ours_time, fig("B11", "anchor", "Ray", "us", 2_500.0),
-               slow_rate, fig("B2", "anchor", "Ray", "tokens/s", 10_000),
                fig("B13", "compiled", "ray_lite", "MB", 20.0)]   # no anchor: untouched
-    latency = fig("B9", "compiled", "ray_lite", "us", 150.0, "<= 200 us", True)
+    latency = fig("B9", "compiled", "ray_lite", "us", 150.0)
     figures += [latency, fig("B9", "anchor", "Ray Serve", "us", 4_500.0),
                 fig("B9", "ceiling", "bare uvicorn", "us", 120.0)]
-    relate_to_anchors(figures, {"B1": 50, "B2": 50, "B9": 10})
+    relate_to_anchors(figures)
     assert ours_rate.detail["x_anchor"] == 300 and "300x Ray" in ours_rate.note
-    assert ours_rate.goal_met is True and "50x Ray" in ours_rate.goal
     assert ours_time.detail["x_anchor"] == 250          # less time is better
-    assert ours_time.goal == "<= 20 us"                 # no factor asked for B11
-    assert slow_rate.detail["x_anchor"] == 30 and slow_rate.goal_met is False
-    assert "x_anchor" not in figures[6].detail and figures[6].note is None
-    # A ceiling is related too, but only the anchor counts for a factor goal.
+    assert "x_anchor" not in figures[4].detail and figures[4].note is None
+    # A ceiling is related too, each with its own factor.
     assert latency.detail["x_anchor"] == 30 and latency.detail["x_ceiling"] == 0.8
     assert latency.note == "30x Ray Serve; 0.80x bare uvicorn"
-    assert latency.goal_met is True and "10x Ray Serve" in latency.goal
-
-
-def test_a_ceiling_goal_is_judged_on_the_factor_over_the_ceiling():
-    from ray_lite.bench._harness import Figure, relate_to_anchors
-
-    def fig(bench, impl, label, unit, value, goal=None, met=None):
-        return Figure(bench=bench, name="w", impl=impl, label=label, unit=unit, value=value,
-                      goal=goal, goal_met=met)
-
-    rate = fig("B7", "compiled", "ray_lite", "req/s", 12_000.0, "0 failed", True)
-    fast = fig("B8", "compiled", "ray_lite", "req/s", 30_000.0)           # no goal of its own
-    latency = fig("B9", "compiled", "ray_lite", "us", 150.0)
-    figures = [rate, fig("B7", "anchor", "Ray Serve", "req/s", 200.0),
-               fig("B7", "ceiling", "bare uvicorn", "req/s", 12_000.0),
-               fast, fig("B8", "ceiling", "bare uvicorn", "req/s", 25_000.0),
-               latency, fig("B9", "ceiling", "bare uvicorn", "us", 160.0)]
-    relate_to_anchors(figures, None, {"B7": 1.2, "B8": 1.0, "B9": 1.0})
-    assert rate.goal == "0 failed and >= 1.2x bare uvicorn" and rate.goal_met is False
-    assert fast.goal == ">= 1.0x bare uvicorn" and fast.goal_met is True
-    assert latency.goal_met is True                     # less time than the ceiling
-    assert "60x Ray Serve" in rate.note                 # the anchor is still related
+    # Relating judges nothing: goals are _goals.judge's.
+    assert all(f.goal is None and f.goal_met is None for f in figures)
 
 
 @pytest.mark.parametrize("driver, governor, poll_ns, text", [

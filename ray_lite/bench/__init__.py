@@ -12,8 +12,9 @@ defines::
     def compare_ray(ctx: Context, python: str) -> list[Figure]   # optional:
         # the same workloads run on Ray by `python` (an interpreter with Ray),
         # as "anchor" rows with the same bench id and name as ours
-    RAY_RATIO_GOALS = {"B1": 50}    # optional: goals that ask for a factor over Ray
-    CEILING_GOALS = {"B7": 1.2}     # optional: the same over a "ceiling" row
+
+A row names the goal it measures (``Figure.goal_id``); every goal, and how
+it is judged, is in one table: ``_goals.GOALS``.
 
 and is registered in ``SUITES`` below (or with :func:`register_suite`), so a
 later suite plugs in with one line and is imported only when asked for.
@@ -70,12 +71,20 @@ def _load_suite(name):
 
 def run_suites(names, ctx):
     """Run the suites ``names``; return the JSON-ready result."""
+    from ._goals import judge
     from ._harness import ERROR, Figure, machine_info, relate_to_anchors
     from ._report import goal_summary
+    machine = machine_info()
+    # Goals are for the compiled runtime; a run with no compiled hot path
+    # (RAY_LITE_NO_EXTENSIONS=1, or none built) is judged on its pure twins.
+    pure_run = None
+    if machine.get("compiled") is False:
+        pure_run = ("RAY_LITE_NO_EXTENSIONS=1" if machine.get("no_extensions_env")
+                    else "no compiled hot path built")
     result = {
         "schema": "ray_lite.bench/1",
         "scale": ctx.scale,
-        "machine": machine_info(),
+        "machine": machine,
         "suites": {},
     }
     if ctx.compare_ray:
@@ -94,15 +103,15 @@ def run_suites(names, ctx):
                     figures.extend(compare(ctx, ctx.compare_ray))
             # Anchors and ceilings measured in this run (Ray's with --compare-ray,
             # others such as the standard library's pool always).
-            relate_to_anchors(figures, getattr(suite, "RAY_RATIO_GOALS", None),
-                              getattr(suite, "CEILING_GOALS", None))
+            relate_to_anchors(figures)
+            judge(figures, pure_run=bool(pure_run), beside_hog=getattr(ctx, "beside_hog", False))
         except Exception as exc:   # noqa: BLE001 - one broken suite must not hide the others
             figures = [Figure(bench="-", name=f"suite {name}", impl="-", label="-", unit="",
                               status=ERROR, reason=f"{type(exc).__name__}: {exc}")]
         result["suites"][name] = {
             "seconds": round(time.monotonic() - t0, 2),
             "notes": notes,
-            "goals": goal_summary(figures),
+            "goals": goal_summary(figures, pure_run=pure_run),
             "figures": [f.to_json() for f in figures],
             "_figures": figures,
         }
@@ -146,7 +155,33 @@ def _parser():
 
 
 def main(argv=None):
-    """Entry point of ``ray-lite bench``; returns the exit status."""
+    """Entry point of ``ray-lite bench``; returns the exit status.
+
+    Output piped into a reader that stops early (``| head``) ends the run
+    quietly, with status 1, as Python's documentation recommends for a
+    command line tool: no traceback, and nothing more written to stdout.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()       # a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        _discard_stdout()
+        return 1
+
+
+def _discard_stdout():
+    """Point stdout at /dev/null: the interpreter flushes it once more at
+    exit, and that flush into the closed pipe would print an error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # stdout replaced, not a file
+        pass
+
+
+def _main(argv):
     import json
 
     from ._harness import ERROR, Context, print_err

@@ -42,8 +42,11 @@ class Figure:
     spread: dict = field(default_factory=dict)   # e.g. {"min": .., "max": ..} or {"p99": ..}
     trials: int = 0
     samples: int = 0               # calls or round trips measured in all trials
-    goal: str = None               # the goal as text, e.g. "<= 100 ns"
-    goal_met: bool = None          # None: no goal for this row, or not measurable
+    goal_id: str = None            # the goal this row measures: a key of _goals.GOALS
+    goal: str = None               # the goal as text, e.g. "<= 0.2 us" (set from GOALS)
+    goal_met: bool = None          # None: no goal for this row, or not judged
+    goal_note: str = None          # why a row with a goal has no verdict
+    informational: bool = False    # a pure-Python twin beside a compiled run: no verdict
     detail: dict = field(default_factory=dict)   # extra numbers (encode/decode split, ratios)
     note: str = None               # a short remark shown beside the spread
     status: str = OK
@@ -63,9 +66,9 @@ def _json_safe(obj):
     return obj
 
 
-def missing(bench, name, impl, label, unit, status, reason, goal=None):
+def missing(bench, name, impl, label, unit, status, reason, goal_id=None):
     """A row for a figure that could not be measured."""
-    return Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, goal=goal,
+    return Figure(bench=bench, name=name, impl=impl, label=label, unit=unit, goal_id=goal_id,
                   status=status, reason=reason)
 
 
@@ -113,16 +116,12 @@ def per_twin(hot_path, rows_of, measure):
         label = TWIN_LABEL[twin]
         rows = rows_of(twin, label)
         if mod is None:
-            figures.extend(missing(r.bench, r.name, twin, label, r.unit, *why, goal=r.goal)
+            figures.extend(missing(r.bench, r.name, twin, label, r.unit, *why, goal_id=r.goal_id)
                            for r in rows)
             continue
         figures.extend(guard(lambda mod=mod, twin=twin, label=label: measure(mod, twin, label),
                              *rows))
     return figures
-
-
-# B5's goal for a wake-up from idle, p50 (the CPU share's is 1 % of a core).
-WAKE_GOAL_US = 50.0
 
 
 def idle_plan(ctx, smoke_idle_s):
@@ -134,21 +133,20 @@ def idle_plan(ctx, smoke_idle_s):
     return ctx.pick(5.0, 1.0, smoke_idle_s), ctx.pick(0.2, 0.1, 0.05), ctx.pick(10, 4, 2)
 
 
-def idle_waiter_figures(replies, twin, label, cpu_name, cpu_goal, wake_name, wake_goal):
+def idle_waiter_figures(replies, twin, label, cpu_name, wake_name):
     """B5's two rows from an idle waiter's rounds, ``(cpu_ns, wall_ns, wake_ns)``
     each, the first after the long idle: its CPU share then, and the wake-ups."""
     cpu_ns, wall_ns, _ = replies[0]
     cpu_pct = 100.0 * cpu_ns / wall_ns
     cpu_fig = Figure("B5", cpu_name, twin, label, "%", cpu_pct, stat=f"over {wall_ns / 1e9:.1f} s",
-                     trials=1, samples=1, goal=cpu_goal, goal_met=cpu_pct <= 1.0)
+                     trials=1, samples=1, goal_id="B5 cpu")
     cpu_fig.detail = {"cpu_s": cpu_ns / 1e9, "wall_s": wall_ns / 1e9,
                       "short_idles_cpu_pct": [100.0 * c / w for c, w, _ in replies[1:]]}
     wakes_us = [w / 1000.0 for _, _, w in replies]
     value, spread = summarize_samples(wakes_us)
     wake_fig = Figure("B5", wake_name, twin, label, "us", value, stat="p50",
                       spread={"max": spread["max"], "after long idle": wakes_us[0]},
-                      trials=len(wakes_us), samples=len(wakes_us), goal=wake_goal,
-                      goal_met=value <= WAKE_GOAL_US)
+                      trials=len(wakes_us), samples=len(wakes_us), goal_id="B5 wake")
     wake_fig.detail = {"samples_us": wakes_us}
     return [cpu_fig, wake_fig]
 
@@ -283,21 +281,15 @@ def reference_rows(figures):
     return refs
 
 
-def relate_to_anchors(figures, ratio_goals=None, ceiling_goals=None):
+def relate_to_anchors(figures):
     """Give each ray_lite figure its factor over the anchor row of the same
     workload (same ``bench`` and ``name``, ``impl == "anchor"``) measured in
     this run: ``detail["x_anchor"]`` (> 1 means ray_lite is better: more per
     second, or less time, memory or CPU) and a note such as "262x Ray".  A
     ``"ceiling"`` row of the workload (what a bare server does, say) gives
-    ``detail["x_ceiling"]`` and its own note the same way.
-
-    ``ratio_goals`` maps a bench id to the least factor over the anchor its
-    goal asks for ("B1 >= 50x Ray in the same run"), ``ceiling_goals`` the
-    same over the ceiling ("B7 >= 1.2x bare uvicorn"); such a figure's goal
-    then holds only if that factor holds too (alone, when the figure had no
-    goal of its own).
+    ``detail["x_ceiling"]`` and its own note the same way.  Goals, some of
+    them factors over these rows, are judged apart (``_goals.judge``).
     """
-    least_factor = {"anchor": ratio_goals or {}, "ceiling": ceiling_goals or {}}
     refs = reference_rows(figures)
     for f in figures:
         if f.impl in refs or f.status != OK or not f.value:
@@ -312,11 +304,6 @@ def relate_to_anchors(figures, ratio_goals=None, ceiling_goals=None):
             x = f.value / a.value if higher_is_better else a.value / f.value
             f.detail = dict(f.detail, **{f"x_{kind}": round(x, 2)})
             texts.append(f"{ratio_text(x)} {a.label}")
-            least = least_factor[kind].get(f.bench)
-            if least is not None:
-                f.goal = (f"{f.goal} and >= {least}x {a.label}" if f.goal
-                          else f">= {least}x {a.label}")
-                f.goal_met = (x >= least) if f.goal_met is None else (f.goal_met and x >= least)
         if texts:
             text = "; ".join(texts)
             f.note = f"{text}; {f.note}" if f.note else text

@@ -160,9 +160,16 @@ def _value(fig):
 
 
 def _versus(fig, refs, width=_VERSUS):
-    """The factor over the anchor (and the ceiling) of the same run, naming
-    it; else the figure's own note."""
+    """The factor over the reference its goal names (when it is not the
+    anchor or ceiling), over the anchor and over the ceiling of the same
+    run, naming each; else the figure's own note."""
     parts = []
+    detail = fig.detail or {}
+    shown = {ref.label for kind in ("anchor", "ceiling")
+             if (ref := refs[kind].get((fig.bench, fig.name))) is not None}
+    if detail.get("x_goal") is not None and detail.get("goal_reference") not in shown:
+        parts.append(f"{ratio_text(detail['x_goal'])} "
+                     f"{detail['goal_reference'].split(':')[0]}")
     for kind in ("anchor", "ceiling"):
         x = (fig.detail or {}).get(f"x_{kind}")
         ref = refs[kind].get((fig.bench, fig.name))
@@ -176,6 +183,10 @@ def _versus(fig, refs, width=_VERSUS):
 
 
 def _met(fig):
+    """The verdict column: "yes", "NO", "-" (a goal not judged: its reference
+    or the figure is missing), or nothing (no goal, or an informational row)."""
+    if getattr(fig, "informational", False):
+        return ""
     return {True: "yes", False: "NO", None: "-" if fig.goal else ""}[fig.goal_met]
 
 
@@ -254,6 +265,8 @@ def render_verbose(figures):
                 parts = [fig.status, plain_text(fig.reason)]
             if fig.goal:
                 parts.append(f"goal {plain_text(fig.goal)}: {_met(fig) or '-'}")
+            if fig.goal_note:
+                parts.append(fig.goal_note)
             if fig.trials or fig.samples:
                 parts.append(f"{fig.trials} trials, {fig.samples:,} samples")
             out.append(f"  {fig.label} [{fig.impl}]: " + "; ".join(p for p in parts if p))
@@ -280,16 +293,30 @@ def _detail_text(fig):
 
 # -- goals ------------------------------------------------------------------------
 
-def goal_summary(figures):
-    """``{"met": N, "of": M, "missed": [...], "unjudged": [...]}`` over the
-    figures with a goal; each missed or unjudged entry is ``{"bench", "name",
-    "label"}``."""
-    judged = [f for f in figures if f.goal and f.impl not in ("anchor", "ceiling")]
-    met = [f for f in judged if f.goal_met is True]
+def goal_summary(figures, pure_run=None):
+    """``{"met": N, "of": M, "missed": [...], "unjudged": [...],
+    "informational": K, "pure_run": ...}`` over ray_lite's rows with a goal:
+    M counts the rows given a verdict; an unjudged row (its reference or its
+    figure missing) is listed with why; K counts the pure-Python twin's rows
+    of a compiled run, which have no verdict.  ``pure_run``: why the whole
+    run is pure Python (its rows are then judged), else None.  Each missed or
+    unjudged entry is ``{"bench", "name", "label", "impl"}`` (and ``"why"``)."""
+    ours = [f for f in figures if f.goal and f.impl not in ("anchor", "ceiling", "C")]
+    informational = [f for f in ours if getattr(f, "informational", False)]
+    ours = [f for f in ours if not getattr(f, "informational", False)]
     entry = lambda f: {"bench": f.bench, "name": f.name, "label": f.label, "impl": f.impl}  # noqa: E731
-    return {"met": len(met), "of": len(judged),
-            "missed": [entry(f) for f in judged if f.goal_met is False],
-            "unjudged": [entry(f) for f in judged if f.goal_met is None]}
+    unjudged = []
+    for f in ours:
+        if f.goal_met is None:
+            why = (f.goal_note or "").removeprefix("not judged: ") or \
+                (f"{f.status}: {f.reason}" if f.status != OK else None)
+            unjudged.append(dict(entry(f), why=why))
+    return {"met": sum(1 for f in ours if f.goal_met is True),
+            "of": sum(1 for f in ours if f.goal_met is not None),
+            "missed": [entry(f) for f in ours if f.goal_met is False],
+            "unjudged": unjudged,
+            "informational": len(informational),
+            "pure_run": pure_run}
 
 
 def _who(entry):
@@ -299,12 +326,11 @@ def _who(entry):
 
 
 def _listing(entries):
-    """"B4 (compiled, pure Python), B5 wake-up … (compiled)": by workload, in order."""
+    """"B4 (compiled, pure-Python), B12 (compiled x3: why)": by workload, in
+    order, with why it was not judged where every entry of it says the same."""
     by_bench = {}
-    names = {}
     for e in entries:
         by_bench.setdefault(e["bench"], []).append(e)
-        names.setdefault(e["bench"], []).append(e["name"])
     parts = []
     for bench, items in by_bench.items():
         whos = [_who(e) for e in items]
@@ -312,19 +338,28 @@ def _listing(entries):
         for who in dict.fromkeys(whos):
             n = whos.count(who)
             counted.append(f"{who} x{n}" if n > 1 else who)
-        parts.append(f"{bench} ({', '.join(counted)})")
+        whys = {e.get("why") for e in items}
+        why = f": {abbreviate(plain_text(whys.pop()), 60)}" if whys and None not in whys \
+            and len(whys) == 1 else ""
+        parts.append(f"{bench} ({', '.join(counted)}{why})")
     return ", ".join(parts)
 
 
 def summary_lines(summary):
     """The suite's summary line (wrapped within :data:`WIDTH`)."""
-    if not summary["of"]:
+    info = summary.get("informational") or 0
+    if not summary["of"] and not summary["unjudged"] and not info:
         return ["goals: none in this suite"]
     text = f"goals met: {summary['met']} of {summary['of']}"
+    if summary.get("pure_run"):
+        text += f" (a pure-Python run, {summary['pure_run']}: its rows are judged)"
     if summary["missed"]:
         text += f"; missed: {_listing(summary['missed'])}"
     if summary["unjudged"]:
         text += f"; not judged: {_listing(summary['unjudged'])}"
+    if info:
+        text += (f"; {info} pure-Python row{'s' if info > 1 else ''} informational "
+                 f"(goals are for the compiled runtime)")
     return wrap(text, indent="  ")
 
 
