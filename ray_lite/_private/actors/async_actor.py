@@ -16,10 +16,10 @@ import types
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import TaskCancelledError
 
-from ..process.errors import running_task_cancelled
-from .method_lookup import actor_method
 from ..links.protocol import RESULT
 from ..objects.refs import ObjectRef, stored_result
+from ..process.errors import running_task_cancelled
+from .method_lookup import actor_method
 
 asyncio = lazy_module("asyncio", globals())
 inspect = lazy_module("inspect", globals())

@@ -23,8 +23,8 @@ not restartable too.  Both kinds of retry count against the one number.
 from ray_lite.exceptions import ActorDiedError
 
 from ..links import protocol as P
-from ..scheduling.scheduler import matches_retry
 from ..links.transport import Link
+from ..scheduling.scheduler import matches_retry
 
 
 class _ActorRecord:

@@ -3,18 +3,18 @@ import weakref
 
 from ray_lite.exceptions import ActorDiedError
 
-from ..process import backend as _backend
-from ..links import protocol as P
-from ..links.protocol import ACTOR_CALL, BUILTIN_METHODS, METHOD   # per call: globals
-from ..process import state
-from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
-                           _prepare_args, _stream_opts, warn_dynamic)
-from ..objects.refs import ObjectRef, _Entry
 from ..actors.lease import _ActorLease, actor_lease  # noqa: F401 (re-exported)
 from ..actors.restarts import keep_for_exceptions, reach, retained_calls
-from ..scheduling.scheduler import check_retry_exceptions
-from .signatures import check_call
+from ..links import protocol as P
+from ..links.protocol import ACTOR_CALL, BUILTIN_METHODS, METHOD   # per call: globals
 from ..links.transport import LinkClosed
+from ..objects.refs import ObjectRef, _Entry
+from ..process import backend as _backend
+from ..process import state
+from ..scheduling.scheduler import check_retry_exceptions
+from .call_options import (_SIMPLE_TYPES, _check_method_options, _make_call_result,
+                           _prepare_args, _stream_opts, warn_dynamic)
+from .signatures import check_call
 
 
 # What ``handle.__ray_terminate__`` (Ray's graceful end, queued behind the

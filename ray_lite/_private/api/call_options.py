@@ -7,13 +7,13 @@ import warnings
 from ray_lite._fast.pool_book import PLAIN_TYPES
 from ray_lite.exceptions import NotOnThisMachineError, RayDeprecationWarning
 
-from ..process import state
 from ..actors.concurrency_groups import check_groups
+from ..job.runtime_env import env_vars_of
 from ..objects.dynamic_generator import DYNAMIC, dynamic_result
 from ..objects.object_store import STORE_THRESHOLD
-from ..objects.refs import (ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable, stored_by_value,
-                   travels_as_value)
-from ..job.runtime_env import env_vars_of
+from ..objects.refs import (ObjectRef, ObjectRefGenerator, _Entry, probe_serialisable,
+                            stored_by_value, travels_as_value)
+from ..process import state
 from ..scheduling.scheduler import check_retry_exceptions, demand_of
 
 # Options Ray accepts that ray_lite honours.

@@ -10,17 +10,17 @@ from ray_lite.exceptions import GetTimeoutError, ObjectStoreFullError, TaskCance
 
 from ..process import backend as _backend, interrupts, state
 
-from ..objects import object_store
-from ..objects import entries as entries_mod
+from ..job.job_setup import JobSetup
 from ..links import protocol as P
+from ..objects import entries as entries_mod
+from ..objects import object_store
 from ..objects.dynamic_generator import DynamicEntry
-from ..process.errors import KILLED, actor_died_message
 from ..objects.refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
+from ..process.errors import KILLED, actor_died_message
+from ..scheduling.scheduler import check_resource_dict
 from . import plugins
 from .actor_handle import ActorHandle
 from .remote import ActorClass, RemoteFunction, _Bound
-from ..job.job_setup import JobSetup
-from ..scheduling.scheduler import check_resource_dict
 
 inspect = lazy_module("inspect", globals())
 uuid = lazy_module("uuid", globals())

@@ -6,22 +6,22 @@ from ray_lite._fast.pool_book import plain_call
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ActorClassInheritanceException, NotOnThisMachineError
 
-from ..process import backend as _backend
+from ..actors.concurrency_groups import check_groups, check_method_groups
+from ..job.runtime_env import EnvTask, env_vars_of
 from ..links import protocol as P
 from ..links.protocol import TaskSpec
+from ..objects.refs import ObjectRef, _Entry
+from ..objects.shipping import ship
+from ..process import backend as _backend
 from ..process import state
+from ..scheduling.scheduler import check_retry_exceptions, demand_of
 from . import plugins
 from .actor_handle import ActorHandle, actor_lease
 from .call_options import (_by_value, _check_args_serialisable,  # noqa: F401
                            _check_method_options, _check_options, _driver_pid,
                            _make_call_result, _stream_opts,
                            warn_dynamic)
-from ..actors.concurrency_groups import check_groups, check_method_groups
-from ..objects.refs import ObjectRef, _Entry
-from ..job.runtime_env import EnvTask, env_vars_of
-from ..scheduling.scheduler import check_retry_exceptions, demand_of
 from .method_options import declared_options
-from ..objects.shipping import ship
 from .signatures import arity_of, check_call, constructor_arity, method_arity
 
 inspect = lazy_module("inspect", globals())

@@ -11,26 +11,26 @@ from ray_lite._fast.pool_book import PoolBook, PoolWorker
 from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError,
                                  TaskCancelledError, WorkerCrashedError)
 
-from ..links import protocol as P
-from . import introspect
 from ..actors import restarts
-from ..process import state
 from ..actors.actor_owners import ActorOwners, owner_of
-from ..scheduling.cluster import memory_resource
-from ..process.errors import KILLED, actor_died_message
-from .node import Node
-from ..scheduling.placement import PlacementMixin
-from ..process.procutil import readable_now
-from .pool_worker import MaxCalls
-from ..objects.entries import _Entry
-from ..links.protocol import ActorInfo, PlacedTaskSpec, TaskSpec
-from ..objects.refs import LoadedValue
 from ..actors.restarts import RestartsMixin
+from ..links import protocol as P
+from ..links.protocol import ActorInfo, PlacedTaskSpec, TaskSpec
+from ..links.transport import Link
+from ..objects.entries import _Entry
+from ..objects.refs import LoadedValue
+from ..process import state
+from ..process.errors import KILLED, actor_died_message
+from ..process.procutil import readable_now
+from ..scheduling.cluster import memory_resource
+from ..scheduling.placement import PlacementMixin
 from ..scheduling.scheduler import ResourcesMixin
 from ..scheduling.task_cancel import cancel_task
 from ..scheduling.task_dispatch import TaskDispatchMixin
 from ..scheduling.task_retries import TaskRetries
-from ..links.transport import Link
+from . import introspect
+from .node import Node
+from .pool_worker import MaxCalls
 from .zygote import ZygoteClient, adopt_early
 
 

@@ -6,10 +6,10 @@ Nothing here runs per task or per call.
 """
 import itertools
 
-from ..scheduling import cluster
 from ..links import protocol as P
 from ..process.errors import EXITED, actor_died_message
 from ..process.ids import JOB_ID_HEX, NODE_IP, actor_id_hex, node_id_hex, task_id_hex, worker_id_hex
+from ..scheduling import cluster
 
 
 def requests(driver):

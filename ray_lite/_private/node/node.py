@@ -19,18 +19,18 @@ import weakref
 
 from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedError
 
-from ..objects import object_store
-from ..links import protocol as P
 from ..actors import restarts
 from ..actors.actor_exit import OUT_OF_SCOPE
+from ..links import protocol as P
 from ..links.drive import DrivingMixin
-from ..process.interrupts import sleep_point
 from ..links.loop_bridge import BridgesMixin
-from ..objects.ownership import ObjectsMixin
-from ..process.procutil import open_sentinel
 from ..links.service import ServiceThread
-from ..objects.streams import StreamsMixin
 from ..links.transport import LinkClosed
+from ..objects import object_store
+from ..objects.ownership import ObjectsMixin
+from ..objects.streams import StreamsMixin
+from ..process.interrupts import sleep_point
+from ..process.procutil import open_sentinel
 
 _OID_SHIFT = 40
 

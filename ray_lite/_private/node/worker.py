@@ -11,24 +11,24 @@ from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, RayTaskError,
                                  RuntimeEnvSetupError, TaskCancelledError)
 
-from ..links import protocol as P
 from ..actors import concurrency_groups, restarts
-from ..process import state
-from ..actors.aio import AsyncSlots, new_event_loop
 from ..actors.actor_exit import begin_exit, run_exit_handlers
+from ..actors.aio import AsyncSlots, new_event_loop
 from ..actors.async_actor import AsyncActorMixin
-from .worker_streams import GeneratorsMixin
-from ..process.errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
-                     unpicklable_task_error)
 from ..actors.held_calls import HeldCallsMixin
 from ..actors.method_lookup import UNSET, class_function, method_table
-from .node import Node
-from ..process.procutil import CANCEL_SIGNAL
+from ..job.runtime_env import process_runtime_env
+from ..links import protocol as P
+from ..links.transport import Link, LinkClosed
 from ..objects.refs import _NEVER_STORED, ObjectRef, raisable, stored_result
 from ..objects.returns import split_returns
-from ..job.runtime_env import process_runtime_env
 from ..objects.shipping import unship
-from ..links.transport import Link, LinkClosed
+from ..process import state
+from ..process.errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
+                              unpicklable_task_error)
+from ..process.procutil import CANCEL_SIGNAL
+from .node import Node
+from .worker_streams import GeneratorsMixin
 
 asyncio = lazy_module("asyncio", globals())
 inspect = lazy_module("inspect", globals())

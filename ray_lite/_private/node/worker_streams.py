@@ -5,8 +5,8 @@ of ``WorkerNode``.)"""
 from ray_lite._lazy import lazy_module
 
 from ..links import protocol as P
-from ..process.errors import sendable_error, unpicklable_task_error
 from ..links.protocol import ITEM   # per item: a global, not an attribute
+from ..process.errors import sendable_error, unpicklable_task_error
 
 asyncio = lazy_module("asyncio", globals())
 

@@ -15,11 +15,11 @@ from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
 from ..links import protocol as P
+from ..links.transport import LinkClosed
 from .entries import HolderWeight
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
                    adopt_stored, error_entry, loaded, map_stored,
                    stored_form)
-from ..links.transport import LinkClosed
 
 # Weights are fractions once a borrower passes a ref on; fractions imports
 # decimal, which a process that never does is spared.

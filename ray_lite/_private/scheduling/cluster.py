@@ -4,8 +4,8 @@ import os
 from ray_lite.exceptions import RaySystemError
 
 
-from ..process import backend as _backend
 from ..links import protocol as P
+from ..process import backend as _backend
 from ..process import state
 from ..process.ids import NODE_IP, node_id_hex
 

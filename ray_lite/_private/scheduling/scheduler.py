@@ -18,8 +18,8 @@ refuses with ``ValueError``: on one machine "never" is certain.
 """
 import os
 
-from ..process.ids import node_id_hex
 from ..links.protocol import START
+from ..process.ids import node_id_hex
 from .labels import check_label_options, check_labels_match
 
 
