@@ -3,6 +3,7 @@ of a server's process tree (B16) and the figures of interleaved rounds."""
 import os
 import subprocess
 import sys
+import types
 
 from ray_lite.bench import _procs, serve_suite
 
@@ -101,7 +102,7 @@ def test_http_rounds_interleave_the_servers_and_keep_what_a_failed_round_measure
         return {"rps": rps[_FakeServer.started[port]] * 2, "requests": 10000, "non2xx": 0}
     monkeypatch.setattr(serve_suite, "_ab", fake_ab)
     monkeypatch.setattr(serve_suite, "_wrk", fake_wrk)
-    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx: [
+    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx, app=None: [
         ("py", "ray_lite", "ray_lite", "ray_lite", True), ("py", "ray", "anchor", "Ray Serve", False),
         ("py", "uvicorn", "ceiling", "bare uvicorn", False)])
     ctx = Context(scale="quick", compare_ray="py", log=lambda msg: None)
@@ -117,6 +118,31 @@ def test_http_rounds_interleave_the_servers_and_keep_what_a_failed_round_measure
     assert by[("B7", "anchor")].trials == 1
     assert "1 of 3 rounds; then RuntimeError: Ray Serve failed to start" in by[("B7", "anchor")].note
     assert "pure-Python hot paths" in by[("B8", "ray_lite")].note
+
+
+def test_the_hi_app_is_also_measured_on_uvicorn_with_a_worker_per_core(monkeypatch):
+    """B8's goal is relative to uvicorn with as many workers as cores: the hi
+    app's rounds run it beside one-process uvicorn; the other apps do not."""
+    from ray_lite.bench import _servers
+    from ray_lite.bench._harness import Context
+    monkeypatch.setattr(serve_suite.subprocess, "run",
+                        lambda *a, **kw: types.SimpleNamespace(returncode=0))
+    ctx = Context(scale="quick", compare_ray="/ray/python", log=lambda msg: None)
+    hi = serve_suite._http_servers(ctx, serve_suite.HI_APP)
+    n = _servers.uvicorn_workers()
+    assert [s[1:4] for s in hi] == [
+        ("ray_lite", "ray_lite", "ray_lite"), ("ray", "anchor", "Ray Serve"),
+        (_servers.UVICORN_WORKERS, "ceiling", f"uvicorn, {n} workers"),
+        ("uvicorn", "ceiling", "bare uvicorn")]       # the last ceiling: the one compared with
+    assert all(s[0] == "/ray/python" for s in hi[1:])
+    sse = serve_suite._http_servers(ctx, serve_suite.SSE_APP)
+    assert _servers.UVICORN_WORKERS not in [s[1] for s in sse]
+    # The server's command: the bare ASGI app by import string, a worker per core.
+    monkeypatch.setattr(_servers.subprocess, "Popen", lambda cmd, **kw: cmd)
+    srv = _servers.Server("/ray/python", _servers.UVICORN_WORKERS, 48)
+    assert srv.proc[-2:] == ["_hi_asgi:app", str(n)]
+    srv.out.close()
+    srv.err.close()
 
 
 def test_b14_and_b15_run_their_apps_in_interleaved_rounds(monkeypatch):
@@ -139,7 +165,7 @@ def test_b14_and_b15_run_their_apps_in_interleaved_rounds(monkeypatch):
         rps = {"ray_lite": 1000.0, "ray": 10.0, "uvicorn": 400.0}[_FakeServer.started[port]]
         return {"rps": rps, "requests": 100, "non2xx": 0}
     monkeypatch.setattr(serve_suite, "_wrk", fake_wrk)
-    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx: [
+    monkeypatch.setattr(serve_suite, "_http_servers", lambda ctx, app=None: [
         ("py", "ray_lite", "ray_lite", "ray_lite", True), ("py", "ray", "anchor", "Ray Serve", False),
         ("py", "uvicorn", "ceiling", "bare uvicorn", False)])
     ctx = Context(scale="full", compare_ray="py", log=lambda msg: None)

@@ -18,6 +18,18 @@ from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What a server prints (stdout) once every replica is ready.
 READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
+#: The server kind of bare uvicorn with a worker process per core (the hi app
+#: only: B8's goal is relative to it); "uvicorn" is one process.
+UVICORN_WORKERS = "uvicorn-workers"
+
+
+def uvicorn_workers():
+    """How many worker processes the ``UVICORN_WORKERS`` server runs: one per core."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def is_uvicorn(raymod):
+    return raymod in ("uvicorn", UVICORN_WORKERS)
 
 
 class AppSpec:
@@ -73,13 +85,17 @@ async def app(scope, receive, send):
                 "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
     await send({"type": "http.response.body", "body": b"hi"})
 
-if len(sys.argv) > 3:        # an app of this package: "module:attribute"
+workers = 1
+if len(sys.argv) > 4:        # worker processes: the app by its import string
+    app, workers = sys.argv[3], int(sys.argv[4])
+elif len(sys.argv) > 3:      # an app of this package: "module:attribute"
     import importlib
     sys.path.insert(0, sys.argv[2])
     module, attr = sys.argv[3].split(":")
     app = getattr(importlib.import_module(module), attr)
+extra = {"workers": workers, "app_dir": sys.argv[2]} if workers > 1 else {}
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
-            access_log=False, log_level="warning")
+            access_log=False, log_level="warning", **extra)
 """
 
 
@@ -97,6 +113,9 @@ class Server:
             cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
                               "benchmark's serve run", python=python)
             cmd += ["serve", "run", f"ray_lite.bench.{app.module}:model", "--port", str(self.port)]
+        elif raymod == UVICORN_WORKERS:
+            cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, "_hi_asgi:app",
+                   str(uvicorn_workers())]
         elif raymod == "uvicorn":
             cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
             if app.asgi:

@@ -40,7 +40,7 @@ if __package__:
     from .._private.process.boot import python_argv
     from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
     from ._procs import start_hog, stop_hog
-    from ._servers import HI, AppSpec, env_for
+    from ._servers import HI, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn, uvicorn_workers
     from ._servers import Server as _Server
 
 DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
@@ -98,7 +98,7 @@ def _http_rows(replicas):
 def _one_round(srv, sz, have_ab, have_wrk):
     """One round of every load on a ready server: {bench: (value, detail)}."""
     out = {}
-    if srv.raymod != "uvicorn":
+    if not is_uvicorn(srv.raymod):
         out["B10"] = (srv.up_s, {})
     if have_ab:
         _ab(srv.port, 200, 10)    # warm-up
@@ -175,8 +175,9 @@ def _round_figures(bench, name, unit, impl, label, rounds, goals):
     return fig
 
 
-def _http_servers(ctx):
-    """(python, raymod, impl, label, goals) of every server this run measures."""
+def _http_servers(ctx, app=None):
+    """(python, raymod, impl, label, goals) of every server this run measures
+    for ``app`` (default: the hi app)."""
     servers = [(sys.executable, "ray_lite", "ray_lite", "ray_lite", True)]
     python = ctx.compare_ray
     if python:
@@ -188,6 +189,11 @@ def _http_servers(ctx):
     probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
                            capture_output=True, timeout=120)
     if probe.returncode == 0:
+        if app in (None, HI_APP):
+            # B8's goal: uvicorn with a worker process per core.  Before the
+            # one-process ceiling, which stays the one the table compares with.
+            servers.append((python, UVICORN_WORKERS, "ceiling",
+                            f"uvicorn, {uvicorn_workers()} workers", False))
         servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
     return servers
 
@@ -200,7 +206,7 @@ def _http_figures(ctx, app=None):
     replicas = sz[app.replicas]
     rows = app.rows(replicas)
     have_ab, have_wrk = shutil.which("ab"), shutil.which("wrk")
-    servers = _http_servers(ctx)
+    servers = _http_servers(ctx, app)
     rounds = {s[1]: [] for s in servers}       # raymod -> [{bench: (value, detail)}]
     errors = {}                                # raymod -> reason
     warnings = {}                              # raymod -> stderr lines about the twins
@@ -231,7 +237,7 @@ def _http_figures(ctx, app=None):
     for python, raymod, impl, label, goals in servers:
         got = rounds[raymod]
         for bench, (name, unit) in rows.items():
-            if bench == "B10" and raymod == "uvicorn":
+            if bench == "B10" and is_uvicorn(raymod):
                 continue
             per_round = [r[bench] for r in got if bench in r]
             if raymod in errors and not per_round:
