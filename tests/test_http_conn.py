@@ -220,3 +220,178 @@ def test_the_twins_answer_byte_for_byte_alike(twin_pair):
         outs.append(got)
     _proxy_conn.bind_to_serve(_proxy_conn._http_conn)
     assert outs[0] == outs[1]
+
+
+# ------------------------------------------------ limits that are exact
+def _refused_with(conn, status):
+    out = conn.transport.take()
+    assert out.startswith(b"HTTP/1.1 %d " % status), out[:80]
+    assert b"connection: close\r\n" in out and conn.transport.closed
+    assert conn.proxy.dispatched == []
+
+
+@pytest.mark.parametrize("pieces", [1, 64])
+def test_the_head_limit_counts_every_byte_of_the_head(conn, pieces):
+    # 30,000 "a:b" lines are 150,000 bytes with their CRLFs: over 64 KiB,
+    # though their names and values alone are 60,000.
+    data = b"GET / HTTP/1.1\r\n" + b"a:b\r\n" * 30000 + b"\r\n"
+    step = -(-len(data) // pieces)
+    for i in range(0, len(data), step):
+        conn.data_received(data[i:i + step])
+    _refused_with(conn, 431)
+
+
+def test_whitespace_in_a_head_that_spans_reads_counts_too(conn):
+    conn.data_received(b"GET / HTTP/1.1\r\nA:")
+    for _ in range(5):      # spaces the parser skips without reporting them
+        conn.data_received(b" " * 16000)
+    _refused_with(conn, 431)
+
+
+def test_the_number_of_header_lines_is_bounded(conn):
+    conn.data_received(b"GET / HTTP/1.1\r\n" + b"a:b\r\n" * (_proxy_conn.MAX_HEADER_LINES + 1)
+                       + b"\r\n")
+    _refused_with(conn, 431)
+
+
+def test_a_head_just_under_the_limits_is_taken(conn):
+    lines = _proxy_conn.MAX_HEADER_LINES
+    conn.data_received(b"GET / HTTP/1.1\r\n" + b"a:b\r\n" * lines + b"\r\n")
+    (req,) = conn.proxy.dispatched
+    assert req.headers.count(b"a:b") == lines
+
+
+@pytest.mark.parametrize("line, status", [
+    (b"GET / HTTP/2.0", 505),
+    (b"GET / HTTP/1.2", 505),
+    (b"GET / HTTP/3.0", 505),
+    (b"GET /", 400),                # HTTP/0.9's form: no version
+    (b"GET / HTTP/0.9", 400),       # (the parser reports both as 0.9)
+    (b"GET / HTTP/12.0", 400),
+    (b"GET / HTTP/1.x", 400),
+])
+def test_a_version_other_than_1_0_or_1_1_is_refused(conn, line, status):
+    conn.data_received(line + b"\r\nHost: x\r\n\r\n")
+    _refused_with(conn, status)
+
+
+def _chunked(*parts):
+    return b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(parts)
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 1000])
+def test_a_chunk_extension_of_a_megabyte_is_refused(conn, pieces):
+    data = _chunked(b"5;", b"e" * 1_000_000, b"\r\nhello\r\n0\r\n\r\n")
+    step = -(-len(data) // pieces)
+    for i in range(0, len(data), step):
+        conn.data_received(data[i:i + step])
+        if conn.closed:
+            break
+    _refused_with(conn, 400)
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 7])
+def test_a_chunk_size_line_is_bounded_exactly(conn, pieces):
+    # The line "5;" + extension + CRLF: at the limit it is taken, one byte
+    # over it is refused, however the input is cut.
+    limit = _proxy_conn.MAX_CHUNK_LINE
+    head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for extra, ok in ((0, True), (1, False)):
+        c = type(conn)(Proxy())
+        c.connection_made(Transport())
+        ext = b"x" * (limit - 4 + extra)       # "5;" ext CRLF: limit (+ extra) bytes
+        data = head + b"1\r\na\r\n" + b"5;" + ext + b"\r\nhello\r\n0\r\n\r\n"
+        step = -(-len(data) // pieces)
+        for i in range(0, len(data), step):
+            c.data_received(data[i:i + step])
+        if ok:
+            (req,) = c.proxy.dispatched
+            assert req.body == b"ahello"
+        else:
+            _refused_with(c, 400)
+
+
+def test_trailers_are_bounded_and_not_taken_as_headers(conn):
+    conn.data_received(_chunked(b"2\r\nhi\r\n0\r\nX-Trailer: 1\r\nX-Request-Id: t\r\n\r\n"))
+    (req,) = conn.proxy.dispatched
+    assert req.body == b"hi"
+    assert req.headers == b"transfer-encoding:chunked" and req.request_id is None
+    conn.respond(req, 200, b"", b"")
+    conn.data_received(_chunked(b"2\r\nhi\r\n0\r\n", b"t:v\r\n" * 20000, b"\r\n"))
+    out = conn.transport.take()
+    assert b"HTTP/1.1 431 " in out and conn.transport.closed
+
+
+def test_a_large_pipelined_read_parses_as_small_ones(conn):
+    # Reads over the slice size go to the parser in slices: the requests
+    # and their bodies come out the same.
+    body = bytes(range(256)) * 400
+    conn.proxy.max_body = 10 * len(body)
+    one = (b"POST /a HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body +
+           _chunked(b"%x\r\n" % len(body), body, b"\r\n3\r\nend\r\n0\r\n\r\n"))
+    conn.data_received(one * 3)
+    for _ in range(6):
+        req = conn.proxy.dispatched[-1]
+        conn.respond(req, 200, b"", b"")
+    got = [r.body for r in conn.proxy.dispatched]
+    assert got == [body, body + b"end"] * 3
+
+
+# ------------------------------------- what an answer's head may hold
+@pytest.mark.parametrize("block, name", [
+    (b"x-echo: a\r\nset-cookie: pwned=1\r\n\r\nHTTP/1.1 200 OK\r\n", b""),
+    (b"x-echo: a\rb\r\n", b"x-echo"),
+    (b"x-echo: a\nset-cookie: b\r\n", b"x-echo"),
+    (b"x-echo: a\x00b\r\n", b"x-echo"),
+    (b"x-echo: a\x1bb\r\n", b"x-echo"),
+    (b"x-echo: a\x7fb\r\n", b"x-echo"),
+    (b"ok: 1\r\nbad name: v\r\n", b"bad name"),
+    (b"ok: 1\r\n(x): v\r\n", b"(x)"),
+    (b"no-colon\r\n", b"no-colon"),
+    (b"x: unterminated", b"x"),
+])
+def test_an_answer_with_a_bad_header_is_a_500_and_logged(conn, block, name, capsys):
+    conn.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    (req,) = conn.proxy.dispatched
+    conn.respond(req, 200, block, b"body")
+    out = conn.transport.take()
+    assert out.startswith(b"HTTP/1.1 500 Internal Server Error\r\n"), out
+    assert b"set-cookie" not in out and b"body" not in out and b"\x00" not in out
+    assert out.count(b"HTTP/1.1") == 1
+    assert repr(name) in capsys.readouterr().err
+    assert not conn.closed      # the answer was whole: the connection goes on
+
+
+def test_an_answer_with_good_headers_goes_as_it_is(conn):
+    block = b"x-a: b\tc d\r\nx-e:\r\nx-f: caf\xc3\xa9\r\n!#$%&'*+-.^_`|~09az: v\r\n"
+    conn.data_received(b"GET / HTTP/1.1\r\n\r\n")
+    conn.respond(conn.proxy.dispatched[0], 200, block, b"ok")
+    assert conn.transport.take() == (b"HTTP/1.1 200 OK\r\n" + block +
+                                     b"x-request-id: id-1\r\n\r\nok")
+
+
+@pytest.mark.parametrize("headers, bad", [
+    ([(b"x-echo", b"fine"), (b"content-type", b"text/plain")], None),
+    ([(b"x-echo", b"a\r\nset-cookie: pwned=1")], b"x-echo"),
+    ([(b"x-echo", b"a\nb")], b"x-echo"),
+    ([(b"x-echo", b"a\x00")], b"x-echo"),
+    ([(b"x-echo", b"\x01")], b"x-echo"),
+    ([(b"ok", b"tab\there"), (b"x y", b"v")], b"x y"),
+    ([(b"", b"v")], b""),
+    ([(b"x\r\nset-cookie", b"v")], b"x\r\nset-cookie"),
+    ([(bytearray(b"x-b"), memoryview(b"caf\xc3\xa9"))], None),
+])
+def test_bad_header_names_the_first_that_may_not_be_sent(http_conn_impl, headers, bad):
+    assert http_conn_impl.bad_header(headers) == bad
+
+
+def test_the_twins_judge_header_blocks_alike(twin_pair):
+    blocks = [b"", b"a: b\r\n", b"a: b", b"a:\r\n", b":\r\n", b"\r\n", b"a: b\r\nc: \x80\r\n",
+              b"a: b\r\r\n", b"a b: c\r\n", b"a: \x7f\r\n", b"a\x00: b\r\n"] + \
+             [bytes([c]) + b": v\r\n" for c in range(256)] + \
+             [b"n: " + bytes([c]) + b"\r\n" for c in range(256)]
+    mods = [t.module("http_conn") for t in twin_pair]
+    for block in blocks:
+        assert mods[0].bad_head_line(block) == mods[1].bad_head_line(block), block
+        pairs = [(block[:1], block[1:])]
+        assert mods[0].bad_header(pairs) == mods[1].bad_header(pairs), block

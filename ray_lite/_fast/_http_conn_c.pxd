@@ -49,7 +49,18 @@ cdef class HttpConnection:
     cdef public bint write_paused
     cdef public object write_waiter
     cdef public object request_id
+    cdef public Py_ssize_t header_lines
+    cdef public bint chunked
+    cdef public long long content_length
+    cdef public object version          # str, once the head is complete
+    cdef public int phase               # _HEAD, _BODY, _LINE, _CHUNK
+    cdef public Py_ssize_t seq
+    cdef public Py_ssize_t raw
+    cdef public object feeding
+    cdef public Py_ssize_t feed_start
+    cdef public Py_ssize_t feed_seq
 
     cdef inline void _reset(self)
+    cdef int _feed(self, object part, Py_ssize_t start, Py_ssize_t end, object data) except -1
     cdef void _next(self) except *
     cdef void _write_error_and_close(self, int status) except *

@@ -9,14 +9,24 @@ and the answer's head joined in one allocation.  Under ``ab`` a connection
 lives for one request, so making and ending one is on that path too.
 """
 cimport cython
-from cpython.bytes cimport PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 import collections
 
-__all__ = ["HttpConnection", "HttpRequest", "bind", "END_QUIETLY"]
+__all__ = ["HttpConnection", "HttpRequest", "bind", "bad_header", "bad_head_line",
+           "END_QUIETLY"]
 
 END_QUIETLY = -1
 cdef int _END_QUIETLY = -1
+
+# See _http_conn_py: where the parser is in a request, and the slices it is
+# given while in a head or in chunk framing.
+cdef enum:
+    _HEAD = 0
+    _BODY = 1
+    _LINE = 2
+    _CHUNK = 3
+cdef Py_ssize_t _SLICE = 16 * 1024
 
 cdef object _deque = collections.deque
 
@@ -29,7 +39,10 @@ cdef object _ws_take = None
 cdef object _ws_took_over = None
 cdef Py_ssize_t _large_bytes = 0
 cdef Py_ssize_t _max_header_bytes = 0
+cdef Py_ssize_t _max_header_lines = 0
+cdef Py_ssize_t _max_chunk_line = 0
 cdef Py_ssize_t _max_pipelined = 0
+cdef object _refused_header = None
 cdef object _status_line = None
 cdef object _text_answer = None
 cdef bytes _CONNECTION_CLOSE = b""
@@ -42,21 +55,25 @@ cdef bytes _ID_NAME = b"x-request-id: "
 
 
 def bind(*, load_parser, cancel, websocket_take, websocket_took_over, large_bytes,
-         max_header_bytes, max_pipelined, status_line, text_answer, connection_close,
-         connection_keep_alive, request_id_header):
+         max_header_bytes, max_header_lines, max_chunk_line, max_pipelined, status_line,
+         text_answer, refused_header, connection_close, connection_keep_alive,
+         request_id_header):
     """See ``_http_conn_py.bind``."""
     global _load_parser, _cancel, _ws_take, _ws_took_over, _large_bytes, _max_header_bytes
-    global _max_pipelined, _status_line, _text_answer, _CONNECTION_CLOSE, _REQUEST_ID_HEADER
-    global _TAIL_KEEP_10, _TAIL_CLOSE
+    global _max_header_lines, _max_chunk_line, _max_pipelined, _status_line, _text_answer
+    global _refused_header, _CONNECTION_CLOSE, _REQUEST_ID_HEADER, _TAIL_KEEP_10, _TAIL_CLOSE
     _load_parser = load_parser
     _cancel = cancel
     _ws_take = websocket_take
     _ws_took_over = websocket_took_over
     _large_bytes = large_bytes
     _max_header_bytes = max_header_bytes
+    _max_header_lines = max_header_lines
+    _max_chunk_line = max_chunk_line
     _max_pipelined = max_pipelined
     _status_line = status_line
     _text_answer = text_answer
+    _refused_header = refused_header
     _CONNECTION_CLOSE = bytes(connection_close)
     _REQUEST_ID_HEADER = bytes(request_id_header)
     _TAIL_KEEP_10 = bytes(connection_keep_alive) + b"\r\n"
@@ -69,6 +86,83 @@ cdef object _parser_class():
         raise RuntimeError("ray_lite._fast.http_conn: bind() was not called")
     _HttpRequestParser, _HttpParserUpgrade = _load_parser()
     return _HttpRequestParser
+
+
+# ------------------------------------------------- headers of an answer
+# A byte scan over two tables (see _http_conn_py for the rules): a token's
+# bytes, and a value's (HTAB, SP..~, 0x80..0xff).
+cdef unsigned char _TCHAR[256]
+cdef unsigned char _VCHAR[256]
+cdef Py_ssize_t _NAME_SHOWN = 100
+
+
+cdef void _fill_tables():
+    cdef int c
+    for c in range(256):
+        _TCHAR[c] = 1 if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122
+                          or c in b"!#$%&'*+-.^_`|~") else 0
+        _VCHAR[c] = 1 if (c == 9 or 32 <= c <= 126 or c >= 128) else 0
+
+
+_fill_tables()
+
+
+cdef inline bint _is_token(const unsigned char* p, Py_ssize_t n):
+    cdef Py_ssize_t i
+    if n == 0:
+        return False
+    for i in range(n):
+        if not _TCHAR[p[i]]:
+            return False
+    return True
+
+
+cdef inline bint _has_control(const unsigned char* p, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if not _VCHAR[p[i]]:
+            return True
+    return False
+
+
+def bad_header(headers):
+    """See ``_http_conn_py.bad_header``."""
+    for name, value in headers:
+        if type(name) is not bytes:
+            name = bytes(name)
+        if type(value) is not bytes:
+            value = bytes(value)
+        if not _is_token(<const unsigned char*>PyBytes_AS_STRING(name),
+                         PyBytes_GET_SIZE(name)) or \
+                _has_control(<const unsigned char*>PyBytes_AS_STRING(value),
+                             PyBytes_GET_SIZE(value)):
+            return name[:_NAME_SHOWN]
+    return None
+
+
+def bad_head_line(bytes block):
+    """See ``_http_conn_py.bad_head_line``."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(block)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
+    cdef Py_ssize_t i = 0, line
+    while i < n:
+        line = i
+        while i < n and _TCHAR[p[i]]:
+            i += 1
+        if i == line or i == n or p[i] != 58:          # ':'
+            return _line_name(block, line)
+        i += 1
+        while i < n and _VCHAR[p[i]]:
+            i += 1
+        if i + 1 >= n or p[i] != 13 or p[i + 1] != 10:  # CRLF
+            return _line_name(block, line)
+        i += 2
+    return None
+
+
+cdef bytes _line_name(bytes block, Py_ssize_t start):
+    line = block[start:start + _NAME_SHOWN]
+    return line.partition(b":")[0].partition(b"\r")[0].partition(b"\n")[0]
 
 
 @cython.final
@@ -116,16 +210,26 @@ cdef class HttpConnection:
         self.idle_sweeps = 0
         self.write_paused = False
         self.write_waiter = None
+        self.phase = _HEAD
+        self.seq = 0
+        self.raw = 0
+        self.feeding = None
+        self.feed_start = 0
+        self.feed_seq = 0
         self._reset()
 
     cdef inline void _reset(self):
         self.url = b""
         self.headers = []
         self.header_bytes = 0
+        self.header_lines = 0
         self.body = None
         self.body_size = 0
         self.expect_continue = False
         self.request_id = None
+        self.chunked = False
+        self.content_length = -1
+        self.version = None
 
     # ---------------------------------------------------------- transport
     def connection_made(self, transport):
@@ -188,36 +292,84 @@ cdef class HttpConnection:
                 self.transport.pause_reading()
             return
         self.idle_sweeps = 0
+        cdef Py_ssize_t n = len(data)
+        cdef Py_ssize_t start = 0, end, step
         try:
-            self.parser.feed_data(data)
+            if n <= _SLICE:
+                self._feed(data, 0, n, data)
+                return
+            view = memoryview(data)
+            while start < n and not self.fail_status and not self.closed:
+                step = _SLICE
+                if self.phase == _BODY and self.content_length > self.body_size:
+                    step = max(step, <Py_ssize_t>(self.content_length - self.body_size))
+                end = min(n, start + step)
+                self._feed(view[start:end], start, end, data)
+                start = end
         except Exception as exc:
+            self.feeding = None
             if isinstance(exc, _HttpParserUpgrade):
-                if not _ws_took_over(self, data, exc):
+                if not _ws_took_over(self, data[start:] if start else data, exc):
                     self.end_after_answers()
                 return
             status = 400
             cause = exc.__cause__ or exc.__context__
             if isinstance(exc, _Reject) or isinstance(cause, _Reject):
                 status = (exc if isinstance(exc, _Reject) else cause).args[0]
+            elif str(exc) == "Invalid HTTP version":
+                status = 505
             self.fail(status)
+
+    cdef int _feed(self, object part, Py_ssize_t start, Py_ssize_t end, object data) except -1:
+        # See _http_conn_py.HttpConnection._feed.
+        cdef int phase = self.phase
+        cdef Py_ssize_t seq = self.seq
+        if phase == _LINE:
+            self.feeding = data
+            self.feed_start = start
+            self.feed_seq = seq
+        self.parser.feed_data(part)
+        self.feeding = None
+        phase = self.phase
+        if phase == _HEAD or phase == _LINE:
+            if self.seq == seq:
+                self.raw += end - start
+            elif phase == _LINE:
+                self.raw = end - max(<Py_ssize_t>data.rfind(b"\n", start, end) + 1, start)
+            else:
+                self.raw = 0
+            if phase == _HEAD:
+                if self.raw > _max_header_bytes:
+                    raise _Reject(431)
+            elif self.raw > _max_chunk_line:
+                raise _Reject(400)
+        return 0
 
     # ------------------------------------------------------------- parser
     def on_url(self, bytes url):
         self.url += url
         if PyBytes_GET_SIZE(self.url) > _max_header_bytes:
             raise _Reject(414)
+        self.header_bytes += PyBytes_GET_SIZE(url)
 
     def on_header(self, bytes name, bytes value):
-        self.header_bytes += PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value)
-        if self.header_bytes > _max_header_bytes:
+        self.header_bytes += PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + 3
+        self.header_lines += 1
+        if self.header_bytes > _max_header_bytes or self.header_lines > _max_header_lines:
             raise _Reject(431)
+        if self.phase != _HEAD:
+            return
         name = name.lower()
         if name == b"content-length":
             try:
-                if int(value) > self.proxy.max_body:
-                    raise _Reject(413)
+                length = int(value)
             except ValueError:
                 raise _Reject(400) from None
+            if length > self.proxy.max_body:
+                raise _Reject(413)
+            self.content_length = length
+        elif name == b"transfer-encoding":
+            self.chunked = True
         elif name == b"expect" and value.strip().lower() == b"100-continue":
             self.expect_continue = True
         elif name == _REQUEST_ID_HEADER:
@@ -225,8 +377,34 @@ cdef class HttpConnection:
         self.headers.append(name + b":" + value)
 
     def on_headers_complete(self):
+        p = self.parser
+        self.header_bytes += PyBytes_GET_SIZE(p.get_method()) + 14
+        if self.header_bytes > _max_header_bytes:
+            raise _Reject(431)
+        version = self.version = p.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise _Reject(400 if version == "0.9" else 505)
+        self.phase = _LINE if self.chunked else _BODY
+        self.seq += 1
+        self.raw = 0
         if self.expect_continue:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_chunk_header(self):
+        cdef Py_ssize_t start
+        data = self.feeding
+        if data is not None and self.seq == self.feed_seq:
+            start = self.feed_start
+            if self.raw + <Py_ssize_t>data.find(b"\n", start) + 1 - start > _max_chunk_line:
+                raise _Reject(400)
+        self.feeding = None
+        self.phase = _CHUNK
+        self.seq += 1
+
+    def on_chunk_complete(self):
+        self.phase = _LINE
+        self.seq += 1
+        self.raw = 0
 
     def on_body(self, body):
         self.body_size += len(body)
@@ -252,8 +430,11 @@ cdef class HttpConnection:
             body = bytes(body)
         cdef HttpRequest req = HttpRequest(
             p.get_method().decode("ascii", "replace"), self.url, b"\r\n".join(self.headers),
-            body, p.should_keep_alive(), p.get_http_version(), self.request_id)
+            body, p.should_keep_alive(), self.version, self.request_id)
         self._reset()
+        self.phase = _HEAD
+        self.seq += 1
+        self.raw = 0
         if p.should_upgrade() and _ws_take(self, req):
             return
         if self.current is None and not self.queue and not self.in_next:
@@ -320,6 +501,10 @@ cdef class HttpConnection:
     def respond(self, HttpRequest req, status, headers, body, close=False):
         if self.closed:
             return
+        if headers and bad_head_line(headers) is not None:
+            _refused_header(req, bad_head_line(headers))
+            status = 500
+            headers, body = _text_answer(500)
         cdef bint keep = req.keep_alive and not close
         cdef bytes tail
         if keep:

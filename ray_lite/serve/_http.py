@@ -8,7 +8,7 @@ REASONS = {100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No
            408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
            422: "Unprocessable Entity", 429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
-           503: "Service Unavailable"}
+           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 _STATUS_LINES = {}
 
