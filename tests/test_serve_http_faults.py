@@ -8,6 +8,7 @@ import signal
 import socket
 import time
 
+import pytest
 from starlette.requests import Request
 
 from ray_lite import serve
@@ -253,3 +254,108 @@ def test_route_changes_while_requests_wait_in_the_proxy(serve_port):
     finally:
         for s in (first, queued, door):
             s.close()
+
+
+# ------------------------------------------------ no response splitting
+_SPLIT = "a%0d%0aSet-Cookie:%20pwned=1%0d%0a%0d%0aHTTP/1.1%20200%20OK%0d%0a%0d%0aforged"
+
+
+def _echo_app():
+    """Deployments and an ASGI ingress that copy ?v= into a response
+    header, as a careless app does."""
+    from fastapi import FastAPI
+    from starlette.responses import Response, StreamingResponse
+
+    @serve.deployment
+    def plain(request: Request):
+        return Response("h", headers={"x-echo": request.query_params["v"]})
+
+    @serve.deployment
+    def streamed(request: Request):
+        def gen():
+            yield b"h"
+        return StreamingResponse(gen(), headers={"x-echo": request.query_params["v"]})
+
+    api = FastAPI()
+
+    @api.get("/")
+    def root(v: str):
+        return Response("h", headers={"x-echo": v})
+
+    @serve.deployment
+    @serve.ingress(api)
+    class Fast:
+        pass
+
+    return plain, streamed, Fast
+
+
+def test_a_header_value_with_cr_lf_or_nul_is_refused_with_a_500(serve_port):
+    # (The replica logs each refusal with the header's name; the proxy's
+    # own check and its log line: tests/test_http_conn.py.)
+    plain, streamed, fast = _echo_app()
+    serve.run(plain.bind(), name="plain", route_prefix="/plain")
+    serve.run(streamed.bind(), name="streamed", route_prefix="/streamed")
+    serve.run(fast.bind(), name="fast", route_prefix="/fast")
+    for prefix in ("/plain", "/streamed", "/fast"):
+        for value in (_SPLIT, "a%00b", "a%0ab", "a%1bb"):
+            out = raw(serve_port, f"GET {prefix}/?v={value} HTTP/1.1\r\nHost: x\r\n"
+                                  f"Connection: close\r\n\r\n".encode())
+            assert out.startswith(b"HTTP/1.1 500 "), (prefix, value, out)
+            assert out.count(b"HTTP/1.1 ") == 1, out
+            assert b"pwned" not in out and b"forged" not in out and b"\x00" not in out
+        # A value that may be sent goes as it is.
+        out = raw(serve_port, f"GET {prefix}/?v=fine%20value HTTP/1.1\r\nHost: x\r\n"
+                              f"Connection: close\r\n\r\n".encode())
+        assert out.startswith(b"HTTP/1.1 200 ") and b"\r\nx-echo: fine value\r\n" in out, out
+
+
+@pytest.mark.parametrize("request_line, status", [
+    (b"GET / HTTP/2.0", 505),
+    (b"GET / HTTP/1.2", 505),
+    (b"GET /", 400),
+])
+def test_a_version_other_than_http_1_x_is_refused(serve_port, request_line, status):
+    serve.run(hello.bind())
+    out = raw(serve_port, request_line + b"\r\nHost: x\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 %d " % status), out
+    assert b"hello" not in out
+
+
+def _send_until_refused(port, data):
+    """Send ``data`` (the server may refuse and close before it has all of
+    it); what the server answered."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_thirty_thousand_header_lines_are_over_the_head_limit(serve_port):
+    serve.run(hello.bind())
+    out = _send_until_refused(
+        serve_port, b"GET / HTTP/1.1\r\nHost: x\r\n" + b"a:b\r\n" * 30000 + b"\r\n")
+    assert out.startswith(b"HTTP/1.1 431 "), out[:100]
+
+
+def test_a_megabyte_of_chunk_extension_is_refused(serve_port):
+    serve.run(hello.bind())
+    out = _send_until_refused(
+        serve_port, b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;" + b"e" * 1_000_000 + b"\r\nhello\r\n0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400 "), out[:100]
+    assert b"hello" not in out

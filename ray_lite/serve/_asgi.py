@@ -30,7 +30,7 @@ import cloudpickle
 from .._private.objects.shipping import shipped_form
 from . import context
 from ._body import END, FAILED, BodyStream
-from ._asgi_scope import Receive, header_block, http_scope, stored_if_large
+from ._asgi_scope import Receive, check_headers, header_block, http_scope, stored_if_large
 from ._request_calls import calls_of_this_request, cancel_calls
 
 _ASGI_ATTR = "__serve_asgi_app__"
@@ -344,8 +344,10 @@ class _Reply:
     async def send(self, msg):
         t = msg["type"]
         if t == "http.response.start":
+            headers = list(msg.get("headers") or ())
+            check_headers(headers)      # the app hears of a bad one, as from uvicorn
             self.status = msg["status"]
-            self.headers = msg.get("headers") or ()
+            self.headers = headers
         elif t == "http.response.body":
             if self.status is None:
                 raise RuntimeError("ASGI app sent a body before http.response.start")

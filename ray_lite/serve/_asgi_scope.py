@@ -11,6 +11,8 @@ store once in shared memory.
 import asyncio
 import pickle
 
+from ray_lite._fast.http_conn import bad_header
+
 from ._core import LARGE_BYTES
 
 def parse_headers(blob):
@@ -25,12 +27,27 @@ def parse_headers(blob):
     return out
 
 
+def check_headers(headers):
+    """Refuse (``ValueError`` naming it) a header that may not be sent: a
+    name that is not a token, a value with a control byte (CR, LF, NUL...),
+    which would let a value copied from a request end the head and add
+    headers or a second answer (response splitting).  uvicorn and h11
+    refuse the same."""
+    bad = bad_header(headers)
+    if bad is not None:
+        raise ValueError(f"invalid HTTP header {bad!r} in an answer: a name must be a token, "
+                         f"a value may hold no control byte (CR, LF, NUL...)")
+
+
 def header_block(headers, length=True):
-    """The header lines of an answer, from its ``[(name, value)]``.
-    ``length``: True keeps the headers as they are; None drops a
-    content-length (a streamed body goes out chunked, so one would
-    contradict it); an int is the whole body's size, added when the
+    """The header lines of an answer, from its ``[(name, value)]``, checked
+    by ``check_headers``.  ``length``: True keeps the headers as they are;
+    None drops a content-length (a streamed body goes out chunked, so one
+    would contradict it); an int is the whole body's size, added when the
     headers lack it."""
+    if type(headers) is not list and type(headers) is not tuple:
+        headers = list(headers)
+    check_headers(headers)
     if length is True:
         return b"".join(bytes(k) + b": " + bytes(v) + b"\r\n" for k, v in headers)
     lines = []

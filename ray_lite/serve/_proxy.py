@@ -31,7 +31,7 @@ from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, contex
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
-from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line
 from ._request_calls import request_id_maker
 from ._routing import ServiceTime, choose_for_http, for_model, set_proxy_rank, slots_for
 from ._spin import SpinPolicy
@@ -511,6 +511,13 @@ class ProxyActor:
             self.route_request(conn, req, *req.url)
 
     async def _stream(self, conn, req, status, headers, token):
+        if bad_head_line(headers) is not None:
+            # Not one byte of this head: conn.respond logs it and answers
+            # 500 instead; the replica's unclaimed stream expires.
+            req.finished = True
+            self.release(req)
+            conn.respond(req, status, headers, b"")
+            return
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
         head = status_line(status) + headers + REQUEST_ID_HEADER + b": " + (

@@ -55,5 +55,6 @@ def bind_to_serve(twin):
 bind_to_serve(_http_conn)
 
 HttpConnection = _http_conn.HttpConnection
+bad_head_line = _http_conn.bad_head_line
 HttpRequest = _http_conn.HttpRequest
 END_QUIETLY = _http_conn.END_QUIETLY

@@ -28,10 +28,10 @@ import sys
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
-from ray_lite._fast.http_conn import END_QUIETLY
+from ray_lite._fast.http_conn import END_QUIETLY, bad_header
 
 from . import _core
-from ._asgi_scope import websocket_scope
+from ._asgi_scope import check_headers, header_block, websocket_scope
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
@@ -213,12 +213,24 @@ class _Relay(asyncio.Protocol):
         from wsproto.connection import Connection, ConnectionType
         from wsproto.utilities import generate_accept_token
         _, subprotocol, extra = ev
+        lines = list(extra)
+        if subprotocol:
+            lines.append((b"sec-websocket-protocol", subprotocol.encode()))
+        bad = bad_header(lines)
+        if bad is not None:
+            # (The replica refuses these already: a head is never written
+            # with a header that may not be sent.)
+            from ._proxy_conn import refused_header
+            refused_header(req, bad)
+            req.method = "WS"
+            if req.gen is not None:
+                _core.cancel(req.gen)
+            conn.respond_text(req, 500, close=True)
+            return False
         head = (status_line(101) + b"upgrade: websocket\r\nconnection: Upgrade\r\n"
                 b"sec-websocket-accept: " +
                 generate_accept_token(self.headers[b"sec-websocket-key"]) + b"\r\n")
-        if subprotocol:
-            head += b"sec-websocket-protocol: " + subprotocol.encode() + b"\r\n"
-        for k, v in extra:
+        for k, v in lines:
             head += k + b": " + v + b"\r\n"
         self.ws = Connection(ConnectionType.SERVER)
         transport = self.transport = conn.transport
@@ -435,9 +447,12 @@ class _ReplicaSocket:
         if t == "websocket.accept":
             if self.accepted or self.closed:
                 raise RuntimeError("websocket.accept sent twice or after websocket.close")
-            self.accepted = True
             extra = [[bytes(k).lower(), bytes(v)] for k, v in msg.get("headers") or ()]
-            self.outbox.put_nowait(["accept", msg.get("subprotocol"), extra])
+            subprotocol = msg.get("subprotocol")
+            check_headers(extra + [[b"sec-websocket-protocol", subprotocol.encode()]]
+                          if subprotocol else extra)
+            self.accepted = True
+            self.outbox.put_nowait(["accept", subprotocol, extra])
         elif t == "websocket.send":
             if not self.accepted or self.closed:
                 raise RuntimeError("websocket.send before websocket.accept or after close")
@@ -461,10 +476,9 @@ class _ReplicaSocket:
                 status, headers, body = self.denial
                 self.closed = True
                 body = b"".join(body)
-                block = b"".join(bytes(k) + b": " + bytes(v) + b"\r\n" for k, v in headers
-                                 if bytes(k).lower() != b"content-length")
-                self.outbox.put_nowait(["deny", status, block + b"content-length: %d\r\n"
-                                        % len(body), body])
+                block = header_block([(k, v) for k, v in headers
+                                      if bytes(k).lower() != b"content-length"], len(body))
+                self.outbox.put_nowait(["deny", status, block, body])
         else:
             raise RuntimeError(f"unexpected ASGI message {t!r} on a websocket")
 
