@@ -277,3 +277,127 @@ def test_a_websocket_to_a_deployment_scaled_to_zero_waits_for_its_replica(serve_
     assert _run(talk()) == "echo:cold"
     deps = serve.status().applications["default"].deployments
     assert deps["Sockets"].replica_states == {"RUNNING": 1}
+
+
+# ------------------------------------------ a client that breaks RFC 6455
+_UPGRADE = (b"GET /app/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+def _frame(opcode, payload=b"", fin=True, mask=True, rsv=0, length=None):
+    """One frame as a client sends it (masked unless told), RFC 6455 5.2."""
+    n = len(payload) if length is None else length
+    first = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
+    m = 0x80 if mask else 0
+    if n < 126:
+        head = first + bytes([m | n])
+    elif n < 1 << 16:
+        head = first + bytes([m | 126]) + n.to_bytes(2, "big")
+    else:
+        head = first + bytes([m | 127]) + n.to_bytes(8, "big")
+    if mask:
+        key = b"\x0f\x1e\x2d\x3c"
+        head += key
+        payload = bytes(c ^ key[i % 4] for i, c in enumerate(payload))
+    return head + payload
+
+
+def _close_frame_after(port, frames):
+    """Open a WebSocket on a raw socket, send ``frames``; the code of the
+    close frame the server sends before it ends the connection."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(_UPGRADE)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            assert chunk, buf
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101 "), head
+        try:
+            s.sendall(frames)
+        except OSError:
+            pass                # closed already: its close frame is in buf
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break           # the server ended the connection
+            buf += chunk
+    # The server's frames (unmasked): the last is its close.
+    codes = []
+    while buf:
+        opcode, n = buf[0] & 0x0F, buf[1] & 0x7F
+        assert n < 126, buf
+        if opcode == 8:
+            codes.append(int.from_bytes(buf[2:4], "big"))
+        buf = buf[2 + n:]
+    assert len(codes) == 1, codes
+    return codes[0]
+
+
+@pytest.mark.parametrize("frames, code", [
+    (_frame(1, b"hi", mask=False), 1002),                       # unmasked
+    (_frame(1, b"hi", rsv=4), 1002),                            # RSV1 without an extension
+    (_frame(1, b"hi", rsv=1), 1002),                            # RSV3
+    (_frame(1, b"ok\xff\xfe"), 1007),                           # text that is not UTF-8
+    (_frame(8, (1000).to_bytes(2, "big") + b"\xff"), 1007),     # a close reason likewise
+    (_frame(9, b"p", fin=False), 1002),                         # a fragmented ping
+    (_frame(9, b"p" * 126), 1002),                              # a ping over 125 bytes
+    (_frame(1, length=1 << 62), 1009),                          # 2**62 bytes announced
+    (_frame(2, length=(16 << 20) + 1), 1009),                   # just over 16 MiB
+    (_frame(1, b"fine") + _frame(1, length=1 << 40), 1009),     # after a good message
+])
+def test_a_protocol_error_gets_its_close_code_before_the_connection_ends(serve_port, frames,
+                                                                          code):
+    _deploy()
+    assert _close_frame_after(serve_port, frames) == code
+
+
+def test_the_size_guard_sees_each_frames_announced_size_however_cut():
+    from ray_lite.serve._websocket import _SizeGuard
+    ok = (_frame(1, b"a" * 100, fin=False) + _frame(9, b"ping") + _frame(0, b"b" * 100) +
+          _frame(2, b"c" * 300) + _frame(10))
+    over = _frame(1, b"x" * 200, fin=False) + _frame(0, b"y" * 200)    # 400 > 300: 1009
+    for cut in range(1, len(ok) + len(over)):
+        data = ok + over
+        g = _SizeGuard(300)
+        first, second = g.too_big(data[:cut]), g.too_big(data[cut:])
+        start = len(ok) + len(_frame(1, b"x" * 200, fin=False))    # the frame over it
+        header = 2 + 2 + 4      # 200 bytes: a 2-byte length, then the mask
+        if cut <= start:
+            assert (first, second) == (-1, start - cut), cut
+        elif cut < start + header:      # its header cut: seen whole in the next read
+            assert (first, second) == (-1, 0), cut
+        else:
+            assert first == start, cut
+    g = _SizeGuard(300)
+    assert g.too_big(_frame(1, b"z" * 300)) == -1 and g.too_big(_frame(1, b"z" * 301)) == 0
+
+
+def test_an_accept_with_a_header_that_may_not_be_sent_is_a_500(serve_port):
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from ray_lite import serve
+
+    async def splits(ws):
+        await ws.accept(headers=[(b"x-echo", b"a\r\nset-cookie: pwned=1")])
+
+    async def bad_protocol(ws):
+        await ws.accept(subprotocol="chat\r\nset-cookie: pwned=1")
+
+    @serve.deployment
+    @serve.ingress(Starlette(routes=[WebSocketRoute("/splits", splits),
+                                     WebSocketRoute("/protocol", bad_protocol)]))
+    class Careless:
+        pass
+
+    serve.run(Careless.bind())
+    for path in (b"/splits", b"/protocol"):
+        out = raw(serve_port, _UPGRADE.replace(b"/app/ws", path))
+        assert out.startswith(b"HTTP/1.1 500 "), out
+        assert b"pwned" not in out and out.count(b"HTTP/1.1") == 1

@@ -46,6 +46,10 @@ APP_EXIT_GRACE_S = 5.0
 # unanswered the proxy stops reading from the client (TCP holds it back).
 INBOX_AHEAD = 16
 PUSH_AHEAD = 32
+# A frame or message from the client larger than this is refused with close
+# code 1009 as soon as its header announces it (websockets' and uvicorn's
+# default bound).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 _keys = itertools.count(1)
 
@@ -124,6 +128,63 @@ def took_over(conn, data, exc):
 _relays = set()
 
 
+class _SizeGuard:
+    """Follows the frame headers in the bytes from a client (RFC 6455 5.2)
+    to see the size each data frame announces before its payload comes:
+    wsproto hands a payload over in pieces as it arrives, so a frame that
+    announces 2**62 bytes would be read for ever.  Control frames are
+    wsproto's to judge (more than 125 bytes: 1002)."""
+
+    __slots__ = ("max_size", "skip", "head", "message")
+
+    def __init__(self, max_size):
+        self.max_size = max_size
+        self.skip = 0           # payload bytes of the current frame still to come
+        self.head = b""         # a frame header cut by the end of a read
+        self.message = 0        # the data frames' bytes of the current message
+
+    def too_big(self, data):
+        """Where in ``data`` the first frame starts whose size (or its
+        message's) is over the bound: -1 if none (0 if its header began in
+        an earlier read)."""
+        i = 0
+        n = len(data)
+        while i < n:
+            if self.skip:
+                take = min(self.skip, n - i)
+                self.skip -= take
+                i += take
+                continue
+            had = len(self.head)
+            h = self.head + data[i:i + 14]
+            if len(h) < 2:
+                self.head = h
+                return -1
+            short = h[1] & 0x7F
+            size = 2 + (2 if short == 126 else 8 if short == 127 else 0) + \
+                (4 if h[1] & 0x80 else 0)
+            if len(h) < size:
+                self.head = h
+                return -1
+            self.head = b""
+            if short == 126:
+                length = int.from_bytes(h[2:4], "big")
+            elif short == 127:
+                length = int.from_bytes(h[2:10], "big")
+            else:
+                length = short
+            opcode = h[0] & 0x0F
+            if opcode < 3 and not length >> 63:     # a data frame (a bad length: 1002)
+                if opcode:
+                    self.message = 0                # a new message (0: continued)
+                self.message += length
+                if length > self.max_size or self.message > self.max_size:
+                    return max(i - had, 0)
+            self.skip = length
+            i += size - had
+        return -1
+
+
 def close_all(code=1001):
     """A stopping proxy: every WebSocket it relays gets a close frame ("going away")."""
     for relay in list(_relays):
@@ -154,6 +215,7 @@ class _Relay(asyncio.Protocol):
         self.unanswered = 0        # pushes the replica has not answered yet
         self.reading_paused = False
         self.code = None           # how it ended: the first close code either side sent
+        self.guard = _SizeGuard(MAX_MESSAGE_BYTES)
 
     # ------------------------------------------------- replica -> client
     async def run(self, route):
@@ -311,8 +373,30 @@ class _Relay(asyncio.Protocol):
         if self.ws is None:
             self.early += data
             return
-        from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
+        if self.gone:
+            return
+        over = self.guard.too_big(data)
+        if over >= 0:
+            data = data[:over]      # the frames before it still count
         self.ws.receive_data(data)
+        if self._take_events() and over >= 0:
+            self._fail(1009, "message too big")
+
+    def _fail(self, code, reason):
+        """The client broke the protocol: a close frame with ``code``
+        (RFC 6455 7.1.7), the app told, the socket closed."""
+        if self.code is None:
+            self.code = code
+        from wsproto.connection import ConnectionState
+        from wsproto.events import CloseConnection
+        if self.ws.state is ConnectionState.OPEN:
+            self._send(CloseConnection(code=code, reason=reason))
+        self._tell_replica(code)
+        self._end()
+
+    def _take_events(self):
+        """What wsproto made of the bytes so far; False once the connection ends."""
+        from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
         for ev in self.ws.events():
             t = type(ev)
             if t is TextMessage or t is BytesMessage:
@@ -329,14 +413,23 @@ class _Relay(asyncio.Protocol):
                 # for the app and the metrics' label (str() of an IntEnum
                 # is its name before Python 3.11).
                 code = int(ev.code)
+                from wsproto.connection import ConnectionState
+                state = self.ws.state
+                if state is ConnectionState.OPEN:
+                    # Not a close from the client: wsproto refused what it
+                    # sent (unmasked, reserved bits, bad UTF-8, a control
+                    # frame fragmented or over 125 bytes...): that code
+                    # goes to the client in a close frame.
+                    self._fail(code, ev.reason)
+                    return False
                 if self.code is None:
                     self.code = code
-                from wsproto.connection import ConnectionState
-                if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                if state is ConnectionState.REMOTE_CLOSING:
                     self._send(ev.response())
                 self._tell_replica(code)
                 self._end()
-                return
+                return False
+        return True
 
     def _push(self, kind, data):
         try:
