@@ -359,6 +359,10 @@ cdef class HttpConnection:
             raise _Reject(431)
         if self.phase != _HEAD:
             return
+        cdef Py_ssize_t last = PyBytes_GET_SIZE(value) - 1
+        if last >= 0 and (PyBytes_AS_STRING(value)[last] == 32 or
+                          PyBytes_AS_STRING(value)[last] == 9):
+            value = value.rstrip(b" \t")
         name = name.lower()
         if name == b"content-length":
             try:

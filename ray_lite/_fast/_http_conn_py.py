@@ -362,6 +362,8 @@ class HttpConnection:
             raise _Reject(431)
         if self.phase != _HEAD:
             return      # a trailer: counted, not kept (a request's headers are its head's)
+        if value and value[-1] in b" \t":
+            value = value.rstrip(b" \t")   # (the parser drops leading whitespace only)
         name = name.lower()
         if name == b"content-length":
             try:
