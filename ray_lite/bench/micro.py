@@ -464,7 +464,7 @@ def bench_b12(ctx):
         measured = _time_interleaved(cases, trials)
         if msgspec is None:
             rows.append(missing("B12", name, "anchor", "msgspec.msgpack encode/decode", "ns",
-                                UNAVAILABLE, "msgspec not installed (optional: pip install msgspec)"))
+                                UNAVAILABLE, "msgspec not installed (optional)"))
         _judge_b12(rows, measured)
         figures.extend(rows)
     return figures
