@@ -340,16 +340,16 @@ def _close_frame_after(port, frames):
 
 
 @pytest.mark.parametrize("frames, code", [
-    (_frame(1, b"hi", mask=False), 1002),                       # unmasked
-    (_frame(1, b"hi", rsv=4), 1002),                            # RSV1 without an extension
-    (_frame(1, b"hi", rsv=1), 1002),                            # RSV3
-    (_frame(1, b"ok\xff\xfe"), 1007),                           # text that is not UTF-8
-    (_frame(8, (1000).to_bytes(2, "big") + b"\xff"), 1007),     # a close reason likewise
-    (_frame(9, b"p", fin=False), 1002),                         # a fragmented ping
-    (_frame(9, b"p" * 126), 1002),                              # a ping over 125 bytes
-    (_frame(1, length=1 << 62), 1009),                          # 2**62 bytes announced
-    (_frame(2, length=(16 << 20) + 1), 1009),                   # just over 16 MiB
-    (_frame(1, b"fine") + _frame(1, length=1 << 40), 1009),     # after a good message
+    pytest.param(_frame(1, b"hi", mask=False), 1002, id="unmasked"),
+    pytest.param(_frame(1, b"hi", rsv=4), 1002, id="rsv1-without-an-extension"),
+    pytest.param(_frame(1, b"hi", rsv=1), 1002, id="rsv3"),
+    pytest.param(_frame(1, b"ok\xff\xfe"), 1007, id="text-not-utf8"),
+    pytest.param(_frame(8, (1000).to_bytes(2, "big") + b"\xff"), 1007, id="close-reason-not-utf8"),
+    pytest.param(_frame(9, b"p", fin=False), 1002, id="fragmented-ping"),
+    pytest.param(_frame(9, b"p" * 126), 1002, id="ping-over-125-bytes"),
+    pytest.param(_frame(1, length=1 << 62), 1009, id="2**62-bytes-announced"),
+    pytest.param(_frame(2, length=(16 << 20) + 1), 1009, id="just-over-16-MiB"),
+    pytest.param(_frame(1, b"fine") + _frame(1, length=1 << 40), 1009, id="after-a-good-message"),
 ])
 def test_a_protocol_error_gets_its_close_code_before_the_connection_ends(serve_port, frames,
                                                                           code):
