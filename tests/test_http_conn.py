@@ -393,5 +393,6 @@ def test_the_twins_judge_header_blocks_alike(twin_pair):
     mods = [t.module("http_conn") for t in twin_pair]
     for block in blocks:
         assert mods[0].bad_head_line(block) == mods[1].bad_head_line(block), block
+        assert mods[0].bad_head_line(bytearray(block)) == mods[1].bad_head_line(block)
         pairs = [(block[:1], block[1:])]
         assert mods[0].bad_header(pairs) == mods[1].bad_header(pairs), block

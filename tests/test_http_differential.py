@@ -453,7 +453,8 @@ def test_the_proxy_parses_as_h11_does(twins, reads):
 
 @pytest.mark.parametrize("data", [
     b"GET /a?b=c HTTP/1.1\r\nHost: h\r\nX-A:  v  \r\n\r\n",
-    b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhelloGET /2 HTTP/1.1\r\nHost: h\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+    b"GET /2 HTTP/1.1\r\nHost: h\r\n\r\n",
     b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"3;a=b\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",
     b"GET / HTTP/1.0\r\n\r\n",

@@ -140,8 +140,10 @@ def bad_header(headers):
     return None
 
 
-def bad_head_line(bytes block):
+def bad_head_line(block):
     """See ``_http_conn_py.bad_head_line``."""
+    if type(block) is not bytes:
+        block = bytes(block)
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(block)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
     cdef Py_ssize_t i = 0, line
