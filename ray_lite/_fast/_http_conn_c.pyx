@@ -144,6 +144,12 @@ def bad_head_line(block):
     """See ``_http_conn_py.bad_head_line``."""
     if type(block) is not bytes:
         block = bytes(block)
+    cdef Py_ssize_t at = _bad_line_at(block)
+    return None if at < 0 else _line_name(block, at)
+
+
+cdef Py_ssize_t _bad_line_at(bytes block) noexcept:
+    """Where the first line of ``block`` that may not be sent starts; -1 if none."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(block)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
     cdef Py_ssize_t i = 0, line
@@ -152,14 +158,14 @@ def bad_head_line(block):
         while i < n and _TCHAR[p[i]]:
             i += 1
         if i == line or i == n or p[i] != 58:          # ':'
-            return _line_name(block, line)
+            return line
         i += 1
         while i < n and _VCHAR[p[i]]:
             i += 1
         if i + 1 >= n or p[i] != 13 or p[i + 1] != 10:  # CRLF
-            return _line_name(block, line)
+            return line
         i += 2
-    return None
+    return -1
 
 
 cdef bytes _line_name(bytes block, Py_ssize_t start):
@@ -507,7 +513,9 @@ cdef class HttpConnection:
     def respond(self, HttpRequest req, status, headers, body, close=False):
         if self.closed:
             return
-        if headers and bad_head_line(headers) is not None:
+        if headers and (type(headers) is not bytes or _bad_line_at(headers) >= 0) and \
+                bad_head_line(headers) is not None:
+            # (see _http_conn_py: a 500 instead, not one byte of this head)
             _refused_header(req, bad_head_line(headers))
             status = 500
             headers, body = _text_answer(500)
