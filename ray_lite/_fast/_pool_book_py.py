@@ -5,7 +5,7 @@
 of the driver's common task (plain arguments, one return, no Demand):
 ``submit_plain`` books it on an idle worker and sends it, or queues it;
 ``_task_finished`` frees the worker at its result.  The rest of the
-scheduler (``_private/task_dispatch.py`` and the other mixins) reads and
+scheduler (``_private/scheduling/task_dispatch.py`` and the other mixins) reads and
 writes the same fields under the same ``_sched`` lock.
 """
 

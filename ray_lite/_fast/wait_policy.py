@@ -42,7 +42,7 @@ SPIN_POLL_PREEMPTED_NS = 100_000
 #: How long a waiter polls several rings before arming their descriptors.
 MULTI_SPIN_NS = 20_000
 #: ... and how long a node polls its links before it sleeps in ``poll(2)``
-#: with them and its processes' sentinels (``_private/drive.py``).
+#: with them and its processes' sentinels (``_private/links/drive.py``).
 LINK_SPIN_NS = 30_000
 
 # -- the broadcast queue (one writer, N readers) ------------------------------

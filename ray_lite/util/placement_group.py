@@ -1,6 +1,6 @@
 """Placement groups on one node (Ray's API): reserve bundles of resources, then
 schedule tasks and actors into them.  The driver keeps them
-(``ray_lite/_private/placement.py``)."""
+(``ray_lite/_private/scheduling/placement.py``)."""
 from ray_lite import _ray
 from ray_lite._private.process import backend as _backend
 from ray_lite._private.links import protocol as P

@@ -38,48 +38,59 @@ class _ActorRecord:
         self.info = info
 
 
-class RestartsMixin:
-    """The driver's half (part of ``DriverNode``; runs under ``_sched``)."""
+class ActorRestarts:
+    """The driver's half, a part of its node (``driver.actor_restarts``; runs
+    under the driver's ``_sched``): what started each restartable actor."""
 
-    def remember_for_restart(self, aid, spec, label, max_restarts, info):
+    def __init__(self, driver):
+        self.driver = driver
+        self.records = {}       # actor id -> _ActorRecord (restartable and not dead for good)
+        self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
+
+    def __contains__(self, aid):
+        return aid in self.records
+
+    def remember(self, aid, spec, label, max_restarts, info):
         if max_restarts:
-            self.restartable[aid] = _ActorRecord(spec, label, max_restarts, info)
+            self.records[aid] = _ActorRecord(spec, label, max_restarts, info)
 
-    def forbid_restart(self, aid):
-        rec = self.restartable.get(aid)
+    def forbid(self, aid):
+        rec = self.records.get(aid)
         if rec is not None:
             rec.left = 0
 
     def after_actor_died(self, aid):
         """``aid``'s process died: restart it if it may be; tell every process."""
-        rec = self.restartable.get(aid)
+        d = self.driver
+        rec = self.records.get(aid)
         if rec is None:
             return
-        pid = self._restart(aid, rec) if rec.left != 0 and not self.closed else None
+        pid = self._restart(aid, rec) if rec.left != 0 and not d.closed else None
         later = self.attach_later.pop(aid, ())
         if pid is None:
-            del self.restartable[aid]
+            del self.records[aid]
         else:
             for requester, names in later:
-                self.send(aid, P.attach_msg(requester, self.pids.get(requester), names))
+                d.send(aid, P.attach_msg(requester, d.pids.get(requester), names))
         msg = P.restarted_msg(aid, pid)
-        for peer in list(self.links):
+        for peer in list(d.links):
             if peer != aid:
-                self.send(peer, msg)
-        on_restarted(self, 0, msg)
+                d.send(peer, msg)
+        on_restarted(d, 0, msg)
 
     def _restart(self, aid, rec):
         if rec.left > 0:
             rec.left -= 1
         rec.count += 1
-        link = Link.create(self.shm_prefix)
+        d = self.driver
+        link = Link.create(d.shm_prefix)
         spec = dict(rec.spec, link_names=link.names,
                     actor=dict(rec.spec["actor"], restarted=True, await_resources=False),
                     # Objects the new incarnation creates must not reuse the ids
                     # of the old one's (they may still be referenced).
                     seq_start=rec.count << 32)
         try:
-            pid = self.zygote.spawn(spec, rec.label)
+            pid = d.zygote.spawn(spec, rec.label)
         except Exception:          # noqa: BLE001 - the actor stays dead
             pid = None
         if not isinstance(pid, int):
@@ -87,17 +98,13 @@ class RestartsMixin:
             return None
         info = rec.info
         info.pid = pid
-        self.dead_peers.pop(aid, None)
-        self.pids[aid] = pid
-        self.actors[aid] = info
+        d.dead_peers.pop(aid, None)
+        d.pids[aid] = pid
+        d.actors[aid] = info
         if info.name is not None:
-            self.named[(info.namespace, info.name)] = info
-        self.add_link(aid, link, pid)
+            d.named[(info.namespace, info.name)] = info
+        d.add_link(aid, link, pid)
         return pid
-
-    def _req_actor_pid(self, peer, aid):
-        """The pid of actor ``aid`` if it lives, else None."""
-        return self.pids.get(aid) if aid in self.actors else None
 
 
 def retained_calls(node, aid):

@@ -252,7 +252,7 @@ class _RetryingActorMethod(ActorMethod):
         if self._retry_on is not None:
             keep_for_exceptions(node, aid, oid, kept, self._retry_on)
         if not (reach(node, aid, info.pid) and node.send(aid, msg)) and node.id == 0 \
-                and aid not in node.restartable:
+                and aid not in node.actor_restarts:
             # Dead for good.  (Dying, it is resent by the restart: RESTARTED.)
             node.retry_calls.get(aid, {}).pop(oid, None)
             node.inflight.get(aid, {}).pop(oid, None)

@@ -107,10 +107,10 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
 
     ``backend="ray"``, an ``address`` of a Ray cluster (``"auto"``,
     ``"host:6379"``, ``"ray://host:10001"``) or ``RAY_LITE_BACKEND=ray`` run
-    the program on Ray instead (see ``_private/backend.py``).
+    the program on Ray instead (see ``_private/process/backend.py``).
 
     ``job_config`` (``ray_lite.job_config.JobConfig``) and ``logging_config``
-    (``ray_lite.LoggingConfig``): as in Ray; see ``_private/job_setup.py``.
+    (``ray_lite.LoggingConfig``): as in Ray; see ``_private/job/job_setup.py``.
     """
     global _atexit_registered
     engine = _backend.choose(backend, address)
@@ -514,12 +514,12 @@ def kill(actor, *, no_restart=True):
         node.death_causes[info.actor_id] = actor_died_message(info, KILLED)
     node.request(P.OP_KILL, info.actor_id, bool(no_restart))
     aid = info.actor_id
-    if not no_restart and node.id == 0 and aid in node.restartable:
+    if not no_restart and node.id == 0 and aid in node.actor_restarts:
         # Ray holds the calls made after this for the restarted actor: here
         # they go to the new incarnation once the death is seen and the
         # restart started (bounded: a slow restart leaves them failing).
         old_pid = node.pids.get(aid)
-        node.wait_until(lambda: aid not in node.restartable or node.pids.get(aid) != old_pid,
+        node.wait_until(lambda: aid not in node.actor_restarts or node.pids.get(aid) != old_pid,
                         _RESTART_SEEN_WITHIN_S)
 
 

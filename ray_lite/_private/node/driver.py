@@ -1,4 +1,14 @@
-"""The driver's Node: the worker pool, the scheduler, actors and names."""
+"""The driver's Node: the worker pool, the scheduler, actors and names.
+
+``DriverNode`` extends ``Node`` with the compiled pool book (``PoolBook``: the
+queues and what each worker runs), task dispatch and the resource ledger
+(mixins on that base), and holds the parts that own their own state:
+``placement`` (placement groups), ``actor_restarts``, ``owners`` (which
+process created which actor), ``retries`` (tasks run again) and
+``max_calls`` (workers retired after their ``max_calls``).  Its message
+handlers are in ``handlers`` (set below and in ``Node``), its requests in
+``requests``.
+"""
 import collections
 import functools
 import itertools
@@ -13,7 +23,7 @@ from ray_lite.exceptions import (ActorAlreadyExistsError, ActorDiedError,
 
 from ..actors import restarts
 from ..actors.actor_owners import ActorOwners, owner_of
-from ..actors.restarts import RestartsMixin
+from ..actors.restarts import ActorRestarts
 from ..links import protocol as P
 from ..links.protocol import ActorInfo, PlacedTaskSpec, TaskSpec
 from ..links.transport import Link
@@ -23,7 +33,7 @@ from ..process import state
 from ..process.errors import KILLED, actor_died_message
 from ..process.procutil import readable_now
 from ..scheduling.cluster import memory_resource
-from ..scheduling.placement import PlacementMixin
+from ..scheduling.placement import PlacementGroups, captured_actor_request, captured_demand
 from ..scheduling.scheduler import ResourcesMixin
 from ..scheduling.task_cancel import cancel_task
 from ..scheduling.task_dispatch import TaskDispatchMixin
@@ -34,8 +44,7 @@ from .pool_worker import MaxCalls
 from .zygote import ZygoteClient, adopt_early
 
 
-class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, RestartsMixin,
-                 PoolBook):
+class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -48,10 +57,10 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         self.namespace = namespace
         self.env_vars, self.job_setup = env_vars or {}, job_setup or {}   # see JobSetup
         self.init_resources(num_cpus, {"memory": memory_resource(), **(resources or {})})
-        self.restartable = {}  # actor id -> restarts._ActorRecord
-        self.attach_later = {}  # actor id being restarted -> [(requester, link names)]
+        self.actor_restarts = ActorRestarts(self)   # what restarts each restartable actor
         restarts.install(self)
         self.pool = {}
+        self.placement = PlacementGroups(self)   # the placement groups
         self.max_calls = MaxCalls(self)     # pool workers retired after their max_calls
         self.idle = []
         self.queue = collections.deque()
@@ -87,10 +96,10 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
             P.OP_OUT_OF_SCOPE: lambda peer, actor_id: self.end_dropped_actor(actor_id),
             P.OP_CANCEL: self._req_cancel, P.OP_SUBMIT_PLACED: self._req_submit_placed,
             P.OP_ACTOR_PID: self._req_actor_pid,
-            P.OP_PG_CREATE: lambda peer, *a: self.create_placement_group(*a),
-            P.OP_PG_REMOVE: lambda peer, pg_id: self.remove_placement_group(pg_id),
-            P.OP_PG_GET: lambda peer, name: self.get_placement_group(name),
-            P.OP_PG_TABLE: lambda peer, pg_id: self.placement_group_table(pg_id),
+            P.OP_PG_CREATE: lambda peer, *a: self.placement.create(*a),
+            P.OP_PG_REMOVE: lambda peer, pg_id: self.placement.remove(pg_id),
+            P.OP_PG_GET: lambda peer, name: self.placement.get(name),
+            P.OP_PG_TABLE: lambda peer, pg_id: self.placement.table(pg_id),
             P.OP_RESOURCES: lambda peer: (self.cluster_resources(),
                                           self.available_resources()),
         }
@@ -197,8 +206,8 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
                         del self.named[key]
                 Node._on_peer_died(self, peer)
                 self.owners.end_owned(peer)
-                if peer in self.restartable:
-                    self.after_actor_died(peer)
+                if peer in self.actor_restarts:
+                    self.actor_restarts.after_actor_died(peer)
                 if peer not in self.actors:
                     self.release_actor(peer)
                 return
@@ -311,7 +320,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
                 restarts_ = extra.get("max_restarts", 0)
                 info.max_task_retries = extra.get("max_task_retries", 0)
                 info.restartable = bool(restarts_)
-                self.remember_for_restart(aid, {k: v for k, v in spec.items()
+                self.actor_restarts.remember(aid, {k: v for k, v in spec.items()
                                                 if k != "link_names"},
                                           class_name, restarts_, info)
             self.actors[aid] = info
@@ -333,7 +342,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         call failed, looking the name up again).  The death itself is left
         to the loop (the thread driving it); one that restarts keeps its name."""
         info = self.named.get((namespace, name))
-        if info is not None and info.actor_id not in self.restartable:
+        if info is not None and info.actor_id not in self.actor_restarts:
             fds = [fd for fd, p in list(self.sentinels.items()) if p == info.actor_id]
             if fds and readable_now(fds):
                 return None
@@ -352,7 +361,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
         """SIGKILL actor ``aid``; its calls then fail saying ``cause``."""
         if no_restart:
             with self._sched:
-                self.forbid_restart(aid)
+                self.actor_restarts.forbid(aid)
         pid = self.pids.get(aid)
         info = self.actors.get(aid)
         if pid is not None and info is not None:
@@ -391,7 +400,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
 
     def _req_submit_placed(self, peer, demand, retry_on, max_calls, *fields):
         if self.captured:
-            demand = self.captured_demand(peer, demand, "task")
+            demand = captured_demand(self.captured, peer, demand, "task")
         spec = PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=peer)
         self.forward[spec.oid] = peer
         if demand is not None:
@@ -428,18 +437,18 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
     def _req_connect(self, peer, target, names):
         if target in self.links:
             self.send(target, P.attach_msg(peer, self.pids.get(peer), names))
-        elif target in self.restartable:
+        elif target in self.actor_restarts:
             # Being restarted (its spawn drives the links meanwhile): the new
             # process gets the link once it is there, or the caller would
             # send into a link nobody reads.
-            self.attach_later.setdefault(target, []).append((peer, names))
+            self.actor_restarts.attach_later.setdefault(target, []).append((peer, names))
 
     def _req_pid_of(self, peer, actor_id):
         return self.pids.get(actor_id)
 
     def _req_create_actor(self, peer, *request):
         if self.captured and peer in self.captured:
-            request = self.captured_actor_request(peer, request)
+            request = captured_actor_request(self.captured, peer, request)
         demand = request[10].get("demand") if len(request) > 10 and request[10] else None
         if demand is not None:
             with self._sched:
@@ -454,7 +463,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
 
     def _req_create_actors(self, peer, requests):
         if self.captured and peer in self.captured:
-            requests = [self.captured_actor_request(peer, r) for r in requests]
+            requests = [captured_actor_request(self.captured, peer, r) for r in requests]
         return [self.owners.owned_by(owner_of(peer, r), info)
                 for r, info in zip(requests, self.create_actors(requests))]
 
@@ -463,6 +472,10 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PlacementMixin, Restar
 
     def _req_kill(self, peer, actor_id, no_restart=True):
         self.kill_actor(actor_id, no_restart)
+
+    def _req_actor_pid(self, peer, aid):
+        """The pid of actor ``aid`` if it lives, else None."""
+        return self.pids.get(aid) if aid in self.actors else None
 
     def used_up(self, w, spec):
         """``PoolBook`` (compiled) asks when a ``max_calls`` function's task ends."""

@@ -49,12 +49,12 @@ def _placement(driver, peer):
     """The placement group the calling task or actor runs in: (id, its bundles,
     whether its children go there too), or None."""
     _, demand = _demand_of(driver, peer)
-    pg = driver.pgs.get(demand.pg) if demand is not None and demand.pg else None
+    pg = driver.placement.groups.get(demand.pg) if demand is not None and demand.pg else None
     return None if pg is None else (pg.id, pg.bundles, demand.capture)
 
 
 def _restarted(driver, peer, actor_id):
-    record = getattr(driver, "restartable", {}).get(actor_id)
+    record = driver.actor_restarts.records.get(actor_id)
     return bool(record is not None and getattr(record, "count", 0))
 
 
@@ -81,7 +81,7 @@ def _list_actors(driver, peer):
 
 
 def _restarts(driver, aid):
-    record = getattr(driver, "restartable", {}).get(aid)
+    record = driver.actor_restarts.records.get(aid)
     return getattr(record, "count", 0) if record is not None else 0
 
 

@@ -2,14 +2,19 @@
 
 ``Node`` is composed of one part per responsibility, each in its own module:
 
-  drive.py        the drive lock, the wait loop and the drain of every link
-  service.py      the driver's service thread (serves the links while no one waits)
-  objects.py      results, refs lent and borrowed, fetching values from their owners
-  streams.py      streams this process owns (items, back-pressure, ends)
-  loop_bridge.py  waiting from asyncio (a loop drives the links through descriptors)
+  links/drive.py         the drive lock, the wait loop and the drain of every link
+  links/service.py       ``node.service``: the driver's service thread (serves the
+                         links while no one waits), an object the node holds
+  objects/ownership.py   results, refs lent and borrowed, fetching values from their owners
+  objects/streams.py     streams this process owns (items, back-pressure, ends)
+  links/loop_bridge.py   waiting from asyncio (a loop drives the links through descriptors)
 
-and this module keeps what ties them: ids, links, peer death, requests to the
-driver.  The messages and their handlers are listed in ``protocol.py``.
+The drive loop, objects, streams and bridges are mixins sharing the node's
+``self``: the compiled pool book and task runner read their fields on the
+node itself.  This module keeps what ties them: ids, links, peer death,
+requests to the driver, and ``handlers``, the table from a message's tag to
+its handler.  The messages are listed in ``links/protocol.py``, their
+handlers in ``docs/architecture.md``.
 """
 import itertools
 import os

@@ -43,7 +43,7 @@ kept by such idle mappings.  So:
   a ref that reaches a process only after the owner's death cannot be mapped
   any more and ``get`` raises ``ObjectLostError``, as in Ray;
 - a reader dies: the kernel drops its mappings, and the owner takes back
-  the weight the reader held, as for any borrowed ref (``objects.py``: each
+  the weight the reader held, as for any borrowed ref (``ownership.py``: each
   borrower reports what it receives and what it passes on, at its next
   drain or before a call's code runs).  Weight the dead reader had passed
   on but not yet reported is taken back too, so the third process keeps

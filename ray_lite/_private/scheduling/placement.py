@@ -1,4 +1,5 @@
-"""Placement groups on one machine: the driver's side (``PlacementMixin``).
+"""Placement groups on one machine: the driver's side (``PlacementGroups``, a
+part of the driver's node: ``driver.placement``).
 
 A group reserves the sum of its bundles from the node when it is created
 (at once if that much is free, else as soon as it is: until then it is
@@ -41,10 +42,17 @@ def check_bundles(bundles):
     return out
 
 
-class PlacementMixin:
-    """Creating, finding and removing placement groups (part of ``DriverNode``)."""
+class PlacementGroups:
+    """Creating, finding and removing placement groups.  Owns the groups; the
+    resources they reserve are the driver's ledger (``scheduler.py``)."""
 
-    def create_placement_group(self, bundles, strategy, name, lifetime):
+    def __init__(self, driver):
+        self.driver = driver
+        self.groups = {}        # pg id -> PlacementGroupState
+        self.names = {}         # name -> pg id
+
+    def create(self, bundles, strategy, name, lifetime):
+        d = self.driver
         bundles = check_bundles(bundles)
         if strategy not in STRATEGIES:
             raise ValueError(f"Invalid placement group strategy {strategy!r}; valid ones "
@@ -56,57 +64,59 @@ class PlacementMixin:
         # detached one is no different.)
         if not isinstance(name, str):
             raise TypeError(f"placement group name must be a str, got {name!r}")
-        with self._sched:
+        with d._sched:
             if strategy == "STRICT_SPREAD" and len(bundles) > 1:
                 raise ValueError(f"A STRICT_SPREAD placement group of {len(bundles)} bundles "
                                  f"needs {len(bundles)} nodes; ray_lite runs on one")
             pg = PlacementGroupState(os.urandom(18).hex(), name, strategy, bundles)
             need = pg.need()
             for k, v in need.items():
-                if self.total.get(k, 0) < v - 1e-9:
+                if d.total.get(k, 0) < v - 1e-9:
                     raise ValueError(f"The placement group {bundles} needs {need} in all, more "
-                                     f"than this machine has ({self.total}): it could never "
+                                     f"than this machine has ({d.total}): it could never "
                                      f"be created")
             if name:
-                if name in self.pg_names:
+                if name in self.names:
                     raise ValueError(f"Failed to create placement group '{name}' because a "
                                      f"placement group with the same name already exists")
-                self.pg_names[name] = pg.id
-            self.pgs[pg.id] = pg
+                self.names[name] = pg.id
+            self.groups[pg.id] = pg
             if not self._reserve(pg):
-                self.res_waiters.append(lambda: self._reserve(pg))
+                d.res_waiters.append(lambda: self._reserve(pg))
             return pg.id, bundles
 
     def _reserve(self, pg):
         """Reserve ``pg``'s resources if they are free; True once it is no longer pending."""
+        d = self.driver
         if pg.state != "PENDING":
             return True
         need = pg.need()
         cpus = need.get(CPU, 0)
         custom = tuple((k, v) for k, v in need.items() if k != CPU)
-        if self.cpu_cap - self.busy + 1e-9 < cpus or not _fits(self.free_custom, custom):
+        if d.cpu_cap - d.busy + 1e-9 < cpus or not _fits(d.free_custom, custom):
             return False
-        self.cpu_cap = round(self.cpu_cap - cpus, 4)
-        _take(self.free_custom, custom, 1)
+        d.cpu_cap = round(d.cpu_cap - cpus, 4)
+        _take(d.free_custom, custom, 1)
         pg.state = "CREATED"
-        if self.placed_queue:
-            self.dispatch_placed()
+        if d.placed_queue:
+            d.dispatch_placed()
         return True
 
-    def remove_placement_group(self, pg_id):
-        with self._sched:
-            pg = self.pgs.get(pg_id)
+    def remove(self, pg_id):
+        d = self.driver
+        with d._sched:
+            pg = self.groups.get(pg_id)
             if pg is None or pg.state == "REMOVED":
                 return
             was_created = pg.state == "CREATED"
             pg.state = "REMOVED"
-            if self.pg_names.get(pg.name) == pg_id:
-                del self.pg_names[pg.name]
+            if self.names.get(pg.name) == pg_id:
+                del self.names[pg.name]
             # Its actors die with it, as in Ray (and are not restarted); so do
             # its running tasks (not retried: their callers get WorkerCrashedError).
             for aid in list(pg.actors):
-                self.kill_actor(aid, no_restart=True)
-            for w in list(self.pool.values()):
+                d.kill_actor(aid, no_restart=True)
+            for w in list(d.pool.values()):
                 spec = w.task
                 if spec is not None and spec.demand is not None and spec.demand.pg == pg_id:
                     spec.retries = 0
@@ -116,42 +126,48 @@ class PlacementMixin:
                         pass
             if was_created:
                 need = pg.need()
-                self.cpu_cap = round(self.cpu_cap + need.get(CPU, 0), 4)
-                _take(self.free_custom, tuple((k, v) for k, v in need.items() if k != CPU), -1)
+                d.cpu_cap = round(d.cpu_cap + need.get(CPU, 0), 4)
+                _take(d.free_custom, tuple((k, v) for k, v in need.items() if k != CPU), -1)
             # Tasks waiting for it fail (dispatch_placed sees it removed).
-            self.resources_freed()
+            d.resources_freed()
 
-    def get_placement_group(self, name):
-        with self._sched:
-            pg_id = self.pg_names.get(name)
+    def get(self, name):
+        d = self.driver
+        with d._sched:
+            pg_id = self.names.get(name)
             if pg_id is None:
                 raise ValueError(f"Failed to look up placement group with name: {name}")
-            pg = self.pgs[pg_id]
+            pg = self.groups[pg_id]
             return pg.id, pg.bundles
 
-    def placement_group_table(self, pg_id):
-        with self._sched:
+    def table(self, pg_id):
+        d = self.driver
+        with d._sched:
             if pg_id is not None:
-                pg = self.pgs.get(pg_id)
+                pg = self.groups.get(pg_id)
                 return {} if pg is None else pg.table()
-            return {i: pg.table() for i, pg in self.pgs.items()}
+            return {i: pg.table() for i, pg in self.groups.items()}
 
-    # ------------------------------------------------ capturing child tasks
-    def captured_demand(self, peer, demand, kind):
-        """What a child task or actor (``kind``) of ``peer`` asks for: its
-        ``demand`` in ``peer``'s group when ``peer`` runs there capturing its
-        children and the child named no strategy or group of its own (Ray's
-        rule; the child captures its own children in turn); else ``demand``."""
-        pg = self.captured.get(peer)
-        if pg is None or (demand is not None and (demand.pg is not None or demand.pinned)):
-            return demand
-        if demand is None:
-            return Demand(1 if kind == "task" else 0, (), pg, -1, explicit=False, capture=True)
-        return Demand(demand.cpus, demand.custom, pg, -1, explicit=demand.explicit,
-                      capture=True)
 
-    def captured_actor_request(self, peer, request):
-        """An actor creation ``request`` of ``peer`` with its demand captured."""
-        extra = dict(request[10]) if len(request) > 10 and request[10] else {}
-        extra["demand"] = self.captured_demand(peer, extra.get("demand"), "actor")
-        return tuple(request[:10]) + (extra,) + tuple(request[11:])
+# ------------------------------------------------ capturing child tasks
+# ``captured``: the driver scheduler's map of the processes that run in a
+# group capturing their children -> that group.
+
+def captured_demand(captured, peer, demand, kind):
+    """What a child task or actor (``kind``) of ``peer`` asks for: its
+    ``demand`` in ``peer``'s group when ``peer`` runs there capturing its
+    children and the child named no strategy or group of its own (Ray's
+    rule; the child captures its own children in turn); else ``demand``."""
+    pg = captured.get(peer)
+    if pg is None or (demand is not None and (demand.pg is not None or demand.pinned)):
+        return demand
+    if demand is None:
+        return Demand(1 if kind == "task" else 0, (), pg, -1, explicit=False, capture=True)
+    return Demand(demand.cpus, demand.custom, pg, -1, explicit=demand.explicit, capture=True)
+
+
+def captured_actor_request(captured, peer, request):
+    """An actor creation ``request`` of ``peer`` with its demand captured."""
+    extra = dict(request[10]) if len(request) > 10 and request[10] else {}
+    extra["demand"] = captured_demand(captured, peer, extra.get("demand"), "actor")
+    return tuple(request[:10]) + (extra,) + tuple(request[11:])

@@ -35,7 +35,7 @@ class Demand:
     bundle index, -1 for any.  ``capture``: its child tasks and actors go into
     ``pg`` too (``placement_group_capture_child_tasks``); ``pinned``: its
     options named a strategy or group, so a capturing parent's group does
-    not take it (both as in Ray; see ``PlacementMixin.captured_demand``)."""
+    not take it (both as in Ray; see ``placement.captured_demand``)."""
 
     __slots__ = ("cpus", "custom", "pg", "bundle", "explicit", "capture", "pinned")
 
@@ -235,8 +235,6 @@ class ResourcesMixin:
         self.light = 0            # running tasks that take less than a CPU of the node
         self.placed_queue = []    # tasks with a Demand waiting for resources
         self.res_waiters = []     # callables retried when resources are freed
-        self.pgs = {}             # pg id -> PlacementGroupState
-        self.pg_names = {}        # name -> pg id
         self.actor_demands = {}   # actor id -> (Demand, where) held while it lives
         self.captured = {}        # process -> pg id its children go into (capture)
 
@@ -254,7 +252,7 @@ class ResourcesMixin:
     def check_feasible(self, demand, what):
         """Raise ValueError when ``demand`` can never be met on this machine."""
         if demand.pg is not None:
-            pg = self.pgs.get(demand.pg)
+            pg = self.placement.groups.get(demand.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError(f"{what}: its placement group {demand.pg} was removed "
                                  f"or never existed")
@@ -291,7 +289,7 @@ class ResourcesMixin:
             _take(self.free_custom, d.custom, 1)
             spec.held = None
         else:
-            pg = self.pgs.get(d.pg)
+            pg = self.placement.groups.get(d.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError(f"{spec.name}: its placement group was removed")
             if pg.state != "CREATED":
@@ -391,7 +389,7 @@ class ResourcesMixin:
         if demand is None:
             return True
         if demand.pg is not None:
-            pg = self.pgs.get(demand.pg)
+            pg = self.placement.groups.get(demand.pg)
             if pg is None or pg.state != "CREATED":
                 # Pending: it waits for its group; gone: refused by hold_for_actor.
                 return pg is None or pg.state == "REMOVED"
@@ -410,7 +408,7 @@ class ResourcesMixin:
         if demand is None:
             return
         if demand.pg is not None:
-            pg = self.pgs.get(demand.pg)
+            pg = self.placement.groups.get(demand.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError("the actor's placement group was removed")
             pg.actors.add(aid)
@@ -454,7 +452,7 @@ class ResourcesMixin:
             return
         demand, where = held
         if demand.pg is not None:
-            pg = self.pgs.get(demand.pg)
+            pg = self.placement.groups.get(demand.pg)
             if pg is not None:
                 pg.actors.discard(aid)
             if where is not None and where[0].state != "REMOVED":
