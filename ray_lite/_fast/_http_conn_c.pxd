@@ -53,6 +53,7 @@ cdef class HttpConnection:
     cdef public bint chunked
     cdef public long long content_length
     cdef public object version          # str, once the head is complete
+    cdef public object method           # bytes, once the head is complete
     cdef public int phase               # _HEAD, _BODY, _LINE, _CHUNK
     cdef public Py_ssize_t seq
     cdef public Py_ssize_t raw

@@ -238,6 +238,7 @@ cdef class HttpConnection:
         self.chunked = False
         self.content_length = -1
         self.version = None
+        self.method = None
 
     # ---------------------------------------------------------- transport
     def connection_made(self, transport):
@@ -390,7 +391,8 @@ cdef class HttpConnection:
 
     def on_headers_complete(self):
         p = self.parser
-        self.header_bytes += PyBytes_GET_SIZE(p.get_method()) + 14
+        method = self.method = p.get_method()
+        self.header_bytes += PyBytes_GET_SIZE(method) + 14
         if self.header_bytes > _max_header_bytes:
             raise _Reject(431)
         version = self.version = p.get_http_version()
@@ -441,7 +443,7 @@ cdef class HttpConnection:
         elif type(body) is not bytes:
             body = bytes(body)
         cdef HttpRequest req = HttpRequest(
-            p.get_method().decode("ascii", "replace"), self.url, b"\r\n".join(self.headers),
+            self.method.decode("ascii", "replace"), self.url, b"\r\n".join(self.headers),
             body, p.should_keep_alive(), self.version, self.request_id)
         self._reset()
         self.phase = _HEAD

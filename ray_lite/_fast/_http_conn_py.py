@@ -182,7 +182,7 @@ class HttpConnection:
     __slots__ = ("proxy", "parser", "transport", "client", "queue", "current", "closed",
                  "fail_status", "paused", "in_next", "url", "headers", "header_bytes", "body",
                  "body_size", "expect_continue", "idle_sweeps", "write_paused", "write_waiter",
-                 "request_id", "header_lines", "chunked", "content_length", "version",
+                 "request_id", "header_lines", "chunked", "content_length", "version", "method",
                  "phase", "seq", "raw", "feeding", "feed_start", "feed_seq")
 
     def __init__(self, proxy):
@@ -219,6 +219,7 @@ class HttpConnection:
         self.chunked = False
         self.content_length = -1
         self.version = None
+        self.method = None
 
     # ---------------------------------------------------------- transport
     def connection_made(self, transport):
@@ -384,7 +385,8 @@ class HttpConnection:
     def on_headers_complete(self):
         p = self.parser
         # The request line's method, spaces, version and CRLF; the blank line.
-        self.header_bytes += len(p.get_method()) + 14
+        method = self.method = p.get_method()
+        self.header_bytes += len(method) + 14
         if self.header_bytes > _max_header_bytes:
             raise _Reject(431)
         version = self.version = p.get_http_version()
@@ -440,7 +442,7 @@ class HttpConnection:
             body = memoryview(body)
         elif type(body) is not bytes:
             body = bytes(body)
-        req = HttpRequest(p.get_method().decode("ascii", "replace"), self.url,
+        req = HttpRequest(self.method.decode("ascii", "replace"), self.url,
                           b"\r\n".join(self.headers), body, p.should_keep_alive(),
                           self.version, self.request_id)
         self._reset()
