@@ -47,6 +47,39 @@ def test_no_module_is_over_700_lines(folder):
     assert not over
 
 
+# ------------------------------------------- messages and where they are handled
+
+# Every message tag (one character, ``protocol.py``), by its name there.
+def _message_tags():
+    from ray_lite._private.links import protocol as P
+    return {name: value for name, value in vars(P).items()
+            if name.isupper() and isinstance(value, str) and len(value) == 1}
+
+
+def test_every_message_has_a_row_in_the_architecture_page():
+    page = (PKG.parent / "docs" / "architecture.md").read_text()
+    tags = _message_tags()
+    assert {"TASK", "METHOD", "RESULT", "ITEM", "END", "REQUEST"} <= set(tags)
+    assert [name for name in tags if f"| `{name}` |" not in page] == []
+
+
+def test_the_driver_handles_the_messages_its_peers_send_it(rt):
+    if rt is None:
+        pytest.skip("the local backend's driver")
+    from ray_lite._private.links import protocol as P
+    handled = set(rt.handlers)
+    # What workers and actors send to their owner or to the driver.
+    for tag in (P.RESULT, P.ITEM, P.END, P.ACK, P.FETCH, P.FETCHED, P.RELEASE, P.REQUEST,
+                P.REPLY, P.ATTACH, P.RESTARTED):
+        assert tag in handled, tag
+    # What only a worker or an actor receives.
+    assert not handled & {P.TASK, P.METHOD, P.CANCEL, P.EXIT}
+    # The parts the driver holds, each with its own state.
+    assert rt.service.node is rt
+    for part in ("placement", "actor_restarts", "owners", "retries", "max_calls"):
+        assert getattr(rt, part).driver is rt, part
+
+
 # ---------------------------------------------- the shared multi-ring wait
 
 def _pair(ring_impl):
