@@ -396,3 +396,19 @@ def test_the_twins_judge_header_blocks_alike(twin_pair):
         assert mods[0].bad_head_line(bytearray(block)) == mods[1].bad_head_line(block)
         pairs = [(block[:1], block[1:])]
         assert mods[0].bad_header(pairs) == mods[1].bad_header(pairs), block
+
+
+def test_bytes_after_a_request_that_closes_are_not_answered(conn):
+    conn.data_received(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+    (req,) = conn.proxy.dispatched
+    conn.respond(req, 200, b"", b"")
+    conn.data_received(b"GET / HTTP/1.1\r\n\r\n")     # after the close: not read
+    assert conn.proxy.dispatched == [req]
+    # Inside one read: the parser refuses what follows; nothing is written
+    # after the answer that closed the connection.
+    c = type(conn)(Proxy())
+    c.connection_made(Transport())
+    c.proxy.dispatch = lambda cn, r: cn.respond(r, 200, b"", b"")
+    c.data_received(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+    assert c.transport.take() == (b"HTTP/1.1 200 OK\r\nx-request-id: id-1\r\n"
+                                  b"connection: close\r\n\r\n")

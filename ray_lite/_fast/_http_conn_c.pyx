@@ -327,7 +327,8 @@ cdef class HttpConnection:
                 status = (exc if isinstance(exc, _Reject) else cause).args[0]
             elif str(exc) == "Invalid HTTP version":
                 status = 505
-            self.fail(status)
+            if not self.closed:     # (answered and closed already: nothing to say)
+                self.fail(status)
 
     cdef int _feed(self, object part, Py_ssize_t start, Py_ssize_t end, object data) except -1:
         # See _http_conn_py.HttpConnection._feed.

@@ -315,7 +315,8 @@ class HttpConnection:
             elif str(exc) == "Invalid HTTP version":
                 # HTTP/<digit>.<digit> the parser does not speak (1.2, 3.0).
                 status = 505
-            self.fail(status)
+            if not self.closed:     # (answered and closed already: nothing to say)
+                self.fail(status)
 
     def _feed(self, part, start, end, data=None):
         """Parse ``part`` (``data[start:end]``), then count what it left
