@@ -8,6 +8,12 @@ that handles and proxies long-poll (``listen_*``).  A change is only
 reported done to ``serve.run``/``delete`` once every proxy has applied it, so
 that HTTP sees a new route as soon as ``serve.run`` returns.
 
+Nothing on a request's path needs the controller: proxies and handles route
+with the replica sets they last heard of.  The controller is a restartable
+actor; each change is checkpointed (``_controller_checkpoint``), and a
+restarted controller recovers the applications, replicas and proxies from
+the checkpoint without restarting any (``_restore``, ``_resume``).
+
 Replicas of a deployment are created together (one request to the driver,
 which forks them from the zygote in one go) and each is published as soon
 as it is ready: with dozens of replicas the first answers while the last
@@ -19,7 +25,7 @@ import sys
 
 from ray_lite.exceptions import RayActorError
 
-from . import _core, _defaults, gang
+from . import _controller_checkpoint, _core, _defaults, gang
 from ._controller_scaling import Autoscaling, from_zero as _from_zero, \
     kept_target as _kept_target
 from ._controller_scaling import error_text as _error_text, quiet as _quiet
@@ -37,6 +43,8 @@ class _Dep:
         self.pids = {}                      # replica id -> its process id
         self.starting = 0
         self.starting_handles = {}          # replica id -> handle: not ready yet
+        self.start_times = {}               # replica id -> when it was created (loop time)
+        self.slow_warner = None             # the task warning of slow constructors
         self.stopping = set()
         self.draining = {}                  # replica id -> handle: ending its requests
         self.target = gang.whole(self, self.config["num_replicas"])  # autoscaling moves it
@@ -78,14 +86,21 @@ class ServeController(Autoscaling, DeploymentActors):
         self.proxy_versions = {}            # proxy index -> version applied
         self.proxy_waiters = []
         self.http_port = None
-        self.ids = itertools.count(1)
+        self.next_id = 1                    # of the next replica (``name#id``)
         self.shutting_down = False
         self._replica_cls = None
         self._proxies_started = None        # the task starting them (its result: the port)
+        self._store = _controller_checkpoint.find_store()
+        self._specs_changed = {}            # app name -> its specs, not yet saved
+        self._specs_dropped = set()         # apps deleted since the last save
+        saved = _core.get(self._store.load.remote()) if self._store is not None else None
+        if saved is not None:
+            self._restore(*saved)
 
     # ------------------------------------------------------------ versions
     def _bump(self):
         self.version += 1
+        self._save()
         waiters, self.waiters = self.waiters, []
         for fut in waiters:
             if not fut.done():
@@ -214,7 +229,7 @@ class ServeController(Autoscaling, DeploymentActors):
         opts.update(http_options or {})
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
-        actor_cls = _core.remote(ProxyActor)
+        actor_cls = _proxy_class(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.
         first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", _defaults.HTTP_PORT)))
@@ -231,6 +246,7 @@ class ServeController(Autoscaling, DeploymentActors):
         self.proxies = started
         self.proxy_pids = list(await asyncio.gather(*[h.pid.remote() for h in started]))
         self.http_port = port
+        self._save()
         for i, h in enumerate(started):
             self._watch_proxy(i, h)
         await self._proxies_caught_up()
@@ -256,7 +272,7 @@ class ServeController(Autoscaling, DeploymentActors):
                 index < len(self.proxies) and self.proxies[index] is h:
             print(f"Serve: HTTP proxy {index} died; starting a replacement on port "
                   f"{self.http_port}", file=sys.stderr, flush=True)
-            new = _core.remote(ProxyActor).remote(
+            new = _proxy_class(ProxyActor).remote(
                 self._self_handle, index,
                 dict(self.http_options, port=self.http_port, replacing=True))
             try:
@@ -275,6 +291,7 @@ class ServeController(Autoscaling, DeploymentActors):
             self.proxies[index] = new
             self.proxy_pids[index] = pid
             self._watch_proxy(index, new)
+            self._save()
             return
 
     async def http_address(self):
@@ -300,13 +317,15 @@ class ServeController(Autoscaling, DeploymentActors):
         # a label_selector that matches no node is refused here.
         opts = {k: rao[k] for k in ("runtime_env", "label_selector", "fallback_strategy")
                 if rao.get(k)}
-        if opts:
-            try:
-                cls = cls.options(**opts)
-            except ValueError as exc:
-                return [exc] * n
+        try:
+            # Detached: not ended with this process (a restarted controller
+            # takes them over), only when killed or when the runtime ends.
+            cls = cls.options(lifetime="detached", **opts)
+        except ValueError as exc:
+            return [exc] * n
         n = gang.whole(dep, n)
-        rids = [f"{dep.name}#{next(self.ids)}" for _ in range(n)]
+        first, self.next_id = self.next_id, self.next_id + n
+        rids = [f"{dep.name}#{i}" for i in range(first, first + n)]
         gang_contexts, gangs = gang.form(dep, rids)
         # Ray's ranks: the smallest ones no live replica holds (a replacement
         # takes its predecessor's), out of a world the size of the target.
@@ -332,14 +351,22 @@ class ServeController(Autoscaling, DeploymentActors):
                     errors.append(exc)
                 finally:
                     dep.starting_handles.pop(rid, None)
+                    dep.start_times.pop(rid, None)
 
             async def join(members):
                 """Members (a gang, else one replica) join together or not at all."""
+                now = asyncio.get_running_loop().time()
                 for rid in members:
                     if isinstance(made[rid], Exception):
                         errors.append(made[rid])
                     else:
                         dep.starting_handles[rid] = made[rid]
+                        dep.start_times[rid] = now
+                if dep.slow_warner is None and dep.start_times:
+                    dep.slow_warner = self._task(dep, self._warn_slow_startups(dep))
+                # (Saved so that a restarted controller stops them: they
+                # would serve nobody.)
+                self._save()
                 pids = await asyncio.gather(*[ready(rid, made[rid]) for rid in members
                                               if not isinstance(made[rid], Exception)])
                 live = self.apps.get(dep.app) is not None and \
@@ -514,6 +541,8 @@ class ServeController(Autoscaling, DeploymentActors):
             else:
                 app.deps[dname] = _Dep(name, dname, spec)
         self.apps[name] = app
+        self._specs_changed[name] = {d.name: d.spec for d in app.deps.values()}
+        self._specs_dropped.discard(name)
         if old is not None:
             for dname, od in old.deps.items():
                 if app.deps.get(dname) is not od:
@@ -571,6 +600,8 @@ class ServeController(Autoscaling, DeploymentActors):
         for app in apps:
             if self.apps.get(app.name) is app:
                 del self.apps[app.name]
+                self._specs_changed.pop(app.name, None)
+                self._specs_dropped.add(app.name)
         self._bump()
         await self._proxies_caught_up()
 
@@ -600,6 +631,158 @@ class ServeController(Autoscaling, DeploymentActors):
                 del self.apps[app.name]
         self._bump()
         return True
+
+    # ----------------------------------------------- checkpoint and recovery
+    def _save(self):
+        """Send the state a restarted controller recovers from to the store
+        (see ``_controller_checkpoint``); called on every change."""
+        if self._store is None:
+            return
+        specs, self._specs_changed = self._specs_changed, {}
+        dropped, self._specs_dropped = self._specs_dropped, set()
+        try:
+            self._store.save.remote(self._checkpoint(), specs, dropped)
+        except Exception as exc:   # noqa: BLE001 - the store is gone: Serve runs on
+            if not self.shutting_down and not _core.runtime_stopping():
+                print(f"Serve: the controller could not checkpoint its state ({exc!r}); "
+                      f"it will not recover this change if it dies", file=sys.stderr,
+                      flush=True)
+
+    def _checkpoint(self):
+        apps = {}
+        for app in self.apps.values():
+            deps = {}
+            for d in app.deps.values():
+                deps[d.name] = {
+                    "config": d.config, "replicas": dict(d.replicas), "pids": dict(d.pids),
+                    "orphans": list(d.starting_handles.values()) + list(d.draining.values()),
+                    "target": d.target, "gang_of": dict(d.gang_of), "ranks": dict(d.ranks),
+                    "status": d.status, "message": d.message,
+                    "code_version": d.code_version, "actors": dict(d.actors)}
+            apps[app.name] = {"route_prefix": app.route_prefix, "ingress": app.ingress,
+                              "status": app.status, "message": app.message, "deps": deps}
+        return {"version": self.version, "next_id": self.next_id,
+                "http_options": self.http_options, "http_port": self.http_port,
+                "proxies": list(self.proxies), "proxy_pids": list(self.proxy_pids),
+                "apps": apps}
+
+    def _restore(self, state, specs):
+        """Take over what the controller that died ran (its last checkpoint);
+        ``_resume`` then watches it again."""
+        import cloudpickle
+        # Above every version a proxy or handle may have seen: each one's next
+        # long poll then answers at once, with the recovered state (a router
+        # ignores a version below the one it has).
+        self.version = state["version"] + _VERSION_MARGIN
+        self.next_id = state["next_id"]
+        self.http_options = state["http_options"]
+        self.http_port = state["http_port"]
+        self.proxies = list(state["proxies"])
+        self.proxy_pids = list(state["proxy_pids"])
+        orphans = []
+        for name, a in state["apps"].items():
+            app = _App(name, a["route_prefix"], a["ingress"])
+            app.status, app.message = a["status"], a["message"]
+            app_specs = specs.get(name) or {}
+            for dname, d in a["deps"].items():
+                spec = app_specs.get(dname)
+                if spec is None:        # (saved with its app's deploy: not expected)
+                    orphans += list(d["replicas"].values()) + d["orphans"]
+                    continue
+                dep = _Dep(name, dname, spec)
+                dep.config = d["config"]
+                dep.replicas, dep.pids = d["replicas"], d["pids"]
+                dep.target, dep.gang_of = d["target"], d["gang_of"]
+                dep.ranks = {rid: r for rid, r in d["ranks"].items() if rid in dep.replicas}
+                dep.status, dep.message = d["status"], d["message"]
+                dep.code_version, dep.actors = d["code_version"], d["actors"]
+                if dep.actors:
+                    dep.actor_configs = {c.name: c for c in
+                                         cloudpickle.loads(spec["actors_blob"])}
+                orphans += d["orphans"]
+                app.deps[dname] = dep
+            self.apps[name] = app
+        asyncio.ensure_future(self._resume(orphans))
+
+    async def _resume(self, orphans):
+        """After ``_restore``: watch the proxies, replicas and deployment
+        actors again (those that died meanwhile are replaced at once), resume
+        autoscaling, and finish what the dead controller was doing."""
+        n = sum(len(d.replicas) for app in self.apps.values() for d in app.deps.values())
+        print(f"Serve: the controller restarted; it recovered {len(self.apps)} "
+              f"application(s), {n} replica(s) and {len(self.proxies)} proxies",
+              file=sys.stderr, flush=True)
+        # Replicas still in their constructor, or being drained, when it died:
+        # nothing would ever route to them.
+        for h in orphans:
+            self._kill(h)
+        if self.proxies:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(self.http_port)
+            self._proxies_started = done
+            for i, h in enumerate(self.proxies):
+                self._watch_proxy(i, h)
+        for app in list(self.apps.values()):
+            for dep in app.deps.values():
+                for rid, h in dep.replicas.items():
+                    self._watch(dep, rid, h)
+                for name in dep.actors:
+                    self._task(dep, self._watch_deployment_actor(dep, name))
+                if app.status == "RUNNING" and dep.config.get("autoscaling_config"):
+                    dep.autoscaler = self._task(dep, self._autoscale(dep))
+            if app.status == "DELETING":
+                asyncio.ensure_future(self.delete_apps([app.name]))
+            elif app.status in ("RUNNING", "DEPLOYING"):
+                asyncio.ensure_future(self._complete(app))
+        self._bump()
+
+    async def _complete(self, app):
+        """Start the replicas ``app`` lacks (those that were starting when the
+        controller died); an app that was deploying then runs."""
+        deps = [d for d in app.deps.values()
+                if d.target - len(d.replicas) - d.starting > 0]
+        errors = await asyncio.gather(*[
+            self._bring_up(d, d.target - len(d.replicas) - d.starting) for d in deps])
+        if self.apps.get(app.name) is not app or self.shutting_down:
+            return
+        failed = [(d, e[0]) for d, e in zip(deps, errors) if e]
+        for d, err in failed:
+            d.message = f"starting a replica failed: {_error_text(err)}"
+        if app.status == "DEPLOYING":
+            if failed:
+                app.status, app.message = "DEPLOY_FAILED", _error_text(failed[0][1])
+            else:
+                app.status = "RUNNING"
+                for dep in app.deps.values():
+                    dep.status, dep.message = "HEALTHY", ""
+                    if dep.config.get("autoscaling_config") and dep.autoscaler is None:
+                        dep.autoscaler = self._task(dep, self._autoscale(dep))
+        self._bump()
+
+    # ---------------------------------------------------- slow constructors
+    async def _warn_slow_startups(self, dep):
+        """Warn, as Ray Serve does, of the replicas of ``dep`` whose constructor
+        has not returned after ``slow_startup_warning_s()``, naming each and
+        how long it has taken; again every ``slow_startup_warning_period_s()``
+        while one has not."""
+        loop = asyncio.get_running_loop()
+        try:
+            while dep.start_times:
+                threshold = _defaults.slow_startup_warning_s()
+                now = loop.time()
+                slow = {rid: now - t for rid, t in dep.start_times.items()
+                        if now - t >= threshold}
+                if not slow:
+                    await asyncio.sleep(min(dep.start_times.values()) + threshold - now)
+                    continue
+                which = ", ".join(f"{rid} ({s:.0f} s)" for rid, s in sorted(slow.items()))
+                print(f"Serve: deployment {dep.name!r} of application {dep.app!r} has "
+                      f"{len(slow)} replica(s) that have taken more than {threshold:g} s "
+                      f"to initialize: {which}. Its constructor (__init__) may be slow "
+                      f"or stuck.", file=sys.stderr, flush=True)
+                await asyncio.sleep(_defaults.slow_startup_warning_period_s())
+        finally:
+            dep.slow_warner = None
 
     async def process_ids(self):
         """The process ids of Serve: ``{"controller": pid, "proxies": [pid, ...],
@@ -659,6 +842,15 @@ _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_re
              "max_ongoing_requests", "graceful_shutdown_timeout_s",
              "graceful_shutdown_wait_loop_s", "health_check_period_s",
              "health_check_timeout_s")
+
+
+# Added to the saved version by a restarted controller (``_restore``).
+_VERSION_MARGIN = 1000
+
+
+def _proxy_class(proxy_cls):
+    # Detached, as the replicas are (see ``_replica_class``).
+    return _core.remote(proxy_cls).options(lifetime="detached")
 
 
 def _same_code(a, b):

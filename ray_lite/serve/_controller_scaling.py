@@ -87,6 +87,7 @@ class Autoscaling:
         print(f"Serve: scaling {dep.app}/{dep.name} from {dep.target} to {n} replicas",
               file=sys.stderr, flush=True)
         dep.target = n
+        self._save()
         missing = n - len(dep.replicas) - dep.starting
         if missing > 0:
             self._task(dep, self._bring_up_logged(dep, missing))

@@ -27,6 +27,24 @@ def env_number(name, default, kind):
     return value if value > 0 else default
 
 
+# The controller warns of a replica whose constructor has not returned after
+# this long, and again every period while it has not (Ray Serve's settings and
+# defaults; read when used, so that a test or `serve run` may set them).
+SLOW_STARTUP_WARNING_S = 30.0
+SLOW_STARTUP_WARNING_PERIOD_S = 30.0
+
+
+def slow_startup_warning_s():
+    """``RAY_SERVE_SLOW_STARTUP_WARNING_S``, else ``SLOW_STARTUP_WARNING_S``."""
+    return env_number("RAY_SERVE_SLOW_STARTUP_WARNING_S", SLOW_STARTUP_WARNING_S, float)
+
+
+def slow_startup_warning_period_s():
+    """``RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S``, else ``SLOW_STARTUP_WARNING_PERIOD_S``."""
+    return env_number("RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S",
+                      SLOW_STARTUP_WARNING_PERIOD_S, float)
+
+
 # A deployment's record_autoscaling_stats() that takes longer gives no sample.
 AUTOSCALING_STATS_TIMEOUT_S = env_number("RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S",
                                          10.0, float)
@@ -73,4 +91,7 @@ PROXIES_CAUGHT_UP_TIMEOUT_S = 15.0  # a change is done when every proxy has it, 
 # serve.shutdown's wait for the controller: the longest graceful shutdown
 # timeout of the deployments and this margin; then it kills.
 SHUTDOWN_MARGIN_S = 3.0
+# How long serve.run, status, delete... call a controller that died again
+# while the runtime restarts it (it recovers within about a second).
+CONTROLLER_RESTART_WAIT_S = 30.0
 SHUTDOWN_ASK_S = 5.0                # its wait for the process ids, before

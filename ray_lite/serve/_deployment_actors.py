@@ -267,7 +267,9 @@ class DeploymentActors:
                     ENV_CODE_VERSION: dep.code_version}
         cls = cfg.get_actor_class().options(
             name=actor_name(dep.app, dep.name, dep.code_version, cfg.name),
+            # Detached: a restarted controller takes them over (see _controller).
             namespace=context.SERVE_NAMESPACE, get_if_exists=True, max_restarts=0,
+            lifetime="detached",
             runtime_env={**inherited, **own, "env_vars": env_vars}, **opts)
         return cls.remote(*cfg.init_args, **cfg.init_kwargs)
 

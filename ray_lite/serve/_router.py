@@ -137,10 +137,26 @@ class Router:
             self.poll_update()
 
     def refresh_blocking(self, held=False, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):
-        ctl = context.get_controller()
-        snap = _core.get(ctl.wait_replicas.remote(
-            self.app_name, self.deployment_name, self.version,
-            _defaults.WAIT_REPLICAS_TIMEOUT_S, held), timeout=timeout)
+        """Ask the controller for the replicas (at least one, or until it gives
+        up); a controller that dies meanwhile is asked again once the runtime
+        has restarted it, within ``timeout``."""
+        import time
+        from ray_lite.exceptions import RayActorError
+        end = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            ctl = context.get_controller()
+            try:
+                snap = _core.get(ctl.wait_replicas.remote(
+                    self.app_name, self.deployment_name, self.version,
+                    _defaults.WAIT_REPLICAS_TIMEOUT_S, held),
+                    timeout=max(0.0, end - time.monotonic()))
+                break
+            except RayActorError:
+                if time.monotonic() + delay >= end or not context.controller_named():
+                    raise
+            time.sleep(delay)       # a backoff while the runtime restarts it
+            delay = min(delay * 2, 0.5)
         self.apply(snap)
 
     # ------------------------------------------------------------- choice

@@ -4,6 +4,7 @@ import dataclasses
 import inspect
 import sys
 import threading
+import time
 import warnings
 
 import cloudpickle
@@ -11,7 +12,7 @@ import cloudpickle
 from ray_lite._private.process import backend
 from ray_lite._private.api.call_options import _user_stacklevel
 
-from . import _core, _defaults, _metrics, context
+from . import _controller_checkpoint, _core, _defaults, _metrics, context
 from ._http import HTTPOptions, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
@@ -62,13 +63,37 @@ def _ensure_controller(http_options=None, controller_options=None):
     _core.preload(_WORKER_MODULES)
     _metrics.prepare(http_options)
     from ._controller import ServeController
+    _controller_checkpoint.create_store()
+    # Restarted whenever its process dies (until serve.shutdown kills it): the
+    # new one recovers Serve from the store's checkpoint (see _controller).
     cls = _core.remote(ServeController).options(name=context.CONTROLLER_NAME,
                                                namespace=context.SERVE_NAMESPACE,
-                                               get_if_exists=True,
+                                               get_if_exists=True, max_restarts=-1,
                                                runtime_env={"env_vars": env_vars or {}})
     ctl = cls.remote(http_options or {})
     context.set_controller(ctl)
     return ctl
+
+
+def _ask(ctl, method, *args, sent=None, timeout=None):
+    """The answer of the controller's ``method``; a call that its death
+    failed is made again, to the controller the runtime restarts, for
+    ``CONTROLLER_RESTART_WAIT_S`` at most (``sent``: the first call's ref,
+    already made)."""
+    from ray_lite.exceptions import RayActorError
+    end = time.monotonic() + _defaults.CONTROLLER_RESTART_WAIT_S
+    delay = 0.02
+    while True:
+        ref = sent if sent is not None else getattr(ctl, method).remote(*args)
+        sent = None
+        try:
+            return _core.get(ref, timeout=timeout)
+        except RayActorError:
+            if time.monotonic() >= end or not context.controller_named():
+                raise
+        # A backoff while the runtime starts the new controller.
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,
@@ -94,7 +119,7 @@ def start(proxy_location=None, http_options=None, grpc_options=None, logging_con
         _metrics.prepare(opts)
         if proxy_location in ("Disabled", "disabled"):
             return
-        _core.get(ctl.start_proxies.remote(opts))
+        _ask(ctl, "start_proxies", opts)
 
 
 def _http_options(http_options):
@@ -273,10 +298,10 @@ def _deploy(targets, code_version=None, caller="serve.run", controller_options=N
         for t, (ingress, specs) in zip(targets, built):
             # The deployment's error, if any, is what the caller needs to see:
             # a proxy's error only when the deployment succeeded.
-            _core.get(ctl.deploy_app.remote(t.name, t.route_prefix, ingress, specs))
+            _ask(ctl, "deploy_app", t.name, t.route_prefix, ingress, specs)
             handles.append(DeploymentHandle(ingress, t.name))
         if proxies is not None:
-            _core.get(proxies)
+            _ask(ctl, "start_proxies", {}, sent=proxies)
     return handles
 
 
@@ -298,7 +323,7 @@ def status():
     ctl = _controller_or_none()
     if ctl is None:
         return ServeStatus({}, None, 0)
-    st = _core.get(ctl.status.remote())
+    st = _ask(ctl, "status")
     return ServeStatus(st["applications"], st["http_port"], st["proxies"])
 
 
@@ -310,7 +335,7 @@ def delete(name, _blocking=True):
     ctl = _controller_or_none()
     if ctl is None:
         return
-    _core.get(ctl.delete_apps.remote([name]))
+    _ask(ctl, "delete_apps", [name])
 
 
 def shutdown():
@@ -336,6 +361,9 @@ def shutdown():
                       timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
         except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
             _kill_processes(pids)
+        store = _controller_checkpoint.find_store()
+        if store is not None:
+            _core.kill(store)
         try:
             _core.kill(ctl)
             # Until the runtime has seen it die, its name still resolves to it.
@@ -382,7 +410,7 @@ def get_app_handle(name):
         from . import _on_ray
         return _on_ray.get_app_handle(name)
     ctl = context.get_controller()
-    ingress = _core.get(ctl.ingress_of.remote(name))
+    ingress = _ask(ctl, "ingress_of", name)
     if ingress is None:
         from .exceptions import RayServeException
         raise RayServeException(f"Application '{name}' does not exist.")
@@ -438,4 +466,4 @@ def get_deployment_actor_context():
 def _http_port():
     """The port the proxies listen on (useful with ``http_options={"port": 0}``)."""
     ctl = context.get_controller()
-    return _core.get(ctl.http_address.remote())[1]
+    return _ask(ctl, "http_address")[1]

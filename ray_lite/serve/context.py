@@ -181,6 +181,17 @@ def get_controller(create=False):
         return h
 
 
+def controller_named():
+    """Whether the controller's name still leads to it: a call its death
+    failed may be made again (the runtime restarts it under its name; one
+    killed by ``serve.shutdown`` loses it)."""
+    try:
+        _core.get_actor(CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
 def clear_controller():
     global _controller
     with _lock:

@@ -1,0 +1,229 @@
+"""Serve outlives its controller (issue 48): HTTP and handles keep answering
+while the controller is down; the runtime restarts it and it recovers the
+applications, replicas and proxies from its checkpoint without restarting
+any; status, run and delete work again.  Also: the warning about a replica
+whose constructor does not return."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from ray_lite import serve
+from ray_lite.serve import _core, context
+from ray_lite.util.state import list_actors
+
+from serve_helpers import http, process_gone, wait_until
+
+
+@serve.deployment(num_replicas=2)
+class Pid:
+    def __call__(self, request=None):
+        return str(os.getpid())
+
+
+def _controller_pid():
+    """The controller's process, as the runtime's state API lists it."""
+    (actor,) = list_actors(filters=[("name", "=", context.CONTROLLER_NAME),
+                                    ("state", "=", "ALIVE")])
+    return actor["pid"]
+
+
+def _process_ids():
+    return _core.get(context.get_controller().process_ids.remote(), timeout=30)
+
+
+class _Load(threading.Thread):
+    """Calls ``call()`` in a loop until stopped (bounded by ``limit`` calls);
+    counts the answers and keeps the failures."""
+
+    def __init__(self, call, limit=100_000):
+        super().__init__(daemon=True)
+        self.call, self.limit = call, limit
+        self.ok, self.failures = 0, []
+        self.stop = threading.Event()
+
+    def run(self):
+        for _ in range(self.limit):
+            if self.stop.is_set():
+                return
+            try:
+                self.call()
+                self.ok += 1
+            except Exception as exc:   # noqa: BLE001 - recorded, asserted empty
+                self.failures.append(repr(exc))
+
+    def finish(self):
+        self.stop.set()
+        self.join(60)
+        assert not self.is_alive()
+
+
+def _kill_controller_under(load):
+    """SIGKILL the controller while ``load`` runs; wait (bounded) until a new
+    controller runs Serve again.  Returns (old pid, new pid)."""
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 20, "answers before the kill")
+    old = _controller_pid()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: process_gone(old), "the controller's end")
+    at_kill = load.ok
+    # The load goes on while the controller is down and restarts.
+    wait_until(lambda: load.ok >= at_kill + 20, "answers after the kill")
+
+    def recovered():
+        try:
+            return _controller_pid() != old and \
+                serve.status().applications["a"].status == "RUNNING"
+        except Exception:   # noqa: BLE001 - not restarted yet
+            return False
+    wait_until(recovered, "the restarted controller's RUNNING status", timeout=60)
+    new = _controller_pid()
+    after = load.ok
+    wait_until(lambda: load.ok >= after + 20, "answers after the recovery")
+    return old, new
+
+
+def test_http_keeps_answering_while_the_controller_restarts(serve_port):
+    serve.run(Pid.bind(), name="a", route_prefix="/a")
+    before = _process_ids()
+    assert len(before["replicas"]["a/Pid"]) == 2
+
+    def get():
+        status, _, body = http(serve_port, "GET", "/a", timeout=30)
+        assert status == 200, (status, body)
+        assert int(body) in before["replicas"]["a/Pid"]
+
+    load = _Load(get)
+    load.start()
+    try:
+        old, new = _kill_controller_under(load)
+    finally:
+        load.finish()
+    assert load.failures == []
+    assert new != old
+    after = _process_ids()
+    # The same replicas and proxies: recovered, not restarted.
+    assert sorted(after["replicas"]["a/Pid"]) == sorted(before["replicas"]["a/Pid"])
+    assert after["proxies"] == before["proxies"]
+    assert after["controller"] == new
+    st = serve.status()
+    assert st.applications["a"].deployments["Pid"].replica_states == {"RUNNING": 2}
+    # The restarted controller deploys and serves a new application.
+    serve.run(Pid.options(num_replicas=1).bind(), name="b", route_prefix="/b")
+    status, _, body = http(serve_port, "GET", "/b")
+    assert status == 200 and int(body) not in before["replicas"]["a/Pid"]
+    serve.delete("b")
+    assert set(serve.status().applications) == {"a"}
+
+
+def test_handles_keep_answering_while_the_controller_restarts(serve_runtime):
+    handle = serve.run(Pid.bind(), name="a", route_prefix=None)
+    replicas = _process_ids()["replicas"]["a/Pid"]
+    fresh = serve.get_app_handle("a")       # not called before the kill
+
+    def call():
+        assert int(handle.remote().result(timeout_s=30)) in replicas
+
+    load = _Load(call)
+    load.start()
+    try:
+        _kill_controller_under(load)
+        # A handle that learns its replicas after the restart.
+        assert int(fresh.remote().result(timeout_s=30)) in replicas
+    finally:
+        load.finish()
+    assert load.failures == []
+    assert sorted(_process_ids()["replicas"]["a/Pid"]) == sorted(replicas)
+
+
+def test_a_replica_that_dies_while_the_controller_is_down_is_replaced(serve_runtime):
+    handle = serve.run(Pid.bind(), name="a", route_prefix=None)
+    replicas = _process_ids()["replicas"]["a/Pid"]
+    ctl_pid = _controller_pid()
+    os.kill(ctl_pid, signal.SIGKILL)
+    os.kill(replicas[0], signal.SIGKILL)
+    wait_until(lambda: process_gone(ctl_pid) and process_gone(replicas[0]), "both ends")
+
+    def replaced():
+        try:
+            now = _process_ids()["replicas"]["a/Pid"]
+        except Exception:   # noqa: BLE001 - not restarted yet
+            return False
+        return len(now) == 2 and replicas[0] not in now
+    wait_until(replaced, "a replacement replica", timeout=60)
+    now = _process_ids()["replicas"]["a/Pid"]
+    assert replicas[1] in now
+    answers = {int(handle.remote().result(timeout_s=30)) for _ in range(40)}
+    assert answers <= set(now) and replicas[0] not in answers
+    assert serve.status().applications["a"].status == "RUNNING"
+
+
+def test_shutdown_after_a_restart_leaves_nothing(serve_runtime):
+    serve.run(Pid.bind(), name="a", route_prefix=None)
+    pids = _process_ids()
+    os.kill(pids["controller"], signal.SIGKILL)
+    wait_until(lambda: process_gone(pids["controller"]), "the controller's end")
+    serve.shutdown()
+    for pid in pids["replicas"]["a/Pid"]:
+        wait_until(lambda: process_gone(pid), f"replica {pid}'s end")
+    assert serve.status().applications == {}
+    # Killed by shutdown, it is not restarted (nor its checkpoint store).
+    assert [a for a in list_actors() if a.get("ray_namespace") == context.SERVE_NAMESPACE
+            and a["state"] == "ALIVE"] == []
+
+
+@serve.deployment
+class Hangs:
+    def __init__(self):
+        threading.Event().wait()
+
+    def __call__(self, request=None):
+        return "never"
+
+
+def test_a_constructor_that_does_not_return_is_warned_of_repeatedly(capfd):
+    import ray_lite
+    # (Ray's settings, given to the controller, which warns.)
+    env = {"RAY_SERVE_SLOW_STARTUP_WARNING_S": "1",
+           "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1"}
+    result = {}
+
+    def deploy():
+        try:
+            serve.run(Hangs.bind(), name="stuck", route_prefix=None,
+                      controller_options={"runtime_env": {"env_vars": env}})
+        except Exception as exc:   # noqa: BLE001 - the deploy fails (below)
+            result["error"] = exc
+    seen = []
+
+    def two_warnings():
+        out, err = capfd.readouterr()      # (the runtime relays workers' output)
+        seen.append(out + err)
+        return "".join(seen).count("to initialize") >= 2
+
+    # Started here, within the capture: the runtime relays its workers'
+    # output to the standard streams it had when it started.
+    ray_lite.init(num_cpus=1)
+    try:
+        t = threading.Thread(target=deploy, daemon=True)
+        t.start()
+        try:
+            wait_until(two_warnings, "two slow-startup warnings", timeout=60)
+        finally:
+            # serve.run holds Serve's lock until the deploy ends: the stuck
+            # replica is killed, which fails the deploy.
+            for a in list_actors(filters=[("class_name", "=", "ServeReplica"),
+                                          ("state", "=", "ALIVE")]):
+                os.kill(a["pid"], signal.SIGKILL)
+            t.join(60)
+        assert not t.is_alive()
+    finally:
+        serve.shutdown()
+        ray_lite.shutdown()
+    assert "Deploying application 'stuck' failed" in str(result["error"])
+    text = "".join(seen)
+    line = next(x for x in text.splitlines() if "to initialize" in x)
+    assert "'Hangs'" in line and "'stuck'" in line
+    assert "Hangs#" in line and "more than 1 s" in line
