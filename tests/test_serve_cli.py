@@ -420,3 +420,30 @@ def test_sockets_of_killed_instances_are_removed(tmp_path, monkeypatch):
         _control.find_address()
     # The dead process's socket is gone; a live process's stays (not ours to judge).
     assert not os.path.exists(paths["dead"]) and os.path.exists(paths["mine"])
+
+
+def test_the_next_start_removes_the_socket_of_a_killed_serve_run(tmp_path, monkeypatch):
+    from ray_lite.serve import _control
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    first = _start(tmp_path, "cli_app_mod:app")
+    try:
+        _wait_port(first)
+        left = os.path.join(_control.runtime_dir(), f"serve-{first.pid}.sock")
+        assert os.path.exists(left)
+        first.kill()                    # SIGKILL: it cannot remove its socket
+        first.communicate(timeout=60)
+    finally:
+        _reap(first)
+    assert os.path.exists(left)
+    second = _start(tmp_path, "cli_app_mod:app")
+    try:
+        port, _ = _wait_port(second)
+        # Gone at this start, before any client command looked.
+        assert not os.path.exists(left)
+        assert os.path.exists(os.path.join(_control.runtime_dir(),
+                                           f"serve-{second.pid}.sock"))
+        assert http(port, "GET", "/")[2] == b"hi"
+        code, _ = _stop(second, signal.SIGTERM)
+        assert code == 0
+    finally:
+        _reap(second)

@@ -6,9 +6,11 @@ can reach them.  The socket lives in a per-user directory (mode 0700:
 ``$XDG_RUNTIME_DIR/ray_lite``, else ``/tmp/ray_lite-<uid>``) as
 ``serve-<pid>.sock`` unless ``--address`` names another path; a client
 without ``--address`` uses the one live instance there (and asks for
-``--address`` when there are several).  A connection from another user is
-refused (``SO_PEERCRED``), on top of the directory's and the socket's
-permissions.  No TCP port is opened.
+``--address`` when there are several).  The socket of an instance whose
+process is gone (one killed by SIGKILL cannot remove it) is removed by the
+next instance that starts and by every client command.  A connection from
+another user is refused (``SO_PEERCRED``), on top of the directory's and
+the socket's permissions.  No TCP port is opened.
 
 A message is a msgpack map preceded by its length (4 bytes, big-endian); the
 server answers each request with one such map and closes the connection.
@@ -84,12 +86,9 @@ def _owner_gone(path):
     return False
 
 
-def find_address(address=None):
-    """The control socket to use: ``address``, else the one live instance of
-    this user; ``ControlError`` saying why there is none.  Sockets of
-    instances whose process is gone are removed on the way."""
-    if address:
-        return address
+def remove_stale_sockets():
+    """Remove this user's control sockets whose instance's process is gone;
+    the sockets of the instances that answer."""
     live = []
     for p in sorted(glob.glob(os.path.join(runtime_dir(), "serve-*.sock"))):
         if _alive(p):
@@ -99,6 +98,16 @@ def find_address(address=None):
                 os.unlink(p)
             except OSError:
                 pass
+    return live
+
+
+def find_address(address=None):
+    """The control socket to use: ``address``, else the one live instance of
+    this user; ``ControlError`` saying why there is none.  Sockets of
+    instances whose process is gone are removed on the way."""
+    if address:
+        return address
+    live = remove_stale_sockets()
     if not live:
         raise ControlError("no running Serve instance found (start one with "
                            "`ray-lite serve run` or `ray-lite serve start`)")
@@ -152,6 +161,10 @@ class ControlServer:
     def __init__(self, address, handler):
         self.address = address
         self._handler = handler
+        try:
+            remove_stale_sockets()      # left by instances that were killed
+        except ControlError:
+            pass    # (no private folder: an --address elsewhere is used all the same)
         if os.path.exists(address):
             if _alive(address):
                 raise ControlError(f"a Serve instance already listens at {address}")
