@@ -47,6 +47,14 @@ APP = textwrap.dedent("""
         return "done"
 
     busy_app = busy.bind()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class Hangs:
+        def __init__(self):
+            import threading
+            threading.Event().wait()        # a constructor that never returns
+
+    hangs_app = Hangs.bind()
 """)
 
 
@@ -447,3 +455,20 @@ def test_the_next_start_removes_the_socket_of_a_killed_serve_run(tmp_path, monke
         assert code == 0
     finally:
         _reap(second)
+
+
+def test_serve_run_shows_the_warning_about_a_constructor_that_does_not_return(
+        tmp_path, monkeypatch):
+    # Ray's settings, lowered from 30 s.
+    monkeypatch.setenv("RAY_SERVE_SLOW_STARTUP_WARNING_S", "1")
+    monkeypatch.setenv("RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S", "1")
+    proc = _start(tmp_path, "cli_app_mod:hangs_app")
+    try:
+        warning = rb"'Hangs' of application 'default' has 1 replica\(s\) that have taken " \
+                  rb"more than 1 s to initialize: Hangs#\d+ \((\d+) s\)"
+        first, _ = _wait_line(proc, warning)
+        second, _ = _wait_line(proc, warning)      # repeated while it has not returned
+        assert int(first.group(1)) >= 1 and int(second.group(1)) >= 1
+        _stop(proc, signal.SIGTERM)
+    finally:
+        _reap(proc)

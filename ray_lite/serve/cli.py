@@ -325,8 +325,8 @@ def _answer(op, msg):
     from . import api, config
     if op == "status":
         ctl = api._controller_or_none()
-        from . import _core
-        st = _core.get(ctl.status.remote()) if ctl is not None else \
+        # (_ask: asked again if the controller is restarting.)
+        st = api._ask(ctl, "status") if ctl is not None else \
             {"applications": {}, "http_port": None, "proxies": {}}
         return {"status": st}
     if op == "deploy":
