@@ -212,3 +212,15 @@ def test_the_b14_ceiling_streams_100_events_and_the_b15_app_echoes():
     # The figure's first answer is what wait_up looks for.
     assert serve_suite.SSE_APP.expect == b"data: tok0"
     assert serve_suite.FASTAPI_APP.expect == b'{"echo":"hi hi"}'
+
+
+def test_the_b2_workload_runs_as_a_file_outside_the_package(tmp_path):
+    """Ray's Python runs ``_serve_workloads.py`` as a file, with no ray_lite:
+    everything up to importing the runtime RAYMOD names works standalone
+    (isolated mode: no ray_lite on its path), and the runtime is the one asked for."""
+    path = os.path.join(os.path.dirname(serve_suite.__file__), "_serve_workloads.py")
+    env = dict(os.environ, RAYMOD="no_such_runtime_for_the_test")
+    out = subprocess.run([sys.executable, "-I", path], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "No module named 'no_such_runtime_for_the_test'" in out.stderr, out.stderr[-1000:]

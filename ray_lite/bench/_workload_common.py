@@ -1,6 +1,6 @@
 """What the benchmark workloads written against Ray's API share
 (``_core_workloads.py``, ``_util_workloads.py``, ``_store_workloads.py`` and
-Serve's B2 in ``serve_suite.py``): the runtime ``RAYMOD`` names, started as
+Serve's B2 in ``_serve_workloads.py``): the runtime ``RAYMOD`` names, started as
 the benchmarks measure it, the sizes of a scale, and the token-streaming
 caller of B1 and B2.
 

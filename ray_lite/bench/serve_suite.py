@@ -7,8 +7,8 @@ reproduction) started with ``ray-lite serve run ...:model`` using ``ab`` and
 ``wrk`` (Debian: ``apt-get install -y apache2-utils wrk``).  B10 is the time
 from starting that command to the first answer.  B16 is the CPU time (user +
 system) all the server's processes spend per request during the wrk run.
-B2 runs the workload of Ray's ``streaming_handle_throughput.py`` (below,
-``_b2_main``).  With ``--compare-ray`` the same app and workload run on Ray
+B2 runs the workload of Ray's ``streaming_handle_throughput.py``
+(``_serve_workloads.py``, a file Ray's Python runs as is).  With ``--compare-ray`` the same app and workload run on Ray
 Serve with that Python, and B7/B8/B9/B16 also on a bare "hi" ASGI app served
 by uvicorn (uvloop, httptools, one process) when that Python has them: the
 ceiling of one Python process answering by itself, with no replica behind it.
@@ -26,7 +26,6 @@ returned, which waits for all of them), and stopped -- so a drift of the
 machine during the run touches all of them alike, and one server never
 runs beside another.
 """
-import importlib
 import json
 import os
 import re
@@ -35,13 +34,14 @@ import statistics
 import subprocess
 import sys
 
+from .._private.process.boot import python_argv
+from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
+from ._procs import start_hog, stop_hog
+from ._servers import HI, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn, uvicorn_workers
+from ._servers import Server as _Server
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-if __package__:
-    from .._private.process.boot import python_argv
-    from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
-    from ._procs import start_hog, stop_hog
-    from ._servers import HI, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn, uvicorn_workers
-    from ._servers import Server as _Server
+B2_NAME = "handle streaming, Caller -> Endpoint, tokens/s"
 
 DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
                "streaming, 48 replicas up, server-sent events, FastAPI ingress")
@@ -268,20 +268,20 @@ def _b2(ctx, python, raymod, impl, label, goals):
     env = env_for(raymod, 1)
     env.update(TOKENS=str(sz["b2_tokens"]), TRIALS=str(sz["b2_trials"]),
                TRIAL_S=str(sz["b2_trial_s"]), BATCH="10")
-    cmd = (python_argv("from ray_lite.bench.serve_suite import _b2_main; _b2_main()",
+    cmd = (python_argv("from ray_lite.bench._serve_workloads import b2_main; b2_main()",
                        "B2 benchmark", python=python) if raymod == "ray_lite"
-           else [python, os.path.abspath(__file__), "b2"])
+           else [python, os.path.join(HERE, "_serve_workloads.py")])
     out = subprocess.run(cmd, env=env,
                          capture_output=True, text=True, timeout=1200, cwd=HERE)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
-            return [Figure(bench="B2", name="handle streaming, Caller -> Endpoint, tokens/s",
+            return [Figure(bench="B2", name=B2_NAME,
                            impl=impl, label=label, unit="tokens/s", value=r["mean"],
                            stat="mean", spread={"std": r["std"]}, trials=sz["b2_trials"],
                            note=f"P50 {r['p50']:.1f} ms per stream", detail=r,
                            goal_id="B2" if goals else None)]
-    return [missing("B2", "handle streaming", impl, label, "tokens/s", ERROR,
+    return [missing("B2", B2_NAME, impl, label, "tokens/s", ERROR,
                     f"exit {out.returncode}: {out.stderr.strip()[-600:]}")]
 
 
@@ -302,7 +302,7 @@ def run(ctx):
     try:
         figs += _b2(ctx, sys.executable, "ray_lite", "ray_lite", "ray_lite", True)
     except Exception as exc:   # noqa: BLE001
-        figs.append(missing("-", "B2", "ray_lite", "ray_lite", "", ERROR,
+        figs.append(missing("B2", B2_NAME, "ray_lite", "ray_lite", "tokens/s", ERROR,
                             f"{type(exc).__name__}: {exc}"))
     return figs
 
@@ -321,54 +321,5 @@ def compare_ray(ctx, python):
     try:
         return _b2(ctx, python, "ray", "anchor", "Ray Serve", False)
     except Exception as exc:   # noqa: BLE001
-        return [missing("-", "B2", "anchor", "Ray Serve", "", ERROR,
+        return [missing("B2", B2_NAME, "anchor", "Ray Serve", "tokens/s", ERROR,
                         f"{type(exc).__name__}: {exc}")]
-
-
-# ------------------------------------------------------------------ B2 workload
-def _b2_main():
-    """Ray's streaming_handle_throughput.py workload (async), on RAYMOD."""
-    if __package__:
-        from . import _workload_common as common
-    else:   # run as a file by Ray's Python, maybe without ray_lite
-        sys.path.insert(0, HERE)
-        import _workload_common as common
-    ray = common.runtime()
-    common.ship_with_classes(ray)
-    serve = importlib.import_module(common.RAYMOD + ".serve")
-    tokens = int(os.environ.get("TOKENS", 1000))
-    batch = int(os.environ.get("BATCH", 10))
-    trials = int(os.environ.get("TRIALS", 5))
-    trial_s = float(os.environ.get("TRIAL_S", 5))
-
-    @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class Endpoint:
-        async def aio_stream(self):
-            for _ in range(tokens):
-                yield "OK"
-
-    @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class Caller(common.TokenStreamCaller):
-        def __init__(self, ep):
-            self.ep = ep.options(stream=True)
-
-        async def _read_stream(self):
-            async for _ in self.ep.aio_stream.remote():
-                pass
-
-        async def run(self):
-            rates, q = await self.measure(trials, trial_s, batch, tokens)
-            return (statistics.mean(rates), statistics.pstdev(rates) if len(rates) > 1 else 0.0,
-                    q)
-
-    common.init(ray)
-    h = serve.run(Caller.bind(Endpoint.bind()), route_prefix=None)
-    mean, std, q = h.run.remote().result(timeout_s=1200)
-    print("RESULT " + json.dumps({"mean": mean, "std": std, "p50": q[0], "p75": q[1],
-                                  "p99": q[2]}), flush=True)
-    serve.shutdown()
-    ray.shutdown()
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["b2"]:
-    _b2_main()
