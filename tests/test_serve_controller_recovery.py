@@ -160,6 +160,31 @@ def test_a_replica_that_dies_while_the_controller_is_down_is_replaced(serve_runt
     assert serve.status().applications["a"].status == "RUNNING"
 
 
+def test_the_checkpoint_store_restarts_and_gets_the_state_again(serve_runtime):
+    from ray_lite.serve._controller_checkpoint import STORE_NAME
+    handle = serve.run(Pid.bind(), name="a", route_prefix=None)
+    replicas = sorted(_process_ids()["replicas"]["a/Pid"])
+    (store,) = list_actors(filters=[("name", "=", STORE_NAME), ("state", "=", "ALIVE")])
+    os.kill(store["pid"], signal.SIGKILL)
+
+    def store_refilled():
+        found = list_actors(filters=[("name", "=", STORE_NAME), ("state", "=", "ALIVE")])
+        if not found or found[0]["pid"] == store["pid"]:
+            return False
+        from ray_lite.serve._controller_checkpoint import find_store
+        try:
+            return _core.get(find_store().load.remote(), timeout=10) is not None
+        except Exception:   # noqa: BLE001 - restarting
+            return False
+    wait_until(store_refilled, "the restarted store's state")
+    old = _controller_pid()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: process_gone(old), "the controller's end")
+    assert serve.status().applications["a"].status == "RUNNING"
+    assert sorted(_process_ids()["replicas"]["a/Pid"]) == replicas
+    assert int(handle.remote().result(timeout_s=30)) in replicas
+
+
 def test_shutdown_after_a_restart_leaves_nothing(serve_runtime):
     serve.run(Pid.bind(), name="a", route_prefix=None)
     pids = _process_ids()

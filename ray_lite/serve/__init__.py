@@ -24,8 +24,9 @@ imports included):
 
 1. entry points: this package, ``cli``, ``config`` (config files), ``api``;
 2. the actors and their parts: ``_controller`` (``_controller_scaling``,
-   ``_autoscaler``), ``_proxy`` (``_proxy_conn``, ``_listen``), ``_replica``
-   (``_asgi``, ``_websocket``, ``_body``), ``_on_ray`` (the Ray backend);
+   ``_controller_checkpoint``, ``_autoscaler``), ``_proxy`` (``_proxy_conn``,
+   ``_listen``), ``_replica`` (``_asgi``, ``_websocket``, ``_body``), ``_on_ray``
+   (the Ray backend);
 3. what callers and actors share: ``deployment``, ``handle`` and its
    ``_router``, ``_routing``, ``_demand``, ``_deployment_actors``,
    ``_autoscaling_policy``, ``schema``;

@@ -82,7 +82,7 @@ class ServeController(Autoscaling, DeploymentActors):
         self.waiters = []
         self.proxies = []                   # ActorHandles, by index
         self.proxy_pids = []                # their process ids
-        self.proxy_watchers = set()         # tasks: one per proxy, ends when it dies
+        self.proxy_watchers = set()         # tasks: one per proxy (and the store's)
         self.proxy_versions = {}            # proxy index -> version applied
         self.proxy_waiters = []
         self.http_port = None
@@ -93,9 +93,24 @@ class ServeController(Autoscaling, DeploymentActors):
         self._store = _controller_checkpoint.find_store()
         self._specs_changed = {}            # app name -> its specs, not yet saved
         self._specs_dropped = set()         # apps deleted since the last save
-        saved = _core.get(self._store.load.remote()) if self._store is not None else None
-        if saved is not None:
-            self._restore(*saved)
+        if self._store is not None:
+            self._recover()
+            self._watch_store(self._store)
+
+    def _recover(self):
+        """Take over from the controller that died, if one did (its checkpoint).
+        Never raises: a constructor that failed would be restarted at once,
+        again and again."""
+        try:
+            saved = _core.get(self._store.load.remote(), timeout=_STORE_LOAD_TIMEOUT_S)
+            if saved is not None:
+                self._restore(*saved)
+        except Exception as exc:   # noqa: BLE001 - Serve starts empty, saying so
+            import traceback
+            print(f"Serve: the controller could not recover its state ({exc!r}); the "
+                  f"applications that ran are not managed any more:\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self.apps, self.proxies, self.proxy_pids = {}, [], []
 
     # ------------------------------------------------------------ versions
     def _bump(self):
@@ -633,11 +648,15 @@ class ServeController(Autoscaling, DeploymentActors):
         return True
 
     # ----------------------------------------------- checkpoint and recovery
-    def _save(self):
+    def _save(self, everything=False):
         """Send the state a restarted controller recovers from to the store
-        (see ``_controller_checkpoint``); called on every change."""
+        (see ``_controller_checkpoint``); called on every change.  The specs
+        go with it when they changed (``everything``: all of them)."""
         if self._store is None:
             return
+        if everything:
+            self._specs_changed = {app.name: {d.name: d.spec for d in app.deps.values()}
+                                   for app in self.apps.values()}
         specs, self._specs_changed = self._specs_changed, {}
         dropped, self._specs_dropped = self._specs_dropped, set()
         try:
@@ -647,6 +666,33 @@ class ServeController(Autoscaling, DeploymentActors):
                 print(f"Serve: the controller could not checkpoint its state ({exc!r}); "
                       f"it will not recover this change if it dies", file=sys.stderr,
                       flush=True)
+
+    def _watch_store(self, store):
+        """The store is restartable too: when its process dies, a new one starts
+        empty and gets the whole state again."""
+        async def watch():
+            while not self.shutting_down:
+                try:
+                    await store.wait_forever.remote()
+                except asyncio.CancelledError:
+                    raise
+                except BaseException:   # noqa: BLE001 - it died
+                    pass
+                if self.shutting_down or _core.runtime_stopping():
+                    return
+                # (Sent to its new incarnation once the runtime has started it.)
+                delay = 0.05
+                while not self.shutting_down:
+                    try:
+                        await store.load.remote()
+                        break
+                    except Exception:   # noqa: BLE001 - not restarted yet
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                self._save(everything=True)
+        t = asyncio.ensure_future(watch())
+        self.proxy_watchers.add(t)
+        t.add_done_callback(self.proxy_watchers.discard)
 
     def _checkpoint(self):
         apps = {}
@@ -846,6 +892,8 @@ _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_re
 
 # Added to the saved version by a restarted controller (``_restore``).
 _VERSION_MARGIN = 1000
+# A restarted controller's wait for its checkpoint.
+_STORE_LOAD_TIMEOUT_S = 30.0
 
 
 def _proxy_class(proxy_cls):

@@ -47,9 +47,11 @@ class CheckpointStore:
 
 def create_store():
     """The store (created by the driver that starts Serve; one per Serve)."""
+    # Restartable: a new one starts empty and the controller, which watches
+    # it, sends it the whole state again.
     cls = _core.remote(CheckpointStore).options(name=STORE_NAME,
                                                 namespace=context.SERVE_NAMESPACE,
-                                                get_if_exists=True)
+                                                get_if_exists=True, max_restarts=-1)
     return cls.remote()
 
 
