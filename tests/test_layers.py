@@ -18,6 +18,9 @@ Two rules, checked over that graph:
     - between *units*: each ``LAYERS`` entry (a ``_private`` package, a
       top-level module or package of ray_lite) is one unit, so that two
       units of one layer cannot lean on each other either.
+(c) **The docstrings say it.**  Each ``_private`` package's ``__init__``
+    lists what it may import ("May import: ..."); its modules import nothing
+    else.
 """
 import ast
 import pathlib
@@ -191,6 +194,29 @@ def test_compiled_modules_import_only_down():
             while target not in known and "." in target:
                 target = target.rsplit(".", 1)[0]
             assert rank[_unit_of(target)] <= rank[_unit_of(me)], f"{me} -> {target}"
+
+
+def test_each_private_package_imports_what_its_docstring_allows():
+    # Each ``_private`` package's __init__ says "May import: ..."; that list is
+    # the truth of its arrows (``process.backend`` names the whole package).
+    base = {"ray_lite._version", "ray_lite._config", "ray_lite._lazy", "ray_lite.exceptions",
+            "ray_lite._fast"}
+    graph = import_graph()
+    packages = sorted(p.parent.name for p in (PKG / "_private").glob("*/__init__.py"))
+    for pkg in packages:
+        doc = ast.get_docstring(ast.parse((PKG / "_private" / pkg / "__init__.py").read_text()))
+        allowed_text = doc.split("May import:", 1)[1]
+        if "every other ``_private`` package" in allowed_text:
+            allowed = {f"ray_lite._private.{p}" for p in packages}
+        else:
+            allowed = {f"ray_lite._private.{p}" for p in packages
+                       if f"``{p}``" in allowed_text.split(".  ")[0]}
+        allowed |= base | {f"ray_lite._private.{pkg}", "ray_lite._private"}
+        for mod, targets in graph.items():
+            if _unit_of(mod) != f"ray_lite._private.{pkg}":
+                continue
+            for target in targets:
+                assert _unit_of(target) in allowed, f"{mod} -> {target}: not in {pkg}'s docstring"
 
 
 # ------------------------------------------------------- the checks themselves
