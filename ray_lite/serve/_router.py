@@ -142,21 +142,18 @@ class Router:
         has restarted it, within ``timeout``."""
         import time
         from ray_lite.exceptions import RayActorError
-        end = time.monotonic() + timeout
-        delay = 0.02
+        wait = context.ControllerRestartWait(timeout)
         while True:
             ctl = context.get_controller()
             try:
                 snap = _core.get(ctl.wait_replicas.remote(
                     self.app_name, self.deployment_name, self.version,
                     _defaults.WAIT_REPLICAS_TIMEOUT_S, held),
-                    timeout=max(0.0, end - time.monotonic()))
+                    timeout=max(0.0, wait.end - time.monotonic()))
                 break
             except RayActorError:
-                if time.monotonic() + delay >= end or not context.controller_named():
+                if not wait.again():
                     raise
-            time.sleep(delay)       # a backoff while the runtime restarts it
-            delay = min(delay * 2, 0.5)
         self.apply(snap)
 
     # ------------------------------------------------------------- choice

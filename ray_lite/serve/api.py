@@ -4,7 +4,6 @@ import dataclasses
 import inspect
 import sys
 import threading
-import time
 import warnings
 
 import cloudpickle
@@ -81,19 +80,15 @@ def _ask(ctl, method, *args, sent=None, timeout=None):
     ``CONTROLLER_RESTART_WAIT_S`` at most (``sent``: the first call's ref,
     already made)."""
     from ray_lite.exceptions import RayActorError
-    end = time.monotonic() + _defaults.CONTROLLER_RESTART_WAIT_S
-    delay = 0.02
+    wait = context.ControllerRestartWait(_defaults.CONTROLLER_RESTART_WAIT_S)
     while True:
         ref = sent if sent is not None else getattr(ctl, method).remote(*args)
         sent = None
         try:
             return _core.get(ref, timeout=timeout)
         except RayActorError:
-            if time.monotonic() >= end or not context.controller_named():
+            if not wait.again():
                 raise
-        # A backoff while the runtime starts the new controller.
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
 
 
 def start(proxy_location=None, http_options=None, grpc_options=None, logging_config=None,

@@ -182,14 +182,47 @@ def get_controller(create=False):
 
 
 def controller_named():
-    """Whether the controller's name still leads to it: a call its death
-    failed may be made again (the runtime restarts it under its name; one
-    killed by ``serve.shutdown`` loses it)."""
+    """Whether the controller's name leads to it (the runtime restarts it
+    under its name; one killed by ``serve.shutdown`` loses it)."""
     try:
         _core.get_actor(CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         return True
     except ValueError:
         return False
+
+
+# A controller's name missing this long after its death: it is not restarting.
+NAME_GONE_S = 2.0
+
+
+class ControllerRestartWait:
+    """For a caller whose call the controller's death failed: ``again()``
+    waits a backoff and says whether to make the call again, to the
+    controller the runtime restarts, until ``timeout`` s have passed or its
+    name has been missing for ``NAME_GONE_S`` (between its death and its
+    restart the name may briefly lead nowhere)."""
+
+    def __init__(self, timeout):
+        import time
+        self._clock = time.monotonic
+        self._sleep = time.sleep
+        self.end = self._clock() + timeout
+        self.gone_since = None
+        self.delay = 0.02
+
+    def again(self):
+        now = self._clock()
+        if now + self.delay >= self.end:
+            return False
+        if controller_named():
+            self.gone_since = None
+        elif self.gone_since is None:
+            self.gone_since = now
+        elif now - self.gone_since > NAME_GONE_S:
+            return False
+        self._sleep(self.delay)
+        self.delay = min(self.delay * 2, 0.5)
+        return True
 
 
 def clear_controller():
