@@ -26,6 +26,13 @@ os.environ.setdefault("RAY_LITE_SHM_PREFIX", f"{TEST_SHM_PREFIX}{os.getpid()}_")
 # directory (Python >= 3.11 honours this).
 os.environ.setdefault("PYTHONSAFEPATH", "1")
 
+# The tests live in one folder per layer (fast, core, util, executor, serve,
+# bench, package); the helpers they share (procs.py, serve_helpers.py, ...)
+# live here.  Workers start with the driver's sys.path, so they find both.
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
 TWINS = ("compiled", "python")
@@ -187,9 +194,11 @@ def ray_session(request):
         pytest.skip("--backend=ray: Ray is not installed (pip install 'ray_lite[ray]')")
     # Ray's workers import the tests' modules (their functions travel by
     # reference); they inherit the environment of the Ray that starts here.
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # Each test module is imported from its layer's folder, the helpers from this one.
+    folders = [TESTS_DIR] + sorted(
+        e.path for e in os.scandir(TESTS_DIR) if e.is_dir() and e.name[0] not in "._")
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+        p for p in (*folders, os.environ.get("PYTHONPATH")) if p)
     for attempt in range(3):
         try:
             ray_lite.init(backend="ray", num_cpus=RAY_NUM_CPUS, include_dashboard=False)

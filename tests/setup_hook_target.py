@@ -1,5 +1,5 @@
 """A job's ``worker_process_setup_hook`` given by module path
-(tests/test_core_job_config.py): workers import it from the driver's sys.path."""
+(tests/core/test_core_job_config.py): workers import it from the driver's sys.path."""
 import os
 
 

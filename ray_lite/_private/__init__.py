@@ -1,7 +1,7 @@
 """The core runtime behind ray_lite's public API, in packages named by what they own.
 
 From the bottom up (a package may import the ones below it, never one above;
-``tests/test_layers.py`` checks it, ``docs/architecture.md`` draws it):
+``tests/package/test_layers.py`` checks it, ``docs/architecture.md`` draws it):
 
   process     what every process of the runtime is: its node slot, the engine, ids, errors
   links       the links between processes, the wait loop, the service thread, messages

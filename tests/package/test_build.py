@@ -39,7 +39,7 @@ def test_twins_export_the_same_names():
 # The Pythons ray_lite supports: 3.9 is past its end of life and lacks
 # os.eventfd, which the runtime needs.
 SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 README = CHECKOUT / "README.md"
 PYPROJECT = CHECKOUT / "pyproject.toml"
 

@@ -292,7 +292,7 @@ def _echo_app():
 
 def test_a_header_value_with_cr_lf_or_nul_is_refused_with_a_500(serve_port):
     # (The replica logs each refusal with the header's name; the proxy's
-    # own check and its log line: tests/test_http_conn.py.)
+    # own check and its log line: tests/fast/test_http_conn.py.)
     plain, streamed, fast = _echo_app()
     serve.run(plain.bind(), name="plain", route_prefix="/plain")
     serve.run(streamed.bind(), name="streamed", route_prefix="/streamed")

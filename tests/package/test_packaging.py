@@ -10,7 +10,7 @@ import pytest
 
 import ray_lite
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 PYPROJECT = CHECKOUT / "pyproject.toml"
 
 
@@ -135,6 +135,6 @@ def test_contributing_says_how_to_build_test_and_run_ci():
         pytest.skip("run from an installed package without its checkout")
     text = path.read_text(encoding="utf-8")
     for needed in ("pip install -e", "RAY_LITE_NO_EXTENSIONS=1", "USING_EXTENSIONS",
-                   "mkdocs build --strict", "tests/test_docs.py", "ray-lite bench",
+                   "mkdocs build --strict", "tests/package/test_docs.py", "ray-lite bench",
                    "bash .ci/run", "twine check", "auditwheel show"):
         assert needed in text, needed

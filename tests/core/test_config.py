@@ -71,7 +71,7 @@ def test_readme_table_lists_every_variable():
         assert f"`{var.name}`" in table
 
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_shows_exactly_the_table_of_variables():

@@ -118,7 +118,7 @@ def test_streamed_items_that_queue_up_arrive_each_as_a_chunk_in_order_and_empty_
     assert b"".join(chunks) == expected
     assert all(chunks)          # an empty item is no chunk (it would end the body)
     # Each item is its own chunk, as Ray Serve frames them, also where items
-    # queued up and crossed as one ring message (tests/test_serve_body.py).
+    # queued up and crossed as one ring message (tests/serve/test_serve_body.py).
     assert chunks == [f"{i};".encode() for i in range(300) if i % 7 != 3]
     # HTTP/1.0: the raw bytes, in order, until the connection ends.
     out = raw(serve_port, b"GET /?kind=burst HTTP/1.0\r\n\r\n")

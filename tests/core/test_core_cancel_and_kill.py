@@ -1,0 +1,124 @@
+"""What a cancelled task or call raises (running or queued), and what calls
+to an actor killed with ``ray.kill`` say, from the driver or from a task."""
+import asyncio
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import ActorDiedError, RayActorError, RayTaskError, TaskCancelledError
+
+T = 60
+
+
+@ray.remote
+def produce(n):
+    yield from range(n)
+
+@ray.remote
+class Gate:
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    async def arrive(self):
+        self.event.set()
+
+    async def arrived(self):
+        await self.event.wait()
+
+
+@ray.remote(max_retries=0)
+def spin(gate):
+    """Says it runs, then computes for ever (never calls into ray_lite again)."""
+    ray.get(gate.arrive.remote())
+    while True:
+        pass
+
+
+def test_a_cancelled_running_task_raises_a_ray_task_error(rt):
+    gate = Gate.remote()
+    ref = spin.remote(gate)
+    ray.get(gate.arrived.remote(), timeout=T)       # the task runs
+    ray.cancel(ref)
+    with pytest.raises(RayTaskError) as e:
+        ray.get(ref, timeout=T)
+    assert isinstance(e.value, TaskCancelledError)
+    assert "was cancelled" in str(e.value)
+    # Caught either way, as in Ray.
+    try:
+        ray.get(ref, timeout=T)
+    except TaskCancelledError:
+        pass
+
+
+def test_a_cancelled_running_async_actor_call_raises_a_ray_task_error(rt):
+    @ray.remote
+    class Waiter:
+        async def wait(self, gate):
+            await gate.arrive.remote()
+            await asyncio.Event().wait()
+    gate = Gate.remote()
+    w = Waiter.remote()
+    ref = w.wait.remote(gate)
+    ray.get(gate.arrived.remote(), timeout=T)
+    ray.cancel(ref)
+    with pytest.raises(RayTaskError) as e:
+        ray.get(ref, timeout=T)
+    assert isinstance(e.value, TaskCancelledError)
+
+
+def test_a_queued_task_cancelled_is_a_plain_task_cancelled_error(rt):
+    gates = [Gate.remote() for _ in range(2)]
+    blockers = [spin.remote(g) for g in gates]
+    for g in gates:
+        ray.get(g.arrived.remote(), timeout=T)
+    # Both hold their CPU again (each lent it while it waited in get).
+    assert rt.wait_until(lambda: rt.busy == rt.num_cpus, T)
+    queued = produce.options(num_returns=1).remote(0)
+    ray.cancel(queued)
+    with pytest.raises(TaskCancelledError) as e:
+        ray.get(queued, timeout=T)
+    assert not isinstance(e.value, RayTaskError)
+    for b in blockers:
+        ray.cancel(b, force=True)
+
+
+def test_an_actor_killed_by_ray_kill_says_so(rt):
+    @ray.remote
+    class Victim:
+        async def wait(self):
+            await asyncio.Event().wait()
+
+        def ping(self):
+            return "pong"
+    v = Victim.options(name="victim").remote()
+    pending = v.wait.remote()
+    assert ray.get(v.ping.remote(), timeout=T) == "pong"
+    ray.kill(v)
+    for ref in (pending, v.ping.remote()):
+        with pytest.raises(ActorDiedError) as e:
+            ray.get(ref, timeout=T)
+        text = str(e.value)
+        assert "The actor is dead because it was killed by `ray.kill`." in text
+        assert "class_name: Victim" in text and "name: victim" in text
+    assert isinstance(e.value, RayActorError)
+    # Once the driver has seen the process die, calls fail at once, saying the same.
+    assert rt.wait_until(lambda: v._info.actor_id in rt.dead_peers, T)
+    with pytest.raises(ActorDiedError, match="killed by `ray.kill`"):
+        ray.get(v.ping.remote(), timeout=T)
+
+
+def test_an_actor_killed_from_a_task_says_so_to_the_driver(rt):
+    @ray.remote
+    class Victim:
+        def ping(self):
+            return "pong"
+
+    @ray.remote
+    def killer(handle):
+        ray.kill(handle)
+        return "done"
+    v = Victim.remote()
+    assert ray.get(v.ping.remote(), timeout=T) == "pong"
+    assert ray.get(killer.remote(v), timeout=T) == "done"
+    with pytest.raises(ActorDiedError, match="killed by `ray.kill`"):
+        ray.get(v.ping.remote(), timeout=T)
