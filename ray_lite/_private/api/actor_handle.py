@@ -191,7 +191,7 @@ class ActorMethod:
                                  f"is dead: {name} cannot run.", actor_id=aid)
             err.never_sent = True     # certain: the actor never saw this call (Serve retries it)
             if stream:
-                node.fail_stream(target, err)
+                node.streams.fail_stream(target, err)
             else:
                 node.pending.pop(oid, None)
                 node.inflight.get(aid, {}).pop(oid, None)

@@ -200,7 +200,7 @@ def _make_call_result(node, nret, stream, bp, name, peer):
     n = 1 if stream else max(nret, 1)
     oid = node.new_oids(n)
     if stream:
-        s = node.new_stream(oid, peer, bp, name)
+        s = node.streams.new_stream(oid, peer, bp, name)
         if nret == DYNAMIC:
             return oid, s, dynamic_result(node, s, ObjectRefGenerator(s))
         return oid, s, ObjectRefGenerator(s)

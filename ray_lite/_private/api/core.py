@@ -412,7 +412,7 @@ def _is_ready(x):
     if s.table.is_next_ready():
         return True
     if s.bp > 0:
-        state.node.flush_stream_acks(s)     # what was taken, before waiting for more
+        state.node.streams.flush_stream_acks(s)     # what was taken, before waiting for more
     return False
 
 
@@ -546,10 +546,10 @@ def cancel(ref, *, force=False, recursive=True):
         if node.inflight.get(s.peer, {}).get(s.sid) == P.STREAM:  # an actor's stream
             if force:
                 raise ValueError("force=True is not supported for actor tasks.")
-            node.cancel_stream(s, force)
+            node.streams.cancel_stream(s, force)
             return
         node.request(P.OP_CANCEL, s.sid, force)
-        node.fail_stream(s, TaskCancelledError())
+        node.streams.fail_stream(s, TaskCancelledError())
         return
     if type(ref) is not ObjectRef:
         raise TypeError(f"cancel() expects an ObjectRef or ObjectRefGenerator, got "

@@ -83,8 +83,9 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         self._sched = threading.RLock()
         self.task_op, self.spec_type = P.TASK, TaskSpec      # what PoolBook sends and books
         self.entry_type, self.loaded_type = _Entry, LoadedValue   # and tells in a result
-        self.handlers.update({P.REQUEST: self._on_request, P.ACK: self._on_ack,
-                              P.RESULT: self._on_pool_result})
+        self.handlers.update({P.REQUEST: self._on_request, P.RESULT: self._on_pool_result,
+                              P.ITEM: self._on_item, P.END: self._on_end,
+                              P.ACK: self._on_ack})
         # op -> handler(peer, *args): what ``request`` (here) and a worker's
         # REQUEST message (``_on_request``) run.
         self.requests = {
@@ -170,7 +171,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         if owner is not None:
             self.send(owner, msg)
         else:
-            Node._on_item(self, peer, msg)
+            self.streams.on_item(peer, msg)
 
     def _on_end(self, peer, msg):
         retries = self.retries
@@ -180,7 +181,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         if owner is not None:
             self.send(owner, msg)
         else:
-            Node._on_end(self, peer, msg)
+            self.streams.on_end(peer, msg)
         w = self.pool.get(peer)
         if w is not None:
             self._task_finished(w, msg[1])
@@ -221,7 +222,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
             if spec is not None:
                 if spec.cancelled:
                     self._fail_task(spec, TaskCancelledError())
-                elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams
+                elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams.owned
                                                 and spec.owner == self.id):
                     spec.retries -= 1
                     self._enqueue(spec, first=True)

@@ -6,12 +6,12 @@
   links/service.py       ``node.service``: the driver's service thread (serves the
                          links while no one waits), an object the node holds
   objects/ownership.py   results, refs lent and borrowed, fetching values from their owners
-  objects/streams.py     streams this process owns (items, back-pressure, ends)
+  objects/streams.py     ``node.streams``: the streams this process owns (items,
+                         back-pressure, ends), an object the node holds
   links/loop_bridge.py   waiting from asyncio (a loop drives the links through descriptors)
 
-The drive loop, objects, streams and bridges are mixins sharing the node's
-``self``: the compiled pool book and task runner read their fields on the
-node itself.  This module keeps what ties them: ids, links, peer death,
+The drive loop, objects and bridges are mixins sharing the node's ``self``:
+the compiled pool book and task runner read their fields on the node itself.  This module keeps what ties them: ids, links, peer death,
 requests to the driver, and ``handlers``, the table from a message's tag to
 its handler.  The messages are listed in ``links/protocol.py``, their
 handlers in ``docs/architecture.md``.
@@ -33,14 +33,14 @@ from ..links.service import ServiceThread
 from ..links.transport import LinkClosed
 from ..objects import object_store
 from ..objects.ownership import ObjectsMixin
-from ..objects.streams import StreamsMixin
+from ..objects.streams import Streams
 from ..process.interrupts import sleep_point
 from ..process.procutil import open_sentinel
 
 _OID_SHIFT = 40
 
 
-class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
+class Node(DrivingMixin, ObjectsMixin, BridgesMixin):
     def __init__(self, node_id, driver_pid, shm_prefix):
         self.id = node_id
         self.driver_pid = driver_pid
@@ -52,7 +52,6 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         self.death_causes = {}   # actor id -> the text of the error its death gives
         self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
-        self.streams = {}        # sid -> _StreamState (streams this process owns)
         self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
         self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
         self.relayed_holders = {}   # peer -> owners its HolderWeights were relayed to
@@ -60,7 +59,7 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         self.fetching = {}       # oid -> [entries] borrowed objects being fetched
         self.fetch_requested = set()
         self.rpc_replies = {}    # req id -> (ok, payload)
-        self._deferred = []      # stream releases asked from __del__
+        self._deferred = []      # streams and actors dropped in __del__ (see _run_deferred)
         self.pinned_refs = {}    # oid -> ref, in blobs loaded more than once (refs.pinning_refs)
         self._releases = []      # (owner, oid, weight) to give back
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
@@ -76,6 +75,7 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         self._wait_epoch = 0     # changes whenever a thread leaves wait_until
         self._fds_touched = False
         self.service = ServiceThread(self)   # started by the driver only
+        self.streams = Streams(self)         # the streams this process owns
         self._bridges = {}       # loop -> _LoopBridge
         self.closed = False
         # The runtime starts no other thread that drives (no service thread,
@@ -85,9 +85,10 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         self.single_waiter = False
         # tag -> bound handler (see protocol.py); subclasses add theirs.
         self.handlers = {
-            P.RESULT: self._on_result, P.ITEM: self._on_item, P.END: self._on_end,
-            P.FETCH: self._on_fetch, P.FETCHED: self._on_fetched, P.ATTACH: self._on_attach,
-            P.REPLY: self._on_rpc_reply, P.ACK: self._on_ack, P.RELEASE: self._on_release,
+            P.RESULT: self._on_result, P.FETCH: self._on_fetch, P.FETCHED: self._on_fetched,
+            P.RELEASE: self._on_release, P.ITEM: self.streams.on_item,
+            P.END: self.streams.on_end, P.ACK: self.streams.on_ack,
+            P.ATTACH: self._on_attach, P.REPLY: self._on_rpc_reply,
         }
 
     # ----------------------------------------------------------------- ids
@@ -192,6 +193,17 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         elif self.id != 0:
             self.notify(P.OP_OUT_OF_SCOPE, aid)
 
+    def _run_deferred(self):
+        # What __del__ asked for (at any point of any thread), done in a drain.
+        if self._releases:
+            self._send_releases()
+        items, self._deferred = self._deferred, []
+        for x in items:
+            if type(x) is int:      # an actor whose last handle went (actor_handle_dropped)
+                self.end_dropped_actor(x)
+            else:                   # a dropped generator (Streams.defer_stream_release)
+                self.streams.release_stream(x)
+
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):
         if kind == P.ACTOR_CALL or kind == P.FETCH_FROM_ACTOR:
@@ -229,9 +241,7 @@ class Node(DrivingMixin, ObjectsMixin, StreamsMixin, BridgesMixin):
         for oid, k in list(self.inflight.pop(peer, {}).items()):
             err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)
             if k == P.STREAM:
-                s = self.streams.get(oid)
-                if s is not None:
-                    self.fail_stream(s, err)
+                self.streams.fail_owned(oid, err)
             elif k == P.FETCH_OBJECT:
                 self._fail_fetch(oid, err)
             else:

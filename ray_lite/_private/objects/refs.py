@@ -266,9 +266,9 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         s = self._s
         item = s.table.try_next()  # raises StopIteration at the end
         if item is NOT_READY:
-            item = state.get_node().next_item(s, None)
+            item = state.get_node().streams.next_item(s, None)
         if s.bp > 0:
-            state.node.ack_stream(s)
+            state.node.streams.ack_stream(s)
         return item
 
     def _next_sync(self, timeout_s=None):
@@ -276,11 +276,11 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         s = self._s
         item = s.table.try_next()
         if item is NOT_READY:
-            item = state.get_node().next_item(s, timeout_s)
+            item = state.get_node().streams.next_item(s, timeout_s)
             if item is NOT_READY:
                 return ObjectRef.nil()
         if s.bp > 0:
-            state.node.ack_stream(s)
+            state.node.streams.ack_stream(s)
         return item
 
     def __aiter__(self):
@@ -293,9 +293,9 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         except StopIteration:
             raise StopAsyncIteration from None
         if item is NOT_READY:
-            item = await state.get_node().next_item_async(s)
+            item = await state.get_node().streams.next_item_async(s)
         if s.bp > 0:
-            state.node.ack_stream(s)
+            state.node.streams.ack_stream(s)
         return item
 
     def completed(self):
@@ -312,7 +312,7 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         if table.is_next_ready():
             return not table.is_finished()
         if s.bp > 0 and state.node is not None:
-            state.node.flush_stream_acks(s)     # a poll may precede a wait
+            state.node.streams.flush_stream_acks(s)     # a poll may precede a wait
         return False
 
     def is_finished(self):
@@ -327,7 +327,7 @@ class ObjectRefGenerator(metaclass=AlsoRay):
         node = state.node
         if s is not None and not s.done and node is not None:
             # Not sent from here: __del__ may run inside a send on this thread.
-            node.defer_stream_release(s)
+            node.streams.defer_stream_release(s)
 
 
 _main_thread_id = threading.main_thread().ident

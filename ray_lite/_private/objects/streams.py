@@ -1,4 +1,12 @@
-"""Streams this process owns: items reported by a producer, back-pressure, ends."""
+"""Streams this process owns: items reported by a producer, back-pressure, ends.
+
+``Streams`` is a part every node holds (``node.streams``): it owns the table of
+the streams this process owns (``owned``: stream id -> ``_StreamState``) and
+handles their messages, ``ITEM``, ``END`` and ``ACK`` (the driver's own
+handlers forward a nested task's stream first, then call these).  A stream's
+producer, its expected results, is in the node's ``inflight`` (peer death
+fails the stream through ``fail_stream``).
+"""
 from ray_lite.exceptions import TaskCancelledError
 
 from ray_lite._fast.stream_table import NOT_READY
@@ -7,19 +15,23 @@ from ..links import protocol as P
 from .refs import ObjectRef, _Entry, _StreamState, error_entry
 
 
-class StreamsMixin:
-    """The owner's side of streaming generators (part of ``Node``)."""
+class Streams:
+    """The owner's side of streaming generators (a part of ``Node``, ``node.streams``)."""
+
+    def __init__(self, node):
+        self.node = node
+        self.owned = {}      # sid -> _StreamState (streams this process owns)
 
     def new_stream(self, sid, peer, bp, name):
         s = _StreamState(sid, peer, bp, name)
-        self.streams[sid] = s
+        self.owned[sid] = s
         if peer is not None:
-            self.inflight.setdefault(peer, {})[sid] = P.STREAM
+            self.node.inflight.setdefault(peer, {})[sid] = P.STREAM
         return s
 
-    def _on_item(self, peer, msg):
+    def on_item(self, peer, msg):
         _, sid, index, ok, payload = msg
-        s = self.streams.get(sid)
+        s = self.owned.get(sid)
         if s is None or s.done:
             return
         if s.peer is None:
@@ -28,12 +40,13 @@ class StreamsMixin:
             if not ok:
                 self._end_stream(s, index + 1, payload)
             return
+        node = self.node
         if ok:
             e = _Entry()
             e.value = payload
             e.ready = True
             try:
-                s.table.report(index, ObjectRef(self._oid_base | next(self._seq), self.id, e))
+                s.table.report(index, ObjectRef(node._oid_base | next(node._seq), node.id, e))
             except ValueError:
                 if index < s.table.num_reported:
                     self._replayed_item(s, peer)
@@ -42,7 +55,7 @@ class StreamsMixin:
         else:
             # (A run again may fail before the item an earlier run got to.)
             index = max(index, s.table.num_reported)
-            s.table.report(index, ObjectRef(self.new_oid(), self.id, error_entry(payload)))
+            s.table.report(index, ObjectRef(node.new_oid(), node.id, error_entry(payload)))
             self._end_stream(s, index + 1, payload)
             return
         if s.waiter is not None:
@@ -57,18 +70,21 @@ class StreamsMixin:
         back for ever."""
         s.peer = peer
         if s.bp > 0:
-            self.send(peer, P.ack_msg(s.sid, s.table.num_consumed))
+            self.node.send(peer, P.ack_msg(s.sid, s.table.num_consumed))
 
-    def _on_end(self, peer, msg):
-        s = self.streams.get(msg[1])
+    def on_end(self, peer, msg):
+        s = self.owned.get(msg[1])
         if s is None or s.done:
             return
         self._end_stream(s, msg[2], None)
 
+    def on_ack(self, peer, msg):
+        """Back-pressure acks concern producers (``WorkerNode``); a late one is dropped."""
+
     def _end_stream(self, s, count, error):
         s.done = True
-        self.streams.pop(s.sid, None)
-        fl = self.inflight.get(s.peer)
+        self.owned.pop(s.sid, None)
+        fl = self.node.inflight.get(s.peer)
         if fl is not None:
             fl.pop(s.sid, None)
         if s.table is not None:
@@ -94,10 +110,16 @@ class StreamsMixin:
         index = s.table.num_consumed + s.table.num_unconsumed
         e = error_entry(error)
         try:
-            s.table.report(index, ObjectRef(self.new_oid(), self.id, e))
+            s.table.report(index, ObjectRef(self.node.new_oid(), self.node.id, e))
         except ValueError:
             pass
         self._end_stream(s, index + 1, error)
+
+    def fail_owned(self, sid, error):
+        """Fail the stream ``sid`` if this process still owns it."""
+        s = self.owned.get(sid)
+        if s is not None:
+            self.fail_stream(s, error)
 
     def next_item(self, s, timeout):
         """Wait for the next item of ``s``; NOT_READY on timeout."""
@@ -106,11 +128,12 @@ class StreamsMixin:
             self.flush_stream_acks(s)
             # As in get: a pool worker lends its CPU slot while it waits, so
             # that the task producing the stream can run on a full pool.
-            self.block_begin()
+            node = self.node
+            node.block_begin()
             try:
-                self.wait_until(table.is_next_ready, timeout)
+                node.wait_until(table.is_next_ready, timeout)
             finally:
-                self.block_end()
+                node.block_end()
         return table.try_next()
 
     async def next_item_async(self, s):
@@ -123,7 +146,7 @@ class StreamsMixin:
             if item is not NOT_READY:
                 return item
             self.flush_stream_acks(s)
-            bridge = self.bridge_for_running_loop()
+            bridge = self.node.bridge_for_running_loop()
             fut = bridge.loop.create_future()
             s.waiter = bridge.waker(fut)
             if table.is_next_ready():
@@ -150,34 +173,26 @@ class StreamsMixin:
             consumed = s.table.num_consumed
             if consumed > s.acked:
                 s.acked = consumed
-                self.send(s.peer, P.ack_msg(s.sid, consumed))
-
-    def _on_ack(self, peer, msg):
-        """Back-pressure acks concern producers (WorkerNode); a late one is dropped."""
+                self.node.send(s.peer, P.ack_msg(s.sid, consumed))
 
     def defer_stream_release(self, s):
-        self._deferred.append(s)
+        """``s`` was dropped (from ``__del__``, so at any point of any thread):
+        released at the next drain (``Node._run_deferred``)."""
+        self.node._deferred.append(s)
 
-    def _run_deferred(self):
-        if self._releases:
-            self._send_releases()
+    def release_stream(self, s):
         # Like Ray, dropping a generator does not cancel its task (completed()
         # still resolves): the items are no longer kept, and a producer held
         # back by back-pressure is let go.
-        items, self._deferred = self._deferred, []
-        for s in items:
-            if type(s) is int:      # an actor whose last handle went (actor_handle_dropped)
-                self.end_dropped_actor(s)
-                continue
-            if not s.done:
-                s.released = True
-                s.table = None
-                if s.bp > 0 and s.peer is not None:
-                    self.send(s.peer, P.ack_msg(s.sid, P.UNLIMITED_ACK))
+        if not s.done:
+            s.released = True
+            s.table = None
+            if s.bp > 0 and s.peer is not None:
+                self.node.send(s.peer, P.ack_msg(s.sid, P.UNLIMITED_ACK))
 
     def cancel_stream(self, s, force):
         if s.done:
             return
         s.cancelled = True
-        self.send(s.peer, P.cancel_msg(s.sid, force))
+        self.node.send(s.peer, P.cancel_msg(s.sid, force))
         self.fail_stream(s, TaskCancelledError())

@@ -167,9 +167,7 @@ class TaskDispatchMixin:
                 self.send(spec.owner, msg)
             return
         if spec.stream:
-            s = self.streams.get(spec.oid)
-            if s is not None:
-                self.fail_stream(s, err)
+            self.streams.fail_owned(spec.oid, err)
             return
         target = self.pending.pop(spec.oid, None)
         if type(target) is list:
