@@ -15,7 +15,7 @@ import queue as _stdlib_queue
 
 # The channels' errors, raised by both twins of the hot paths.
 from ray_lite._fast.errors import (ChannelClosedError, DecodeError, MessageTooLargeError,
-                                   PeerDiedError, SerializationError)
+                                   PeerDiedError, SerializationError, SharedPathError)
 
 __all__ = [
     "RayError", "RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError",
@@ -37,7 +37,7 @@ __all__ = [
     # ray_lite's own
     "NotOnThisMachineError", "FunctionRaisedActorError", "WorkerDiedError",
     "ExecutorShutdownError", "SerializationError", "ChannelClosedError", "PeerDiedError",
-    "MessageTooLargeError", "DecodeError",
+    "MessageTooLargeError", "DecodeError", "SharedPathError",
 ]
 
 
@@ -112,13 +112,20 @@ def _blank_instance(dual, cause):
     """An instance of ``dual`` with no ``__init__`` run, made by the first
     built-in ``__new__`` among its bases: ``OSError``'s instances (``TimeoutError``,
     ``FileNotFoundError``, ...) have a layout only ``OSError.__new__`` makes,
-    and an exception group's needs its message and exceptions."""
+    and an exception group's needs its message and exceptions.  A built-in
+    ``__new__`` that refuses the dual class (``MemoryError``'s, which keeps a
+    free list of its own instances) gives way to the next one."""
+    args = ()
+    if _BaseExceptionGroup is not None and isinstance(cause, _BaseExceptionGroup):
+        args = (cause.message, cause.exceptions)
+    refused = None
     for base in dual.__mro__:
         if "__new__" in base.__dict__ and base.__module__ == "builtins":
-            break
-    if _BaseExceptionGroup is not None and isinstance(cause, _BaseExceptionGroup):
-        return base.__new__(dual, cause.message, cause.exceptions)
-    return base.__new__(dual)
+            try:
+                return base.__new__(dual, *args)
+            except TypeError as e:      # "X.__new__(dual) is not safe"
+                refused = refused or e
+    raise refused
 
 
 def _rebuild_task_error(function_name, traceback_str, cause, pid):

@@ -11,6 +11,12 @@ class SerializationError(TypeError):
     """
 
 
+class SharedPathError(PermissionError):
+    """A path ray_lite makes in a shared place (the temporary directory,
+    ``/dev/shm``) exists and is not this user's private file or directory:
+    another user may have planted it (``shm.private_dir``)."""
+
+
 class DecodeError(ValueError):
     """A frame that is truncated, corrupt, or not produced by this codec."""
 

@@ -13,8 +13,10 @@ unlinks segments behind our back at interpreter exit.
 import mmap
 import os
 import re
+import stat
 
 from .._config import SHM_PREFIX
+from .errors import SharedPathError
 
 SHM_DIR = "/dev/shm"
 
@@ -156,6 +158,55 @@ def cleanup_stale_segments(prefix=None):
             if _owned_by_us(path) and _unlink_quietly(path):
                 removed.append(name)
     return removed
+
+
+def check_private(path, directory, uid=None):
+    """Refuse ``path`` unless it is a ``directory`` (or a regular file) of
+    ``uid`` (this process's effective uid) that nobody else may write to.
+
+    A symlink is refused, never followed: in a shared place another user could
+    point it anywhere.  ``uid`` is for tests run as root."""
+    uid = os.geteuid() if uid is None else uid
+    st = os.lstat(path)
+    kind = "directory" if directory else "file"
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif directory and not stat.S_ISDIR(st.st_mode) or not directory and not stat.S_ISREG(st.st_mode):
+        problem = f"is not a {kind}"
+    elif st.st_uid != uid:
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {oct(st.st_mode & 0o777)}: other users may read or change it"
+    else:
+        return st
+    raise SharedPathError(
+        f"{path} {problem}; ray_lite makes it as a private {kind} of its user (mode "
+        f"{'0700' if directory else '0600'}) and will not use one it did not make: "
+        f"remove it, or point TMPDIR at a directory of your own")
+
+
+def private_dir(path, uid=None):
+    """Make the directory ``path`` (in a shared place) private to this user:
+    created 0700, or taken when it exists already as this user's and private
+    (``check_private``; ``SharedPathError`` otherwise).  Returns ``path``."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    check_private(path, True, uid)
+    return path
+
+
+def create_private_file(path, flags=os.O_WRONLY):
+    """Create the file ``path`` (in a shared place) exclusively, 0600, never
+    through a symlink; return its descriptor.  ``SharedPathError`` when
+    something is there already (``FileExistsError`` is its cause)."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError as exc:
+        raise SharedPathError(
+            f"{path} exists already and ray_lite did not make it; it creates this file "
+            f"afresh (mode 0600): remove it") from exc
 
 
 def _owned_by_us(path):

@@ -18,11 +18,12 @@ server answers each request with one such map and closes the connection.
 import glob
 import os
 import socket
-import stat
 import struct
 import threading
 
 import msgpack
+
+from ray_lite._fast import shm
 
 from ._core import recv_exact
 
@@ -43,14 +44,9 @@ def runtime_dir():
     else:
         path = os.path.join("/tmp", f"ray_lite-{os.getuid()}")
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ControlError(f"{path} is not a private directory of this user (owner "
-                           f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}); remove it")
-    return path
+        return shm.private_dir(path)
+    except shm.SharedPathError as exc:
+        raise ControlError(str(exc)) from None
 
 
 def default_address():

@@ -98,9 +98,12 @@ def prepare(http_options):
     if not http_options or http_options.get("metrics_export_port") is None:
         return
     path = metrics_dir()
-    if path is not None and not os.path.isdir(path):
-        os.makedirs(path, exist_ok=True)
-        metrics_files.directory_changed()
+    if path is not None:
+        made = not os.path.lexists(path)
+        # In the temporary directory: another user must not plant or read it.
+        shm.private_dir(path)
+        if made:
+            metrics_files.directory_changed()
 
 
 def remove():

@@ -63,7 +63,8 @@ all stored objects of the runtime (the segments of its prefix, counted at
 each store).  An object that does not fit any more (or that ``/dev/shm`` has
 no room for: checked before writing, a write past a full tmpfs would be a
 SIGBUS) is *spilled*: written to a file in the runtime's spill directory
-(``<tempdir>/ray_lite_spill/<runtime prefix>``) instead of shared memory,
+(``<tempdir>/ray_lite_spill-<uid>/<runtime prefix>``, 0700, refused when
+another user made it: ``shm.private_dir``) instead of shared memory,
 and read back by mapping that file (the kernel's page cache restores it on
 access, and may drop it again under pressure; nothing is pinned).  Unlike
 Ray, an object is spilled when it is stored, not moved out later.  When the
@@ -133,7 +134,15 @@ def configure(node, capacity):
     """
     node.store_capacity = capacity
     path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
-    with open(path, "w") as f:
+    try:
+        fd = shm.create_private_file(path)
+    except shm.SharedPathError:
+        # This runtime's own from an earlier configure is replaced; a file
+        # another user planted under its name is refused.
+        shm.check_private(path, False)
+        os.unlink(path)
+        fd = shm.create_private_file(path)
+    with os.fdopen(fd, "w") as f:
         f.write(str(capacity))
     zygote = getattr(node, "zygote", None)
     if zygote is not None and "numpy" in sys.modules:
@@ -144,7 +153,9 @@ def capacity_of(node):
     cap = getattr(node, "store_capacity", None)
     if cap is None:
         try:
-            with open(shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)) as f:
+            fd = os.open(shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd) as f:
                 cap = int(f.read())
         except (OSError, ValueError):
             cap = default_capacity()
@@ -219,8 +230,7 @@ def _new_segment(node, size, name, token):
         path = shm.segment_path(name)
         spilled = False
     else:
-        spill = spill_dir(node)
-        os.makedirs(spill, mode=0o700, exist_ok=True)
+        spill = make_spill_dir(node)
         room = _room(spill)
         if size > room:
             raise ObjectStoreFullError(
@@ -447,7 +457,7 @@ def _spill_root_dir():
     the driver's clean-up does not look."""
     global _spill_root
     if _spill_root is None:
-        _spill_root = os.path.join(tempfile.gettempdir(), "ray_lite_spill")
+        _spill_root = os.path.join(tempfile.gettempdir(), f"ray_lite_spill-{os.geteuid()}")
     return _spill_root
 
 
@@ -460,6 +470,13 @@ def use_spill_root(root):
 def spill_dir(node):
     """Where the runtime of ``node`` spills (named like its segments: its clean-up finds it)."""
     return os.path.join(_spill_root_dir(), node.shm_prefix)
+
+
+def make_spill_dir(node):
+    """``spill_dir(node)``, made private to this user (its folder too: both
+    are in the temporary directory, which every user may write to)."""
+    shm.private_dir(_spill_root_dir())
+    return shm.private_dir(spill_dir(node))
 
 
 def _path_of(name):
