@@ -123,10 +123,10 @@ def wait_briefly(ref, budget):
     (the loop runs nothing else meanwhile); True if it became ready."""
     if getattr(ref, "_e", None) is None:
         return False
-    return _state.get_node().wait_briefly(ref, budget)
+    return _state.get_node().bridges.wait_briefly(ref, budget)
 
 
 def spin_for_messages(budget):
     """Busy-wait at most ``budget`` s on this event loop's thread for a call
     on any link (the loop runs nothing else meanwhile); True if one came."""
-    return _state.get_node().spin_for_messages(budget)
+    return _state.get_node().bridges.spin_for_messages(budget)

@@ -163,11 +163,11 @@ class BriefWaiter:
         deadline = time.monotonic() + 30
         caught = False
         while not caught and time.monotonic() < deadline:
-            caught = node.wait_briefly(fast, 0.1)
+            caught = node.bridges.wait_briefly(fast, 0.1)
         # Not answered within it (the gate is shut): gives up, and the loop
         # must still hear the answer later (the link is re-armed).
         slow = gate.pass_.remote()
-        missed = node.wait_briefly(slow, 0.005)
+        missed = node.bridges.wait_briefly(slow, 0.005)
         await gate.open.remote()
         return caught, await fast, missed, await slow, await gate.sq.remote(3)
 
@@ -195,7 +195,7 @@ class CallSpinner:
         # a hundred such spins may end before the relay has even called).
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if node.spin_for_messages(0.1):
+            if node.bridges.spin_for_messages(0.1):
                 caught = True
                 break
         return caught, await answer, self.pings
@@ -204,7 +204,7 @@ class CallSpinner:
         from ray_lite._private.process import state
         for _ in range(3):
             await asyncio.sleep(0)      # the loop's turns: its links are armed again
-        return state.get_node().spin_for_messages(budget)
+        return state.get_node().bridges.spin_for_messages(budget)
 
     async def ping(self):
         self.pings += 1
@@ -220,7 +220,7 @@ def test_a_loop_spinning_for_messages_takes_them_and_still_hears_later_ones(rt):
 
 
 def test_a_brief_wait_on_the_loop_thread_catches_an_answer_or_gives_up(rt):
-    """The proxy's spin for a replica's answer (``Node.wait_briefly``)."""
+    """The proxy's spin for a replica's answer (``LoopBridges.wait_briefly``)."""
     gate = Gate.remote()
     assert ray.get(BriefWaiter.remote().run.remote(gate), timeout=T) == \
         (True, 49, False, True, 9)

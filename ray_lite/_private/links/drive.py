@@ -78,10 +78,7 @@ class DrivingMixin:
             # An event loop found the lock taken and stopped watching its
             # links (``_LoopBridge._take_drive``): it watches again now.
             self._bridge_waiting = False
-            for bridge in list(self._bridges.values()):
-                if bridge.waiting:
-                    bridge.waiting = False
-                    bridge.rearm_soon()
+            self.bridges.rearm_waiting()
 
     def wait_until(self, pred, timeout=None, hint=None):
         """Drive the links until ``pred()`` is true or ``timeout`` passes.
@@ -118,8 +115,7 @@ class DrivingMixin:
             service.unpark()
         if self._fds_touched:
             self._fds_touched = False
-            for bridge in list(self._bridges.values()):
-                bridge.rearm_soon()
+            self.bridges.rearm_all()
             if service.listening:
                 service.kick(False)
 

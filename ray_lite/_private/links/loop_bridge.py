@@ -10,31 +10,37 @@ from .transport import WEAK_SLICE, spin_readable
 asyncio = lazy_module("asyncio", globals())
 
 
-class BridgesMixin:
-    """Waiting from asyncio (part of ``Node``): one ``_LoopBridge`` per running loop."""
+class LoopBridges:
+    """Waiting from asyncio (a part of ``Node``, ``node.bridges``): one
+    ``_LoopBridge`` per loop that waits, in ``by_loop``."""
 
-    def bridge_for_running_loop(self):
+    def __init__(self, node):
+        self.node = node
+        self.by_loop = {}       # loop -> _LoopBridge
+
+    def for_running_loop(self):
         loop = asyncio.get_running_loop()
-        bridge = self._bridges.get(loop)
+        bridge = self.by_loop.get(loop)
         if bridge is None:
             # Loops that have closed since (each asyncio.run() makes one)
             # are forgotten: nothing may be scheduled on them any more.
-            for old in [lp for lp in self._bridges if lp.is_closed()]:
-                self._bridges.pop(old).close()
-            bridge = _LoopBridge(self, loop)
-            self._bridges[loop] = bridge
+            for old in [lp for lp in self.by_loop if lp.is_closed()]:
+                self.by_loop.pop(old).close()
+            bridge = _LoopBridge(self.node, loop)
+            self.by_loop[loop] = bridge
         return bridge
 
     async def wait_entry_async(self, ref):
         e = ref._e
         if e.ready:
             return
-        bridge = self.bridge_for_running_loop()
-        self.ensure_fetch(ref)
+        bridge = self.for_running_loop()
+        node = self.node
+        node.ensure_fetch(ref)
         fut = bridge.loop.create_future()
         e.add_callback(lambda _e: bridge.waker(fut)())
         # A thread driving the links may have filled it meanwhile.
-        self.drive_nowait()
+        node.drive_nowait()
         await fut
 
     def wait_briefly(self, ref, budget):
@@ -46,17 +52,45 @@ class BridgesMixin:
         e = ref._e
         if e.ready or e.peer is None:
             return e.ready
-        return self.bridge_for_running_loop().wait_briefly(e.peer, e, budget)
+        return self.for_running_loop().wait_briefly(e.peer, e, budget)
 
     def spin_for_messages(self, budget):
         """Busy-wait at most ``budget`` s, on this event loop's thread, for a
         message on any link; see ``_LoopBridge.spin_for_messages``."""
-        return self.bridge_for_running_loop().spin_for_messages(budget)
+        return self.for_running_loop().spin_for_messages(budget)
 
-    def close_bridges(self):
-        for bridge in list(self._bridges.values()):
+    # ------------------------------------------- what the node tells them
+    def watch(self, link, fd):
+        """A link was added (``fd``: its peer's sentinel, or None)."""
+        for bridge in list(self.by_loop.values()):
+            bridge.watch(link, fd)
+
+    def unwatch_fd(self, fd):
+        for bridge in list(self.by_loop.values()):
+            bridge.unwatch_fd(fd)
+
+    def rearm_all(self):
+        """A wait that slept in poll disarmed every link's descriptor."""
+        for bridge in list(self.by_loop.values()):
+            bridge.rearm_soon()
+
+    def rearm_waiting(self):
+        """The drive lock is free: the loops that stopped watching their
+        links for it (``_LoopBridge._take_drive``) watch again."""
+        for bridge in list(self.by_loop.values()):
+            if bridge.waiting:
+                bridge.waiting = False
+                bridge.rearm_soon()
+
+    def forget_closed(self):
+        """Forget the loops closed since (``asyncio.run`` for an async task)."""
+        for loop in [lp for lp in self.by_loop if lp.is_closed()]:
+            del self.by_loop[loop]
+
+    def close(self):
+        for bridge in list(self.by_loop.values()):
             bridge.close()
-        self._bridges.clear()
+        self.by_loop.clear()
 
 
 def _wake_future(fut):

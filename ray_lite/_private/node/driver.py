@@ -502,7 +502,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
                 except OSError:
                     pass
             self.sentinels.clear()
-            self.close_bridges()
+            self.bridges.close()
             self.close_relink_fd()
             try:
                 for name in shm.list_segments(self.shm_prefix):

@@ -397,8 +397,7 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
 
     def _close_finished_bridges(self):
         # Loops made by asyncio.run for async functions are closed now.
-        for loop in [lp for lp in self._bridges if lp.is_closed()]:
-            del self._bridges[loop]
+        self.bridges.forget_closed()
 
     _split = staticmethod(split_returns)
 
@@ -559,7 +558,7 @@ def worker_main(spec):
             node._sem = AsyncSlots(a["max_concurrency"])
             if a.get("concurrency_groups"):
                 concurrency_groups.install_async(node, a)
-            node.bridge_for_running_loop()
+            node.bridges.for_running_loop()
             node.start_actor(a)
             for peer, msg in early:
                 node.handlers[P.METHOD](peer, msg)

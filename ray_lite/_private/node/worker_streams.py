@@ -82,7 +82,7 @@ class GeneratorsMixin:
                 i += 1
                 if bp > 0:
                     while i - self.stream_acks.get(sid, 0) >= bp and sid not in self.cancelled:
-                        bridge = self.bridge_for_running_loop()
+                        bridge = self.bridges.for_running_loop()
                         fut = bridge.loop.create_future()
                         self.ack_waiters[sid] = bridge.waker(fut)
                         await fut

@@ -215,7 +215,7 @@ async def _await_ref(ref):
     e = ref._e
     if not e.ready:
         node = state.get_node()
-        await node.wait_entry_async(ref)
+        await node.bridges.wait_entry_async(ref)
     if e.error is not None:
         raise raisable(e.error)
     return e.value

@@ -146,7 +146,7 @@ class Streams:
             if item is not NOT_READY:
                 return item
             self.flush_stream_acks(s)
-            bridge = self.node.bridge_for_running_loop()
+            bridge = self.node.bridges.for_running_loop()
             fut = bridge.loop.create_future()
             s.waiter = bridge.waker(fut)
             if table.is_next_ready():
