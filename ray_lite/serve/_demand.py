@@ -13,7 +13,8 @@ controller answers it only ``REPORT_SPACING_S`` after it came
 it moved meanwhile.  So a busy queue costs a few messages a second, its last
 count always arrives, and no timer runs in the caller.  A report is keyed
 by the caller's process id: the controller forgets the counts of processes
-that died.
+that died.  A report the controller's death lost is sent again once it is
+back (``retell``: the caller's next answer from the restarted controller).
 """
 import itertools
 import os
@@ -64,14 +65,29 @@ class WaitingReport:
             with self.lock:
                 self.in_flight = False
             return
-        _core.on_ready(ref, self._answered)
+        _core.on_ready(ref, lambda _entry: self._answered(ref))
 
-    def _answered(self, _entry):
+    def _answered(self, ref):
+        r = _core.peek(ref)
         with self.lock:
+            if r is not None and not r[0]:
+                # Lost (the controller died): told again by retell.
+                self.told = None
+                self.in_flight = False
+                return
             again = self.count != self.told
             self.in_flight = again
         if again:
             self._send()
+
+    def retell(self):
+        """Send the count again if the last report was lost (the caller heard
+        from the controller since: it is back)."""
+        with self.lock:
+            if self.in_flight or self.told is not None:
+                return
+            self.in_flight = True
+        self._send()
 
 
 def prune_dead(waiting):

@@ -109,6 +109,8 @@ class _Route:
             report = None
         if autoscaling and report is None:
             report = _demand.WaitingReport(self.app, self.deployment)
+        elif report is not None:
+            report.retell()     # (routes came: a report lost with the controller goes again)
         self.report = report
         self.from_zero = from_zero
 

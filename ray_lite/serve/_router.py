@@ -134,6 +134,9 @@ class Router:
         # Only with the controller's handle at hand: looking it up may wait
         # for an answer, which this thread (the one reading the links) is.
         if r is not None and r[0] and context._controller is not None:
+            report = self.report
+            if report is not None:
+                report.retell()     # one lost while the controller was down
             self.poll_update()
 
     def refresh_blocking(self, held=False, timeout=_defaults.HANDLE_REFRESH_TIMEOUT_S):

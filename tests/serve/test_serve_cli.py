@@ -55,6 +55,14 @@ APP = textwrap.dedent("""
             threading.Event().wait()        # a constructor that never returns
 
     hangs_app = Hangs.bind()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    def controller_pid(request):
+        from ray_lite.util.state import list_actors
+        (a,) = list_actors(filters=[("name", "=", "SERVE_CONTROLLER"), ("state", "=", "ALIVE")])
+        return str(a["pid"])
+
+    pid_app = controller_pid.bind()
 """)
 
 
@@ -472,3 +480,32 @@ def test_serve_run_shows_the_warning_about_a_constructor_that_does_not_return(
         _stop(proc, signal.SIGTERM)
     finally:
         _reap(proc)
+
+
+def test_status_deploy_and_shutdown_work_after_the_controller_is_killed(tmp_path):
+    (tmp_path / "c2.yaml").write_text(CONFIG_UPDATED)
+    sock = str(tmp_path / "serve.sock")
+    proc = _start(tmp_path, "cli_app_mod:pid_app", "--address", sock)
+    try:
+        port, _ = _wait_port(proc)
+        old = int(http(port, "GET", "/")[2])
+        os.kill(old, signal.SIGKILL)
+        # Asked at once: answered by the restarted controller.
+        code, status = _cli("status", "--address", sock)
+        assert code == 0, status
+        assert re.search(r"^  default:\n    status: RUNNING\n", status, re.M), status
+        assert int(http(port, "GET", "/")[2]) != old
+        code, out = _cli("deploy", str(tmp_path / "c2.yaml"), "--address", sock,
+                         "--app-dir", str(tmp_path))
+        assert code == 0, out
+        status = _wait_status(sock, lambda s: _replicas(s, "first") == {"TestDeployment": 3}
+                              and "default" not in s, "the config's applications")
+        assert _replicas(status, "second") == {"TestDeployment": 2}
+        assert http(port, "GET", "/first")[2] == b"from-config"
+        code, out = _cli("shutdown", "-y", "--address", sock)
+        assert code == 0, out
+        code, out = _exit_of(proc, "after serve shutdown")
+    finally:
+        _reap(proc)
+    assert code == 0, out.decode(errors="replace")
+    assert not os.path.exists(sock)
