@@ -160,6 +160,39 @@ def test_a_replica_that_dies_while_the_controller_is_down_is_replaced(serve_runt
     assert serve.status().applications["a"].status == "RUNNING"
 
 
+@serve.deployment(num_replicas=1, health_check_period_s=0.1, health_check_timeout_s=5)
+class Checked:
+    def __init__(self, flag):
+        self.flag = flag
+
+    def check_health(self):
+        if os.path.exists(self.flag):
+            raise RuntimeError("unhealthy")
+
+    def __call__(self, request=None):
+        return str(os.getpid())
+
+
+def test_health_checks_resume_after_the_restart(serve_runtime, tmp_path):
+    flag = str(tmp_path / "unhealthy")
+    handle = serve.run(Checked.bind(flag), name="a", route_prefix=None)
+    (first,) = _process_ids()["replicas"]["a/Checked"]
+    old = _controller_pid()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: process_gone(old), "the controller's end")
+    assert serve.status().applications["a"].status == "RUNNING"     # (restarted)
+    assert _process_ids()["replicas"]["a/Checked"] == [first]
+    open(flag, "w").close()       # its checks fail from now on: it is replaced
+
+    def replaced():
+        now = _process_ids()["replicas"]["a/Checked"]
+        return bool(now) and now != [first]
+    wait_until(lambda: process_gone(first), "the unhealthy replica's end")
+    os.unlink(flag)
+    wait_until(replaced, "its replacement")
+    assert int(handle.remote().result(timeout_s=30)) != first
+
+
 def test_the_checkpoint_store_restarts_and_gets_the_state_again(serve_runtime):
     from ray_lite.serve._controller_checkpoint import STORE_NAME
     handle = serve.run(Pid.bind(), name="a", route_prefix=None)
