@@ -29,11 +29,14 @@ __all__ = ["MessageQueue", "QueueHandle", "ChannelClosedError", "PeerDiedError"]
 
 _ShmQueue = _broadcast.MessageQueue
 
-QueueHandle = namedtuple("QueueHandle", "shm_handle local_reader_ranks remote_address")
+QueueHandle = namedtuple("QueueHandle", "shm_handle local_reader_ranks remote_address authkey",
+                         defaults=(None,))
 QueueHandle.__doc__ = """What ``export_handle`` returns when some readers are remote
 (or reader ranks are not ``0..n-1``): the shared-memory handle (None without
-local readers), the ranks that read it (in shared-memory slot order), and the
-writer's ``(host, port)`` for the others (None without remote readers)."""
+local readers), the ranks that read it (in shared-memory slot order), the
+writer's ``(host, port)`` for the others (None without remote readers) and
+the queue's secret that admits them (``authkey``, 32 bytes; None without
+remote readers).  It is a credential: see ``MessageQueue``."""
 
 # A reader waiting with ``cancel`` looks at the event this often.
 _CANCEL_SLICE_S = 0.05
@@ -45,6 +48,17 @@ class MessageQueue:
     the ``n_readers`` out, a TCP publisher (bound on ``connect_ip``) for the
     others.  Without remote readers ``enqueue``/``dequeue`` are the
     shared-memory queue's own (compiled) methods.
+
+    The exported handle is a credential.  With remote readers it carries the
+    queue's secret (``QueueHandle.authkey``, random per queue): a process
+    that connects to the writer's address is admitted as a reader only after
+    proving it holds that secret (an HMAC challenge-response, both ways, so
+    a reader never decodes anything from a peer posing as the writer), and
+    anyone holding the handle can read every message.  Send the handle only
+    over a trusted channel (the process group that starts the readers, a
+    pipe, a file only its user can read), never over the network in clear.
+    Shared-memory readers need no secret: the segments are readable by this
+    user alone (mode 0600).
     """
 
     def __init__(self, n_readers, max_chunk_bytes=_broadcast.DEFAULT_MAX_CHUNK_BYTES,
@@ -65,7 +79,8 @@ class MessageQueue:
             self._shm = _ShmQueue(len(local_reader_ranks), max_chunk_bytes, max_chunks, **shm_options)
         try:
             if n_remote:
-                self._net = mq_network.NetworkPublisher(n_remote, connect_ip or _node_ip())
+                self._net = mq_network.NetworkPublisher(n_remote, connect_ip or _node_ip(),
+                                                        mq_network.new_authkey())
         except BaseException:
             self.close()
             raise
@@ -84,14 +99,17 @@ class MessageQueue:
     # ------------------------------------------------------------ handles
 
     def export_handle(self):
-        """A picklable handle for ``attach``/``create_from_handle``."""
+        """A picklable handle for ``attach``/``create_from_handle``; with
+        remote readers it holds the queue's secret: send it only over a
+        trusted channel."""
         if not self.is_writer:
             raise ValueError("export_handle() is the writer's: a reader has nothing to share")
         if self._net is None and self._local_ranks == list(range(len(self._local_ranks))):
             return self._shm.export_handle()  # the plain shared-memory handle
         return QueueHandle(None if self._shm is None else self._shm.export_handle(),
                            list(self._local_ranks),
-                           None if self._net is None else self._net.address)
+                           None if self._net is None else self._net.address,
+                           None if self._net is None else self._net.authkey)
 
     @classmethod
     def attach(cls, handle, reader_rank):
@@ -110,7 +128,7 @@ class MessageQueue:
         if handle.remote_address is None:
             raise ValueError(f"rank {rank} is not a reader of this queue "
                              f"(local readers: {handle.local_reader_ranks}, no remote readers)")
-        net = mq_network.NetworkReader(handle.remote_address, rank, connect_timeout)
+        net = mq_network.NetworkReader(handle.remote_address, rank, handle.authkey, connect_timeout)
         return cls._wrap(net=net, rank=rank, n_readers=None)
 
     @classmethod

@@ -3,16 +3,34 @@
 Shared memory reaches only the processes of one machine.  A reader whose
 handle says "remote" gets the writer's messages over one TCP connection
 instead, as vLLM's queue does for readers on other nodes: the writer listens
-on the address it is given, each remote reader connects and says its rank,
-and every message is written to every connection as one frame::
+on the address it is given, each remote reader connects, proves it holds the
+queue's secret and says its rank, and every message is written to every
+connection as one frame::
 
     u8 kind (DATA, READY, CLOSED) | u64 length | codec frame (msgpack)
+
+Authentication.  Anyone who can reach the address can connect, and frames
+may hold pickles, so both ends prove they hold the queue's 32-byte secret
+(``authkey``, carried in the exported handle) before anything is decoded,
+with HMACs of random nonces as ``multiprocessing.connection``'s authkey
+does.  The reader speaks first, as it connects (so that a writer and its
+readers may call ``wait_until_ready`` in any order, even from one thread):
+``MAGIC | rank | reader nonce | HMAC-SHA256(authkey, "reader" | MAGIC |
+rank | reader nonce)``.  The writer admits it (and only then gives it the
+rank) when the MAC matches and the nonce is new to this queue (a recorded
+hello replayed is refused), and answers ``HMAC-SHA256(authkey, "writer" |
+reader nonce)``, which the reader checks before it decodes a frame.  A peer
+that fails is dropped: it takes no rank, and the real reader still connects
+after it.
 
 TCP's own flow control is the back-pressure (a slow reader's full socket
 buffer blocks the writer).  A connection that ends without the CLOSED frame
 means the other end died: ``PeerDiedError``; after CLOSED, the reader gets
 ``ChannelClosedError`` once it has read everything before it.
 """
+import hashlib
+import hmac
+import os
 import selectors
 import socket
 import struct
@@ -20,6 +38,7 @@ import time
 
 from ray_lite._fast import codec
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
+from ray_lite.exceptions import AuthenticationError
 
 __all__ = ["NetworkPublisher", "NetworkReader", "CANCELLED_MESSAGE"]
 
@@ -27,7 +46,14 @@ DATA = 0
 READY = 1
 CLOSED = 2
 _HEADER = struct.Struct("<BQ")
-_HELLO = struct.Struct("<q")  # the reader's rank, sent once after connecting
+_HELLO = struct.Struct("<q")  # the reader's rank, in its hello
+_MAGIC = b"rlmq\x00\x01\x00\x00"
+_NONCE_BYTES = 32
+_MAC_BYTES = hashlib.sha256().digest_size
+_HELLO_BYTES = len(_MAGIC) + _HELLO.size + _NONCE_BYTES + _MAC_BYTES
+#: How long the writer waits for one connecting peer's hello: a peer that
+#: connects and says nothing must not hold the door for the real readers.
+HANDSHAKE_TIMEOUT_S = 10.0
 _RECV_BYTES = 1 << 20
 # A reader waiting with a ``cancel`` event looks at it this often.
 _CANCEL_SLICE_S = 0.05
@@ -42,11 +68,23 @@ def _deadline(timeout):
     return None if timeout is None else time.monotonic() + timeout
 
 
-class NetworkPublisher:
-    """The writer's end: listens on ``(host, 0)`` for ``n_readers`` readers."""
+def new_authkey():
+    """A queue's secret: what a remote reader must hold to be admitted."""
+    return os.urandom(32)
 
-    def __init__(self, n_readers, host):
+
+def _mac(authkey, role, *parts):
+    return hmac.new(authkey, role + b"".join(parts), hashlib.sha256).digest()
+
+
+class NetworkPublisher:
+    """The writer's end: listens on ``(host, 0)`` for ``n_readers`` readers
+    that hold ``authkey``."""
+
+    def __init__(self, n_readers, host, authkey):
         self.n_readers = n_readers
+        self.authkey = authkey
+        self._nonces_seen = set()
         self._listener = socket.create_server((host, 0))
         self.address = (host, self._listener.getsockname()[1])
         self._conns = {}  # reader rank -> connected socket
@@ -68,11 +106,14 @@ class NetworkPublisher:
                                    f"not connect within {timeout} s") from None
             conn.setblocking(True)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(_remaining(deadline))
+            left = _remaining(deadline)
+            conn.settimeout(HANDSHAKE_TIMEOUT_S if left is None else min(left, HANDSHAKE_TIMEOUT_S))
             try:
-                rank = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))[0]
-            except (OSError, ConnectionError):
-                conn.close()  # a reader that died while connecting
+                rank = self._admit(conn)
+            except OSError:
+                rank = None     # a reader that died while connecting, or a silent peer
+            if rank is None:
+                conn.close()
                 continue
             conn.settimeout(None)
             old = self._conns.pop(rank, None)
@@ -81,6 +122,19 @@ class NetworkPublisher:
             self._conns[rank] = conn
             self._send_all(_HEADER.pack(READY, 0), (conn,))
         self._listener.close()
+
+    def _admit(self, conn):
+        """The rank of the peer on ``conn`` once it proved it holds the
+        authkey (and was sent the writer's proof); None when it did not."""
+        hello = _recv_exactly(conn, _HELLO_BYTES)
+        signed, mac = hello[:-_MAC_BYTES], hello[-_MAC_BYTES:]
+        nonce = signed[len(_MAGIC) + _HELLO.size:]
+        if not hmac.compare_digest(mac, _mac(self.authkey, b"reader", signed)) \
+                or nonce in self._nonces_seen:
+            return None
+        self._nonces_seen.add(nonce)
+        conn.sendall(_mac(self.authkey, b"writer", nonce))
+        return _HELLO.unpack_from(signed, len(_MAGIC))[0]
 
     def publish(self, obj, timeout=None):
         """Send ``obj`` to every remote reader (connecting them first if needed)."""
@@ -114,13 +168,24 @@ class NetworkPublisher:
 
 
 class NetworkReader:
-    """A remote reader's end: one connection to the writer's publisher."""
+    """A remote reader's end: one connection to the writer's publisher.
 
-    def __init__(self, address, rank, timeout=60.0):
+    The handshake runs as the writer's bytes arrive (the writer answers only
+    in its ``wait_until_ready``); until the writer has proved it holds
+    ``authkey`` no frame is decoded, and a wrong proof raises
+    ``AuthenticationError``."""
+
+    def __init__(self, address, rank, authkey, timeout=60.0):
+        if not authkey:
+            raise ValueError("a remote reader needs the queue's authkey (from export_handle())")
         self.rank = rank
+        self._authkey = authkey
+        self._nonce = os.urandom(_NONCE_BYTES)
+        self._authenticated = False
         self._sock = socket.create_connection(tuple(address), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.sendall(_HELLO.pack(rank))
+        signed = _MAGIC + _HELLO.pack(rank) + self._nonce
+        self._sock.sendall(signed + _mac(authkey, b"reader", signed))
         self._sock.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
@@ -144,9 +209,27 @@ class NetworkReader:
             if kind == READY:
                 self._ready = True
 
+    def _handshake(self):
+        """True once the writer's proof has arrived and is right
+        (``AuthenticationError`` when the peer is not the queue's writer)."""
+        buf = self._buf
+        if len(buf) < _MAC_BYTES:
+            return False
+        proof = bytes(buf[:_MAC_BYTES])
+        del buf[:_MAC_BYTES]
+        if not hmac.compare_digest(proof, _mac(self._authkey, b"writer", self._nonce)):
+            self._fail("the peer at the queue's address does not hold the queue's authkey")
+        self._authenticated = True
+        return True
+
+    def _fail(self, why):
+        self._buf.clear()
+        self.close()
+        raise AuthenticationError(f"{why}: refused (nothing it sent was decoded)")
+
     def _next_frame(self, deadline, cancel, timeout):
         while True:
-            frame = self._take_frame()
+            frame = self._take_frame() if self._authenticated or self._handshake() else None
             if frame is not None:
                 if frame[0] == CLOSED:
                     self._writer_closed = True
