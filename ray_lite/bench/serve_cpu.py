@@ -61,7 +61,7 @@ PROXY_STAGES = (
     ("ring receive (drain, re-arm)", ("_LoopBridge.on_readable", "DrivingMixin._drain",
                                       "_LoopBridge._rearm", "_LoopBridge._drain_and_arm",
                                       "Link.recv_all", "Link.disarm", "Link.arm",
-                                      "ObjectsMixin._on_result", "_Entry.set_value")),
+                                      "Node._on_result", "_Entry.set_value")),
     ("reply (peek, release)", ("ProxyActor._on_reply", "ProxyActor.release", "peek",
                                "ProxyActor._pump")),
     ("socket write", ("HttpConnection.respond", "HttpConnection.next")),

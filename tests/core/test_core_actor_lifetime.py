@@ -333,7 +333,7 @@ def test_a_pinned_handle_is_kept_once_however_many_blobs_carry_it(rt):
     for _ in range(3):
         with pinning_refs():
             cloudpickle.dumps(lambda: a)
-    assert list(rt.pinned_refs) == [a._lease._id]
+    assert list(rt.objects.pinned_refs) == [a._lease._id]
 
 
 def test_a_handle_inside_a_put_object_keeps_the_actor(rt):

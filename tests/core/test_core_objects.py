@@ -99,15 +99,15 @@ class Holder:
         r = gated.remote(gate, 1)
         assert ray.get(count_refs.remote([r])) == 1
         node = state.node
-        released = node.wait_until(lambda: r._id not in node.exported, T)
-        return released, r._id in node.exported
+        released = node.wait_until(lambda: r._id not in node.objects.exported, T)
+        return released, r._id in node.objects.exported
 
 
 def _objects_lent(node):
     """The ids of our objects that other processes hold a share of (actors'
     leases, held by the handles we passed, aside)."""
     from ray_lite._private.actors.lease import _ActorLease
-    return {oid for oid, rec in node.exported.items() if type(rec[0]) is not _ActorLease}
+    return {oid for oid, rec in node.objects.exported.items() if type(rec[0]) is not _ActorLease}
 
 
 def _drained(node):
@@ -228,7 +228,7 @@ def test_objects_are_freed_with_their_last_ref(rt):
     del r, t
     gc.collect()
     assert all(e() is None for e in entries)
-    assert node.object_table_size() == 0
+    assert node.objects.object_table_size() == 0
 
 
 @pytest.mark.local_only
@@ -242,7 +242,7 @@ def test_memory_stays_flat_over_a_long_put_get_loop(rt):
         assert ray.get(identity.remote(ref), timeout=T)["i"] == i
     del ref
     gc.collect()
-    assert node.object_table_size() == 0
+    assert node.objects.object_table_size() == 0
     # Nothing accumulates per iteration (a few hundred objects of slack for
     # caches that warm up, against 3000 iterations x several objects each).
     assert len(gc.get_objects()) - baseline < 500
@@ -296,18 +296,18 @@ def test_a_borrower_killed_after_passing_refs_on_gives_back_only_what_it_kept(rt
     assert ray.get(first.keep.remote(refs), timeout=T) == 2
     assert ray.get(first.pass_kept_to.remote(second), timeout=T) == 2
     peer = first._info.actor_id
-    assert peer in node.holders             # it reported what it received
+    assert peer in node.objects.holders             # it reported what it received
     os.kill(ray.get(first.pid.remote(), timeout=T), signal.SIGKILL)
     with pytest.raises(RayActorError):
         ray.get(first.pid.remote(), timeout=T)
     # Its death handled (what it held taken back), the second holder's
     # share still keeps the objects lent.
-    assert node.wait_until(lambda: peer not in node.holders, T)
+    assert node.wait_until(lambda: peer not in node.objects.holders, T)
     assert _objects_lent(node) == {r._id for r in refs}
-    assert all(w > 0 for held in node.holders.values() for w in held.values())
+    assert all(w > 0 for held in node.objects.holders.values() for w in held.values())
     assert ray.get(second.drop.remote(), timeout=T)
     assert _drained(node), f"still lent: {_objects_lent(node)}"
-    assert not {oid for held in node.holders.values() for oid in held} & {r._id for r in refs}
+    assert not {oid for held in node.objects.holders.values() for oid in held} & {r._id for r in refs}
 
 
 @pytest.mark.local_only

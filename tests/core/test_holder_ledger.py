@@ -1,27 +1,25 @@
-"""The owner's ledger of what each borrower holds (``ObjectsMixin.holders``),
+"""The owner's ledger of what each borrower holds (``Objects.holders``),
 driven by the borrowers' ``HolderWeight`` reports, and what a borrower's
 death takes back.  No processes: the reports are fed in as they arrive."""
-import threading
 from fractions import Fraction
 
 import pytest
 
 from ray_lite._private.links import protocol as P
 from ray_lite._private.objects.entries import HolderWeight, _Entry
-from ray_lite._private.objects.ownership import ObjectsMixin
+from ray_lite._private.objects.ownership import Objects
 
 HELD, PASSED_ON, GIVEN_BACK = HolderWeight.HELD, HolderWeight.PASSED_ON, HolderWeight.GIVEN_BACK
 OID = 7
 
 
-class Owner(ObjectsMixin):
+class Owner(Objects):
+    """The objects part standing in for its node too (``id``, ``send``)."""
+
     def __init__(self):
+        super().__init__(self)
         self.id = 0
-        self.exported = {}
-        self.holders = {}
-        self.relayed_holders = {}
         self.dead_peers = {}
-        self._export_lock = threading.Lock()
         self.sent = []
 
     def lend_out(self, count):
@@ -29,7 +27,7 @@ class Owner(ObjectsMixin):
 
     def report(self, holder, kind, w):
         w = Fraction(w)
-        self._on_release(holder, (P.RELEASE, [(OID, w.numerator, w.denominator, holder, kind)]))
+        self.on_release(holder, (P.RELEASE, [(OID, w.numerator, w.denominator, holder, kind)]))
 
     def count(self):
         rec = self.exported.get(OID)
@@ -96,7 +94,7 @@ def test_a_report_of_an_object_no_longer_lent_is_not_kept():
 def test_the_driver_relays_reports_and_then_the_death():
     driver = Owner()
     batch = [(OID, 1, 1, 5, HELD)]
-    driver._on_release(5, (P.RELEASE, batch, 3))        # borrower 5, owner 3
+    driver.on_release(5, (P.RELEASE, batch, 3))        # borrower 5, owner 3
     assert driver.sent == [(3, (P.RELEASE, batch))]
     driver.tell_owners_holder_died(5)
     assert driver.sent[-1] == (3, (P.RELEASE, [(P.HOLDER_DIED, 5)]))
@@ -104,6 +102,6 @@ def test_the_driver_relays_reports_and_then_the_death():
     # The owner, told so, takes back what the borrower held.
     owner = Owner()
     owner.lend_out(1)
-    owner._on_release(0, driver.sent[0][1])
-    owner._on_release(0, driver.sent[1][1])
+    owner.on_release(0, driver.sent[0][1])
+    owner.on_release(0, driver.sent[1][1])
     assert owner.count() is None and not owner.holders

@@ -295,7 +295,7 @@ def test_a_reader_killed_after_passing_an_object_on_leaves_it_to_the_next_reader
     os.kill(ray.get(b.pid.remote()), signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(b.ping.remote(), timeout=60)
-    assert rt.wait_until(lambda: peer not in rt.holders, 60)    # its death handled
+    assert rt.wait_until(lambda: peer not in rt.objects.holders, 60)    # its death handled
     del ref
     gc.collect()
     # c's share keeps the object: c can still pass it on (to describe).

@@ -158,7 +158,7 @@ def give_back_borrowed():
     node = state.node
     if node is not None and not node.closed:
         try:
-            node.give_back_borrowed()
+            node.objects.give_back_borrowed()
         except Exception:   # noqa: BLE001 - ending anyway; the owners keep the objects
             pass
 

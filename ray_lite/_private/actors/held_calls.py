@@ -25,12 +25,12 @@ class HeldCallsMixin:
         ready (its value asked for from its owner), or None."""
         for a in msg[3]:
             if type(a) is ObjectRef and not a._e.ready:
-                self.ensure_fetch(a)
+                self.objects.ensure_fetch(a)
                 return a._e
         if msg[4]:
             for a in msg[4].values():
                 if type(a) is ObjectRef and not a._e.ready:
-                    self.ensure_fetch(a)
+                    self.objects.ensure_fetch(a)
                     return a._e
         return None
 

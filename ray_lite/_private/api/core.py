@@ -159,12 +159,13 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             # Ray's anonymous namespace: the job's own, a fresh UUID.
             namespace = str(uuid.uuid4())
         capacity = object_store.check_capacity(object_store_memory)
+        spilling = object_store.spilling_enabled(kwargs.get("_system_config"))
         object_store.cleanup_stale_spill_dirs()
         from ..node.driver import DriverNode
         node = DriverNode(num_cpus, namespace, resources, job.env_vars, job.for_workers)
         node.job = job.record()
         try:
-            object_store.configure(node, capacity)
+            object_store.configure(node, capacity, spilling)
         except BaseException:
             node.shutdown()
             raise
@@ -292,7 +293,7 @@ def _check_ref(r):
 def _wait_entries(node, refs, entries, timeout):
     for r in refs:
         if not r._e.ready:
-            node.ensure_fetch(r)
+            node.objects.ensure_fetch(r)
     n = len(entries)
     pos = [0]
     failures_seen = [None]
@@ -475,7 +476,7 @@ def wait(object_refs, *, num_returns=1, timeout=None, fetch_local=True):
         node = state.get_node()
         for r in refs:
             if type(r) is ObjectRef and not r._e.ready:
-                node.ensure_fetch(r)
+                node.objects.ensure_fetch(r)
         node.block_begin()      # a pool worker lends its CPU slot while it waits
         try:
             node.wait_until(enough, timeout)

@@ -136,7 +136,7 @@ class DrivingMixin:
         if e.ready:
             return True
         if ref._owner != self.id:
-            self.ensure_fetch(ref)
+            self.objects.ensure_fetch(ref)
         lends = self.lends_slot
         if lends:
             self.block_begin()

@@ -36,7 +36,7 @@ class LoopBridges:
             return
         bridge = self.for_running_loop()
         node = self.node
-        node.ensure_fetch(ref)
+        node.objects.ensure_fetch(ref)
         fut = bridge.loop.create_future()
         e.add_callback(lambda _e: bridge.waker(fut)())
         # A thread driving the links may have filled it meanwhile.

@@ -132,7 +132,7 @@ def _list_objects(driver, peer):
         for i in range(n):
             out.append(_object_row(driver, oid + i, "PENDING_OBJECT_CREATION"))
     from ..actors.lease import _ActorLease
-    for oid, rec in list(driver.exported.items()):
+    for oid, rec in list(driver.objects.exported.items()):
         if type(rec[0]) is not _ActorLease:     # what keeps an actor: not a user's object
             out.append(_object_row(driver, oid, "FINISHED"))
     return out

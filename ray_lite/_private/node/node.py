@@ -5,23 +5,25 @@
   links/drive.py         the drive lock, the wait loop and the drain of every link
   links/service.py       ``node.service``: the driver's service thread (serves the
                          links while no one waits), an object the node holds
-  objects/ownership.py   results, refs lent and borrowed, fetching values from their owners
+  objects/ownership.py   ``node.objects``: refs lent and borrowed, fetching values from
+                         their owners, an object the node holds
   objects/streams.py     ``node.streams``: the streams this process owns (items,
                          back-pressure, ends), an object the node holds
   links/loop_bridge.py   ``node.bridges``: waiting from asyncio (a loop drives the
                          links through descriptors), an object the node holds
 
-The drive loop and objects are mixins sharing the node's ``self``: the
-compiled pool book and task runner read their fields on the node itself.  This module keeps what ties them: ids, links, peer death,
-requests to the driver, and ``handlers``, the table from a message's tag to
-its handler.  The messages are listed in ``links/protocol.py``, their
+The drive loop is a mixin sharing the node's ``self``: the compiled pool book
+and task runner read its fields (the drive lock, the sleepers) on the node
+itself.  This module keeps what ties the parts: ids, links, the results
+expected from each peer (``pending``, ``inflight``: the pool book and task
+runner read them on the node) and ``RESULT``, peer death, requests to the
+driver, and ``handlers``, the table from a message's tag to its handler.  The messages are listed in ``links/protocol.py``, their
 handlers in ``docs/architecture.md``.
 """
 import itertools
 import os
 import threading
 import time
-import weakref
 
 from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedError
 
@@ -33,7 +35,8 @@ from ..links.loop_bridge import LoopBridges
 from ..links.service import ServiceThread
 from ..links.transport import LinkClosed
 from ..objects import object_store
-from ..objects.ownership import ObjectsMixin
+from ..objects.ownership import Objects
+from ..objects.refs import LoadedValue, adopt_stored, loaded
 from ..objects.streams import Streams
 from ..process.interrupts import sleep_point
 from ..process.procutil import open_sentinel
@@ -41,7 +44,7 @@ from ..process.procutil import open_sentinel
 _OID_SHIFT = 40
 
 
-class Node(DrivingMixin, ObjectsMixin):
+class Node(DrivingMixin):
     def __init__(self, node_id, driver_pid, shm_prefix):
         self.id = node_id
         self.driver_pid = driver_pid
@@ -53,19 +56,11 @@ class Node(DrivingMixin, ObjectsMixin):
         self.death_causes = {}   # actor id -> the text of the error its death gives
         self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
-        self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
-        self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
-        self.relayed_holders = {}   # peer -> owners its HolderWeights were relayed to
-        self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
-        self.fetching = {}       # oid -> [entries] borrowed objects being fetched
-        self.fetch_requested = set()
         self.rpc_replies = {}    # req id -> (ok, payload)
         self._deferred = []      # streams and actors dropped in __del__ (see _run_deferred)
-        self.pinned_refs = {}    # oid -> ref, in blobs loaded more than once (refs.pinning_refs)
-        self._releases = []      # (owner, oid, weight) to give back
+        self._releases = []      # (owner, oid, weight) to give back (objects.send_releases)
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
         self._drain_list = ((), ())
-        self._export_lock = threading.Lock()
         self._seq = itertools.count(1)
         self._oid_base = node_id << _OID_SHIFT
         self._rpc_seq = itertools.count(1)
@@ -77,6 +72,10 @@ class Node(DrivingMixin, ObjectsMixin):
         self._fds_touched = False
         self.service = ServiceThread(self)   # started by the driver only
         self.streams = Streams(self)         # the streams this process owns
+        self.objects = Objects(self)         # objects lent, borrowed and fetched
+        # Called by the task runner after every task that left weights to
+        # give back, and by the drain: bound once here.
+        self._send_releases = self.objects.send_releases
         self.bridges = LoopBridges(self)     # one bridge per asyncio loop that waits
         # The bridges' table, also on the node itself: the task runner looks
         # at it after every task (a typed field of the compiled runner).
@@ -92,8 +91,9 @@ class Node(DrivingMixin, ObjectsMixin):
         self.single_waiter = False
         # tag -> bound handler (see protocol.py); subclasses add theirs.
         self.handlers = {
-            P.RESULT: self._on_result, P.FETCH: self._on_fetch, P.FETCHED: self._on_fetched,
-            P.RELEASE: self._on_release, P.ITEM: self.streams.on_item,
+            P.RESULT: self._on_result, P.FETCH: self.objects.on_fetch,
+            P.FETCHED: self.objects.on_fetched, P.RELEASE: self.objects.on_release,
+            P.ITEM: self.streams.on_item,
             P.END: self.streams.on_end, P.ACK: self.streams.on_ack,
             P.ATTACH: self._on_attach, P.REPLY: self._on_rpc_reply,
         }
@@ -107,6 +107,48 @@ class Node(DrivingMixin, ObjectsMixin):
         for _ in range(n - 1):
             self.new_oid()
         return first
+
+    # ----------------------------------------------------- results expected
+    def expect(self, peer, oid, entry, kind):
+        """Record that ``peer`` will answer ``oid`` (for failure on its death)."""
+        self.pending[oid] = entry
+        self.inflight.setdefault(peer, {})[oid] = kind
+
+    def _on_result(self, peer, msg):
+        _, oid, ok, payload = msg
+        if not ok and self.exc_retries and self.retry_on_exception(oid, payload):
+            return      # sent again (retry_exceptions of an actor's method)
+        mapped = None
+        if type(payload) is LoadedValue:
+            ok, payload, mapped = loaded(ok, payload)
+        fl = self.inflight.get(peer)
+        if fl is not None:
+            fl.pop(oid, None)
+        target = self.pending.pop(oid, None)
+        if target is None:
+            return
+        if mapped is not None:
+            adopt_stored(target, mapped)
+        if type(target) is list:
+            if ok:
+                for e, v in zip(target, payload):
+                    if type(v) is P.FailedReturn:     # a generator stopped early
+                        e.set_error(v.error)
+                    else:
+                        e.set_value(v)
+            else:
+                for e in target:
+                    e.set_error(payload)
+        elif ok:
+            # target.set_value(payload), inline: every call's result comes here.
+            if not target.ready:
+                target.value = payload
+                target.ready = True
+                if target.callbacks:
+                    target._fire()
+        else:
+            target.set_error(payload)
+
 
     # --------------------------------------------------------------- links
     def add_link(self, peer, link, pid):
@@ -237,16 +279,17 @@ class Node(DrivingMixin, ObjectsMixin):
         if pid and self.id == 0:
             # Its stored objects are lost (readers keep what they mapped).
             object_store.release_dead_owner(self, pid)
-        if self.holders:
-            self.release_dead_holder(peer)
-        if self.relayed_holders:
-            self.tell_owners_holder_died(peer)
+        objects = self.objects
+        if objects.holders:
+            objects.release_dead_holder(peer)
+        if objects.relayed_holders:
+            objects.tell_owners_holder_died(peer)
         for oid, k in list(self.inflight.pop(peer, {}).items()):
             err = self.death_error(peer, kind if k != P.FETCH_OBJECT else P.FETCH_OBJECT)
             if k == P.STREAM:
                 self.streams.fail_owned(oid, err)
             elif k == P.FETCH_OBJECT:
-                self._fail_fetch(oid, err)
+                objects.fail_fetch(oid, err)
             else:
                 target = self.pending.pop(oid, None)
                 if type(target) is list:

@@ -260,7 +260,7 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         if self._releases:
             # The shares of refs the call's arguments brought are reported
             # before its code runs: should it crash the process, their
-            # owners take them back (ObjectsMixin.release_dead_holder).
+            # owners take them back (Objects.release_dead_holder).
             self._send_releases()
         self.live.add(msg[1])
         if self.loop is not None:

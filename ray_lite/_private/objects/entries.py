@@ -135,7 +135,7 @@ class _BorrowedEntry(_Entry):
 
 class HolderWeight:
     """A change of the weight a borrower holds, reported to the owner
-    (``ObjectsMixin._on_holder_report``), so that the owner can take back
+    (``Objects._on_holder_report``), so that the owner can take back
     itself what a borrower held when it died: ``HELD`` "I received it",
     ``PASSED_ON`` "I passed it on to another process" (the receiver reports
     it as ``HELD``), ``GIVEN_BACK`` "I give it back" (the owner's count goes
@@ -158,7 +158,7 @@ def _give_weight_back(entry):
         node = entry.node
         if node is not None and not node.closed:
             # Only queued: __del__ may run inside a send or a drain.
-            node.release_later(entry.owner, entry.oid,
+            node.objects.release_later(entry.owner, entry.oid,
                                HolderWeight(w, HolderWeight.GIVEN_BACK))
 
 

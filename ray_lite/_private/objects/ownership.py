@@ -10,7 +10,18 @@ reports to the owner what it received and what it passed on
 borrower, what it holds now (``holders``): when the borrower dies, the owner
 takes that back itself (``release_dead_holder``), as Ray's owner drops a
 dead borrower's references.
+
+``Objects`` is a part every node holds (``node.objects``): it owns what this
+process lends and borrows (``exported``, ``holders``, ``borrowed``, the
+fetches) and handles ``FETCH``, ``FETCHED`` and ``RELEASE``.  The results a
+process expects (``pending``, ``inflight``) and ``RESULT`` are the node's
+own (``node.py``): the compiled pool book and task runner read them there.
+The weights to give back wait in the node's ``_releases`` (read by the task
+runner after every task) until a drain sends them (``send_releases``).
 """
+import threading
+import weakref
+
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
@@ -18,63 +29,34 @@ from ..links import protocol as P
 from ..links.transport import LinkClosed
 from .entries import HolderWeight
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
-                   adopt_stored, error_entry, loaded, map_stored,
-                   stored_form)
+                   error_entry, loaded, map_stored, stored_form)
 
 # Weights are fractions once a borrower passes a ref on; fractions imports
 # decimal, which a process that never does is spared.
 fractions = lazy_module("fractions", globals())
 
 
-class ObjectsMixin:
-    """Results expected, objects lent and borrowed (part of ``Node``)."""
+class Objects:
+    """Objects lent and borrowed, fetched from their owners (a part of ``Node``,
+    ``node.objects``)."""
 
-    def expect(self, peer, oid, entry, kind):
-        """Record that ``peer`` will answer ``oid`` (for failure on its death)."""
-        self.pending[oid] = entry
-        self.inflight.setdefault(peer, {})[oid] = kind
-
-    def _on_result(self, peer, msg):
-        _, oid, ok, payload = msg
-        if not ok and self.exc_retries and self.retry_on_exception(oid, payload):
-            return      # sent again (retry_exceptions of an actor's method)
-        mapped = None
-        if type(payload) is LoadedValue:
-            ok, payload, mapped = loaded(ok, payload)
-        fl = self.inflight.get(peer)
-        if fl is not None:
-            fl.pop(oid, None)
-        target = self.pending.pop(oid, None)
-        if target is None:
-            return
-        if mapped is not None:
-            adopt_stored(target, mapped)
-        if type(target) is list:
-            if ok:
-                for e, v in zip(target, payload):
-                    if type(v) is P.FailedReturn:     # a generator stopped early
-                        e.set_error(v.error)
-                    else:
-                        e.set_value(v)
-            else:
-                for e in target:
-                    e.set_error(payload)
-        elif ok:
-            # target.set_value(payload), inline: every call's result comes here.
-            if not target.ready:
-                target.value = payload
-                target.ready = True
-                if target.callbacks:
-                    target._fire()
-        else:
-            target.set_error(payload)
+    def __init__(self, node):
+        self.node = node
+        self.exported = {}       # oid -> [_Entry, weight lent out] owned here, held elsewhere
+        self.holders = {}        # peer -> {oid: weight} what it reported holding of ours
+        self.relayed_holders = {}   # peer -> owners its HolderWeights were relayed to
+        self.borrowed = weakref.WeakValueDictionary()   # oid -> _BorrowedEntry
+        self.fetching = {}       # oid -> [entries] borrowed objects being fetched
+        self.fetch_requested = set()
+        self.pinned_refs = {}    # oid -> ref, in blobs loaded more than once (refs.pinning_refs)
+        self._export_lock = threading.Lock()
 
     def lend(self, ref):
         """The weight to send with ``ref`` (unready) serialised for another process."""
         e = ref._e
         oid = ref._id
         with self._export_lock:
-            if ref._owner == self.id:
+            if ref._owner == self.node.id:
                 rec = self.exported.get(oid)
                 if rec is None:
                     self.exported[oid] = [e, 1]
@@ -90,21 +72,23 @@ class ObjectsMixin:
             e.weight = w - half
             # The receiver will report it HELD; if this process dies first,
             # the owner must not count it among what it takes back.
-            self._releases.append((ref._owner, oid, HolderWeight(half, HolderWeight.PASSED_ON)))
+            self.node._releases.append(
+                (ref._owner, oid, HolderWeight(half, HolderWeight.PASSED_ON)))
             return (half.numerator, half.denominator)
 
     def lookup_owned(self, oid):
         rec = self.exported.get(oid)
         if rec is not None:
             return rec[0]
-        e = self.pending.get(oid)
+        e = self.node.pending.get(oid)
         if type(e) is list:
             e = None
         return e
 
     def receive_ref(self, oid, owner, weight):
         """The entry for a ref (not ready when sent) that arrived from another process."""
-        if owner == self.id:
+        node = self.node
+        if owner == node.id:
             e = self.lookup_owned(oid)
             if weight is not None:
                 self._give_back(oid, weight)   # the weight came home
@@ -115,8 +99,8 @@ class ObjectsMixin:
         with self._export_lock:
             e = self.borrowed.get(oid)
             if e is None:
-                e = _BorrowedEntry(oid, owner, self)
-                if owner in self.dead_peers:
+                e = _BorrowedEntry(oid, owner, node)
+                if owner in node.dead_peers:
                     e.set_error(OwnerDiedError(f"the owner of object {oid:x} died", oid))
                 self.borrowed[oid] = e
             if weight is not None:
@@ -126,7 +110,7 @@ class ObjectsMixin:
                     w = weight if type(weight) is int else fractions.Fraction(*weight)
                     e.weight = e.weight + w if e.weight else w
                     # The owner takes it back itself should this process die.
-                    self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
+                    node._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
         return e
 
     def receive_stored(self, oid, owner, desc, weight):
@@ -136,12 +120,13 @@ class ObjectsMixin:
         the entry dies: the owner must keep the name while this process may
         still pass the ref on).
         """
-        if owner == self.id:
+        node = self.node
+        if owner == node.id:
             return self.receive_ref(oid, owner, weight)
         with self._export_lock:
             e = self.borrowed.get(oid)
             if type(e) is not _MappedEntry:
-                e = map_stored(oid, owner, desc, self)
+                e = map_stored(oid, owner, desc, node)
                 if type(e) is not _MappedEntry:
                     if weight is not None:
                         self.release_later(owner, oid, weight)
@@ -151,7 +136,7 @@ class ObjectsMixin:
                 w = weight if type(weight) is int else fractions.Fraction(*weight)
                 e.weight = e.weight + w if e.weight else w
                 # The owner takes it back itself should this process die.
-                self._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
+                node._releases.append((owner, oid, HolderWeight(w, HolderWeight.HELD)))
         return e
 
     def _on_holder_report(self, oid, num, den, holder, kind):
@@ -211,12 +196,12 @@ class ObjectsMixin:
             if w:
                 e.weight = 0
                 self.release_later(e.owner, e.oid, HolderWeight(w, HolderWeight.GIVEN_BACK))
-        if self._releases:
-            self._send_releases()
+        if self.node._releases:
+            self.send_releases()
 
     def release_later(self, owner, oid, weight):
         """Give ``weight`` back to ``owner`` at the next drain (safe from __del__)."""
-        self._releases.append((owner, oid, weight))
+        self.node._releases.append((owner, oid, weight))
 
     def _give_back(self, oid, weight):
         if type(weight) is int:
@@ -232,12 +217,12 @@ class ObjectsMixin:
                 if rec[1] <= 0:
                     del self.exported[oid]
 
-    def _on_release(self, peer, msg):
-        if len(msg) > 2 and msg[2] != self.id:
+    def on_release(self, peer, msg):
+        if len(msg) > 2 and msg[2] != self.node.id:
             # Relayed by the driver for a borrower with no link to the owner;
             # the owner hears of that borrower's death from it too.
             owner = msg[2]
-            self.send(owner, P.release_msg(msg[1]))
+            self.node.send(owner, P.release_msg(msg[1]))
             if any(len(item) == 5 for item in msg[1]):
                 self.relayed_holders.setdefault(peer, set()).add(owner)
             return
@@ -254,18 +239,21 @@ class ObjectsMixin:
         """The owners whose borrower ``peer`` reported through this process
         (the driver's relay) have no link to it: they learn of its death here,
         after everything it reported (relayed in order before)."""
+        node = self.node
         for owner in self.relayed_holders.pop(peer, ()):
-            if owner not in self.dead_peers:
-                self.send(owner, P.release_msg([(P.HOLDER_DIED, peer)]))
+            if owner not in node.dead_peers:
+                node.send(owner, P.release_msg([(P.HOLDER_DIED, peer)]))
 
-    def _send_releases(self):
-        items, self._releases = self._releases, []
+    def send_releases(self):
+        """Send the weights given back since the last drain, one batch per owner."""
+        node = self.node
+        items, node._releases = node._releases, []
         by_owner = {}
         for owner, oid, w in items:
             if type(w) is HolderWeight:
                 f = fractions.Fraction(w.weight)
                 by_owner.setdefault(owner, []).append(
-                    (oid, f.numerator, f.denominator, self.id, w.kind))
+                    (oid, f.numerator, f.denominator, node.id, w.kind))
                 continue
             if type(w) is tuple:
                 num, den = w
@@ -274,25 +262,27 @@ class ObjectsMixin:
                 num, den = w.numerator, w.denominator
             by_owner.setdefault(owner, []).append((oid, num, den))
         for owner, batch in by_owner.items():
-            if owner == self.id:
+            if owner == node.id:
                 for item in batch:
                     if len(item) == 3 or item[4] == HolderWeight.GIVEN_BACK:
                         self._give_back(item[0], fractions.Fraction(item[1], item[2]))
-            elif owner in self.links:
-                self.send(owner, P.release_msg(batch))
-            elif self.id != 0 and owner not in self.dead_peers:
+            elif owner in node.links:
+                node.send(owner, P.release_msg(batch))
+            elif node.id != 0 and owner not in node.dead_peers:
                 # No link to the owner (we never fetched from it): the
                 # driver, linked to everyone, passes it on.
-                self.send(0, P.release_msg(batch, owner))
+                node.send(0, P.release_msg(batch, owner))
 
     def object_table_size(self):
         """How many objects this process keeps for others or waits for (for tests)."""
-        return len(self.exported) + len(self.pending) + len(self.fetching) + len(self.borrowed)
+        return (len(self.exported) + len(self.node.pending) + len(self.fetching)
+                + len(self.borrowed))
 
     def ensure_fetch(self, ref):
         """Ask the owner of a borrowed, unready ref for its value (once)."""
         e = ref._e
-        if e.ready or ref._owner == self.id:
+        node = self.node
+        if e.ready or ref._owner == node.id:
             return
         oid = ref._id
         if oid in self.fetch_requested:
@@ -302,48 +292,49 @@ class ObjectsMixin:
             lst.append(e)
         self.fetch_requested.add(oid)
         owner = ref._owner
-        if not self.connect(owner) or not self.send(owner, P.fetch_msg(oid)):
-            self._fail_fetch(oid, OwnerDiedError(f"the owner of object {oid:x} is gone", oid))
+        if not node.connect(owner) or not node.send(owner, P.fetch_msg(oid)):
+            self.fail_fetch(oid, OwnerDiedError(f"the owner of object {oid:x} is gone", oid))
             return
-        self.inflight.setdefault(owner, {})[oid] = P.FETCH_OBJECT
+        node.inflight.setdefault(owner, {})[oid] = P.FETCH_OBJECT
 
-    def _fail_fetch(self, oid, err):
+    def fail_fetch(self, oid, err):
         self.fetch_requested.discard(oid)
         for e in self.fetching.pop(oid, ()):
             if getattr(e, "weight", 0):
                 e.weight = 0     # the owner is gone: nobody to give it back to
             e.set_error(err)
 
-    def _on_fetch(self, peer, msg):
+    def on_fetch(self, peer, msg):
         oid = msg[1]
+        node = self.node
         e = self.lookup_owned(oid)
         if e is None:
-            self.send(peer, P.fetched_msg(oid, False, ObjectLostError(
+            node.send(peer, P.fetched_msg(oid, False, ObjectLostError(
                 f"object {oid:x} is not known to its owner (freed?)", oid)))
             return
 
         def answer(entry, peer=peer, oid=oid):
             if entry.error is None:
                 try:
-                    link = self.links.get(peer)
+                    link = node.links.get(peer)
                     if link is not None:
-                        stored = stored_form(ObjectRef(oid, self.id, entry))
+                        stored = stored_form(ObjectRef(oid, node.id, entry))
                         # A large value goes as its descriptor: the fetcher maps it.
                         value = entry.value if stored is None else StoredValue(
-                            ObjectRef(oid, self.id, entry))
+                            ObjectRef(oid, node.id, entry))
                         link.send(P.fetched_msg(oid, True, value))
                 except (LinkClosed, OSError):
                     pass
                 except Exception as exc:  # noqa: BLE001 - the value cannot be serialised
-                    self.send(peer, P.fetched_msg(oid, False, TypeError(
+                    node.send(peer, P.fetched_msg(oid, False, TypeError(
                         f"could not serialize object {oid:x}: {exc}")))
             else:
-                self.send(peer, P.fetched_msg(oid, False, entry.error))
+                node.send(peer, P.fetched_msg(oid, False, entry.error))
         e.add_callback(answer)
 
-    def _on_fetched(self, peer, msg):
+    def on_fetched(self, peer, msg):
         _, oid, ok, payload = msg
-        fl = self.inflight.get(peer)
+        fl = self.node.inflight.get(peer)
         if fl is not None:
             fl.pop(oid, None)
         self.fetch_requested.discard(oid)

@@ -165,9 +165,9 @@ class ObjectRef(metaclass=AlsoRay):
         if getattr(_local, "pinning", False):
             # In a blob that may be loaded any number of times (see
             # pinning_refs): no share to split, the object is kept here.
-            node.pinned_refs[self._id] = self     # once, however many blobs
+            node.objects.pinned_refs[self._id] = self     # once, however many blobs
             return None
-        return node.lend(self)
+        return node.objects.lend(self)
 
     def __await__(self):
         return _await_ref(self).__await__()
@@ -189,7 +189,7 @@ class ObjectRef(metaclass=AlsoRay):
             else:
                 fut.set_exception(raisable(e.error))
         node = state.get_node()
-        node.ensure_fetch(self)
+        node.objects.ensure_fetch(self)
         self._e.add_callback(done)
         return fut
 
@@ -201,14 +201,14 @@ def _rebuild_ref(object_id, owner, st, weight=None):
     node = state.node
     if node is None:
         return ObjectRef(object_id, owner, _Entry())
-    return ObjectRef(object_id, owner, node.receive_ref(object_id, owner, weight))
+    return ObjectRef(object_id, owner, node.objects.receive_ref(object_id, owner, weight))
 
 
 def _rebuild_stored_ref(object_id, owner, desc, weight):
     node = state.node
     if node is None:
         return ObjectRef(object_id, owner, map_stored(object_id, owner, desc, None))
-    return ObjectRef(object_id, owner, node.receive_stored(object_id, owner, desc, weight))
+    return ObjectRef(object_id, owner, node.objects.receive_stored(object_id, owner, desc, weight))
 
 
 async def _await_ref(ref):
