@@ -68,8 +68,12 @@ another user made it: ``shm.private_dir``) instead of shared memory,
 and read back by mapping that file (the kernel's page cache restores it on
 access, and may drop it again under pressure; nothing is pinned).  Unlike
 Ray, an object is spilled when it is stored, not moved out later.  When the
-spill directory's disk has no room either, ``ObjectStoreFullError`` says how
-many bytes were asked and are in use.  The spill directory goes at shutdown,
+spill directory's disk has no room either, or spilling is off
+(``init(_system_config={"automatic_object_spilling_enabled": False})``,
+Ray's switch), ``ObjectStoreFullError`` says how many bytes were asked and
+are in use.  The free segments kept for reuse (``SegmentPool``) count
+against the capacity too: what the runtime keeps in ``/dev/shm`` for its
+objects stays within it.  The spill directory goes at shutdown,
 a dead owner's files with it, and a killed driver's at the next start.
 """
 import ctypes
@@ -122,8 +126,23 @@ def check_capacity(capacity):
     return capacity
 
 
-def configure(node, capacity):
-    """Set the runtime's capacity (the driver, at ``init``) and tell its workers.
+def spilling_enabled(system_config):
+    """Whether objects past the capacity spill to disk: Ray's
+    ``_system_config={"automatic_object_spilling_enabled": ...}`` (default True)."""
+    if system_config is None:
+        return True
+    if not isinstance(system_config, dict):
+        raise TypeError(f"_system_config must be a dict, got {type(system_config).__name__}")
+    enabled = system_config.get("automatic_object_spilling_enabled", True)
+    if not isinstance(enabled, bool):
+        raise TypeError("_system_config['automatic_object_spilling_enabled'] must be a bool, "
+                        f"got {enabled!r}")
+    return enabled
+
+
+def configure(node, capacity, spilling=True):
+    """Set the runtime's capacity and whether it spills (the driver, at
+    ``init``) and tell its workers.
 
     A driver that uses numpy has its zygote import it too: workers decode the
     driver's arrays (a stored object maps as numpy arrays), and numpy imported
@@ -133,6 +152,7 @@ def configure(node, capacity):
     not helped; the zygote's import delays the next spawn by that import.)
     """
     node.store_capacity = capacity
+    node.store_spilling = spilling
     path = shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX)
     try:
         fd = shm.create_private_file(path)
@@ -143,7 +163,7 @@ def configure(node, capacity):
         os.unlink(path)
         fd = shm.create_private_file(path)
     with os.fdopen(fd, "w") as f:
-        f.write(str(capacity))
+        f.write(f"{capacity} {int(spilling)}")
     zygote = getattr(node, "zygote", None)
     if zygote is not None and "numpy" in sys.modules:
         zygote.preload(["numpy"])
@@ -152,15 +172,24 @@ def configure(node, capacity):
 def capacity_of(node):
     cap = getattr(node, "store_capacity", None)
     if cap is None:
+        spilling = True
         try:
             fd = os.open(shm.segment_path(node.shm_prefix + _CAPACITY_SUFFIX),
                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd) as f:
-                cap = int(f.read())
+                cap, spilling = f.read().split()
+            cap, spilling = int(cap), spilling == "1"
         except (OSError, ValueError):
             cap = default_capacity()
         node.store_capacity = cap
+        node.store_spilling = spilling
     return cap
+
+
+def spilling_of(node):
+    """Whether the runtime of ``node`` spills objects past its capacity."""
+    capacity_of(node)
+    return getattr(node, "store_spilling", True)
 
 
 def _store_prefix(node):
@@ -168,10 +197,12 @@ def _store_prefix(node):
 
 
 def bytes_in_use(node):
-    """Bytes of the runtime's stored objects (segments not yet unlinked)."""
+    """Bytes of the runtime's stored objects (segments not yet unlinked) and
+    of its processes' free segments kept for reuse (``SegmentPool``)."""
     total = 0
-    prefix = _store_prefix(node)
-    for name in shm.list_segments(prefix):
+    for name in shm.list_segments(node.shm_prefix):
+        if name[len(node.shm_prefix):][:1] not in ("o", "p"):
+            continue
         try:
             total += os.stat(shm.segment_path(name)).st_size
         except OSError:
@@ -224,11 +255,18 @@ def _new_segment(node, size, name, token):
     # Checked rather than reserved (posix_fallocate costs a pass over the
     # pages): writing past a full tmpfs would be a SIGBUS.  The pool's free
     # segments give way first.
-    if used + size > capacity or size > _room(shm.SHM_DIR):
+    if (used + size > capacity or size > _room(shm.SHM_DIR)) and _pool.bytes_kept():
         _pool.clear()
+        used = bytes_in_use(node)
     if used + size <= capacity and size <= _room(shm.SHM_DIR):
         path = shm.segment_path(name)
         spilled = False
+    elif not spilling_of(node):
+        raise ObjectStoreFullError(
+            f"cannot store an object of {size} bytes: the object store holds {used} bytes of "
+            f"its capacity of {capacity} bytes (init(object_store_memory=...)) and spilling is "
+            f"off (_system_config={{'automatic_object_spilling_enabled': False}}); free some "
+            f"objects (drop their refs) or raise object_store_memory")
     else:
         spill = make_spill_dir(node)
         room = _room(spill)
