@@ -96,6 +96,10 @@ DIFFERENCES = {
     ("proxy", "Invalid minor version"): "a version that is not digit.digit",
     ("proxy", "Expected dot"): "a version that is not digit.digit",
     ("proxy", "Invalid Transfer-Encoding header value"): "a transfer coding llhttp refuses",
+    # llhttp refuses a transfer-encoding field among the trailers (a
+    # framing field there is not allowed, RFC 9110 6.5.1); h11 takes any.
+    ("proxy", "Invalid `Transfer-Encoding` header value"):
+        "a transfer-encoding llhttp refuses (in the trailers, or not ending in chunked)",
     ("proxy", "Request has invalid `Transfer-Encoding`"): "transfer codings not ending in chunked",
     ("proxy", "Data after `Connection: close`"): "bytes after a request that closes",
     ("proxy", "Invalid Content-Length"): "a content-length llhttp refuses",
