@@ -2,6 +2,7 @@
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -78,6 +79,47 @@ def test_the_driver_handles_the_messages_its_peers_send_it(rt):
     assert rt.service.node is rt
     for part in ("placement", "actor_restarts", "owners", "retries", "max_calls"):
         assert getattr(rt, part).driver is rt, part
+
+
+def test_the_node_holds_its_parts_and_each_handles_its_messages(rt):
+    if rt is None:
+        pytest.skip("the local backend's driver")
+    from ray_lite._private.links import protocol as P
+    from ray_lite._private.links.drive import DrivingMixin
+    from ray_lite._private.node.node import Node
+    assert Node.__bases__ == (DrivingMixin,)
+    for part in ("service", "objects", "streams", "bridges"):
+        assert getattr(rt, part).node is rt, part
+    # Each part's messages go straight to its own methods ...
+    for tag, part in ((P.FETCH, rt.objects), (P.FETCHED, rt.objects),
+                      (P.RELEASE, rt.objects)):
+        assert rt.handlers[tag].__self__ is part, tag
+    # ... but a stream's, which the driver may forward to a nested task's owner first.
+    for tag in (P.ITEM, P.END, P.ACK):
+        assert rt.handlers[tag].__self__ is rt, tag
+    # The names the compiled task runner reads on the node are the parts' own.
+    assert rt._bridges is rt.bridges.by_loop
+    assert rt._send_releases == rt.objects.send_releases
+
+
+def test_the_handlers_the_architecture_page_names_exist():
+    from ray_lite._fast.pool_book import PoolBook
+    from ray_lite._fast.task_runner import TaskRunner
+    from ray_lite._private.node.driver import DriverNode
+    from ray_lite._private.node.node import Node
+    from ray_lite._private.node.worker import WorkerNode
+    from ray_lite._private.objects.ownership import Objects
+    from ray_lite._private.objects.streams import Streams
+    classes = {c.__name__: c for c in (Node, DriverNode, WorkerNode, Objects, Streams,
+                                       PoolBook, TaskRunner)}
+    page = (PKG.parent / "docs" / "architecture.md").read_text()
+    rows = [line for line in page.splitlines()
+            if line.startswith("| `") and line.split("|")[1].strip().strip("`").isupper()]
+    named = [name for row in rows for name in re.findall(r"`(\w+)\.(\w+)`", row)]
+    assert ("Streams", "on_item") in named and ("Objects", "on_fetch") in named
+    for cls, attr in named:
+        if cls in classes:
+            assert hasattr(classes[cls], attr), f"{cls}.{attr}"
 
 
 # ---------------------------------------------- the shared multi-ring wait
