@@ -52,8 +52,8 @@ class MessageQueue:
     The exported handle is a credential.  With remote readers it carries the
     queue's secret (``QueueHandle.authkey``, random per queue): a process
     that connects to the writer's address is admitted as a reader only after
-    proving it holds that secret (an HMAC challenge-response, both ways, so
-    a reader never decodes anything from a peer posing as the writer), and
+    proving it holds that secret (HMACs of fresh random nonces, checked both
+    ways and never replayed, so a reader never decodes anything from a peer posing as the writer), and
     anyone holding the handle can read every message.  Send the handle only
     over a trusted channel (the process group that starts the readers, a
     pipe, a file only its user can read), never over the network in clear.
