@@ -109,6 +109,26 @@ def test_a_peer_that_hangs_up_mid_hello_or_speaks_garbage_is_dropped(codec_twin)
             reader.close()
 
 
+def test_a_silent_peer_holds_no_reader_up(codec_twin, monkeypatch):
+    """A peer that connects first and never says a word: the real reader is
+    admitted while it waits (it would be dropped only after the handshake
+    timeout, set here beyond the test's own bound)."""
+    monkeypatch.setattr(mq_network, "HANDSHAKE_TIMEOUT_S", 3600.0)
+    with MessageQueue(1, local_reader_ranks=[], connect_ip="127.0.0.1") as q:
+        handle = q.export_handle()
+        silent = _connect(handle.remote_address)
+        reader = MessageQueue.create_from_handle(handle, 0)
+        try:
+            q.wait_until_ready(timeout=30)
+            q.enqueue("z")
+            assert reader.dequeue(timeout=30) == "z"
+            # Left out, and dropped when the writer stopped waiting for readers.
+            assert _recv_all(silent) == b""
+        finally:
+            silent.close()
+            reader.close()
+
+
 def test_a_replayed_hello_is_refused(codec_twin):
     with MessageQueue(2, local_reader_ranks=[], connect_ip="127.0.0.1") as q:
         handle = q.export_handle()

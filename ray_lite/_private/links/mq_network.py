@@ -95,46 +95,91 @@ class NetworkPublisher:
         return len(self._conns) == self.n_readers
 
     def wait_until_ready(self, timeout=None):
-        """Accept every reader, then tell each one the channel works."""
+        """Accept every reader, then tell each one the channel works.
+
+        Hellos are read from every connecting peer at once (a selector), so
+        a peer that connects and says nothing holds no one up: it is
+        dropped after ``HANDSHAKE_TIMEOUT_S`` while the others get in."""
         deadline = _deadline(timeout)
-        while not self.ready:
-            self._listener.settimeout(_remaining(deadline))
-            try:
-                conn, _ = self._listener.accept()
-            except socket.timeout:
-                raise TimeoutError(f"{self.n_readers - len(self._conns)} remote reader(s) did "
-                                   f"not connect within {timeout} s") from None
-            conn.setblocking(True)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            left = _remaining(deadline)
-            conn.settimeout(HANDSHAKE_TIMEOUT_S if left is None else min(left, HANDSHAKE_TIMEOUT_S))
-            try:
-                rank = self._admit(conn)
-            except OSError:
-                rank = None     # a reader that died while connecting, or a silent peer
-            if rank is None:
-                conn.close()
-                continue
-            conn.settimeout(None)
-            old = self._conns.pop(rank, None)
-            if old is not None:
-                old.close()
-            self._conns[rank] = conn
-            self._send_all(_HEADER.pack(READY, 0), (conn,))
+        sel = selectors.DefaultSelector()
+        self._listener.setblocking(False)
+        sel.register(self._listener, selectors.EVENT_READ)
+        pending = {}    # connecting socket -> [hello bytes so far, when it connected]
+        try:
+            while not self.ready:
+                now = time.monotonic()
+                for conn in [c for c, (_, t0) in pending.items() if now - t0 >= HANDSHAKE_TIMEOUT_S]:
+                    self._drop(sel, pending, conn)
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"{self.n_readers - len(self._conns)} remote reader(s) "
+                                       f"did not connect within {timeout} s")
+                waits = [t0 + HANDSHAKE_TIMEOUT_S - now for _, t0 in pending.values()]
+                if deadline is not None:
+                    waits.append(deadline - now)
+                for key, _ in sel.select(max(0.0, min(waits)) if waits else None):
+                    if key.fileobj is self._listener:
+                        try:
+                            conn, _ = self._listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        conn.setblocking(False)
+                        pending[conn] = [bytearray(), time.monotonic()]
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    conn = key.fileobj
+                    hello = pending[conn][0]
+                    try:
+                        data = conn.recv(_HELLO_BYTES - len(hello))
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:            # a reader that died while connecting
+                        self._drop(sel, pending, conn)
+                        continue
+                    hello += data
+                    if len(hello) == _HELLO_BYTES:
+                        sel.unregister(conn)
+                        del pending[conn]
+                        self._admit(conn, bytes(hello))
+        finally:
+            for conn in list(pending):
+                self._drop(sel, pending, conn)
+            sel.close()
+            self._listener.setblocking(True)
         self._listener.close()
 
-    def _admit(self, conn):
-        """The rank of the peer on ``conn`` once it proved it holds the
-        authkey (and was sent the writer's proof); None when it did not."""
-        hello = _recv_exactly(conn, _HELLO_BYTES)
+    @staticmethod
+    def _drop(sel, pending, conn):
+        sel.unregister(conn)
+        del pending[conn]
+        conn.close()
+
+    def _admit(self, conn, hello):
+        """Admit the peer on ``conn`` as the rank its ``hello`` names when it
+        proved it holds the authkey: send the writer's proof and READY.  A
+        peer that did not is closed, and takes no rank."""
         signed, mac = hello[:-_MAC_BYTES], hello[-_MAC_BYTES:]
         nonce = signed[len(_MAGIC) + _HELLO.size:]
         if not hmac.compare_digest(mac, _mac(self.authkey, b"reader", signed)) \
                 or nonce in self._nonces_seen:
-            return None
+            conn.close()
+            return
         self._nonces_seen.add(nonce)
-        conn.sendall(_mac(self.authkey, b"writer", nonce))
-        return _HELLO.unpack_from(signed, len(_MAGIC))[0]
+        rank = _HELLO.unpack_from(signed, len(_MAGIC))[0]
+        conn.setblocking(True)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn.sendall(_mac(self.authkey, b"writer", nonce) + _HEADER.pack(READY, 0))
+        except OSError:
+            conn.close()            # it went away: it may connect again
+            return
+        conn.settimeout(None)
+        old = self._conns.pop(rank, None)
+        if old is not None:
+            old.close()
+        self._conns[rank] = conn
 
     def publish(self, obj, timeout=None):
         """Send ``obj`` to every remote reader (connecting them first if needed)."""
@@ -279,12 +324,3 @@ class NetworkReader:
         self._selector.close()
         self._sock.close()
 
-
-def _recv_exactly(conn, n):
-    data = b""
-    while len(data) < n:
-        part = conn.recv(n - len(data))
-        if not part:
-            raise ConnectionError("connection closed")
-        data += part
-    return data
