@@ -46,7 +46,7 @@ def runtime_dir():
     try:
         return shm.private_dir(path)
     except shm.SharedPathError as exc:
-        raise ControlError(str(exc)) from None
+        raise ControlError(f"not a private directory of this user: {exc}") from None
 
 
 def default_address():
