@@ -21,6 +21,8 @@ still starts.
 """
 import asyncio
 import itertools
+import os
+import signal
 import sys
 
 from ray_lite.exceptions import RayActorError
@@ -68,6 +70,7 @@ class _App:
         self.deps = {}
         self.status = "DEPLOYING"
         self.message = ""
+        self.recovered = None   # while a restarted controller completes it: a future
 
 
 class ServeController(Autoscaling, DeploymentActors):
@@ -105,6 +108,10 @@ class ServeController(Autoscaling, DeploymentActors):
             saved = _core.get(self._store.load.remote(), timeout=_STORE_LOAD_TIMEOUT_S)
             if saved is not None:
                 self._restore(*saved)
+            else:
+                # A first start; or a restart of one that died before its first
+                # save, whose replicas (if any) nobody would route to.
+                self._kill_untracked()
         except Exception as exc:   # noqa: BLE001 - Serve starts empty, saying so
             import traceback
             print(f"Serve: the controller could not recover its state ({exc!r}); the "
@@ -517,6 +524,11 @@ class ServeController(Autoscaling, DeploymentActors):
         """Deploy (or update) application ``name``; returns once it is RUNNING."""
         if self.shutting_down:
             raise RuntimeError("Serve is shutting down")
+        recovering = self.apps[name].recovered if name in self.apps else None
+        if recovering is not None:
+            # A restarted controller completes it (serve.run asks again after
+            # the controller died mid-deploy): this deploy starts from there.
+            await asyncio.shield(recovering)
         for other in self.apps.values():
             if other.name != name and route_prefix is not None and \
                     other.route_prefix == route_prefix:
@@ -748,9 +760,9 @@ class ServeController(Autoscaling, DeploymentActors):
                 orphans += d["orphans"]
                 app.deps[dname] = dep
             self.apps[name] = app
-        asyncio.ensure_future(self._resume(orphans))
+        self._resume(orphans)
 
-    async def _resume(self, orphans):
+    def _resume(self, orphans):
         """After ``_restore``: watch the proxies, replicas and deployment
         actors again (those that died meanwhile are replaced at once), resume
         autoscaling, and finish what the dead controller was doing."""
@@ -762,6 +774,7 @@ class ServeController(Autoscaling, DeploymentActors):
         # nothing would ever route to them.
         for h in orphans:
             self._kill(h)
+        self._kill_untracked()
         if self.proxies:
             done = asyncio.get_running_loop().create_future()
             done.set_result(self.http_port)
@@ -779,12 +792,44 @@ class ServeController(Autoscaling, DeploymentActors):
             if app.status == "DELETING":
                 asyncio.ensure_future(self.delete_apps([app.name]))
             elif app.status in ("RUNNING", "DEPLOYING"):
+                app.recovered = asyncio.get_running_loop().create_future()
                 asyncio.ensure_future(self._complete(app))
         self._bump()
 
+    def _kill_untracked(self):
+        """Kill the replicas and proxies the checkpoint does not name: those
+        the dead controller had created but not yet saved (it died between
+        their creation and its next save).  Before this controller creates
+        any."""
+        from ray_lite.util.state import list_actors
+        known = set(self.proxy_pids)
+        for app in self.apps.values():
+            for dep in app.deps.values():
+                known.update(dep.pids.values())
+        try:
+            actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1 << 30)
+        except Exception as exc:   # noqa: BLE001 - a recovery without this check
+            print(f"Serve: could not list the actors ({exc!r})", file=sys.stderr, flush=True)
+            return
+        for a in actors:
+            if a.get("class_name") in ("ServeReplica", "ProxyActor") and \
+                    a.get("pid") not in known:
+                try:
+                    os.kill(a["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
+
     async def _complete(self, app):
         """Start the replicas ``app`` lacks (those that were starting when the
-        controller died); an app that was deploying then runs."""
+        controller died); an app that was deploying then runs.  A deploy of
+        the same app waits for this (``app.recovered``)."""
+        try:
+            await self._complete_app(app)
+        finally:
+            app.recovered.set_result(None)
+            app.recovered = None
+
+    async def _complete_app(self, app):
         deps = [d for d in app.deps.values()
                 if d.target - len(d.replicas) - d.starting > 0]
         errors = await asyncio.gather(*[

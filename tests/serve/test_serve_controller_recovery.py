@@ -233,6 +233,49 @@ def test_shutdown_after_a_restart_leaves_nothing(serve_runtime):
 
 
 @serve.deployment
+class WaitsForFile:
+    def __init__(self, path):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def __call__(self, request=None):
+        return str(os.getpid())
+
+
+def test_serve_run_completes_when_the_controller_dies_mid_deploy(serve_runtime, tmp_path):
+    go = str(tmp_path / "go")
+    done = {}
+
+    def deploy():
+        try:
+            done["handle"] = serve.run(WaitsForFile.bind(go), name="a", route_prefix=None)
+        except Exception as exc:   # noqa: BLE001 - asserted absent below
+            done["error"] = exc
+    t = threading.Thread(target=deploy, daemon=True)
+    t.start()
+
+    def starting():
+        found = list_actors(filters=[("class_name", "=", "ServeReplica"),
+                                     ("state", "=", "ALIVE")])
+        return found[0]["pid"] if found else None
+    wait_until(starting, "a replica in its constructor")
+    orphan = starting()
+    old = _controller_pid()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: process_gone(old) and process_gone(orphan),
+               "the controller's end, and then the replica it was starting")
+    open(go, "w").close()
+    t.join(90)
+    assert not t.is_alive()
+    assert "error" not in done, done
+    assert serve.status().applications["a"].status == "RUNNING"
+    (pid,) = _process_ids()["replicas"]["a/WaitsForFile"]
+    assert pid != orphan
+    assert int(done["handle"].remote().result(timeout_s=30)) == pid
+
+
+@serve.deployment
 class Hangs:
     def __init__(self):
         threading.Event().wait()
