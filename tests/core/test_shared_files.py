@@ -122,3 +122,14 @@ def test_the_control_socket_directory_planted_0777_is_refused(tmp_path, monkeypa
     planted.chmod(0o777)
     with pytest.raises(_control.ControlError, match="0o777"):
         _control.runtime_dir()
+
+
+def test_stale_spill_clean_up_does_not_follow_a_planted_root(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    victim = elsewhere / f"{shm.DEFAULT_PREFIX}999999999_"    # named like a dead driver's
+    victim.mkdir(parents=True)
+    (tmp_path / "spill").symlink_to(elsewhere)
+    monkeypatch.setattr(object_store, "_spill_root", str(tmp_path / "spill"))
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    object_store.cleanup_stale_spill_dirs()
+    assert victim.is_dir()

@@ -531,6 +531,7 @@ def cleanup_stale_spill_dirs():
     """Remove the spill directories of runtimes whose driver is dead (a killed driver's leftovers)."""
     root = _spill_root_dir()
     try:
+        shm.check_private(root, True)   # another user's (or a symlink): not ours to clean
         entries = os.listdir(root)
     except OSError:
         return
