@@ -12,13 +12,15 @@
   links/loop_bridge.py   ``node.bridges``: waiting from asyncio (a loop drives the
                          links through descriptors), an object the node holds
 
-The drive loop is a mixin sharing the node's ``self``: the compiled pool book
-and task runner read its fields (the drive lock, the sleepers) on the node
-itself.  This module keeps what ties the parts: ids, links, the results
-expected from each peer (``pending``, ``inflight``: the pool book and task
-runner read them on the node) and ``RESULT``, peer death, requests to the
-driver, and ``handlers``, the table from a message's tag to its handler.  The messages are listed in ``links/protocol.py``, their
-handlers in ``docs/architecture.md``.
+The drive loop is a mixin sharing the node's ``self``: the compiled task
+runner, a worker's first base, keeps its fields (the drive lock, the
+sleepers) as typed fields.  This module keeps what ties the parts: ids,
+links, the results expected from each peer (``pending``, ``inflight``: the
+compiled pool book reads them on the node) and ``RESULT``, the weights to
+give back (``_releases``: the task runner looks at them after every task),
+peer death, requests to the driver, and ``handlers``, the table from a
+message's tag to its handler.  The messages are listed in
+``links/protocol.py``, their handlers in ``docs/architecture.md``.
 """
 import itertools
 import os
