@@ -65,6 +65,14 @@ class MessageQueue:
                  max_chunks=_broadcast.DEFAULT_MAX_CHUNKS, *, local_reader_ranks=None,
                  connect_ip=None, **shm_options):
         n_readers = int(n_readers)
+        if isinstance(max_chunk_bytes, int) and max_chunk_bytes < _broadcast.MIN_CHUNK_BYTES:
+            # vLLM's constructor takes n_local_reader second: a port of
+            # MessageQueue(3, 2) lands here, and deserves to be told so.
+            raise ValueError(
+                f"max_chunk_bytes={max_chunk_bytes} is below the minimum of "
+                f"{_broadcast.MIN_CHUNK_BYTES} bytes. The second argument of ray_lite's "
+                f"MessageQueue is max_chunk_bytes; vLLM's n_local_reader has no place here: "
+                f"name the local readers with local_reader_ranks=[...] instead")
         if local_reader_ranks is None:
             local_reader_ranks = list(range(n_readers))
         local_reader_ranks = [int(r) for r in local_reader_ranks]

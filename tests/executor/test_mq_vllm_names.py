@@ -231,3 +231,10 @@ def test_create_from_process_group_over_gloo():
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_vllms_positional_n_local_reader_is_refused_saying_why():
+    # vLLM's MessageQueue(n_reader, n_local_reader, ...): here the second
+    # argument is max_chunk_bytes, so a port of that call gets told so.
+    with pytest.raises(ValueError, match="n_local_reader.*local_reader_ranks"):
+        MessageQueue(3, 2)
