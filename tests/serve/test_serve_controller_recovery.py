@@ -218,6 +218,27 @@ def test_the_checkpoint_store_restarts_and_gets_the_state_again(serve_runtime):
     assert int(handle.remote().result(timeout_s=30)) in replicas
 
 
+def test_a_proxy_that_dies_while_the_controller_is_down_is_replaced(serve_port):
+    serve.run(Pid.bind(), name="a", route_prefix="/a")
+    before = _process_ids()
+    (proxy,) = before["proxies"]
+    os.kill(before["controller"], signal.SIGKILL)
+    os.kill(proxy, signal.SIGKILL)
+    wait_until(lambda: process_gone(before["controller"]) and process_gone(proxy),
+               "both ends")
+
+    def replaced():
+        try:
+            now = _process_ids()["proxies"]
+        except Exception:   # noqa: BLE001 - not restarted yet
+            return False
+        return len(now) == 1 and now != [proxy]
+    wait_until(replaced, "a replacement proxy")
+    # On the same port, with the recovered routes.
+    status, _, body = http(serve_port, "GET", "/a")
+    assert status == 200 and int(body) in before["replicas"]["a/Pid"]
+
+
 def test_shutdown_after_a_restart_leaves_nothing(serve_runtime):
     serve.run(Pid.bind(), name="a", route_prefix=None)
     pids = _process_ids()
