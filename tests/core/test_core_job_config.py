@@ -159,17 +159,17 @@ def test_the_setup_hook_runs_in_every_worker_before_its_work(hook):
 
 @ray.remote
 def spill_root():
-    from ray_lite._private.objects import object_store
-    return object_store._spill_root_dir()
+    from ray_lite._private.objects import spill
+    return spill.spill_root()
 
 
 def test_workers_spill_where_the_driver_cleans_up_whatever_their_tmpdir(tmp_path):
-    from ray_lite._private.objects import object_store
+    from ray_lite._private.objects import spill
     ray.init(num_cpus=1, runtime_env={"env_vars": {"TMPDIR": str(tmp_path)}})
     try:
         own = spill_root.options(runtime_env={"env_vars": {"TMPDIR": str(tmp_path)}})
         assert ray.get([spill_root.remote(), own.remote()], timeout=T) == \
-            [object_store._spill_root_dir()] * 2
+            [spill.spill_root()] * 2
     finally:
         ray.shutdown()
 

@@ -10,7 +10,7 @@ import pytest
 
 import ray_lite as ray
 from ray_lite._fast import shm
-from ray_lite._private.objects import object_store
+from ray_lite._private.objects import object_store, spill as spill_files
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
 from test_core_objects import Gate
 
@@ -226,7 +226,7 @@ def test_past_the_capacity_objects_spill_to_disk_and_come_back():
         in_memory = ray.put(np.zeros(object_store.STORE_THRESHOLD // 8))
         assert len(stored_segments(node)) == 1
         spilled = ray.put(big_array(11))
-        spill = object_store.spill_dir(node)
+        spill = spill_files.spill_dir(node)
         (name,) = os.listdir(spill)
         assert len(stored_segments(node)) == 1      # not in shared memory
         x = ray.get(spilled)

@@ -11,7 +11,7 @@ import pytest
 
 import ray_lite
 from ray_lite._fast import shm
-from ray_lite._private.objects import object_store
+from ray_lite._private.objects import object_store, spill as spill_files
 from ray_lite._private.process import state
 from ray_lite.exceptions import ObjectStoreFullError
 
@@ -38,7 +38,7 @@ def _object_bytes_in_shm(node):
 
 def _spill_files(node):
     try:
-        return os.listdir(object_store.spill_dir(node))
+        return os.listdir(spill_files.spill_dir(node))
     except FileNotFoundError:
         return []
 
@@ -76,7 +76,7 @@ def test_three_times_the_capacity_spills_and_reads_back_identical(small_store):
         assert _object_bytes_in_shm(node) <= CAPACITY
     spilled = _spill_files(node)
     assert len(spilled) >= 6            # 192 MB in, at most 64 MB of it in shared memory
-    spill = object_store.spill_dir(node)
+    spill = spill_files.spill_dir(node)
     assert stat.S_IMODE(os.lstat(spill).st_mode) == 0o700
     for seed, ref in enumerate(refs):
         got = ray_lite.get(ref, timeout=60)

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from ray_lite._fast import shm
-from ray_lite._private.objects import object_store
+from ray_lite._private.objects import object_store, spill as spill_files
 from ray_lite.serve import _control, _metrics
 
 
@@ -87,15 +87,15 @@ def test_the_store_capacity_file_is_0600_and_a_planted_symlink_is_refused(tmp_pa
 
 
 def test_the_spill_directory_is_private_and_a_planted_one_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(object_store, "_spill_root", str(tmp_path / "spill"))
+    monkeypatch.setattr(spill_files, "_spill_root", str(tmp_path / "spill"))
     node = _fake_node()
-    spill = object_store.make_spill_dir(node)
+    spill = spill_files.make_spill_dir(node)
     assert _mode(str(tmp_path / "spill")) == 0o700 and _mode(spill) == 0o700
     os.rmdir(spill)
     os.mkdir(spill)
     os.chmod(spill, 0o777)
     with pytest.raises(shm.SharedPathError, match=spill):
-        object_store.make_spill_dir(node)
+        spill_files.make_spill_dir(node)
 
 
 def test_the_serve_metrics_directory_planted_0777_is_refused(monkeypatch):
@@ -129,7 +129,7 @@ def test_stale_spill_clean_up_does_not_follow_a_planted_root(tmp_path, monkeypat
     victim = elsewhere / f"{shm.DEFAULT_PREFIX}999999999_"    # named like a dead driver's
     victim.mkdir(parents=True)
     (tmp_path / "spill").symlink_to(elsewhere)
-    monkeypatch.setattr(object_store, "_spill_root", str(tmp_path / "spill"))
+    monkeypatch.setattr(spill_files, "_spill_root", str(tmp_path / "spill"))
     monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
-    object_store.cleanup_stale_spill_dirs()
+    spill_files.cleanup_stale_spill_dirs()
     assert victim.is_dir()

@@ -13,7 +13,7 @@ from ..process import backend as _backend, interrupts, state
 from ..job.job_setup import JobSetup
 from ..links import protocol as P
 from ..objects import entries as entries_mod
-from ..objects import object_store
+from ..objects import object_store, spill
 from ..objects.dynamic_generator import DynamicEntry
 from ..objects.refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from ..process.errors import KILLED, actor_died_message
@@ -160,7 +160,7 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
             namespace = str(uuid.uuid4())
         capacity = object_store.check_capacity(object_store_memory)
         spilling = object_store.spilling_enabled(kwargs.get("_system_config"))
-        object_store.cleanup_stale_spill_dirs()
+        spill.cleanup_stale_spill_dirs()
         from ..node.driver import DriverNode
         node = DriverNode(num_cpus, namespace, resources, job.env_vars, job.for_workers)
         node.job = job.record()
@@ -238,7 +238,7 @@ def shutdown():
         finally:
             state.node = None
             interrupts.uninstall()
-            object_store.remove_spill_dir(node)
+            spill.remove_spill_dir(node)
             object_store.clear_pool()
 
 

@@ -42,9 +42,9 @@ class JobSetup:
         self.env_vars = env_vars_of(runtime_env, "init(runtime_env=...)", job=True)
         self.logging_config = logging_config
         self.metadata = metadata
-        from ..objects import object_store
+        from ..objects import spill
         # Where the driver looks for spills: the workers spill there too.
-        self.for_workers = {"spill_root": object_store._spill_root_dir()}
+        self.for_workers = {"spill_root": spill.spill_root()}
         hook = setup_hook_of(runtime_env)
         if hook is not None:
             self.for_workers["setup_hook"] = hook

@@ -28,8 +28,6 @@ buffer blocks the writer).  A connection that ends without the CLOSED frame
 means the other end died: ``PeerDiedError``; after CLOSED, the reader gets
 ``ChannelClosedError`` once it has read everything before it.
 """
-import hashlib
-import hmac
 import os
 import selectors
 import socket
@@ -37,8 +35,13 @@ import struct
 import time
 
 from ray_lite._fast import codec
+from ray_lite._lazy import lazy_module
 from ray_lite._fast.errors import ChannelClosedError, PeerDiedError
 from ray_lite.exceptions import AuthenticationError
+
+# Only a queue with remote readers authenticates: `import ray_lite` does not load them.
+hashlib = lazy_module("hashlib", globals())
+hmac = lazy_module("hmac", globals())
 
 __all__ = ["NetworkPublisher", "NetworkReader", "CANCELLED_MESSAGE"]
 
@@ -49,7 +52,7 @@ _HEADER = struct.Struct("<BQ")
 _HELLO = struct.Struct("<q")  # the reader's rank, in its hello
 _MAGIC = b"rlmq\x00\x01\x00\x00"
 _NONCE_BYTES = 32
-_MAC_BYTES = hashlib.sha256().digest_size
+_MAC_BYTES = 32     # an HMAC-SHA256
 _HELLO_BYTES = len(_MAGIC) + _HELLO.size + _NONCE_BYTES + _MAC_BYTES
 #: How long the writer waits for one connecting peer's hello: a peer that
 #: connects and says nothing must not hold the door for the real readers.

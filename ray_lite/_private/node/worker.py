@@ -528,7 +528,7 @@ async def _until_done(fut):
 
 def worker_main(spec):
     if spec.get("spill_root"):
-        from ..objects.object_store import use_spill_root
+        from ..objects.spill import use_spill_root
         use_spill_root(spec["spill_root"])
     if spec.get("env_vars"):
         os.environ.update(spec["env_vars"])     # runtime_env (the job's, the actor's)

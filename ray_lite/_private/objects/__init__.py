@@ -2,7 +2,7 @@
 
 Owns: ``refs`` (``ObjectRef``, ``ObjectRefGenerator``), ``entries`` and
 ``stored`` (the value slots behind refs), ``object_store`` (large objects in
-shared memory), ``ownership`` (results, refs lent and borrowed, fetching
+shared memory), ``spill`` (where they go past its capacity), ``ownership`` (results, refs lent and borrowed, fetching
 values: the node's objects part), ``streams`` (streams a process owns),
 ``returns`` (``num_returns=N``), ``dynamic_generator``, ``shipping``
 (functions and classes sent by value).

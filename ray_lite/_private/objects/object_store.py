@@ -84,12 +84,10 @@ import threading
 import weakref
 
 from ray_lite._fast import shm
-from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import ObjectLostError, ObjectStoreFullError
 
-# Only spilling and its clean-up need them (with random, fnmatch, bz2, lzma).
-shutil = lazy_module("shutil", globals())
-tempfile = lazy_module("tempfile", globals())
+from .spill import make_spill_dir, spill_dir
+
 
 #: Values with at least this many out-of-band bytes are stored in shared memory.
 STORE_THRESHOLD = 256 * 1024
@@ -484,61 +482,9 @@ def _room(directory):
     return st.f_bavail * st.f_frsize
 
 
-_spill_root = None
-
-
-def _spill_root_dir():
-    """The folder of every runtime's spill directory (found once: tempfile looks
-    at the environment and tries writing in each candidate).  Workers take
-    the driver's (``use_spill_root``): found in a worker, after the job's
-    env_vars were set, a ``TMPDIR`` among them would put its spills where
-    the driver's clean-up does not look."""
-    global _spill_root
-    if _spill_root is None:
-        _spill_root = os.path.join(tempfile.gettempdir(), f"ray_lite_spill-{os.geteuid()}")
-    return _spill_root
-
-
-def use_spill_root(root):
-    """Spill under ``root`` (a worker: the driver's ``_spill_root_dir()``)."""
-    global _spill_root
-    _spill_root = root
-
-
-def spill_dir(node):
-    """Where the runtime of ``node`` spills (named like its segments: its clean-up finds it)."""
-    return os.path.join(_spill_root_dir(), node.shm_prefix)
-
-
-def make_spill_dir(node):
-    """``spill_dir(node)``, made private to this user (its folder too: both
-    are in the temporary directory, which every user may write to)."""
-    shm.private_dir(_spill_root_dir())
-    return shm.private_dir(spill_dir(node))
-
-
 def _path_of(name):
     # A spilled object's name is the path of its file; others are /dev/shm names.
     return name if "/" in name else shm.segment_path(name)
-
-
-def remove_spill_dir(node):
-    """The runtime's shutdown: its spilled objects go."""
-    shutil.rmtree(spill_dir(node), ignore_errors=True)
-
-
-def cleanup_stale_spill_dirs():
-    """Remove the spill directories of runtimes whose driver is dead (a killed driver's leftovers)."""
-    root = _spill_root_dir()
-    try:
-        shm.check_private(root, True)   # another user's (or a symlink): not ours to clean
-        entries = os.listdir(root)
-    except OSError:
-        return
-    for entry in entries:
-        pid = shm.creator_pid(entry)
-        if pid is not None and not shm.pid_alive(pid):
-            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
 
 
 def views_of(buf, offsets, sizes):
