@@ -15,11 +15,15 @@ _SPECIAL_ARGS = {
 }
 
 
+# Exception groups (Python 3.11+) hold other exceptions: not one class to keep.
+_GROUPS = tuple(getattr(builtins, n) for n in ("BaseExceptionGroup",) if hasattr(builtins, n))
+
+
 def _builtin_exception_classes():
     for name in dir(builtins):
         cls = getattr(builtins, name)
         if isinstance(cls, type) and issubclass(cls, BaseException) \
-                and not issubclass(cls, BaseExceptionGroup):
+                and not issubclass(cls, _GROUPS):
             yield cls
 
 
