@@ -2,7 +2,8 @@
 
     import ray_lite as ray          # later: import ray, unchanged
 
-The names here are Ray's and mean what they mean in Ray; see the README.
+The names here are Ray's and mean what they mean in Ray; where ray_lite differs,
+the manual's compatibility page (docs/compatibility.md) says how and why.
 """
 from ray_lite._version import __version__
 

@@ -1,13 +1,15 @@
 """Every ``RAY_LITE_*`` environment variable ray_lite reads, read here once.
 
-No other module of the runtime reads ``os.environ`` for its settings (the
-benchmark runner and the command line aside): they import the value from
-here.  Each variable is validated when ray_lite is imported, and a bad value
+No other module of the runtime reads ``os.environ`` for a ``RAY_LITE_*``
+setting (the benchmark runner and the command line aside): they import the
+value from here.  (Ray's own variables that ray_lite honours, such as
+``RAY_SERVE_*`` and ``RAY_CGRAPH_*``, are read where they are used, as Ray
+reads them.)  Each variable is validated when ray_lite is imported, and a bad value
 raises ``ValueError`` naming the variable and what it accepts, instead of
 surfacing later as an odd failure deep inside a worker.
 
-The table in the README ("Environment variables") lists the same variables;
-``VARIABLES`` below is the source of truth.
+The manual's configuration page (``docs/configuration.md``) is generated from
+``VARIABLES`` when the manual is built, so the two cannot drift apart.
 
 Processes that ray_lite starts inherit the environment, so they see the same
 values as their parent.
@@ -148,7 +150,7 @@ SERVE_MEMDEBUG = read("RAY_LITE_SERVE_MEMDEBUG")
 
 
 def markdown_table():
-    """The README's table of variables, made from ``VARIABLES``."""
+    """The manual's table of variables, made from ``VARIABLES``."""
     rows = ["| variable | default | accepts | what it does |", "|---|---|---|---|"]
     for v in VARIABLES:
         rows.append(f"| `{v.name}` | `{v.default}` | {v.accepts} | {v.meaning} |")

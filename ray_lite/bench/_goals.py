@@ -1,8 +1,8 @@
 """Every goal ``ray-lite bench`` judges, in one table (:data:`GOALS`), and
 the judging of a suite's figures against it (:func:`judge`).
 
-The goals are the "goal" column of shared/BENCHMARKS.md.  A suite names the
-goal a row measures (``Figure.goal_id``, a key of :data:`GOALS`) and
+The goals are the "goal" column of the manual's benchmarks page
+(docs/benchmarks.md).  A suite names the goal a row measures (``Figure.goal_id``, a key of :data:`GOALS`) and
 nothing else: the goal's text, the reference it is relative to and the
 verdict all come from here.
 

@@ -1,6 +1,6 @@
 """The ``executor`` suite: ``MultiprocExecutor`` and the broadcast
 ``MessageQueue`` beside the anchors measured in the same run (figures B5
-and B6 of shared/BENCHMARKS.md).
+and B6 of the manual's benchmarks page, docs/benchmarks.md).
 
 - B6: ``collective_rpc`` round trip, no-op method, small args, 2 workers (and
   1 for comparison), p50/p99, with the CPU the round trips burn; beside a

@@ -1,6 +1,6 @@
 """The ``micro`` suite: the three hot paths on their own, each twin beside
-the anchors measured in the same run (figures B3, B4, B5, B12 of
-shared/BENCHMARKS.md; benchmarks/README.md explains each row).
+the anchors measured in the same run (figures B3, B4, B5, B12 of the
+manual's benchmarks page, docs/benchmarks.md, which explains each row).
 
 The twins are imported directly (``ray_lite._fast._x_c`` / ``_x_py``), not
 through ``ray_lite._fast.x``, so both are measured whatever the selector
