@@ -35,7 +35,7 @@ def is_uvicorn(raymod):
 class AppSpec:
     """An app a benchmark serves: ``ray_lite.bench.<module>:model`` on
     ray_lite and Ray Serve, ``<module>:<asgi>`` on bare uvicorn (None: the
-    inline "hi" app); ``path`` is what the load asks for and ``expect`` how
+    "hi" app of ``_hi_asgi``); ``path`` is what the load asks for and ``expect`` how
     its answer starts."""
 
     def __init__(self, module, asgi, path, expect):
@@ -76,25 +76,17 @@ time.sleep(3600)
 
 
 _UVICORN_SERVER = """
-import sys, uvicorn
+import importlib, sys, uvicorn
 
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-    await send({"type": "http.response.body", "body": b"hi"})
-
-workers = 1
-if len(sys.argv) > 4:        # worker processes: the app by its import string
-    app, workers = sys.argv[3], int(sys.argv[4])
-elif len(sys.argv) > 3:      # an app of this package: "module:attribute"
-    import importlib
-    sys.path.insert(0, sys.argv[2])
-    module, attr = sys.argv[3].split(":")
-    app = getattr(importlib.import_module(module), attr)
-extra = {"workers": workers, "app_dir": sys.argv[2]} if workers > 1 else {}
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
+port, app_dir, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+sys.path.insert(0, app_dir)
+if workers > 1:              # worker processes: the app by its import string
+    app, extra = target, {"workers": workers, "app_dir": app_dir}
+else:
+    module, attr = target.split(":")
+    app, extra = getattr(importlib.import_module(module), attr), {}
+uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
             access_log=False, log_level="warning", **extra)
 """
 
@@ -117,9 +109,8 @@ class Server:
             cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, "_hi_asgi:app",
                    str(uvicorn_workers())]
         elif raymod == "uvicorn":
-            cmd = [python, "-c", _UVICORN_SERVER, str(self.port)]
-            if app.asgi:
-                cmd += [HERE, f"{app.module}:{app.asgi}"]
+            target = f"{app.module}:{app.asgi}" if app.asgi else "_hi_asgi:app"
+            cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, target]
         else:
             cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE, app.module]
         self.out = tempfile.TemporaryFile()
