@@ -1,5 +1,7 @@
 """HTTP's fixed text, in one place: status lines, reason phrases, and the
-header lines the replica puts on the answers it builds."""
+header lines the replica puts on the answers it builds, and the log line of
+an answer refused for a header that may not be sent."""
+import sys
 
 REASONS = {100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
            301: "Moved Permanently", 302: "Found", 304: "Not Modified",
@@ -129,3 +131,18 @@ def check_route_prefix(route_prefix):
                          f"trailing '/'.")
     if "{" in route_prefix or "}" in route_prefix:
         raise ValueError(f"Invalid route_prefix '{route_prefix}', may not contain wildcards.")
+
+
+def refused_header(req, name):
+    """An answer held a header that may not be sent: the client gets a 500,
+    the log says which header (as uvicorn and h11 refuse one)."""
+    print(f"proxy: the answer to {req.method} {_target(req)} was refused: invalid HTTP "
+          f"header {name!r} (a name that is not a token, or a control byte such as CR, "
+          f"LF or NUL in its value); answered 500 instead", file=sys.stderr, flush=True)
+
+
+def _target(req):
+    url = req.url
+    if type(url) is tuple:      # (path, query) once routed
+        return url[0]
+    return bytes(url[:200]).decode("latin-1")

@@ -1,13 +1,12 @@
 """The proxy's HTTP/1.1 connections (see _proxy): the connection itself is a
 hot path, ``ray_lite._fast.http_conn`` (compiled, with a pure-Python twin);
 this module gives it what it needs from Serve."""
-import sys
-
 from ray_lite._fast import http_conn as _http_conn
 
 from . import _core, _websocket
 from ._defaults import MAX_HEADER_BYTES, MAX_PIPELINED
-from ._http import CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, status_line, text_answer
+from ._http import (CONNECTION_CLOSE, CONNECTION_KEEP_ALIVE, refused_header, status_line,
+                    text_answer)
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Header (and trailer) lines of one request: 431 beyond (its bytes are
@@ -15,21 +14,6 @@ REQUEST_ID_HEADER = b"x-request-id"
 MAX_HEADER_LINES = 256
 # A chunk-size line with its extensions: 400 beyond (h11's bound).
 MAX_CHUNK_LINE = 16 * 1024
-
-
-def refused_header(req, name):
-    """An answer held a header that may not be sent: the client gets a 500,
-    the log says which header (as uvicorn and h11 refuse one)."""
-    print(f"proxy: the answer to {req.method} {_target(req)} was refused: invalid HTTP "
-          f"header {name!r} (a name that is not a token, or a control byte such as CR, "
-          f"LF or NUL in its value); answered 500 instead", file=sys.stderr, flush=True)
-
-
-def _target(req):
-    url = req.url
-    if type(url) is tuple:      # (path, query) once routed
-        return url[0]
-    return bytes(url[:200]).decode("latin-1")
 
 
 def _load_parser():

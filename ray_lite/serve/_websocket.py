@@ -33,7 +33,7 @@ from ray_lite._fast.http_conn import END_QUIETLY, bad_header
 from . import _core
 from ._asgi_scope import check_headers, header_block, websocket_scope
 from ._defaults import STREAM_ITEMS_AHEAD
-from ._http import status_line, text_answer
+from ._http import refused_header, status_line, text_answer
 from ._routing import first_idle_else_power_of_two as _choose
 from ._routing import least_loaded
 
@@ -282,7 +282,6 @@ class _Relay(asyncio.Protocol):
         if bad is not None:
             # (The replica refuses these already: a head is never written
             # with a header that may not be sent.)
-            from ._proxy_conn import refused_header
             refused_header(req, bad)
             req.method = "WS"
             if req.gen is not None:
