@@ -333,14 +333,31 @@ CTRL_C_DRIVER = """
     import ray_lite as ray
     ray.init(num_cpus=1)
 
+    def interrupt_once_it_waits(pid):
+        # Ctrl-C must land while the driver is blocked in get/wait/next (asleep
+        # in poll), not while .remote() is still returning, which a task can
+        # beat on a busy machine. Checked for 60 s at most; then it lands anyway.
+        import platform
+        asleep = {"x86_64": ("7", "271"), "aarch64": ("73",)}.get(platform.machine(), ())
+        deadline = time.monotonic() + 60
+        while asleep and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/syscall") as f:
+                    if f.read().split()[0] in asleep:
+                        break
+            except (OSError, IndexError):
+                break
+            time.sleep(0.001)
+        os.kill(pid, signal.SIGINT)
+
     @ray.remote(max_retries=0)
     def interrupt_then_hang(pid):
-        os.kill(pid, signal.SIGINT)
+        interrupt_once_it_waits(pid)
         time.sleep(600)     # the workload: it is cancelled below
 
     @ray.remote(max_retries=0)
     def stream_interrupt_then_hang(pid):
-        os.kill(pid, signal.SIGINT)
+        interrupt_once_it_waits(pid)
         time.sleep(600)
         yield 1
 
