@@ -165,7 +165,7 @@ def pytest_configure(config):
 
 
 def backend_under_test(config):
-    """``"ray"`` or ``"local"``: what this session tests."""
+    """``"ray"`` or ``"local"``: what this test run tests."""
     return config.getoption("--backend") or os.environ.get("RAY_LITE_BACKEND") or "local"
 
 
