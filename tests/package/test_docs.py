@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,18 @@ def _session_members(sid):
     return members
 
 
+def _left_running(sid, grace_s=10.0):
+    """What of session ``sid`` still runs ``grace_s`` after its leader ended:
+    a helper that ends by itself once its parent is gone (multiprocessing's
+    resource tracker) may take a moment to notice."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = _session_members(sid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def _kill_session(sid):
     for pid in _session_members(sid):
         try:
@@ -131,7 +144,7 @@ def test_code_block_runs(code, tmp_path):
         out, err = proc.communicate()
         pytest.fail(f"the block ran over {BLOCK_TIMEOUT_S} s\n--- stdout\n{out}\n--- stderr\n{err}",
                     pytrace=False)
-    left = _session_members(proc.pid)
+    left = _left_running(proc.pid)
     _kill_session(proc.pid)
     assert proc.returncode == 0, (
         f"the block exited {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}")
