@@ -65,22 +65,7 @@ def test_no_other_runtime_module_reads_the_environment_for_settings():
     assert offenders == []
 
 
-def test_readme_table_lists_every_variable():
+def test_markdown_table_lists_every_variable():
     table = _config.markdown_table()
     for var in _config.VARIABLES:
         assert f"`{var.name}`" in table
-
-
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-
-
-def test_readme_shows_exactly_the_table_of_variables():
-    # _config.py is the source of truth: the README's table is its
-    # markdown_table(), row for row, so that the two cannot drift apart.
-    if not README.is_file():
-        pytest.skip("run from an installed package without its checkout")
-    lines = README.read_text(encoding="utf-8").splitlines()
-    start = lines.index("## Environment variables")
-    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
-    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
-    assert "\n".join(lines[first:end]) == _config.markdown_table()
