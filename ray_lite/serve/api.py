@@ -356,24 +356,30 @@ def shutdown():
                       timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
         except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
             _kill_processes(pids)
-        store = _controller_checkpoint.find_store()
-        if store is not None:
-            _core.kill(store)
         try:
-            _core.kill(ctl)
-            # Until the runtime has seen it die, its name still resolves to it.
-            from ray_lite.exceptions import RayActorError
-            for _ in range(100):
-                try:
-                    _core.get(ctl.num_apps.remote(), timeout=0.1)
-                except RayActorError:
-                    break
-                except Exception:   # noqa: BLE001 - timeout: not yet
-                    pass
+            store = _controller_checkpoint.find_store()
+            if store is not None:
+                _kill_and_wait(store, "load")
+            _kill_and_wait(ctl, "num_apps")
         except Exception:   # noqa: BLE001
             pass
         context.clear_controller()
         _metrics.remove()
+
+
+def _kill_and_wait(handle, probe):
+    """Kill ``handle``'s actor and wait, 10 s at most, until the runtime has
+    seen it die (its method ``probe`` raises ``RayActorError``): until then
+    its name still resolves to it, and the state API lists it alive."""
+    from ray_lite.exceptions import RayActorError
+    _core.kill(handle)
+    for _ in range(100):
+        try:
+            _core.get(getattr(handle, probe).remote(), timeout=0.1)
+        except RayActorError:
+            return
+        except Exception:   # noqa: BLE001 - timeout: not yet
+            pass
 
 
 async def shutdown_async():
