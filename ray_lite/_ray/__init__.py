@@ -49,6 +49,7 @@ def _activate(ray):
                               ActorHandle: ray.actor.ActorHandle})
     exceptions.register(ray.exceptions, [(ray_queue.Empty, Empty), (ray_queue.Full, Full)])
     exceptions.translate_generator_errors(ray.ObjectRefGenerator)
+    exceptions.translate_task_errors(ray.exceptions.RayTaskError)
     backend.activate(backend.RAY_NAME)
 
 

@@ -22,8 +22,13 @@ Two ways remained:
   ``__next__``/``__anext__`` are wrapped once, in this process, to translate
   likewise (``translate_generator_errors``); what they raise stays an
   instance of Ray's class, so Ray code in the same process is unaffected.
-  Errors that Ray raises on its other paths (``await ref`` in an async
-  actor, a direct ``ray.get``) are Ray's untranslated classes.
+  ``await ref`` (Ray's ``ObjectRef``, whose methods cannot be wrapped) turns
+  a task's error into the instance it raises with Ray's
+  ``RayTaskError.as_instanceof_cause``, which is wrapped likewise
+  (``translate_task_errors``): ``await`` of a failed task, in the driver or
+  in an async actor, and of an item of a streaming generator raise
+  translated errors.  Ray's other errors reached by ``await`` (an actor that
+  died) and a direct ``ray.get`` keep Ray's classes.
 
 The counterparts of a Ray class are ray_lite's classes of the same name in its
 MRO, the nearest of each line (``ActorUnavailableError`` -> ``RayActorError``,
@@ -34,7 +39,7 @@ import functools
 import inspect
 from ray_lite import exceptions as _rl
 
-__all__ = ["translate", "register", "translate_generator_errors"]
+__all__ = ["translate", "register", "translate_generator_errors", "translate_task_errors"]
 
 # Ray's class -> ray_lite's class it answers to (filled by ``register``).
 _COUNTERPARTS = {}
@@ -133,3 +138,18 @@ def translate_generator_errors(generator_cls):
     anext = generator_cls.__anext__
     generator_cls.__anext__ = async_(anext) if inspect.iscoroutinefunction(anext) else sync(anext)
     generator_cls._ray_lite_translates = True
+
+
+def translate_task_errors(task_error_cls):
+    """Wrap ``task_error_cls.as_instanceof_cause`` (Ray's ``RayTaskError``:
+    what ``await ref`` raises is made by it) to return the translated error;
+    once per process."""
+    if task_error_cls.__dict__.get("_ray_lite_translates"):
+        return
+    as_cause = task_error_cls.as_instanceof_cause
+
+    @functools.wraps(as_cause)
+    def as_instanceof_cause(self):
+        return translate(as_cause(self))
+    task_error_cls.as_instanceof_cause = as_instanceof_cause
+    task_error_cls._ray_lite_translates = True

@@ -1,0 +1,67 @@
+"""Errors reached through asyncio (``await ref``, ``async for`` over a
+streaming generator) are ray_lite's exception classes on both backends, as
+those reached through ``get`` and ``next`` are."""
+import asyncio
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import RayTaskError
+
+pytestmark = pytest.mark.both_backends
+
+T = 60
+
+
+@ray.remote
+def fails(message):
+    raise KeyError(message)
+
+
+@ray.remote
+def fails_at_item_2():
+    yield 0
+    yield 1
+    raise ValueError("item 2")
+
+
+@ray.remote
+class AsyncRelay:
+    async def await_failed(self):
+        # ``await`` of a failed task inside an async actor (Ray's own path there).
+        try:
+            await fails.remote("inside")
+        except RayTaskError as exc:
+            return "caught", isinstance(exc, KeyError), "inside" in str(exc)
+        except Exception as exc:        # noqa: BLE001 - reported to the driver by name
+            return "missed", type(exc).__mro__[1].__module__, type(exc).__name__
+
+
+def test_await_of_a_failed_task_is_a_ray_task_error(rt):
+    async def main():
+        with pytest.raises(RayTaskError) as info:
+            await asyncio.wait_for(asyncio.ensure_future(fails.remote("boom")), T)
+        return info.value
+    error = asyncio.run(main())
+    # Also the user's class, with the remote message, as ``get`` gives it.
+    assert isinstance(error, KeyError)
+    assert "boom" in str(error)
+    with pytest.raises(RayTaskError):
+        ray.get(fails.remote("again"), timeout=T)
+
+
+def test_async_for_over_a_generator_that_raises_at_item_2(rt):
+    async def main():
+        seen = []
+        with pytest.raises(RayTaskError) as info:
+            async for ref in fails_at_item_2.remote():
+                seen.append(await asyncio.wait_for(asyncio.ensure_future(ref), T))
+        return seen, info.value
+    seen, error = asyncio.run(main())
+    assert seen == [0, 1]
+    assert isinstance(error, ValueError) and "item 2" in str(error)
+
+
+def test_await_in_an_async_actor_catches_ray_task_error(rt):
+    relay = AsyncRelay.remote()
+    assert ray.get(relay.await_failed.remote(), timeout=T) == ("caught", True, True)
