@@ -88,13 +88,16 @@ def _make_state_picklable():
 
 def pickle_deployment_class(cls):
     """``cls`` pickled for its replicas.  FastAPI (0.137 and later) keeps a
-    lock in each router ``include_router`` adds: there (and only there: a
-    lock stays unserialisable elsewhere) a lock arrives as a new one,
-    unlocked, as Ray Serve pickles it.  With its file name, as a task's
+    lock in each router ``include_router`` adds: in an ingress class (and
+    only there: a lock stays unserialisable elsewhere, and ``serve.run``
+    refuses a plain deployment that captures one) a lock arrives as a new
+    one, unlocked, as Ray Serve pickles it.  With its file name, as a task's
     function (``shipping.unship`` restores it: tracebacks and log records
     of a class defined in ``__main__`` name its file, not ``<dynamic-code>``)."""
     buf = io.BytesIO()
-    _DeploymentClassPickler(buf).dump(shipped_form(cls))
+    pickler = _DeploymentClassPickler if asgi_app_of_class(cls) is not None else \
+        cloudpickle.CloudPickler
+    pickler(buf).dump(shipped_form(cls))
     return buf.getvalue()
 
 

@@ -178,7 +178,15 @@ def _build(app, app_name, code_version=None, logging_config=None):
         specs[name] = None
         handle = DeploymentHandle(name, app_name)
         seen[id(a)] = handle
-        args_blob = _bound_args_blob(a, visit)
+        try:
+            args_blob = _bound_args_blob(a, visit)
+        except _NotSerializableError:
+            raise       # a bound deployment's, named already
+        except Exception as exc:   # noqa: BLE001 - the pickler's refusal, whatever its type
+            refusal = _not_serializable_args(name, a)
+            if refusal is None:
+                raise       # not an argument's (a bound deployment's options, say)
+            raise refusal from None
         args, kwargs = cloudpickle.loads(args_blob)
         config = dep.full_config()
         auto = config.get("autoscaling_config")
@@ -190,7 +198,11 @@ def _build(app, app_name, code_version=None, logging_config=None):
             config["multiplexed"] = True      # its callers route by model id
         seen_apps[name] = asgi_app_of_class(dep.func_or_class) is not None
         actors = dep._config.get("deployment_actors")
-        specs[name] = {"cls_blob": pickle_deployment_class(dep.func_or_class), "args": args,
+        try:
+            cls_blob = pickle_deployment_class(dep.func_or_class)
+        except Exception as exc:   # noqa: BLE001 - the pickler's refusal, whatever its type
+            raise _not_serializable_code(name, dep.func_or_class, exc) from None
+        specs[name] = {"cls_blob": cls_blob, "args": args,
                        "kwargs": kwargs, "args_blob": args_blob, "config": config,
                        "code_version": code_version,
                        "actors_blob": pickled_actors(actors) if actors else None}
@@ -205,6 +217,57 @@ def _build(app, app_name, code_version=None, logging_config=None):
             f"include one deployment with @serve.ingress in your application to avoid this "
             f"issue.")
     return ingress.deployment_name, specs
+
+
+class _NotSerializableError(TypeError):
+    """A deployment's code or constructor arguments cannot be serialised
+    (a ``TypeError``, as Ray Serve raises; the message names the deployment)."""
+
+
+def _not_serializable_code(name, func_or_class, exc):
+    what = "class" if inspect.isclass(func_or_class) else "function"
+    return _NotSerializableError(
+        f"Could not serialize deployment {name!r}: its {what} "
+        f"{getattr(func_or_class, '__qualname__', func_or_class)!r} captures something that "
+        f"cannot be pickled ({exc}){_culprits(func_or_class, name)}. Create it inside the "
+        f"{what} (in __init__, say) instead of capturing it.")
+
+
+def _not_serializable_args(name, app):
+    """The error for ``app``'s constructor arguments, naming each that fails
+    (a bound deployment in them counts as its handle); None if none does."""
+    import io
+    failing = []
+    named = [(f"argument {i}", v) for i, v in enumerate(app._args)] + \
+        [(f"keyword argument {k!r}", v) for k, v in app._kwargs.items()]
+    for label, value in named:
+        try:
+            _BoundPickler(io.BytesIO(), _as_none).dump(value)
+        except Exception as err:   # noqa: BLE001 - this one fails
+            failing.append(f"{label} ({err}){_culprits(value, label.rsplit(' ', 1)[-1])}")
+    if not failing:
+        return None
+    return _NotSerializableError(
+        f"Could not serialize the init args of deployment {name!r}: {'; '.join(failing)}. "
+        f"Pass what the deployment needs to create it instead (a lock, a connection, an "
+        f"open file cannot be sent to its replicas).")
+
+
+def _as_none(app):
+    return None
+
+
+def _culprits(obj, name):
+    """``": found in: a -> b"``: the parts of ``obj`` that do not pickle
+    (``inspect_serializability``), or "" when none is singled out."""
+    import io
+    from ray_lite.util.check_serialize import inspect_serializability
+    try:
+        _, failures = inspect_serializability(obj, name=name, print_file=io.StringIO())
+    except Exception:   # noqa: BLE001 - the message goes without it
+        return ""
+    paths = sorted(" -> ".join(str(p) for p in f.path) for f in failures if len(f.path) > 1)
+    return f"; found in: {', '.join(paths)}" if paths else ""
 
 
 @dataclasses.dataclass
