@@ -13,7 +13,9 @@ power of two choices on this proxy's in-flight counts, among replicas under
 queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 A deployment that autoscales is told how many wait (``_demand``); one scaled
 to zero gets its requests queued while the controller starts a replica.
-A request waits at most ``request_timeout_s`` from its arrival, queued or not.
+A request waits at most ``request_timeout_s`` from its arrival, queued or not
+(else ``RAY_SERVE_REQUEST_PROCESSING_TIMEOUT_S``, as in Ray): then it gets a 408
+and is cancelled in its replica.
 """
 import asyncio
 import collections
@@ -134,6 +136,85 @@ def _refusal(backpressure):
     return status, headers, body
 
 
+# How late a request's timeout may be answered: the deadlines due within
+# this of each other expire in one turn of the timer (under load, one turn
+# of the loop would otherwise run the timer for every request).
+DEADLINE_SLACK_S = 0.01
+# The deadline queue drops answered requests' entries when it grows past
+# twice its live entries, and never below this many.
+DEADLINE_COMPACT_AT = 1024
+
+
+def request_timeout_s(options):
+    """The HTTP options' ``request_timeout_s``, else Ray Serve's variables
+    ``RAY_SERVE_REQUEST_PROCESSING_TIMEOUT_S`` and
+    ``SERVE_REQUEST_PROCESSING_TIMEOUT_S`` (None: no timeout)."""
+    t = options.get("request_timeout_s")
+    if t:
+        return float(t)
+    return (_defaults.env_number("RAY_SERVE_REQUEST_PROCESSING_TIMEOUT_S", 0.0, float)
+            or _defaults.env_number("SERVE_REQUEST_PROCESSING_TIMEOUT_S", 0.0, float)
+            or None)
+
+
+def _pending(entry):
+    deadline, conn = entry
+    req = conn.current
+    return req is not None and req.timer is deadline and not req.finished
+
+
+class Deadlines:
+    """The deadlines of the requests routed and not yet answered, each
+    ``timeout`` after it was routed.  All share one timeout, so the order they
+    were routed in is the order they fall due in: a FIFO holds them and one
+    loop timer, at the first, serves them all.  A timer per request cost
+    2 us of a proxy's CPU per request; an entry here costs an append.
+
+    An entry is ``(deadline, conn)``, and stands for ``conn.current`` while
+    that request holds the same deadline object in ``timer``: an answered
+    request needs no removal, and no entry keeps a request's body alive."""
+
+    __slots__ = ("loop", "timeout", "expire", "entries", "timer", "limit", "slack")
+
+    def __init__(self, loop, timeout, expire):
+        self.loop = loop
+        self.timeout = timeout
+        self.expire = expire    # expire(conn, req): answers a request that fell due
+        self.entries = collections.deque()
+        self.timer = None
+        self.limit = DEADLINE_COMPACT_AT
+        self.slack = min(DEADLINE_SLACK_S, timeout / 10)
+
+    def add(self, conn, req):
+        deadline = req.timer = self.loop.time() + self.timeout
+        entries = self.entries
+        entries.append((deadline, conn))
+        if self.timer is None:
+            self.timer = self.loop.call_at(deadline + self.slack, self._expire_due)
+        elif len(entries) > self.limit:
+            live = self.entries = collections.deque(filter(_pending, entries))
+            self.limit = max(DEADLINE_COMPACT_AT, 2 * len(live))
+
+    def _expire_due(self):
+        self.timer = None
+        now = self.loop.time()
+        while True:
+            # (self.entries each time: expiring a request may route the
+            # connection's next one, which adds, and may compact, the queue)
+            entries = self.entries
+            if not entries or entries[0][0] > now:
+                break
+            entry = entries.popleft()
+            if _pending(entry):
+                conn = entry[1]
+                self.expire(conn, conn.current)
+        entries = self.entries
+        while entries and not _pending(entries[0]):
+            entries.popleft()
+        if entries and self.timer is None:
+            self.timer = self.loop.call_at(entries[0][0] + self.slack, self._expire_due)
+
+
 def _choose(route, req):
     """The replica for ``req`` on ``route`` (None: all are at the limit)."""
     if route.multiplexed:
@@ -152,8 +233,8 @@ class ProxyActor:
         self.host = options.get("host") or _defaults.HTTP_HOST
         self.port = int(options.get("port", _defaults.HTTP_PORT))
         self.max_body = int(options.get("max_body_size") or _defaults.MAX_BODY_SIZE)
-        t = options.get("request_timeout_s")
-        self.request_timeout = float(t) if t else None
+        self.request_timeout = request_timeout_s(options)
+        self.deadlines = None   # a Deadlines when there is a request timeout
         self.keep_alive_timeout = float(options.get("keep_alive_timeout_s")
                                         or _defaults.KEEP_ALIVE_TIMEOUT_S)
         self.idle_sweep = None      # the timer of the next sweep, while connections are open
@@ -178,6 +259,8 @@ class ProxyActor:
 
     async def start(self):
         self.loop = loop = asyncio.get_running_loop()
+        if self.request_timeout is not None:
+            self.deadlines = Deadlines(loop, self.request_timeout, self._on_timeout)
         _memdebug.install(loop, "proxy")
         if HOLD_WAKES:
             release = _ring.release_wakes
@@ -338,6 +421,8 @@ class ProxyActor:
             return
         req.route = route
         req.url = (path, query)
+        if self.deadlines is not None and req.timer is None:
+            self.deadlines.add(conn, req)
         rep = _choose(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
@@ -349,9 +434,6 @@ class ProxyActor:
                                             f"of it runs (it failed to deploy, or is stopping).")
                 return
             route.waiting.append((conn, req))
-            if self.request_timeout is not None and req.timer is None:
-                req.timer = self.loop.call_later(self.request_timeout, self._on_timeout,
-                                                 conn, req)
             route.waiting_changed()
             return
         self._send(conn, req, route, rep)
@@ -381,8 +463,6 @@ class ProxyActor:
             conn.respond_text(req, 500, "Internal Server Error")
             return
         req.ref = ref
-        if self.request_timeout is not None and req.timer is None:
-            req.timer = self.loop.call_later(self.request_timeout, self._on_timeout, conn, req)
         _core.on_ready(ref, lambda _e: self._on_reply(conn, req))
         if self.inflight == 1 and SPIN_BUDGET_S > 0:
             req.sent = _monotonic()
@@ -402,9 +482,6 @@ class ProxyActor:
         req.rep = None
         rep.inflight -= 1
         self.inflight -= 1
-        if req.timer is not None:
-            req.timer.cancel()
-            req.timer = None
         if req.route is not None:
             self._pump(req.route)
 
@@ -513,6 +590,8 @@ class ProxyActor:
             self.route_request(conn, req, *req.url)
 
     async def _stream(self, conn, req, status, headers, token):
+        if req.finished:
+            return      # (timed out, or its client left, before this task ran)
         if bad_head_line(headers) is not None:
             # Not one byte of this head: conn.respond logs it and answers
             # 500 instead; the replica's unclaimed stream expires.

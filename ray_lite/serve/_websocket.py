@@ -98,9 +98,7 @@ def take(conn, req):
 
 def start(proxy, conn, req, route, rep, headers):
     """Relay the WebSocket ``req`` asks for to ``rep``, one of ``route``'s replicas."""
-    if req.timer is not None:       # (set while it waited: the relay has no deadline)
-        req.timer.cancel()
-        req.timer = None
+    req.timer = None        # (its deadline while it waited: the relay has none)
     rep.inflight += 1
     proxy.inflight += 1
     req.rep = rep
