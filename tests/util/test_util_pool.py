@@ -148,19 +148,17 @@ def test_imap_unordered_returns_the_ready_one_first(pool):
 
 
 def test_imap_error_one_item_per_chunk_goes_on(pool):
+    # As Ray's pool: the item's error is its result (more in test_multiprocessing_parity.py).
     it = pool.imap(inverse, [1, 0, 2])
     assert next(it) == 1.0
-    with pytest.raises(ZeroDivisionError):
-        next(it)
+    assert isinstance(next(it), ZeroDivisionError)
     assert next(it) == 0.5
 
 
-def test_imap_error_in_a_larger_chunk_ends_the_iteration(pool):
-    it = pool.imap(inverse, [1, 0, 2, 4], chunksize=2)
-    with pytest.raises(ZeroDivisionError):
-        next(it)
-    with pytest.raises(StopIteration):
-        next(it)
+def test_imap_error_in_a_larger_chunk_goes_on(pool):
+    results = list(pool.imap(inverse, [1, 0, 2, 4], chunksize=2))
+    assert results[0] == 1.0 and results[2:] == [0.5, 0.25]
+    assert isinstance(results[1], ZeroDivisionError)
 
 
 def test_apply_and_apply_async(pool):
@@ -300,13 +298,13 @@ def test_a_dead_actor_called_by_the_function_is_not_the_workers_death(pool):
     assert set(pool.map(pid, range(8), chunksize=1)) == workers   # none replaced
 
 
-def test_a_worker_that_dies_under_imap_raises(pool):
-    it = pool.imap(lambda x: die_at(x, 3), range(6))
-    got = []
-    with pytest.raises(RayActorError):
-        for value in it:
-            got.append(value)
-    assert 3 not in got
+def test_a_worker_that_dies_under_imap_fails_its_items(pool):
+    # The items the dead worker held have its death as their result (as on
+    # Ray); the others their value.
+    got = list(pool.imap(lambda x: die_at(x, 3), range(6)))
+    assert len(got) == 6 and isinstance(got[3], RayActorError)
+    assert all(v == x or isinstance(v, RayActorError) for x, v in enumerate(got))
+    assert pool.map(square, range(4), chunksize=1) == [0, 1, 4, 9]   # replaced
 
 
 def test_maxtasksperchild_replaces_the_worker(rt):
@@ -405,6 +403,12 @@ def assert_traceback_starts_at(exc, function_name, filename, line):
     assert not [f for f in frames if ray_lite_dir in f], text
 
 
+def _raise_first_error(results):
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+
+
 def test_a_failing_items_traceback_starts_at_the_users_function(pool):
     # A local function travels by value (cloudpickle), as a function of a
     # script's __main__ does: its frames must keep their file and line.
@@ -415,7 +419,7 @@ def test_a_failing_items_traceback_starts_at_the_users_function(pool):
     raise_line = check.__code__.co_firstlineno + 2
     name = check.__qualname__
     for run in (lambda: pool.map(check, range(6), chunksize=2),
-                lambda: list(pool.imap(check, range(6))),
+                lambda: _raise_first_error(pool.imap(check, range(6))),
                 lambda: pool.starmap(check, [(x,) for x in range(6)]),
                 lambda: pool.apply(check, (3,)),
                 lambda: pool.apply_async(check, (3,)).get(timeout=60)):

@@ -9,7 +9,11 @@ keeps: a lambda or a closure works as well as a module-level function.
 Differences from the standard library, all in the direction of not hanging:
 a worker that dies fails the chunks it held (``map`` raises the core's
 ``RayActorError``) and is replaced for later work; ``terminate`` fails the
-results still pending instead of leaving them unfinished forever.
+results still pending instead of leaving them unfinished forever.  As in
+Ray's pool, ``imap``/``imap_unordered`` hand back an item's error as that
+item's result and go on (the standard library raises it and, with chunks of
+several items, ends the iteration), and take a non-iterable argument as one
+item, with a ``RayDeprecationWarning``.
 
 Callbacks run on one thread per pool (started with the first result that has
 a callback), as the standard library runs them on its result-handler thread:
@@ -35,7 +39,7 @@ from ray_lite._private.objects.refs import pinning_refs
 from ray_lite._private.objects.shipping import shipped_form, unship
 from ray_lite._private.process import backend as _backend
 from ray_lite._private.process.errors import make_task_error
-from ray_lite.exceptions import FunctionRaisedActorError, RayActorError
+from ray_lite.exceptions import FunctionRaisedActorError, RayActorError, RayDeprecationWarning
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "FunctionRaisedActorError"]
 
@@ -64,6 +68,18 @@ def _item_error(fn, exc):
     if isinstance(exc, RayActorError) and not isinstance(exc, FunctionRaisedActorError):
         exc = FunctionRaisedActorError(str(exc)).with_traceback(exc.__traceback__)
     return make_task_error(_function_name(fn), exc)
+
+
+class _ItemFailed:
+    """In the results of a chunk run item by item: the error of one item
+    (told from a value, which may be an exception the function returned)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+    def __reduce__(self):
+        return _ItemFailed, (self.error,)
 
 
 class _PoolWorker:
@@ -96,6 +112,17 @@ class _PoolWorker:
             return [fn(x) for x in chunk]
         except Exception as exc:
             raise _item_error(fn, exc) from None
+
+    def run_items(self, blob, chunk, star):
+        """Each item's value, or its error as an ``_ItemFailed`` (imap's chunks)."""
+        fn = self._function(blob)
+        out = []
+        for item in chunk:
+            try:
+                out.append(fn(*item) if star else fn(item))
+            except Exception as exc:
+                out.append(_ItemFailed(_item_error(fn, exc)))
+        return out
 
     def run_call(self, blob, args, kwds):
         fn = self._function(blob)
@@ -291,9 +318,11 @@ class IMapIterator:
     """The iterator ``imap``/``imap_unordered`` return (``next(timeout=None)``).
 
     Chunks are submitted as results are taken, a few per worker ahead, so an
-    endless iterable works.  An error raised by a chunk of one item is raised
-    at that item and the iteration goes on; with larger chunks, the iteration
-    ends after it, as in the standard library.
+    endless iterable works.  As in Ray's pool, an item whose call raised has
+    that error (a ``RayTaskError`` that is also the function's exception
+    class, as ``map`` raises it) as its result, and the iteration goes on;
+    the items of a chunk whose worker died each have the core's
+    ``RayActorError``.
     """
 
     def __init__(self, pool, blob, iterable, chunksize, star, ordered):
@@ -303,7 +332,7 @@ class IMapIterator:
         self._chunksize = chunksize
         self._star = star
         self._ordered = ordered
-        self._inflight = []          # [(ref, slot, actor)] in submission order
+        self._inflight = []          # [(ref, slot, actor, items)] in submission order
         self._values = []            # values of answered chunks, handed out first
         self._next_value = 0
         self._exhausted = False
@@ -318,8 +347,8 @@ class IMapIterator:
             if not chunk:
                 self._exhausted = True
                 break
-            self._inflight.append(self._pool._submit("run_chunk", self._blob, chunk,
-                                                     self._star))
+            call = self._pool._submit("run_items", self._blob, chunk, self._star)
+            self._inflight.append((*call, len(chunk)))
 
     def _submit_all(self):
         self._fill(float("inf"))
@@ -334,7 +363,7 @@ class IMapIterator:
         if self._next_value < len(self._values):
             value = self._values[self._next_value]
             self._next_value += 1
-            return value
+            return value.error if type(value) is _ItemFailed else value
         if self._ended:
             raise StopIteration
         self._fill(self._window)
@@ -352,19 +381,17 @@ class IMapIterator:
             raise TimeoutError
         inflight.remove(call)
         self._fill(self._window)
-        ref, slot, actor = call
+        ref, slot, actor, items = call
         try:
             values = ray_lite.get(ref)
         except Exception as exc:
+            # The whole chunk failed (its worker died): each item has the error.
             if isinstance(exc, RayActorError) and not isinstance(exc, FunctionRaisedActorError):
                 self._pool._worker_died(slot, actor)
-            if self._chunksize > 1:
-                self._ended = True
-                self._inflight = []
-            raise
+            values = [_ItemFailed(exc)] * items
         self._values = values
-        self._next_value = 1
-        return values[0]
+        self._next_value = 0
+        return self.next()
 
 
 @_backend.ray_counterpart("Pool")
@@ -558,6 +585,15 @@ class Pool:
         self._check_running()
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize!r}")
+        try:
+            iter(iterable)
+        except TypeError:
+            # Ray's pool takes it as one item, and warns that it will stop.
+            warnings.warn(f"Passing a non-iterable argument ({type(iterable).__name__}) to "
+                          f"Pool.imap or Pool.imap_unordered is deprecated, as in Ray: it is "
+                          f"taken as one item. Pass [x] instead.", RayDeprecationWarning,
+                          stacklevel=3)
+            iterable = [iterable]
         return IMapIterator(self, self._blob(func), iterable, chunksize, False, ordered)
 
     # ------------------------------------------------------------- lifetime
