@@ -10,13 +10,16 @@ control work: a cache reset, a configuration reload): it bypasses
 ``max_ongoing_requests`` and ``max_queued_requests``, skips a replica found
 dead when the call reaches it, and raises ``DeploymentUnavailableError``
 when none is left; ``results()`` / ``results_async()`` give one result per
-replica, in the order the calls went out.
+replica, in the order the calls went out.  A call given another call's
+response as an argument, whose upstream replica died before answering,
+raises ``RayServeException`` naming both deployments, as in Ray.
 """
 import asyncio
 import time
 from asyncio import _get_running_loop    # (C: a look at a thread-local, per call)
 
-from ray_lite.exceptions import GetTimeoutError, TaskCancelledError
+from ray_lite.exceptions import (ActorDiedError, GetTimeoutError, RayActorError, RayTaskError,
+                                 TaskCancelledError)
 
 from . import _core, _defaults, context
 from ._request_calls import _noted, _request_calls
@@ -65,6 +68,65 @@ def _unwrap(value):
     return value
 
 
+def _unwrap_args(args, kwargs):
+    """``args`` and ``kwargs`` with each ``DeploymentResponse`` among them
+    replaced by its ref, and the responses so replaced (None: none was)."""
+    upstream = None
+    if args:
+        args = list(args)
+        for i, a in enumerate(args):
+            if type(a) is DeploymentResponse:
+                args[i] = a._ref
+                upstream = [a] if upstream is None else upstream + [a]
+    if kwargs:
+        for k, v in kwargs.items():
+            if type(v) is DeploymentResponse:
+                kwargs[k] = v._ref      # (the call's own dict: **kwargs made it)
+                upstream = [v] if upstream is None else upstream + [v]
+    return args, kwargs, upstream
+
+
+class _Chain:
+    """What a call that took other calls' responses as arguments needs to
+    say, if it fails, that one of those died: its deployment, and the
+    responses (kept until it succeeds)."""
+
+    __slots__ = ("deployment", "app", "upstream")
+
+    def __init__(self, handle, upstream):
+        self.deployment = handle.deployment_name
+        self.app = handle.app_name
+        self.upstream = upstream
+
+    def drop_if_ok(self, ref):
+        # (upstream results are not kept alive past a call that used them)
+        r = _core.peek(ref)
+        if r is not None and r[0]:
+            self.upstream = ()
+
+    def upstream_death(self, exc):
+        """Ray Serve's error for ``exc``, the call's failure, when it failed
+        because an upstream replica died (the argument it was to compute
+        could not be had); None otherwise.  The downstream replica itself
+        did not die: its error is a ``RayTaskError``, not the core's."""
+        if not (isinstance(exc, RayTaskError) and isinstance(exc, ActorDiedError)):
+            return None
+        from .exceptions import RayServeException
+        for response in self.upstream:
+            r = _core.peek(response._ref)
+            if r is not None and not r[0] and isinstance(r[1], RayActorError):
+                source = response._source
+                up = (f"deployment '{source.deployment_name}' of application "
+                      f"'{source.app_name}'" if source is not None else "another deployment")
+                err = RayServeException(
+                    f"The call to deployment '{self.deployment}' of application '{self.app}' "
+                    f"failed: its argument was the response of {up}, whose replica died "
+                    f"before answering ({r[1]})")
+                err.__cause__ = exc
+                return err
+        return None
+
+
 class DeploymentHandle:
     """Calls a deployment: ``handle.remote(...)``, ``handle.method.remote(...)``."""
 
@@ -104,17 +166,20 @@ class DeploymentHandle:
         router = self._router
         if router is None or context._controller_node is not _core.current_node():
             router = self._router = get_router(self.app_name, self.deployment_name)
-        if args:
-            args = [_unwrap(a) for a in args]
-        if kwargs:
-            kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+        chain = None
+        if args or kwargs:
+            args, kwargs, upstream = _unwrap_args(args, kwargs)
+            if upstream is not None:
+                chain = _Chain(self, upstream)
         model_id = self._model_id
         meta = _call_meta(model_id)
         for attempt in range(_SEND_ATTEMPTS):
             rep = router.reserve(not self._stream, model_id)
             if rep is None:
                 q, ref = router.enqueue(self._method, args, kwargs, model_id, meta)
-                return _noted(DeploymentResponse(ref, router, q))
+                if chain is not None:
+                    _core.on_ready(ref, lambda _x: chain.drop_if_ok(ref))
+                return _noted(DeploymentResponse(ref, router, q, self, chain))
             try:
                 if self._stream:
                     if meta is None:
@@ -133,11 +198,13 @@ class DeploymentHandle:
             # Dead before it saw the call (its death not yet in this
             # handle's set): certain not to have run it, so another may.
             router.drop(rep)
+        if chain is not None:
+            _core.on_ready(ref, lambda _x: chain.drop_if_ok(ref))
         if self._stream:
             _core.on_ready(ref, lambda _x: router.release(rep))
-            return _noted(DeploymentResponseGenerator(gen))
+            return _noted(DeploymentResponseGenerator(gen, chain))
         _core.on_ready(ref, lambda _x: router.release(rep))
-        return _noted(DeploymentResponse(ref))
+        return _noted(DeploymentResponse(ref, None, None, self, chain))
 
     def broadcast(self, method_name, *args, **kwargs):
         """Call ``method_name`` on every running replica (Ray's): a
@@ -184,16 +251,29 @@ def _request_cancelled(exc):
     return exc
 
 
+def _serve_error(exc, chain):
+    """The error a response raises for ``exc``: Serve's for a cancelled call
+    and for an upstream replica's death (``chain``: the call took other
+    calls' responses), else ``exc``."""
+    if chain is not None:
+        died = chain.upstream_death(exc)
+        if died is not None:
+            return died
+    return _request_cancelled(exc)
+
+
 class DeploymentResponse:
     """The future result of a handle call: ``.result()``, ``await``, or pass it on."""
 
-    __slots__ = ("_ref", "_router", "_queued", "_cancelled")
+    __slots__ = ("_ref", "_router", "_queued", "_cancelled", "_source", "_chain")
 
-    def __init__(self, ref, router=None, queued=None):
+    def __init__(self, ref, router=None, queued=None, source=None, chain=None):
         self._ref = ref
         self._router = router      # with _queued: a call the handle holds
         self._queued = queued
         self._cancelled = False
+        self._source = source      # the handle that made the call (names its deployment)
+        self._chain = chain        # a _Chain when it took other responses as arguments
 
     def result(self, *, timeout_s=None, _skip_asyncio_check=False):
         if not _skip_asyncio_check and _get_running_loop() is not None:
@@ -202,17 +282,31 @@ class DeploymentResponse:
             return _core.get(self._ref, timeout=timeout_s)
         except TaskCancelledError as exc:
             raise _request_cancelled(exc) from None
+        except ActorDiedError as exc:
+            if self._chain is None:
+                raise
+            err = _serve_error(exc, self._chain)
+            if err is exc:
+                raise
+            raise err from exc
 
     def __await__(self):
         r = _core.peek(self._ref)
         if r is not None:
             if r[0]:
                 return r[1]
-            raise _request_cancelled(r[1])
+            raise _serve_error(r[1], self._chain)
         try:
             return (yield from self._ref.__await__())
         except TaskCancelledError as exc:
             raise _request_cancelled(exc) from None
+        except ActorDiedError as exc:
+            if self._chain is None:
+                raise
+            err = _serve_error(exc, self._chain)
+            if err is exc:
+                raise
+            raise err from exc
 
     def cancel(self):
         self._cancelled = True
@@ -253,11 +347,12 @@ class DeploymentResponse:
 class DeploymentResponseGenerator:
     """The items a streaming handle call yields, in order (sync or async iteration)."""
 
-    __slots__ = ("_gen", "_cancelled")
+    __slots__ = ("_gen", "_cancelled", "_chain")
 
-    def __init__(self, gen):
+    def __init__(self, gen, chain=None):
         self._gen = gen
         self._cancelled = False
+        self._chain = chain        # a _Chain when it took other responses as arguments
 
     def __iter__(self):
         return self
@@ -266,7 +361,15 @@ class DeploymentResponseGenerator:
         if _get_running_loop() is not None:
             _refuse_sync_wait("`async for` or `await response.__anext__()`")
         ref = next(self._gen)
-        return _core.get(ref)
+        try:
+            return _core.get(ref)
+        except ActorDiedError as exc:
+            if self._chain is None:
+                raise
+            err = self._chain.upstream_death(exc)
+            if err is None:
+                raise
+            raise err from exc
 
     def __aiter__(self):
         return self
@@ -275,9 +378,21 @@ class DeploymentResponseGenerator:
         ref = await self._gen.__anext__()
         r = _core.peek(ref)
         if r is None:
-            return await ref
+            try:
+                return await ref
+            except ActorDiedError as exc:
+                if self._chain is None:
+                    raise
+                err = self._chain.upstream_death(exc)
+                if err is None:
+                    raise
+                raise err from exc
         if r[0]:
             return r[1]
+        if self._chain is not None:
+            err = self._chain.upstream_death(r[1])
+            if err is not None:
+                raise err
         raise r[1]
 
     def cancel(self):
