@@ -15,6 +15,9 @@ call: there ``get_task_id()`` is None.
 import os
 import sys
 import threading
+import warnings
+
+from ray_lite.exceptions import RayDeprecationWarning
 
 from ..actors.actor_exit import SCRIPT_MODE, WORKER_MODE, _is_actor, exit_actor  # noqa: F401
 from ..links import protocol as P
@@ -30,9 +33,9 @@ def _frames_running_calls(node):
     """The code of an actor's methods that run a call (their ``oid`` local is its id)."""
     global _call_codes
     if _call_codes is None:
-        cls = type(node)
+        cls, aio = type(node), type(node.async_actor)
         _call_codes = frozenset(f.__code__ for f in (
-            cls._run_method, cls._run_method_async, cls._run_method_now))
+            cls._run_method, aio._run_method_async, aio._run_method_now))
     return _call_codes
 
 
@@ -116,25 +119,42 @@ class RuntimeContext:
         oid = current_call_oid()
         return task_id_hex(oid) if oid is not None else None
 
-    # Ray's older properties, id objects where the methods above give hex.
+    # Ray's older properties, id objects where the methods above give hex;
+    # deprecated (each read warns), as in Ray.
     @property
     def node_id(self):
-        return NodeID.from_hex(self.get_node_id())
+        _deprecated("node_id", "get_node_id()")
+        return self._node_id()
 
     @property
     def job_id(self):
-        return JobID.from_hex(self.get_job_id())
+        _deprecated("job_id", "get_job_id()")
+        return self._job_id()
 
     @property
     def task_id(self):
         """The running call's ``TaskID`` (nil outside one); workers only."""
-        self._assert_worker()
-        task_id = self.get_task_id()
-        return TaskID.nil() if task_id is None else TaskID.from_hex(task_id)
+        _deprecated("task_id", "get_task_id()")
+        return self._task_id()
 
     @property
     def actor_id(self):
         """This actor's ``ActorID``, None in a task; workers only."""
+        _deprecated("actor_id", "get_actor_id()")
+        return self._actor_id()
+
+    def _node_id(self):
+        return NodeID.from_hex(self.get_node_id())
+
+    def _job_id(self):
+        return JobID.from_hex(self.get_job_id())
+
+    def _task_id(self):
+        self._assert_worker()
+        task_id = self.get_task_id()
+        return TaskID.nil() if task_id is None else TaskID.from_hex(task_id)
+
+    def _actor_id(self):
         self._assert_worker()
         actor_id = self.get_actor_id()
         return None if actor_id is None else ActorID.from_hex(actor_id)
@@ -146,9 +166,11 @@ class RuntimeContext:
 
     def get_task_function_name(self):
         """The running call's function as ``module.name`` (an actor's method:
-        ``module.Class.method``, its constructor ``module.Class.__init__``);
-        None in the driver.  A function of the script run as ``__main__`` is
-        named after the script's file, as in Ray."""
+        ``module.Class.method``, its constructor ``module.Class.__init__``;
+        an async actor's method: ``module.`` and the method's qualified name,
+        ``<locals>`` included for a class defined in a function); None in the
+        driver.  A function of the script run as ``__main__`` is named after
+        the script's file, as in Ray."""
         node = self._node
         if node.id == 0:
             return None
@@ -158,7 +180,14 @@ class RuntimeContext:
                 cls = type(node.actor)
                 method = loc["method"]
                 fn = getattr(cls, method, None)
-                return f"{_module_of(cls, fn)}.{cls.__qualname__}.{method}"
+                qualname = f"{cls.__qualname__}.{method}"
+                if node.loop is not None:
+                    # Ray names an async actor's calls by the function's
+                    # qualified name (its sync actors' by the class's name).
+                    own = getattr(fn, "__qualname__", "")
+                    if own.endswith("." + qualname) or own == qualname:
+                        qualname = own
+                return f"{_module_of(cls, fn)}.{qualname}"
             fn = loc.get("fn")
             if fn is None:
                 return None
@@ -216,8 +245,20 @@ class RuntimeContext:
         return {"GPU": []}
 
     def get_resource_ids(self):
-        """Ray's older name of ``get_accelerator_ids``."""
+        """Ray's older name of ``get_accelerator_ids`` (deprecated: warns)."""
+        _deprecated("get_resource_ids()", "get_accelerator_ids()")
         return self.get_accelerator_ids()
+
+    def get_dashboard_url(self):
+        """The dashboard's address (``host:port``) while one is served, ""
+        otherwise, as Ray's; Ray's ``RAY_OVERRIDE_DASHBOARD_URL``, when set,
+        is returned instead (without its scheme)."""
+        override = os.environ.get("RAY_OVERRIDE_DASHBOARD_URL")
+        if override:
+            return override.partition("://")[2] if "://" in override else override
+        if state.node is None:
+            return ""
+        return state.dashboard_url or ""
 
     def get_node_labels(self):
         """The node's labels (what ``label_selector`` and label strategies match)."""
@@ -264,7 +305,9 @@ class RuntimeContext:
 
     @property
     def current_placement_group_id(self):
-        """``get_placement_group_id()`` as a ``PlacementGroupID`` (nil if none), as Ray's."""
+        """``get_placement_group_id()`` as a ``PlacementGroupID`` (nil if none),
+        as Ray's (deprecated: warns)."""
+        _deprecated("current_placement_group_id", "get_placement_group_id()")
         from ..process.ids import PlacementGroupID
         pg_id = self.get_placement_group_id()
         return PlacementGroupID.nil() if pg_id is None else PlacementGroupID.from_hex(pg_id)
@@ -298,9 +341,11 @@ class RuntimeContext:
         return "127.0.0.1:0"
 
     def get(self):
-        """A dict of the context (deprecated in Ray, still there): Ray's id
+        """A dict of the context (deprecated, as in Ray: warns): Ray's id
         objects (``JobID``, ``NodeID``, ``TaskID``, ``ActorID``), not hex."""
-        out = {"job_id": self.job_id, "node_id": self.node_id, "namespace": self.namespace}
+        _deprecated("get()", "the get_xxx_id() methods")
+        out = {"job_id": self._job_id(), "node_id": self._node_id(),
+               "namespace": self.namespace}
         if self._mode == WORKER_MODE:
             task_id = self.get_task_id()
             if task_id is not None:
@@ -309,6 +354,13 @@ class RuntimeContext:
             if actor_id is not None:
                 out["actor_id"] = ActorID.from_hex(actor_id)
         return out
+
+
+def _deprecated(name, use):
+    # stacklevel: the line that read the property or called the method.
+    warnings.warn(f"RuntimeContext.{name} is deprecated and may be removed in a future "
+                  f"release, as in Ray. Use {use} instead", RayDeprecationWarning,
+                  stacklevel=3)
 
 
 def _module_of(obj, fn):

@@ -13,6 +13,9 @@ node = None
 _lock = threading.RLock()
 auto_start = None
 runtime_context = None
+# "host:port" of the dashboard this driver serves, set by the dashboard while it
+# serves and None otherwise (read by ``RuntimeContext.get_dashboard_url``).
+dashboard_url = None
 
 
 def get_node():
