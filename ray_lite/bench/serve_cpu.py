@@ -76,7 +76,7 @@ REPLICA_STAGES = (
     ("handler", ("TestDeployment.__call__",)),
     ("reply (encode, publish, wake)", ("Link.send", "WorkerNode.reply")),
     ("replica bookkeeping", ("ServeReplica.handle_http", "ServeReplica._leave",
-                             "WorkerNode._run_method_async", "WorkerNode._on_method")),
+                             "AsyncActor._run_method_async", "AsyncActor.on_method")),
     ("spin for the next request", ("ServeReplica._spin_for_next", "spin_for_messages")),
 )
 

@@ -177,11 +177,14 @@ def test_async_call_arriving_during_the_constructor_waits_for_it(rt):
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
 def test_a_first_step_raising_past_its_call_does_not_stop_the_calls_after_it():
-    from ray_lite._private.actors.async_actor import AsyncActorMixin
+    import types
 
-    class Node(AsyncActorMixin):
+    from ray_lite._private.actors.async_actor import AsyncActor
+
+    class Calls(AsyncActor):
         def __init__(self, loop):
-            self.loop, self.running, self.cancelled, self.live = loop, {}, set(), set()
+            super().__init__(types.SimpleNamespace(cancelled=set(), live=set(), handlers={}))
+            self.start(loop, None)
             self.ran = []
 
         async def _run_method_async(self, peer, msg):
@@ -191,14 +194,14 @@ def test_a_first_step_raising_past_its_call_does_not_stop_the_calls_after_it():
 
     loop = asyncio.new_event_loop()
     try:
-        node = Node(loop)
+        calls = Calls(loop)
         for oid, method in ((1, "interrupted"), (2, "m"), (3, "m")):
-            node.start_call(0, ("M", oid, method))
+            calls.start_call(0, ("M", oid, method))
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(asyncio.sleep(0))
-        assert node.ran == []
+        assert calls.ran == []
         loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0), 30))
         # Each ran in a Task of its own, done in its first step.
-        assert node.ran == [(2, True), (3, True)] and node.running == {}
+        assert calls.ran == [(2, True), (3, True)] and calls.running == {}
     finally:
         loop.close()

@@ -45,10 +45,7 @@ def begin_exit(node):
         # itself propagates to worker_main (SystemExit), which ends the process.
         queued = list(node.tasks)
         node.tasks.clear()
-        with node._held_lock:      # and those waiting for a ref argument
-            for peer, held in node.held_calls.items():
-                queued.extend((peer, msg) for msg in held)
-            node.held_calls.clear()
+        queued.extend(node.held_calls.take_all())   # and those waiting for a ref argument
         for peer, msg in queued:
             if msg[0] == P.METHOD:
                 node.live.discard(msg[1])
@@ -121,9 +118,9 @@ async def _others_done(node, read_links=False):
         if read_links:
             node.drive_nowait()
             await asyncio.sleep(0)
-        others = [t for t in node.running.values() if t is not me and not t.done()]
+        others = [t for t in node.async_actor.running.values() if t is not me and not t.done()]
         if not others:
-            if not node.deferred_calls:
+            if not node.async_actor.deferred_calls:
                 return
             # Calls read and not started yet (3.12+: async_actor.start_call):
             # their starts are queued before this step's next turn.

@@ -16,7 +16,7 @@ import types
 from ray_lite._lazy import lazy_module
 from ray_lite.exceptions import TaskCancelledError
 
-from ..links.protocol import RESULT
+from ..links.protocol import METHOD, RESULT
 from ..objects.refs import ObjectRef, stored_result
 from ..process.errors import running_task_cancelled
 from .method_lookup import actor_method
@@ -68,10 +68,44 @@ else:
     _eager_task_in = None
 
 
-class AsyncActorMixin:
-    """Part of ``WorkerNode``: running an async actor's calls."""
+class AsyncActor:
+    """A part of an async actor's ``WorkerNode`` (``worker.async_actor``):
+    running its calls on its event loop, and its ``METHOD`` handler
+    (``on_method``, registered by ``start``).
 
-    deferred_calls = ()     # calls read and not started yet (see start_call)
+    ``loop``: the actor's event loop (None until ``start``); ``slots``: its
+    ``max_concurrency`` (an ``AsyncSlots``); ``running``: oid -> the Task of
+    a call started and not finished; ``deferred_calls``: calls read and not
+    started yet (see ``start_call``); ``sync_methods``: method -> whether it
+    is a plain ``def`` (such a call may run at once, ``_run_method_now``).
+    """
+
+    def __init__(self, node):
+        self.node = node
+        self.loop = None
+        self.slots = None
+        self.running = {}
+        self.deferred_calls = ()
+        self.sync_methods = {}
+        # The node's sets (never replaced), read on every call.
+        self.cancelled, self.live = node.cancelled, node.live
+
+    def start(self, loop, slots):
+        """Run the actor's calls on ``loop``, at most ``slots`` at once: from
+        now on its ``METHOD`` messages come to ``on_method``."""
+        self.loop, self.slots = loop, slots
+        self.node.handlers[METHOD] = self.on_method
+
+    def on_method(self, peer, msg):
+        node = self.node
+        if node._releases:
+            # (See WorkerNode._on_method.)
+            node._send_releases()
+        self.live.add(msg[1])
+        # (An async def method is known after its first call: no detour.)
+        if self.sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
+            return
+        self.start_call(peer, msg)
 
     def call_task(self, coro):
         """The Task that runs one call's ``coro``, in a context of its own."""
@@ -123,10 +157,10 @@ class AsyncActorMixin:
         return args, kwargs
 
     def _is_sync_method(self, method):
-        sync = self._sync_methods.get(method)
+        sync = self.sync_methods.get(method)
         if sync is None:
-            fn = getattr(type(self.actor), method, None)
-            sync = self._sync_methods[method] = (
+            fn = getattr(type(self.node.actor), method, None)
+            sync = self.sync_methods[method] = (
                 callable(fn) and not inspect.iscoroutinefunction(fn)
                 and not inspect.isasyncgenfunction(fn) and not inspect.isgeneratorfunction(fn))
         return sync
@@ -143,9 +177,10 @@ class AsyncActorMixin:
         with ``pending``), which also owns the slot taken here.
         """
         _, oid, method, args, kwargs, nret, stream, bp = msg
-        slots = self._sem
+        node = self.node
+        slots = self.slots
         if stream or slots.free <= 0 or slots.waiters or kwargs or \
-                self.actor_init_error is not None or not self._is_sync_method(method):
+                node.actor_init_error is not None or not self._is_sync_method(method):
             return False
         running = self.running
         if self.deferred_calls or (running and _not_started(next(reversed(running.values())))):
@@ -153,30 +188,30 @@ class AsyncActorMixin:
         for a in args:
             if type(a) is ObjectRef:
                 return False
-        name = self._call_name(method)
+        name = node._call_name(method)
         try:
             context = _new_context()
             try:
-                result = context.run(actor_method(self, method), *args)
+                result = context.run(actor_method(node, method), *args)
                 if type(result) is _COROUTINE or inspect.isawaitable(result):
                     slots.free -= 1
                     task = _task_in(context, self.loop,
                                     self._run_method_async(peer, msg, result))
                     task.add_done_callback(functools.partial(
                         self._unstarted_call_cancelled, peer, msg, result))
-                    self.running[oid] = task
+                    running[oid] = task
                     return True
                 if nret != 1:
-                    result = self._split(result, nret, name)
+                    result = node._split(result, nret, name)
             except asyncio.CancelledError:
-                self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
+                node._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                 return True
             except BaseException as exc:
-                self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+                node._send_failure(peer, oid, stream, node._failure(oid, name, exc), name)
                 return True
-            self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
+            node.reply(peer, (RESULT, oid, True, stored_result(result)), name)
         finally:
-            if oid not in self.running:
+            if oid not in running:
                 self.cancelled.discard(oid)
                 self.live.discard(oid)
         return True
@@ -188,16 +223,17 @@ class AsyncActorMixin:
             return
         if hasattr(pending, "close"):
             pending.close()
-        self._sem.release()
+        self.slots.release()
         self.running.pop(msg[1], None)
         self._answer_cancelled_before_start(peer, msg)
 
     def _answer_cancelled_before_start(self, peer, msg):
+        node = self.node
         oid = msg[1]
         self.cancelled.discard(oid)
         self.live.discard(oid)
-        name = self._call_name(msg[2])
-        self._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
+        name = node._call_name(msg[2])
+        node._send_failure(peer, oid, msg[6], running_task_cancelled(name, oid), name)
 
     async def _run_method_async(self, peer, msg, pending=None):
         # At most max_concurrency calls run at once (Ray's default for async
@@ -207,7 +243,8 @@ class AsyncActorMixin:
         # the method returned, to await (``_run_method_now`` called it and
         # took the slot).
         _, oid, method, args, kwargs, nret, stream, bp = msg
-        slots = self._sem
+        node = self.node
+        slots = self.slots
         try:
             if pending is not None:
                 pass
@@ -218,16 +255,16 @@ class AsyncActorMixin:
                     await slots.wait()
                 except asyncio.CancelledError:
                     # Cancelled while waiting for a slot.
-                    self._send_failure(peer, oid, stream, TaskCancelledError(),
-                                       self._call_name(method))
+                    node._send_failure(peer, oid, stream, TaskCancelledError(),
+                                       node._call_name(method))
                     return
             try:
-                name = self._call_name(method)
+                name = node._call_name(method)
                 try:
                     if pending is not None:
                         result = pending
                     else:
-                        fn = self._method_for(msg)
+                        fn = node._method_for(msg)
                         for a in args:
                             if type(a) is ObjectRef:
                                 args, kwargs = await self._resolve_async(args, kwargs)
@@ -238,10 +275,10 @@ class AsyncActorMixin:
                         result = fn(*args, **kwargs)
                     if stream:
                         if inspect.isasyncgen(result):
-                            await self._drain_async_gen(peer, oid, result, bp, name)
+                            await node.generators.drain_async_gen(peer, oid, result, bp, name)
                             return
                         if inspect.isgenerator(result):
-                            self._drain_gen(peer, oid, result, bp, name)
+                            node.generators.drain_gen(peer, oid, result, bp, name)
                             return
                         raise TypeError(f"{name} was called with num_returns='streaming' but "
                                         f"returned {type(result).__name__}, not a generator")
@@ -252,14 +289,14 @@ class AsyncActorMixin:
                             # cancelled for the caller, as on Ray.
                             raise asyncio.CancelledError
                     if nret != 1:
-                        result = self._split(result, nret, name)
+                        result = node._split(result, nret, name)
                 except asyncio.CancelledError:
-                    self._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
+                    node._send_failure(peer, oid, stream, running_task_cancelled(name, oid), name)
                     return
                 except BaseException as exc:
-                    self._send_failure(peer, oid, stream, self._failure(oid, name, exc), name)
+                    node._send_failure(peer, oid, stream, node._failure(oid, name, exc), name)
                     return
-                self.reply(peer, (RESULT, oid, True, stored_result(result)), name)
+                node.reply(peer, (RESULT, oid, True, stored_result(result)), name)
             finally:
                 slots.release()
         finally:

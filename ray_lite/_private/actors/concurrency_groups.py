@@ -106,7 +106,7 @@ class _GroupLoop:
 
 
 class _GroupCall:
-    """A call running on a group's loop, as ``node.running`` holds it: its
+    """A call running on a group's loop, as ``async_actor.running`` holds it: its
     cancel and done work from any thread (an asyncio Task's do not)."""
 
     __slots__ = ("future",)
@@ -130,16 +130,17 @@ def install_async(node, a):
     """Route an async actor's calls to their group's own loop and slots."""
     loops = {g: _GroupLoop(g, n) for g, n in a["concurrency_groups"].items()}
     loops[None] = _GroupLoop(None, a["max_concurrency"])
-    node._sem = AsyncSlots(1 << 30)     # the groups' slots do the limiting
+    actor = node.async_actor
+    actor.slots = AsyncSlots(1 << 30)     # the groups' slots do the limiting
     router = _Router(node)
-    run = node._run_method_async
+    run = actor._run_method_async
 
     def on_method(peer, msg):
         group, msg = router.route(msg)
         group_loop = loops.get(group, loops[None])
         oid = msg[1]
         node.live.add(oid)
-        call = node.running[oid] = _GroupCall()      # before it can start (and end)
+        call = actor.running[oid] = _GroupCall()      # before it can start (and end)
         call.future = group_loop.submit(_in_group(node, group_loop.slots, run, peer, msg))
 
     node.handlers[P.METHOD] = on_method
@@ -153,7 +154,7 @@ async def _in_group(node, slots, run, peer, msg):
         await slots.__aenter__()          # a slot of the call's group
     except asyncio.CancelledError:        # cancelled while it waited for one
         node._send_failure(peer, oid, msg[6], TaskCancelledError(), node._call_name(msg[2]))
-        node.running.pop(oid, None)
+        node.async_actor.running.pop(oid, None)
         node.cancelled.discard(oid)
         node.live.discard(oid)
         return

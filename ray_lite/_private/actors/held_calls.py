@@ -9,68 +9,84 @@ other callers' calls run meanwhile.  (Async and threaded actors wait for a
 ref in their own task or thread: they need none of this.)
 """
 import collections
+import threading
 
 from ray_lite.exceptions import TaskCancelledError
 
 from ..objects.refs import ObjectRef
 
 
-class HeldCallsMixin:
-    """Part of ``WorkerNode``: ``held_calls`` (peer -> deque of METHOD
-    messages) under ``_held_lock`` (reentrant: an entry that is ready
-    already runs its callback at once, inside ``_release_held``)."""
+class HeldCalls:
+    """A part of ``WorkerNode`` (``worker.held_calls``): ``by_peer`` (peer ->
+    deque of its METHOD messages held) under ``lock`` (reentrant: an entry
+    that is ready already runs its callback at once, inside ``release``).
+    A held call that becomes ready joins the node's ``tasks``."""
 
-    def _unready_arg(self, msg):
+    def __init__(self, node):
+        self.node = node
+        self.by_peer = {}
+        self.lock = threading.RLock()
+
+    def unready_arg(self, msg):
         """The entry of the first ref among ``msg``'s arguments that is not
         ready (its value asked for from its owner), or None."""
         for a in msg[3]:
             if type(a) is ObjectRef and not a._e.ready:
-                self.objects.ensure_fetch(a)
+                self.node.objects.ensure_fetch(a)
                 return a._e
         if msg[4]:
             for a in msg[4].values():
                 if type(a) is ObjectRef and not a._e.ready:
-                    self.objects.ensure_fetch(a)
+                    self.node.objects.ensure_fetch(a)
                     return a._e
         return None
 
-    def _hold(self, peer, msg):
-        with self._held_lock:
-            held = self.held_calls.get(peer)
+    def hold(self, peer, msg):
+        with self.lock:
+            held = self.by_peer.get(peer)
             if held is None:
-                held = self.held_calls[peer] = collections.deque()
+                held = self.by_peer[peer] = collections.deque()
             held.append(msg)
             if len(held) == 1:
-                self._release_held(peer)
+                self.release(peer)
 
-    def _release_held(self, peer):
+    def release(self, peer):
         """Queue ``peer``'s held calls that are ready, in order, up to the
         first that is not (whose entry calls this again when it is)."""
-        with self._held_lock:
-            held = self.held_calls.get(peer)
+        with self.lock:
+            held = self.by_peer.get(peer)
             while held:
-                e = self._unready_arg(held[0])
+                e = self.unready_arg(held[0])
                 if e is not None:
-                    e.add_callback(lambda _e: self._release_held(peer))
+                    e.add_callback(lambda _e: self.release(peer))
                     return
-                self.tasks.append((peer, held.popleft()))
-            self.held_calls.pop(peer, None)
+                self.node.tasks.append((peer, held.popleft()))
+            self.by_peer.pop(peer, None)
 
-    def _cancel_held(self, oid):
+    def cancel(self, oid):
         """Drop the held call ``oid`` (cancelled before it could run): its
-        caller hears at once, as from Ray, not when its argument is ready."""
-        with self._held_lock:
-            for peer, held in self.held_calls.items():
+        caller hears at once, as from Ray, not when its argument is ready.
+        False when no call held is ``oid``."""
+        node = self.node
+        with self.lock:
+            for peer, held in self.by_peer.items():
                 for i, msg in enumerate(held):
                     if msg[1] == oid:
                         del held[i]
                         break
                 else:
                     continue
-                self.live.discard(oid)
-                self.cancelled.discard(oid)
-                self._send_failure(peer, oid, msg[6], TaskCancelledError(),
-                                   self._call_name(msg[2]))
-                self._release_held(peer)     # the next may be ready
+                node.live.discard(oid)
+                node.cancelled.discard(oid)
+                node._send_failure(peer, oid, msg[6], TaskCancelledError(),
+                                   node._call_name(msg[2]))
+                self.release(peer)     # the next may be ready
                 return True
         return False
+
+    def take_all(self):
+        """Every call held, as (peer, msg), in order; none is held after."""
+        with self.lock:
+            calls = [(peer, msg) for peer, held in self.by_peer.items() for msg in held]
+            self.by_peer.clear()
+        return calls

@@ -14,8 +14,8 @@ from ray_lite.exceptions import (ActorDiedError, AsyncioActorExit, RayError, Ray
 from ..actors import concurrency_groups, restarts
 from ..actors.actor_exit import begin_exit, run_exit_handlers
 from ..actors.aio import AsyncSlots, new_event_loop
-from ..actors.async_actor import AsyncActorMixin
-from ..actors.held_calls import HeldCallsMixin
+from ..actors.async_actor import AsyncActor
+from ..actors.held_calls import HeldCalls
 from ..actors.method_lookup import UNSET, class_function, method_table
 from ..job.runtime_env import process_runtime_env
 from ..links import protocol as P
@@ -28,7 +28,7 @@ from ..process.errors import (ActorExit, make_task_error, running_task_cancelled
                               unpicklable_task_error)
 from ..process.procutil import CANCEL_SIGNAL
 from .node import Node
-from .worker_streams import GeneratorsMixin
+from .worker_streams import Generators
 
 asyncio = lazy_module("asyncio", globals())
 inspect = lazy_module("inspect", globals())
@@ -42,7 +42,13 @@ relabel_from_repr = None
 _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
 
 
-class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, Node):
+class WorkerNode(TaskRunner, Node):
+    """The node of a pool worker or an actor process.  Its parts (see
+    docs/architecture.md): ``held_calls`` (a sync actor's calls waiting for
+    a ref argument), ``generators`` (the streams it produces) and
+    ``async_actor`` (an async actor's calls); the task runner, its first
+    base, is compiled."""
+
     def __init__(self, spec):
         super().__init__(spec["node_id"], spec["driver_pid"], spec["shm_prefix"])
         self.kind = spec["kind"]
@@ -60,18 +66,11 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         self._in_user_code = False
         self._interrupted = False
         self._task_thread = threading.get_ident()
-        self._sem = None           # an async actor's max_concurrency
         self._names = {}           # method -> "Class.method"
-        self._sync_methods = {}    # method -> a plain def (async actors: run at once)
         self._class_methods = method_table()    # method -> the class's function, or None
         self._bound_methods = {}   # method -> its function bound to the actor (the common call)
-        self.held_calls = {}       # peer -> its calls waiting for a ref (held_calls.py)
-        self._held_lock = threading.RLock()
         self.exiting = False
         self.known_pids = {0: spec["driver_pid"]}
-        self.stream_acks = {}
-        self.ack_waiters = {}
-        self.running = {}          # oid -> asyncio task (async actors)
         self.blocked_depth = 0
         self.current_thread_busy = False
         self.actor = None
@@ -83,9 +82,17 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         self.loop_done = None   # resolved to end an async actor's loop (worker_main)
         self.executor = None
         self._connect_lock = threading.Lock()
+        self.held_calls = HeldCalls(self)       # a sync actor's calls waiting for a ref
+        # Its table, also on the node: ``_on_method`` looks at it on every
+        # call of a sync actor (B11), without the hop through the part.
+        self._held = self.held_calls.by_peer
+        self.generators = Generators(self)      # the streams this process produces
+        self.async_actor = AsyncActor(self)     # an async actor's calls (its start sets them up)
+        # METHOD: a sync actor's here; a threaded actor's, an async actor's
+        # and concurrency groups' replace it when the actor starts.
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
                               P.CANCEL: self._on_cancel, P.EXIT: self._on_exit,
-                              P.ACK: self._on_ack_worker})
+                              P.ACK: self.generators.on_ack})
         self.add_link(0, Link.attach(spec["link_names"]), spec["driver_pid"])
 
     # ----------------------------------------------------------- plumbing
@@ -186,12 +193,12 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         if oid not in self.live:
             return          # finished already (or never ours): nothing to cancel
         self.cancelled.add(oid)
-        if self.held_calls and self._cancel_held(oid):
+        if self._held and self.held_calls.cancel(oid):
             return
-        task = self.running.get(oid)
+        task = self.async_actor.running.get(oid)
         if task is not None:
             task.cancel()
-        w = self.ack_waiters.pop(oid, None)
+        w = self.generators.ack_waiters.pop(oid, None)
         if w is not None:
             w()
         if oid == self.current_oid:
@@ -246,45 +253,38 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         if self._interrupt is not None and self._in_user_code:
             self._raise_interrupt()
 
-    def _on_ack_worker(self, peer, msg):
-        sid, consumed = msg[1], msg[2]
-        if self.stream_acks.get(sid, -1) < consumed:
-            self.stream_acks[sid] = consumed
-        w = self.ack_waiters.pop(sid, None)
-        if w is not None:
-            w()
-
     # -------------------------------------------------------------- tasks
     # (_on_task and serve_calls, the main loop: the task runner's)
     def _on_method(self, peer, msg):
+        """A sync actor's call, queued for ``serve_calls``; one waiting for a
+        ref argument is held aside (``held_calls``)."""
         if self._releases:
             # The shares of refs the call's arguments brought are reported
             # before its code runs: should it crash the process, their
             # owners take them back (Objects.release_dead_holder).
             self._send_releases()
         self.live.add(msg[1])
-        if self.loop is not None:
-            # (An async def method is known after its first call: no detour.)
-            if self._sync_methods.get(msg[2], True) and self._run_method_now(peer, msg):
-                return
-            self.start_call(peer, msg)
-        elif self.executor is not None:
-            self.executor.submit(self._run_method, peer, msg)
-        else:
-            # A sync actor: a call waiting for a ref argument is held aside
-            # (held_calls.py); the look is inline, it runs per call (B11).
-            if not self.held_calls:
-                for a in msg[3]:
-                    if type(a) is ObjectRef:
-                        break
-                else:
-                    if not msg[4]:
-                        self.tasks.append((peer, msg))
-                        return
-                if self._unready_arg(msg) is None:
+        # The look for a call held or a ref argument is inline: it runs per
+        # call (B11).
+        if not self._held:
+            for a in msg[3]:
+                if type(a) is ObjectRef:
+                    break
+            else:
+                if not msg[4]:
                     self.tasks.append((peer, msg))
                     return
-            self._hold(peer, msg)
+            if self.held_calls.unready_arg(msg) is None:
+                self.tasks.append((peer, msg))
+                return
+        self.held_calls.hold(peer, msg)
+
+    def _on_method_threaded(self, peer, msg):
+        """A threaded actor's call (``max_concurrency`` > 1), run by its pool."""
+        if self._releases:
+            self._send_releases()
+        self.live.add(msg[1])
+        self.executor.submit(self._run_method, peer, msg)
 
     def _load_function(self, fn_id, blob):
         fn = self.functions.get(fn_id)
@@ -381,14 +381,14 @@ class WorkerNode(TaskRunner, AsyncActorMixin, GeneratorsMixin, HeldCallsMixin, N
         if inspect.isasyncgen(result):
             try:
                 self._enter_user_code()   # the loop runs user code between our steps
-                asyncio.run(self._drain_async_gen(peer, oid, result, bp, name))
+                asyncio.run(self.generators.drain_async_gen(peer, oid, result, bp, name))
             finally:
                 self._in_user_code = False
             return
         if not inspect.isgenerator(result):
             raise TypeError(f"{name} was called with num_returns='streaming' but "
                             f"returned {type(result).__name__}, not a generator")
-        self._drain_gen(peer, oid, result, bp, name)
+        self.generators.drain_gen(peer, oid, result, bp, name)
 
     def _lend_slot_for_good(self):
         """A pool task interrupted inside a get: its CPU slot stays lent."""
@@ -553,9 +553,9 @@ def worker_main(spec):
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
         node.loop = loop
+        node.async_actor.start(loop, AsyncSlots(a["max_concurrency"]))
 
         async def boot():
-            node._sem = AsyncSlots(a["max_concurrency"])
             if a.get("concurrency_groups"):
                 concurrency_groups.install_async(node, a)
             node.bridges.for_running_loop()
@@ -587,6 +587,7 @@ def worker_main(spec):
     if a["max_concurrency"] > 1:
         from concurrent.futures import ThreadPoolExecutor
         node.executor = ThreadPoolExecutor(a["max_concurrency"], thread_name_prefix="actor")
+        node.handlers[P.METHOD] = node._on_method_threaded
         while node.tasks:
             peer, msg = node.tasks.popleft()
             node.executor.submit(node._run_method, peer, msg)
