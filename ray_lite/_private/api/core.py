@@ -536,6 +536,8 @@ def cancel(ref, *, force=False, recursive=True):
     or threaded actor runs on, and may look
     (``get_runtime_context().is_canceled()``): one that saw it ends with
     ``TaskCancelledError`` for its caller, as in Ray; ``force=True`` is refused.
+    ``recursive`` (the default): the tasks a cancelled running task submitted,
+    and theirs, are cancelled too (not the calls it made to actors).
     """
     if _backend.RAY:
         return _backend.ENGINE.core.cancel(ref, force, recursive)
@@ -549,7 +551,7 @@ def cancel(ref, *, force=False, recursive=True):
                 raise ValueError("force=True is not supported for actor tasks.")
             node.streams.cancel_stream(s, force)
             return
-        node.request(P.OP_CANCEL, s.sid, force)
+        node.request(P.OP_CANCEL, s.sid, force, recursive)
         node.streams.fail_stream(s, TaskCancelledError())
         return
     if type(ref) is not ObjectRef:
@@ -559,7 +561,7 @@ def cancel(ref, *, force=False, recursive=True):
         return
     if type(ref._e) is DynamicEntry:       # num_returns="dynamic": its stream
         items = ref._e.items
-        return None if items is None else cancel(items, force=force)
+        return None if items is None else cancel(items, force=force, recursive=recursive)
     oid = ref._id
     for peer, fl in list(node.inflight.items()):
         if fl.get(oid) == P.ACTOR_CALL:
@@ -567,7 +569,7 @@ def cancel(ref, *, force=False, recursive=True):
                 raise ValueError("force=True is not supported for actor tasks.")
             node.send(peer, P.cancel_msg(oid, force))
             return
-    node.request(P.OP_CANCEL, oid, force)
+    node.request(P.OP_CANCEL, oid, force, recursive)
 
 
 def get_actor(name, namespace=None):

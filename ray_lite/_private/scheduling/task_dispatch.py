@@ -10,14 +10,21 @@ from ray_lite.exceptions import RayError, RayTaskError
 from ..links import protocol as P
 from ..links.protocol import TASK
 from ..objects.refs import ObjectRef, travels_as_value
+from .task_cancel import ChildTasks
 
 
 class TaskDispatchMixin:
+    child_tasks = None      # ChildTasks, from the first task a pool task submits
+
     def submit(self, spec):
         sched = self._sched
         sched.acquire()     # not ``with``: half the cost (B11); driver only, where a
                             # Ctrl-C in runtime code is deferred (interrupts.py)
         try:
+            if spec.owner != self.id:
+                w = self.pool.get(spec.owner)
+                if w is not None:       # a pool task's child: a recursive cancel reaches it
+                    self._note_child(w, spec.oid)
             deps = None
             if spec.has_refs:
                 has_refs = False
@@ -49,6 +56,12 @@ class TaskDispatchMixin:
 
     # A task of this process (a TaskSpec it owns): scheduled as any other.
     submit_task = submit
+
+    def _note_child(self, w, oid):
+        children = self.child_tasks
+        if children is None:
+            children = self.child_tasks = ChildTasks()
+        children.note(w, oid, self.forward.__contains__)
 
     def _enqueue(self, spec, first=False):
         if spec.demand is None:
@@ -180,6 +193,8 @@ class TaskDispatchMixin:
         """What the task ``spec`` that ``w`` ran took is free again."""
         if self.captured:
             self.captured.pop(w.id, None)
+        if self.child_tasks is not None:
+            self.child_tasks.forget(w.id)
         blocked = w.blocked
         if blocked:
             w.blocked = False

@@ -1,0 +1,206 @@
+"""What a cancelled task's own tasks do, and the CPUs they give back.
+
+``ray.cancel(ref)`` is recursive by default, as in Ray: the tasks that the
+cancelled task submitted (and theirs) are cancelled too, so the CPUs they
+hold are free for the tasks that wait for them.  ``recursive=False`` leaves
+them running.
+"""
+import os
+import signal
+import time
+
+import pytest
+
+import ray_lite as ray
+from ray_lite.exceptions import RayTaskError, TaskCancelledError, WorkerCrashedError
+
+T = 60           # bound of every wait that should succeed
+NOT_YET = 0.3    # how long a task that must wait is seen still waiting
+
+
+@ray.remote(num_cpus=0)
+class Registry:
+    """Who runs (each task says so when it starts) and the refs they made."""
+
+    def __init__(self):
+        self.running = set()
+        self.refs = {}
+        self.pids = {}
+
+    def arrive(self, name):
+        self.running.add(name)
+
+    def arrived(self, names):
+        return self.running.issuperset(names)
+
+    def keep(self, name, refs, pid=None):
+        self.refs[name] = refs
+        self.pids[name] = pid
+
+    def pid(self, name):
+        return self.pids.get(name)
+
+    def kept(self, name):
+        return self.refs.get(name)
+
+
+def _run_for_ever():
+    while True:             # works until it is cancelled
+        time.sleep(0.02)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def leaf(reg):
+    reg.arrive.remote("leaf")
+    _run_for_ever()
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def inner(reg):
+    # No get: a task blocked in get lends its CPU, and this one must hold it.
+    reg.keep.remote("inner", [leaf.remote(reg)])
+    reg.arrive.remote("inner")
+    _run_for_ever()
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def outer(reg):
+    reg.keep.remote("outer", [inner.remote(reg)], os.getpid())
+    _run_for_ever()
+
+
+@ray.remote(max_retries=0)
+def hold_a_cpu(reg):
+    reg.keep.remote("hold", [], os.getpid())
+    reg.arrive.remote("hold")
+    _run_for_ever()
+
+
+@ray.remote(num_cpus=2)
+def every_cpu():
+    return 300
+
+
+def _until(cond, what):
+    deadline = time.monotonic() + T
+    while not cond():
+        assert time.monotonic() < deadline, f"not {what} after {T} s"
+        time.sleep(0.02)
+
+
+def _start_tree():
+    """outer (1 CPU) -> inner (1 CPU) -> leaf (0 CPU), all running: the
+    node's 2 CPUs are taken; then a task that needs both."""
+    reg = Registry.remote()
+    top = outer.remote(reg)
+    _until(lambda: ray.get(reg.arrived.remote(["inner", "leaf"]), timeout=T), "running")
+    waiting = every_cpu.remote()
+    ready, _ = ray.wait([waiting], timeout=NOT_YET)
+    assert ready == []          # outer and inner hold both CPUs
+    return reg, top, waiting
+
+
+@pytest.mark.parametrize("end", ["cancel", "death"])
+def test_the_cpu_of_a_task_whose_worker_died_goes_to_a_task_that_waits_for_it(end):
+    """A task's worker killed (``cancel(force=True)``, or it died): the
+    queued task that needs every CPU runs."""
+    ray.init(num_cpus=2)
+    try:
+        reg = Registry.remote()
+        held = hold_a_cpu.remote(reg)
+        _until(lambda: ray.get(reg.arrived.remote(["hold"]), timeout=T), "running")
+        waiting = every_cpu.remote()
+        ready, _ = ray.wait([waiting], timeout=NOT_YET)
+        assert ready == []
+        if end == "cancel":
+            ray.cancel(held, force=True)
+        else:
+            os.kill(ray.get(reg.pid.remote("hold"), timeout=T), signal.SIGKILL)
+        with pytest.raises((TaskCancelledError, WorkerCrashedError)):
+            ray.get(held, timeout=T)
+        assert ray.get(waiting, timeout=T) == 300
+    finally:
+        ray.shutdown()
+
+
+def _kept(reg, name):
+    refs = ray.get(reg.kept.remote(name), timeout=T)
+    assert refs is not None
+    return refs[0]
+
+
+def _cancelled(force):
+    return (TaskCancelledError, WorkerCrashedError) if force else TaskCancelledError
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_cancelling_a_task_cancels_the_tasks_it_submitted(force):
+    ray.init(num_cpus=2)
+    try:
+        reg, top, waiting = _start_tree()
+        ray.cancel(top, force=force)
+        with pytest.raises(_cancelled(force)):
+            ray.get(top, timeout=T)
+        # inner's CPU is given back too: the task that needs both CPUs runs.
+        assert ray.get(waiting, timeout=T) == 300
+        if not force:       # (force: the owner of these refs died with outer)
+            for name in ("outer", "inner"):
+                with pytest.raises(TaskCancelledError):
+                    ray.get(_kept(reg, name), timeout=T)
+    finally:
+        ray.shutdown()
+
+
+def test_cancel_with_recursive_false_leaves_the_submitted_tasks_running():
+    ray.init(num_cpus=2)
+    try:
+        reg, top, waiting = _start_tree()
+        ray.cancel(top, recursive=False)
+        with pytest.raises(TaskCancelledError):
+            ray.get(top, timeout=T)
+        # outer's CPU is free (a 1-CPU task runs on it); inner still holds its own.
+        assert ray.get(ray.remote(lambda: 1).remote(), timeout=T) == 1
+        ready, _ = ray.wait([waiting], timeout=NOT_YET)
+        assert ready == []
+        child = _kept(reg, "outer")
+        ready, _ = ray.wait([child], timeout=0)
+        assert ready == []
+        ray.cancel(child)       # recursive: inner, then leaf
+        with pytest.raises(TaskCancelledError):
+            ray.get(child, timeout=T)
+        assert ray.get(waiting, timeout=T) == 300
+    finally:
+        ray.shutdown()
+
+
+def test_a_cancelled_tasks_children_of_an_earlier_task_are_left_alone():
+    """A pool worker runs one task after another: the tasks its earlier
+    task submitted (and left running) are not the later task's."""
+    ray.init(num_cpus=2)
+    try:
+        reg = Registry.remote()
+
+        @ray.remote(num_cpus=0, max_retries=0)
+        def start_leaf(reg):
+            reg.keep.remote("first", [leaf.remote(reg)])
+            return os.getpid()
+
+        first_pid = ray.get(start_leaf.remote(reg), timeout=T)
+        _until(lambda: ray.get(reg.arrived.remote(["leaf"]), timeout=T), "running")
+        first = _kept(reg, "first")
+        top = outer.remote(reg)
+        _until(lambda: ray.get(reg.arrived.remote(["inner"]), timeout=T), "running")
+        # The pool hands out the worker that became idle last: the one that ran start_leaf.
+        assert ray.get(reg.pid.remote("outer"), timeout=T) == first_pid
+        ray.cancel(top)
+        with pytest.raises(TaskCancelledError):
+            ray.get(top, timeout=T)
+        with pytest.raises(TaskCancelledError):
+            ray.get(_kept(reg, "outer"), timeout=T)
+        ready, _ = ray.wait([first], timeout=NOT_YET)
+        assert ready == []      # still running
+        ray.cancel(first)
+        with pytest.raises((TaskCancelledError, RayTaskError)):
+            ray.get(first, timeout=T)
+    finally:
+        ray.shutdown()
