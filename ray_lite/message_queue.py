@@ -16,6 +16,7 @@ vLLM's names work too (``vllm/distributed/device_communicators/shm_broadcast.py`
     q.wait_until_ready(); r.wait_until_ready()       # collective
     q.broadcast_object(x); r.broadcast_object()      # -> x
     r.dequeue(timeout=None, cancel=threading.Event())
+    r.shutdown(); q.shutdown()                       # wakes a blocked dequeue/enqueue
     q = MessageQueue.create_from_process_group(pg, max_chunk_bytes, max_chunks, writer_rank=0)
 """
 import socket
@@ -83,6 +84,7 @@ class MessageQueue:
         self._local_ranks = local_reader_ranks
         self._shm = self._net = None
         self._reader_rank = None
+        self._shut_down = False
         if local_reader_ranks:
             self._shm = _ShmQueue(len(local_reader_ranks), max_chunk_bytes, max_chunks, **shm_options)
         try:
@@ -101,6 +103,7 @@ class MessageQueue:
         self = cls.__new__(cls)
         self._shm, self._net, self._reader_rank = shm, net, rank
         self._local_ranks = None
+        self._shut_down = False
         self._n_readers = n_readers if shm is None else shm.n_readers
         return self
 
@@ -170,12 +173,20 @@ class MessageQueue:
 
     def dequeue(self, timeout=None, cancel=None):
         """Reader: the next message.  ``cancel`` (a ``threading.Event``) set
-        while waiting raises ``RuntimeError("cancelled")``."""
-        if self._net is not None:
-            return self._net.dequeue(timeout, cancel)
-        if cancel is None:
-            return self._shm.dequeue(timeout)
-        return self._dequeue_cancellable(timeout, cancel)
+        while waiting raises ``RuntimeError("cancelled")``; ``shutdown()``
+        (from another thread) raises ``ChannelClosedError``."""
+        try:
+            if self._net is not None:
+                return self._net.dequeue(timeout, cancel)
+            if cancel is None:
+                return self._shm.dequeue(timeout)
+            return self._dequeue_cancellable(timeout, cancel)
+        except (OSError, ValueError) as exc:
+            # A wait that shutdown() ended fails however the end was torn
+            # down under it (a closed socket, a closed selector): say why.
+            if self._shut_down:
+                raise ChannelClosedError(f"{self!r} was shut down") from exc
+            raise
 
     def _dequeue_cancellable(self, timeout, cancel):
         deadline = mq_network._deadline(timeout)
@@ -231,6 +242,27 @@ class MessageQueue:
             self._shm.close()
         if self._net is not None:
             self._net.close()
+
+    def shutdown(self):
+        """vLLM's name: end this end of the queue for good.  Idempotent.  A
+        reader or writer blocked in ``dequeue``/``enqueue`` on this end (in
+        another thread) is woken with ``ChannelClosedError``, as is every
+        later call; what the end holds is freed (the writer's: the segments
+        and the readers' connections; its readers then read what was sent
+        before, then get ``ChannelClosedError``)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        if self._net is not None and self._reader_rank is not None:
+            # A remote reader waits in select() on its socket, which close()
+            # alone does not wake; a socket shut down reads as ended.
+            sock = getattr(self._net, "_sock", None)
+            try:
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:        # not connected any more: nothing waits on it
+                pass
+        self.close()
 
     def __getattr__(self, name):
         # The shared-memory queue's other names (fileno, enqueue_async,

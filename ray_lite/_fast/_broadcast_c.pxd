@@ -36,6 +36,7 @@ cdef class MessageQueue:
     cdef int _mark_read(self, char* chunk, uint64_t k, object seg_name) except -1
     cdef int _enter(self) except -1
     cdef void _leave(self)
+    cdef int _close_end(self, char* b) except -1
     cdef bint _chunk_free(self, uint32_t c, uint64_t k) except -1
     cdef int _write(self, uint32_t c, uint64_t k, object obj) except -1
     cdef int _wake_readers(self) except -1

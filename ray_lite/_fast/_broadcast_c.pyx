@@ -847,8 +847,19 @@ cdef class MessageQueue:
         """Close this end (see the pure twin).  Idempotent."""
         if self._closed or self._released:
             return
-        rl_store_release_int(&self._closed, 1)
         cdef char* b = self._base
+        # Held while closing: a call blocked in another thread, woken below,
+        # must not unmap the segment under this code (see _leave).
+        self._busy += 1
+        rl_store_release_int(&self._closed, 1)
+        try:
+            self._close_end(b)
+        finally:
+            self._busy -= 1
+        if self._busy == 0:
+            self._release()
+
+    cdef int _close_end(self, char* b) except -1:
         cdef uint32_t r
         if self._rank < 0:
             rl_store_release_u32(_u32(b + OFF_WRITER_CLOSED), 1)
@@ -873,8 +884,7 @@ cdef class MessageQueue:
             if not self._peer_alive(self._writer_pid):
                 shm.unlink_segment(self._name)
         self._wake.wake_self()
-        if self._busy == 0:
-            self._release()
+        return 0
 
     def __enter__(self):
         return self

@@ -786,7 +786,18 @@ class MessageQueue:
         thread ends with ``ChannelClosedError``.  Idempotent."""
         if self._closed or self._released:
             return
+        # Held while closing: a call blocked in another thread, woken below,
+        # must not release the mapping under this code (see _leave).
+        self._busy += 1
         self._closed = True
+        try:
+            self._close_end()
+        finally:
+            self._busy -= 1
+        if self._busy == 0:
+            self._release()
+
+    def _close_end(self):
         u32 = self._u32
         if self._rank < 0:
             u32[OFF_WRITER_CLOSED // 4] = 1
@@ -813,8 +824,6 @@ class MessageQueue:
                 shm.unlink_segment(self._name)
         # Wake our own asyncio waiter (it then sees the closed flag).
         self._wake.wake_self()
-        if self._busy == 0:
-            self._release()
 
     def __enter__(self):
         return self
