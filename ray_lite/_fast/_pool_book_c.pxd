@@ -37,4 +37,4 @@ cdef class PoolBook:
     cdef public dict inflight        # peer -> {oid: kind}
     cdef public dict pool            # worker id -> PoolWorker
     cdef public type entry_type      # refs._Entry
-    cdef public type loaded_type     # refs.LoadedValue
+    cdef public frozenset kept_types # values a result keeps as they are (immutable ones)

@@ -87,7 +87,7 @@ cdef class PoolBook:
         cdef object oid = msg[1]
         cdef object payload = msg[3]
         cdef object target, fl, w
-        if msg[2] and not self.forward and type(payload) is not self.loaded_type:
+        if msg[2] and not self.forward and type(payload) in self.kept_types:
             target = self.pending.get(oid)
             if type(target) is self.entry_type:
                 del self.pending[oid]

@@ -47,7 +47,7 @@ class PoolWorker:
 class PoolBook:
     # The fields (set by the driver): _sched, idle, queue, nested_queue,
     # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type;
-    # and those of a result: pending, inflight, pool, entry_type, loaded_type
+    # and those of a result: pending, inflight, pool, entry_type, kept_types
     # (and ``forward``, an attribute of the node's).
 
     def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
@@ -118,13 +118,14 @@ class PoolBook:
         """The driver's handler of a RESULT message ``(RESULT, oid, ok, payload)``.
 
         The common one (a value, for an entry of this process that waits,
-        not a nested task's to forward, not a value mapped from the store)
+        not a nested task's to forward, of an immutable type: not a value
+        mapped from the store nor one to keep private copies of)
         is set here, and its pool worker freed: ``Node._on_result`` and
         ``DriverNode._on_result`` in one, with only the looks it needs; it
         comes once per task (B11).  Any other goes to ``_on_result``."""
         oid = msg[1]
         payload = msg[3]
-        if msg[2] and not self.forward and type(payload) is not self.loaded_type:
+        if msg[2] and not self.forward and type(payload) in self.kept_types:
             pending = self.pending
             target = pending.get(oid)
             if type(target) is self.entry_type:

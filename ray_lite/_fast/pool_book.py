@@ -22,7 +22,7 @@
     ``task_op`` and ``spec_type`` are the protocol's TASK and TaskSpec.
     ``_on_pool_result(peer, msg)`` is the driver's handler of a RESULT: the
     common one (a value for a waiting ``entry_type`` entry of ``pending``,
-    no nested task's result to ``forward``, not a ``loaded_type`` value) is
+    no nested task's result to ``forward``, a value of one of ``kept_types``) is
     set here, ``inflight`` updated and its worker in ``pool`` freed.
     What is not the common case goes to the driver's methods
     (``_enqueue``, ``_unsent``, ``_free_worker``, ``used_up``, ``_dispatch``,

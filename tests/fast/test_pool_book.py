@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ray_lite._private.objects.entries import _Entry, _FrozenEntry
+from ray_lite._private.objects.entries import _Entry, _FrozenEntry, _IMMUTABLE
 from ray_lite._private.links.protocol import RESULT, TASK, PlacedTaskSpec, TaskSpec
 from ray_lite._private.objects.refs import LoadedValue
 
@@ -41,7 +41,7 @@ def make_book(impl, workers=2, cpu_cap=2):
             self.links = {}
             self.task_op, self.spec_type = TASK, TaskSpec
             self.pending, self.inflight, self.forward = {}, {}, {}
-            self.entry_type, self.loaded_type = _Entry, LoadedValue
+            self.entry_type, self.kept_types = _Entry, _IMMUTABLE
             self.calls = []
 
         def _on_result(self, peer, msg):
@@ -261,7 +261,8 @@ def test_an_actors_result_frees_no_worker_and_a_ready_entry_stays(pool_book_impl
     assert e2.value == "first" and 9 not in book.pending
 
 
-@pytest.mark.parametrize("case", ["error", "forwarded", "loaded", "list", "subclass", "none"])
+@pytest.mark.parametrize("case", ["error", "forwarded", "loaded", "mutable", "list", "subclass",
+                                  "none"])
 def test_any_other_result_goes_to_the_drivers_general_handler(pool_book_impl, case):
     book = make_book(pool_book_impl)
     submit(book, 3)
@@ -272,6 +273,8 @@ def test_any_other_result_goes_to_the_drivers_general_handler(pool_book_impl, ca
         book.forward[12] = 1        # some nested task's result is forwarded
     elif case == "loaded":
         payload = LoadedValue.__new__(LoadedValue)
+    elif case == "mutable":
+        payload = [5]       # its entry keeps private copies: the general handler's job
     elif case == "list":
         target = [_Entry(2), _Entry(2)]
     elif case == "subclass":

@@ -27,8 +27,7 @@ from ..actors.restarts import ActorRestarts
 from ..links import protocol as P
 from ..links.protocol import ActorInfo, PlacedTaskSpec, TaskSpec
 from ..links.transport import Link
-from ..objects.entries import _Entry
-from ..objects.refs import LoadedValue
+from ..objects.entries import _Entry, _IMMUTABLE
 from ..process import state
 from ..process.errors import KILLED, actor_died_message
 from ..process.procutil import readable_now
@@ -82,7 +81,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         self._ids = itertools.count(1)
         self._sched = threading.RLock()
         self.task_op, self.spec_type = P.TASK, TaskSpec      # what PoolBook sends and books
-        self.entry_type, self.loaded_type = _Entry, LoadedValue   # and tells in a result
+        self.entry_type, self.kept_types = _Entry, _IMMUTABLE   # and tells in a result
         self.handlers.update({P.REQUEST: self._on_request, P.RESULT: self._on_pool_result,
                               P.ITEM: self._on_item, P.END: self._on_end,
                               P.ACK: self._on_ack})

@@ -37,6 +37,7 @@ from ..links.loop_bridge import LoopBridges
 from ..links.service import ServiceThread
 from ..links.transport import LinkClosed
 from ..objects import object_store
+from ..objects.entries import _IMMUTABLE, keep_private
 from ..objects.ownership import Objects
 from ..objects.refs import LoadedValue, adopt_stored, loaded
 from ..objects.streams import Streams
@@ -139,6 +140,8 @@ class Node(DrivingMixin):
                     if type(v) is P.FailedReturn:     # a generator stopped early
                         e.set_error(v.error)
                     else:
+                        if type(v) not in _IMMUTABLE and not e.ready:
+                            keep_private(e)
                         e.set_value(v)
             else:
                 for e in target:
@@ -146,6 +149,8 @@ class Node(DrivingMixin):
         elif ok:
             # target.set_value(payload), inline: every call's result comes here.
             if not target.ready:
+                if type(payload) not in _IMMUTABLE:
+                    keep_private(target)    # before it is ready: no read can precede it
                 target.value = payload
                 target.ready = True
                 if target.callbacks:

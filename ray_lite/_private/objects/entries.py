@@ -5,9 +5,18 @@ One ``_Entry`` per object in a process, shared by every ref to it there;
 the owner's count); ``_FrozenEntry`` for what ``put`` keeps (a snapshot
 decoded afresh by each ``get``).  The store's entries (``stored.py``)
 subclass these.
+
+Objects are immutable, as Ray's are: a ``get`` never returns an object that
+an earlier ``get`` (or a task given the ref) returned.  A result whose value
+is of an immutable type keeps it as it is.  Any other result is filled into
+an entry of the "private copies" form (``keep_private``): the first read
+takes the decoded value itself (nobody else has it yet) and leaves an
+encoded snapshot behind; every later read decodes its own copy of that.
+The first ``get`` of a result, the common case, so costs no copy at all.
 """
 import copy
 import threading
+import weakref
 
 
 # How many entries were failed in this process so far: a get of many refs
@@ -162,9 +171,140 @@ def _give_weight_back(entry):
                                HolderWeight(w, HolderWeight.GIVEN_BACK))
 
 
-# Immutable values that ``put`` can keep by reference (no copy needed).
+# Immutable values that ``put`` and results keep by reference (no copy needed).
 _IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
 _local = threading.local()
+
+
+def freeze(value):
+    """``(frame, buffers, refs)``: ``value`` encoded, decodable any number of
+    times by ``thaw``.  Refs inside stay refs (kept in ``refs``, alive with the
+    snapshot) instead of being exported: a snapshot never leaves this process.
+    ``buffers`` are views of the value's large buffers (numpy data...): the
+    caller copies what could still change."""
+    from ray_lite._fast import codec
+    from ray_lite._fast.errors import BufferTooSmallError
+    refs = []
+    outer = getattr(_local, "freezing", None)
+    _local.freezing = refs
+    try:
+        buf = bytearray(512)
+        while True:
+            try:
+                end, oob = codec.encode_into(value, buf, 0, readonly_arrays=True)
+                break
+            except BufferTooSmallError as exc:
+                buf = bytearray(max(exc.needed, 2 * len(buf)))
+                refs.clear()      # the next attempt numbers them again
+    finally:
+        _local.freezing = outer
+    return bytes(memoryview(buf)[:end]), oob, refs or None
+
+
+def thaw(frame, buffers, refs):
+    """A new copy of the value ``freeze`` encoded."""
+    from ray_lite._fast import codec
+    outer = getattr(_local, "thawing", None)
+    _local.thawing = refs
+    try:
+        return codec.decode(frame, buffers)
+    finally:
+        _local.thawing = outer
+
+
+class _Snapshot:
+    """The value of a private-copies entry once its first read took the value
+    itself: an encoded snapshot, or the stored object the value was decoded
+    from (``source``, decoded again zero-copy)."""
+
+    __slots__ = ("frame", "buffers", "refs", "source")
+
+    def __init__(self, frame, buffers, refs, source=None):
+        self.frame = frame
+        self.buffers = buffers
+        self.refs = refs
+        self.source = source
+
+    def copy(self):
+        if self.source is not None:
+            return self.source.value
+        return thaw(self.frame, self.buffers, self.refs)
+
+
+# The slot ``_Entry.value`` itself (private-copies entries hide it behind a property).
+_value_slot = _Entry.__dict__["value"]
+_hand_out_lock = threading.Lock()
+# A ready entry -> the stored object (``stored.py``) its value was decoded
+# from or was stored as on its first trip out.
+stored_forms = weakref.WeakKeyDictionary()
+
+
+def _private_value(entry):
+    held = _value_slot.__get__(entry)
+    if type(held) is _Snapshot:
+        return held.copy()
+    with _hand_out_lock:
+        held = _value_slot.__get__(entry)
+        if type(held) is _Snapshot:         # another thread's read came first
+            return held.copy()
+        if not entry.ready:
+            return held
+        try:
+            source = stored_forms.get(entry)
+            if source is not None:
+                snapshot = _Snapshot(None, None, None, source)
+            else:
+                frame, views, refs = freeze(held)
+                # A read-only view is of a stored object's mapping, which
+                # nobody can change; anything else the caller may change.
+                snapshot = _Snapshot(frame, [v if v.readonly else bytes(v) for v in views],
+                                     refs)
+        except Exception:   # noqa: BLE001 - it was decoded here, so this is unlikely;
+            # a value that cannot be encoded again stays one shared object.
+            return held
+        _value_slot.__set__(entry, snapshot)
+    return held
+
+
+def unshared_value(entry):
+    """What a private-copies ``entry`` holds, without handing it out: the
+    value itself if no read took it yet, else a copy."""
+    held = _value_slot.__get__(entry)
+    return held.copy() if type(held) is _Snapshot else held
+
+
+def keep_private(entry):
+    """Before ``entry`` is filled with a mutable value: turn it into its
+    private-copies form (see the module docstring).  Entries of other kinds
+    (an actor's lease...) are left as they are."""
+    cls = _PRIVATE_FORM.get(type(entry))
+    if cls is not None:
+        entry.__class__ = cls
+
+
+def result_entry(value):
+    """A ready entry holding ``value``, a result decoded in this process."""
+    e = _PrivateEntry() if type(value) not in _IMMUTABLE else _Entry()
+    e.value = value
+    e.ready = True
+    return e
+
+
+class _PrivateEntry(_Entry):
+    """An ``_Entry`` holding a mutable value: each read gets its own copy."""
+
+    __slots__ = ()
+    value = property(_private_value, _value_slot.__set__)
+
+
+class _PrivateBorrowedEntry(_BorrowedEntry):
+    """A ``_BorrowedEntry`` holding a mutable value: each read gets its own copy."""
+
+    __slots__ = ()
+    value = property(_private_value, _value_slot.__set__)
+
+
+_PRIVATE_FORM = {_Entry: _PrivateEntry, _BorrowedEntry: _PrivateBorrowedEntry}
 
 
 class _FrozenEntry(_Entry):
@@ -187,10 +327,4 @@ class _FrozenEntry(_Entry):
 
     @property
     def value(self):
-        from ray_lite._fast import codec
-        outer = getattr(_local, "thawing", None)
-        _local.thawing = self.refs
-        try:
-            return codec.decode(self.frame, self.buffers)
-        finally:
-            _local.thawing = outer
+        return thaw(self.frame, self.buffers, self.refs)

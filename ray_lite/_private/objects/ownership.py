@@ -27,7 +27,7 @@ from ray_lite.exceptions import ObjectLostError, OwnerDiedError
 
 from ..links import protocol as P
 from ..links.transport import LinkClosed
-from .entries import HolderWeight
+from .entries import _IMMUTABLE, HolderWeight, keep_private
 from .refs import (LoadedValue, ObjectRef, StoredValue, _BorrowedEntry, _MappedEntry,
                    error_entry, loaded, map_stored, stored_form)
 
@@ -342,6 +342,8 @@ class Objects:
             ok, payload, _ = loaded(ok, payload)
         for e in self.fetching.pop(oid, ()):
             if ok:
+                if type(payload) not in _IMMUTABLE and not e.ready:
+                    keep_private(e)
                 e.set_value(payload)
             else:
                 e.set_error(payload)

@@ -31,7 +31,8 @@ from ..process.backend import AlsoRay
 from ..process.ids import JOB_ID_HEX, JobID, TaskID, task_id_hex
 from ray_lite._fast.stream_table import NOT_READY, StreamTable
 from .entries import (_BorrowedEntry, _Entry, _FrozenEntry, _IMMUTABLE,  # noqa: F401
-                      _give_weight_back, _local, error_entry, raisable, ready_entry)
+                      _give_weight_back, _local, error_entry, raisable, ready_entry,
+                      result_entry)
 from .stored import (LoadedValue, StoredValue, _MappedEntry, _StoredEntry,  # noqa: F401
                      _is_large, _store_value, adopt_stored, frozen_entry, loaded, map_stored,
                      stored_form, travels_as_value)
@@ -196,7 +197,7 @@ class ObjectRef(metaclass=AlsoRay):
 
 def _rebuild_ref(object_id, owner, st, weight=None):
     if st is not None:
-        e = ready_entry(st[1]) if st[0] else error_entry(st[1])
+        e = result_entry(st[1]) if st[0] else error_entry(st[1])
         return ObjectRef(object_id, owner, e)
     node = state.node
     if node is None:

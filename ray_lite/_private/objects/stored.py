@@ -18,8 +18,8 @@ from ray_lite.exceptions import ObjectLostError
 from . import object_store
 
 from ..process import state
-from .entries import (_Entry, _FrozenEntry, _IMMUTABLE, _give_weight_back, _local, ready_entry,
-                      error_entry)
+from .entries import (_Entry, _FrozenEntry, _IMMUTABLE, _PrivateEntry, _give_weight_back, _local, freeze,
+                      ready_entry, error_entry, stored_forms, unshared_value)
 
 
 class _StoredEntry(_FrozenEntry):
@@ -141,7 +141,7 @@ class _MappedEntry(_FrozenEntry):
 
 # A large ready value this process owns (a task's result, an immutable put)
 # -> the _StoredEntry it travels as: stored on its first trip out, once.
-_promoted = weakref.WeakKeyDictionary()
+_promoted = stored_forms
 _promote_lock = threading.Lock()
 
 
@@ -158,12 +158,12 @@ def stored_form(ref):
     t = type(e)
     if t is _StoredEntry or t is _MappedEntry:
         return e
-    if t is not _Entry or e.error is not None:
+    if (t is not _Entry and t is not _PrivateEntry) or e.error is not None:
         return None
     stored = _promoted.get(e)
     if stored is not None:
         return stored
-    value = e.value
+    value = e.value if t is _Entry else unshared_value(e)
     if not _is_large(value):
         return None
     node = state.node
@@ -207,7 +207,7 @@ def adopt_stored(entry, mapped):
     """``entry`` (this process's, a result) holds a value decoded from the
     stored object ``mapped``: a ref to it travels as that object's
     descriptor, so readers map the producer's one copy (no second store)."""
-    if type(entry) is _Entry and type(mapped) is _MappedEntry:
+    if (type(entry) is _Entry or type(entry) is _PrivateEntry) and type(mapped) is _MappedEntry:
         with _promote_lock:
             _promoted[entry] = mapped
 
@@ -276,27 +276,11 @@ def frozen_entry(value):
     """The entry ``put`` stores for ``value``: the value itself if immutable, else a snapshot."""
     if type(value) in _IMMUTABLE:
         return ready_entry(value)
-    from ray_lite._fast import codec
-    from ray_lite._fast.errors import BufferTooSmallError
-    refs = []
-    outer = getattr(_local, "freezing", None)
-    _local.freezing = refs
-    try:
-        buf = bytearray(512)
-        while True:
-            try:
-                end, oob = codec.encode_into(value, buf, 0, readonly_arrays=True)
-                break
-            except BufferTooSmallError as exc:
-                buf = bytearray(max(exc.needed, 2 * len(buf)))
-                refs.clear()      # the next attempt numbers them again
-    finally:
-        _local.freezing = outer
-    frame = bytes(memoryview(buf)[:end])
+    frame, oob, refs = freeze(value)
     if oob and not refs and sum(b.nbytes for b in oob) >= object_store.STORE_THRESHOLD:
         node = state.node
         if node is not None:
             return _StoredEntry(node, frame, oob)
     # One copy of large buffers (numpy data...), as Ray's put copies into its
     # store; ``get`` then decodes zero-copy views of these read-only bytes.
-    return _FrozenEntry(frame, [bytes(b) for b in oob], refs or None)
+    return _FrozenEntry(frame, [bytes(b) for b in oob], refs)

@@ -12,7 +12,8 @@ from ray_lite.exceptions import TaskCancelledError
 from ray_lite._fast.stream_table import NOT_READY
 
 from ..links import protocol as P
-from .refs import ObjectRef, _Entry, _StreamState, error_entry
+from .entries import _IMMUTABLE, _Entry, _PrivateEntry
+from .refs import ObjectRef, _StreamState, error_entry
 
 
 class Streams:
@@ -42,7 +43,8 @@ class Streams:
             return
         node = self.node
         if ok:
-            e = _Entry()
+            # result_entry(payload), inline: it runs per item (B1).
+            e = _Entry() if type(payload) in _IMMUTABLE else _PrivateEntry()
             e.value = payload
             e.ready = True
             try:
