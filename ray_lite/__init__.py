@@ -52,6 +52,7 @@ __all__ = [
     "ActorClassID", "ActorID", "FunctionID", "JobID", "NodeID", "ObjectID",
     "PlacementGroupID", "TaskID", "UniqueID", "WorkerID", "LoggingConfig",
     "SCRIPT_MODE", "WORKER_MODE", "SPILL_WORKER_MODE", "RESTORE_WORKER_MODE",
+    "timeline",
 ]
 
 
@@ -69,6 +70,9 @@ def __getattr__(name):
     if name == "LoggingConfig":
         from ray_lite._private.job.logging_config import LoggingConfig
         return LoggingConfig
+    if name == "timeline":
+        from ray_lite._private.api.observability import timeline
+        return timeline
     if name == "cloudpickle":
         # ``from ray import cloudpickle``: Ray's vendored copy; the same package.
         import cloudpickle

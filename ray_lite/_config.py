@@ -128,6 +128,9 @@ VARIABLES = (
               "a debugging aid: each Serve proxy writes the allocation sites that grew "
               "and its object counts to this directory on SIGUSR2 (empty: off)",
               _directory_or_off),
+    ConfigVar("RAY_LITE_TIMELINE", "0", "0 or 1",
+              "1: workers and actors note each task and call they run for "
+              "ray_lite.timeline() and the dashboard (0: nothing is recorded)", _flag),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

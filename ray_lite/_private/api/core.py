@@ -18,7 +18,7 @@ from ..objects.dynamic_generator import DynamicEntry
 from ..objects.refs import ObjectRef, ObjectRefGenerator, frozen_entry, raisable
 from ..process.errors import KILLED, actor_died_message
 from ..scheduling.scheduler import check_resource_dict
-from . import plugins
+from . import observability, plugins
 from .actor_handle import ActorHandle
 from .remote import ActorClass, RemoteFunction, _Bound
 
@@ -50,12 +50,13 @@ _REFUSED_INIT = {
 class RayContext(Mapping):
     """What ``init`` returns, as Ray's: ``address_info``, the versions, and a
     context manager that shuts the runtime down on exit
-    (``with ray_lite.init(): ...``).  The dashboard does not exist here:
-    ``dashboard_url`` is None."""
+    (``with ray_lite.init(): ...``).  ``dashboard_url``: the dashboard's
+    "host:port" while this driver serves it (``include_dashboard=True``),
+    else None."""
 
     def __init__(self, node):
         from ray_lite._version import __version__
-        self.dashboard_url = None
+        self.dashboard_url = state.dashboard_url
         self.python_version = ".".join(map(str, sys.version_info[:3]))
         self.ray_version = __version__
         self.ray_commit = None
@@ -70,7 +71,7 @@ class RayContext(Mapping):
             from ..scheduling.cluster import node_ip_address
             self._address_info = {
                 "node_ip_address": node_ip_address(), "address": "local",
-                "node_id": node_id_hex(self._driver_pid), "webui_url": None,
+                "node_id": node_id_hex(self._driver_pid), "webui_url": self.dashboard_url,
                 "session_dir": None, "gcs_address": None}
         return self._address_info
 
@@ -176,6 +177,11 @@ def init(num_cpus=None, *, ignore_reinit_error=False, namespace=None, address=No
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
+        try:
+            observability.on_init(kwargs)
+        except BaseException:
+            _shutdown_locked(node)
+            raise
         return RayContext(node)
 
 
@@ -233,13 +239,18 @@ def shutdown():
             return
         if node.id != 0:
             raise RuntimeError("shutdown() can only be called by the driver")
-        try:
-            node.shutdown()
-        finally:
-            state.node = None
-            interrupts.uninstall()
-            spill.remove_spill_dir(node)
-            object_store.clear_pool()
+        _shutdown_locked(node)
+
+
+def _shutdown_locked(node):
+    try:
+        observability.on_shutdown()
+        node.shutdown()
+    finally:
+        state.node = None
+        interrupts.uninstall()
+        spill.remove_spill_dir(node)
+        object_store.clear_pool()
 
 
 def is_initialized():

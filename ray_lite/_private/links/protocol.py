@@ -25,6 +25,7 @@ tag to the method that handles it (``Node.handlers``).
   EXIT       driver -> worker            (nothing)
   RESTARTED  driver -> every process     actor_id, pid|None (an actor was restarted
                                          under a new pid, or is dead for good)
+  TIMELINE   driver -> worker            ask; answered by REQUEST OP_TIMELINE (no reply)
 
 The builders below are for the paths where a call's cost does not matter;
 the hot paths (a task, a method call, a result, a stream item) write the
@@ -49,6 +50,7 @@ REPLY = "P"
 ATTACH = "A"
 EXIT = "Z"
 RESTARTED = "S"
+TIMELINE = "L"     # the driver asks a worker for its timeline records (node/timeline.py)
 START = "G"         # the driver to an actor created while its resources were taken: go
 
 # What a process waits for from a peer (``Node.inflight``: peer -> {oid: kind}),
@@ -79,6 +81,7 @@ OP_PG_TABLE = "pg_table"
 OP_RESOURCES = "resources"            # (total, available)
 OP_INTROSPECT = "introspect"        # what, *args: the runtime's state (introspect.py)
 OP_ACTOR_EXITING = "actor_exiting"  # an actor called exit_actor()
+OP_TIMELINE = "timeline"            # ask, pid, kind, prefix, records (node/timeline.py)
 OP_OUT_OF_SCOPE = "out_of_scope"    # an actor's last handle is gone (actor_handle._ActorLease)
 
 # A stream's end "with no more items" for a consumer that dropped it.

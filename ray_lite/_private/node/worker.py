@@ -27,6 +27,7 @@ from ..process import state
 from ..process.errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                               unpicklable_task_error)
 from ..process.procutil import CANCEL_SIGNAL
+from . import timeline
 from .node import Node
 from .worker_streams import Generators
 
@@ -540,6 +541,7 @@ def worker_main(spec):
     os.chdir(spec.get("cwd", os.getcwd()))
     if spec.get("logging_config") or spec.get("setup_hook"):
         _set_up_for_the_job(node, spec)
+    timeline.install(node, "pool" if spec["kind"] == "pool" else "actor")
     if spec["kind"] == "pool":
         node.single_waiter = True
         signal.signal(CANCEL_SIGNAL, node.on_cancel_signal)
