@@ -1,0 +1,12 @@
+"""An OpenAI-compatible streaming LLM server on ray_lite (a toy model, real
+serving): see docs/llm-server.md.
+
+    python -m llm_server serve --port 8000 --size small      # from examples/
+    python -m llm_server handwritten --port 8000             # no runtime: uvicorn + pipes
+
+Modules: ``model`` (the numpy model and its shards), ``engine`` (continuous
+batching), ``protocol`` and ``api`` (the OpenAI API on FastAPI),
+``deployments`` (the server on Serve), ``handwritten`` (the same app on one
+uvicorn process with ``multiprocessing`` workers), ``hf`` (a real causal LM
+from ``transformers`` behind the same engine).
+"""

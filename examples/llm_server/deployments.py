@@ -1,0 +1,83 @@
+"""The server on Serve: an engine deployment and a FastAPI ingress.
+
+    ray-lite serve run llm_server.deployments:build size=small --app-dir examples
+
+The engine deployment (one replica) runs continuous batching
+(:class:`~llm_server.engine.AsyncEngine`) over a ``MultiprocExecutor`` of two
+workers, one shard of the model each.  Each request is a streaming call of
+its ``generate`` method: the tokens come back to the ingress through the
+handle's streaming generator, a batch at a time.  A request the ingress
+stops (its client went away) is cancelled in the engine, which aborts the
+sequence at the next step and frees its KV cache.
+
+With ``RAY_LITE_BACKEND=ray`` the same code runs on Ray Serve.
+"""
+from ray_lite import serve
+
+from . import api
+from .engine import AsyncEngine, ExecutorBackend
+from .model import config_for
+
+MODEL_NAME = "ray-lite-toy-{size}"
+
+
+@serve.deployment(max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0})
+class LLMEngine:
+    def __init__(self, size="small", max_running=64, max_waiting=256):
+        self.engine = AsyncEngine(ExecutorBackend(config_for(size), max_running),
+                                  max_running=max_running, max_waiting=max_waiting)
+
+    async def generate(self, prompt, max_tokens):
+        seq = self.engine.add(prompt, max_tokens)
+        try:
+            while True:
+                tokens = await seq.stream.next_tokens()
+                if tokens is None:
+                    return
+                yield tokens
+        finally:
+            if not seq.stream.done:       # the caller went away: stop computing it
+                self.engine.abort(seq.id)
+
+    async def stats(self):
+        return await self.engine.stats()
+
+
+class HandleEngine:
+    """The engine deployment as the API's engine client."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._generate = handle.options(stream=True).generate
+
+    async def generate(self, prompt, max_tokens):
+        stream = self._generate.remote(prompt, max_tokens)
+        finished = False
+        try:
+            async for tokens in stream:
+                yield tokens
+            finished = True
+        finally:
+            if not finished:
+                stream.cancel()
+
+    async def stats(self):
+        return await self._handle.stats.remote()
+
+
+@serve.deployment(max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0})
+@serve.ingress(api.app)
+class OpenAIServer:
+    def __init__(self, engine, model_name, max_len):
+        api.bind(HandleEngine(engine), model_name, max_len)
+
+
+def build(args=None):
+    """The application: ``args`` may give ``size`` (a name of
+    ``model.SIZES``), ``max_running`` and ``max_waiting``."""
+    args = dict(args or {})
+    size = args.get("size", "small")
+    max_running = int(args.get("max_running", 64))
+    max_waiting = int(args.get("max_waiting", 256))
+    engine = LLMEngine.bind(size, max_running, max_waiting)
+    return OpenAIServer.bind(engine, MODEL_NAME.format(size=size), config_for(size).max_len)
