@@ -8,7 +8,8 @@ Requests travel to the replica as str/bytes/int arguments (msgpack on the
 ring): nothing from the network is ever unpickled.
 
 A request goes to a replica of the route's ingress deployment chosen by
-power of two choices on this proxy's in-flight counts, among replicas under
+power of two choices on this proxy's in-flight counts (and each replica's
+open streams, whichever proxy opened them), among replicas under
 ``max_ongoing_requests``; when all are at the limit it waits in the route's
 queue, and beyond ``max_queued_requests`` waiting requests it gets a 503.
 A deployment that autoscales is told how many wait (``_demand``); one scaled
@@ -35,7 +36,8 @@ from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_
 from ._listen import free_port, shared_socket
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line
 from ._request_calls import request_id_maker
-from ._routing import ServiceTime, choose_for_http, for_model, set_proxy_rank, slots_for
+from ._routing import (ServiceTime, attach_stream_cell, choose_for_http, for_model,
+                       set_proxy_rank, slots_for)
 from ._spin import SpinPolicy
 from .multiplex import MODEL_ID_HEADER, header_value
 
@@ -318,9 +320,13 @@ class ProxyActor:
             new_routes.append(route)
         if fresh:
             # Open the links to new replicas now, so that the first request
-            # does not wait for them (and the driver need not be driving).
-            await asyncio.gather(*[rep.handle.ready.remote() for rep in fresh],
-                                 return_exceptions=True)
+            # does not wait for them (and the driver need not be driving),
+            # and map where each keeps its count of open streams.
+            cells = await asyncio.gather(*[rep.handle.stream_cell.remote() for rep in fresh],
+                                         return_exceptions=True)
+            for rep, name in zip(fresh, cells):
+                if type(name) is str:
+                    rep.streams = attach_stream_cell(name)
         new_routes.sort(key=lambda r: len(r.prefix), reverse=True)
         old_routes = self.routes
         self.routes = new_routes

@@ -20,6 +20,7 @@ from ray_lite._private.objects.shipping import unship
 from . import _core, _defaults, _metrics, _websocket, context
 from ._asgi_scope import Receive, StoredReply, header_block, http_scope, stored_if_large
 from ._request_calls import calls_of_this_request, cancel_calls, cancel_requested
+from ._routing import StreamCell
 from ._body import pumped
 from ._json import json_body
 from .gang import GangContext
@@ -126,6 +127,8 @@ class ServeReplica:
         self._spin = SpinPolicy(_SPIN_S)    # learns from the idle time before each request
         self._streams = {}
         self._stream_seq = 0
+        self._open_streams = 0      # streamed answers begun and not ended (HTTP and handles)
+        self._stream_cell = None    # where the proxies read _open_streams (stream_cell)
         self._destructed = False    # __del__ ran (see _call_destructor)
         self._port_host = None
         self._slots = _core.Slots(config.get("max_ongoing_requests",
@@ -249,6 +252,19 @@ class ServeReplica:
     async def num_ongoing(self):
         return self._inflight
 
+    async def stream_cell(self):
+        """The shared-memory cell where this replica keeps how many streams
+        it has open, for the proxies' routing (``_routing.StreamCell``)."""
+        if self._stream_cell is None:
+            self._stream_cell = StreamCell()
+            self._stream_cell.set(self._open_streams)
+        return self._stream_cell.name
+
+    def _streams_changed(self, delta):
+        self._open_streams += delta
+        if self._stream_cell is not None:
+            self._stream_cell.set(self._open_streams)
+
     async def autoscaling_stats(self):
         """``num_ongoing`` and what the user's ``record_autoscaling_stats()``
         returns (Ray's custom autoscaling metrics), None when it has none or
@@ -288,6 +304,8 @@ class ServeReplica:
             # Within the controller's patience (timeout_s and a second).
             await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
         await self._call_destructor(max(0.0, end - loop.time()) + 0.5)
+        if self._stream_cell is not None:
+            self._stream_cell.unlink()
         return drained
 
     async def _call_destructor(self, timeout_s):
@@ -386,6 +404,7 @@ class ServeReplica:
 
     async def handle_request_streaming(self, method, args, kwargs, meta=None):
         self._inflight += 1
+        self._streams_changed(1)
         calls_of_this_request(meta)     # (this call's own task: nothing to reset)
         if meta is not None and meta[0]:
             _model_id.set(meta[0])
@@ -406,6 +425,7 @@ class ServeReplica:
                                     f"`handle.options(stream=True)` but it did not return a "
                                     f"generator.")
         finally:
+            self._streams_changed(-1)
             self._leave()
 
     # WebSockets (see _websocket): a streamed call each way.
@@ -513,6 +533,7 @@ class ServeReplica:
         self._stream_seq += 1
         token = self._stream_seq
         self._streams[token] = agen
+        self._streams_changed(1)
         # A proxy that never asks for it (its client left) must not leak it.
         asyncio.get_running_loop().call_later(_defaults.UNCLAIMED_STREAM_S, self._expire_stream, token)
         return token
@@ -520,6 +541,7 @@ class ServeReplica:
     def _expire_stream(self, token):
         agen = self._streams.pop(token, None)
         if agen is not None:
+            self._streams_changed(-1)
             asyncio.ensure_future(agen.aclose())
 
     async def http_stream(self, token):
@@ -540,12 +562,14 @@ class ServeReplica:
                   f"{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
             raise
         finally:
+            self._streams_changed(-1)   # (before the user's generator sees its end)
             await agen.aclose()
             self._leave()
 
     async def http_stream_cancel(self, token):
         agen = self._streams.pop(token, None)
         if agen is not None:
+            self._streams_changed(-1)
             await agen.aclose()
 
 

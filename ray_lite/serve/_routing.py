@@ -6,21 +6,60 @@ while it is idle.  A proxy packs the requests of a route whose replicas
 answer fast onto its first replicas instead (``choose_for_http``).
 
 The caller counts its own calls (``slot.inflight``): Ray's limits are per
-caller, and no process needs to ask another how busy a replica is.
+caller, and no process needs to ask another how busy a replica is.  One
+thing a proxy cannot count is another proxy's open streams: a stream holds
+its replica for as long as it lasts, and the proxies sharing the port take
+the connections of one client at random.  So each replica keeps the number
+of its open streams in a shared-memory cell (``StreamCell``) that the
+proxies read when they choose: a replica with a stream open is not idle,
+whichever proxy opened it.
 """
+import mmap
 from random import random as _random
 from zlib import crc32 as _crc32
 
 from ray_lite._config import SERVE_PACK_BELOW_S
+from ray_lite._fast import shm as _shm
 
 from . import _core
+
+
+class StreamCell:
+    """A replica's count of its open streams, in a shared-memory segment of
+    its own: the replica writes it (one writer), proxies map it and read it
+    (``attach_stream_cell``)."""
+
+    __slots__ = ("name", "cell", "_mm")
+
+    def __init__(self):
+        node = _core.current_node()
+        self.name, self._mm = _shm.create_segment(mmap.PAGESIZE,
+                                                  node.shm_prefix if node else None)
+        self.cell = memoryview(self._mm).cast("q")
+
+    def set(self, n):
+        self.cell[0] = n
+
+    def unlink(self):
+        # (mappings stay valid: the proxies' reads go on until they let go)
+        _shm.unlink_segment(self.name)
+
+
+def attach_stream_cell(name):
+    """The cell ``name`` (a replica's ``stream_cell()``) as a proxy reads it:
+    ``cell[0]``, the replica's open streams; None if it cannot be mapped."""
+    try:
+        return memoryview(_shm.attach_segment(name, 8)).cast("q")
+    except (OSError, ValueError):
+        return None
 
 
 class ReplicaSlot:
     """A replica as one caller sees it: its handle, the bound methods the
     caller sends on, and how many of the caller's calls it runs now."""
 
-    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http", "model_ranks")
+    __slots__ = ("handle", "actor_id", "inflight", "call", "stream", "http", "model_ranks",
+                 "streams")
 
     def __init__(self, handle):
         self.handle = handle
@@ -30,6 +69,7 @@ class ReplicaSlot:
         self.stream = handle.handle_request_streaming
         self.http = handle.handle_http
         self.model_ranks = {}     # model id -> this replica's rank for it (for_model)
+        self.streams = None       # a proxy's view of the replica's StreamCell, once mapped
 
 
 _MAX_RANKS = 4096     # model ranks a slot remembers (they are cheap to compute again)
@@ -94,8 +134,38 @@ def set_proxy_rank(rank):
     _proxy_rank = int(rank)
 
 
+def load(slot):
+    """How busy ``slot``'s replica is, as a proxy sees it: its requests from
+    this proxy, or the replica's open streams (from any caller) if more."""
+    cell = slot.streams
+    if cell is not None:
+        n = cell[0]
+        if n > slot.inflight:
+            return n
+    return slot.inflight
+
+
+def power_of_two_loaded(slots, limit):
+    """``power_of_two`` comparing the slots' ``load`` (a proxy's choice);
+    ``limit`` still bounds this caller's own requests."""
+    n = len(slots)
+    if n == 0:
+        return None
+    i = int(_random() * n)
+    a = slots[i]
+    if n > 1:
+        j = int(_random() * (n - 1))
+        b = slots[j + 1 if j >= i else j]
+        if load(b) < load(a):
+            a = b
+    if a.inflight < limit:
+        return a
+    under = [s for s in slots if s.inflight < limit]
+    return min(under, key=load) if under else None
+
+
 def first_idle_else_power_of_two(slots, limit):
-    """This proxy's replica whenever it is idle, else ``power_of_two``.
+    """This proxy's replica whenever it is idle, else ``power_of_two_loaded``.
 
     At low load every request a proxy takes goes to the same replica, so that
     one process serves them and stays warm (its caches, an awake CPU): tens
@@ -109,9 +179,9 @@ def first_idle_else_power_of_two(slots, limit):
     n = len(slots)
     if n:
         s = slots[_proxy_rank % n]
-        if s.inflight == 0:
+        if s.inflight == 0 and (s.streams is None or s.streams[0] == 0):
             return s
-    return power_of_two(slots, limit)
+    return power_of_two_loaded(slots, limit)
 
 
 def for_model(slots, limit, model_id):
@@ -194,9 +264,10 @@ def choose_for_http(slots, limit, service):
     in Ray."""
     depth = service.depth
     if depth:
+        # Packed behind fast answers, not behind a stream (of any proxy).
         cap = depth if depth < limit else limit
         for s in slots:
-            if s.inflight < cap:
+            if s.inflight < cap and (s.streams is None or s.streams[0] == 0):
                 return s
-        return power_of_two(slots, limit)
+        return power_of_two_loaded(slots, limit)
     return first_idle_else_power_of_two(slots, limit)

@@ -24,6 +24,7 @@ THRESHOLD_S = _routing.SERVE_PACK_BELOW_S
 class _Slot:
     def __init__(self, inflight):
         self.inflight = inflight
+        self.streams = None     # (no replica's count of open streams mapped)
 
 
 def _service(seconds):

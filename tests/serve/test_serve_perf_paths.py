@@ -314,6 +314,7 @@ class Priority:
 class _StubReplica:
     def __init__(self, inflight):
         self.inflight = inflight
+        self.streams = None     # (no replica's count of open streams mapped)
 
 
 def test_proxy_prefers_the_first_replica_while_idle_then_spreads_by_load():

@@ -27,6 +27,7 @@ WAIT_S = 60
 class _Slot:
     def __init__(self, inflight):
         self.inflight = inflight
+        self.streams = None     # (no replica's count of open streams mapped)
 
 
 @pytest.mark.parametrize("draw", [0.0, 0.3, 0.5, 0.7, 0.999])
