@@ -156,7 +156,15 @@ def power_of_two_loaded(slots, limit):
     if n > 1:
         j = int(_random() * (n - 1))
         b = slots[j + 1 if j >= i else j]
-        if load(b) < load(a):
+        # load(a) and load(b), inline (a proxy's every request under load)
+        la, lb = a.inflight, b.inflight
+        cell = a.streams
+        if cell is not None and cell[0] > la:
+            la = cell[0]
+        cell = b.streams
+        if cell is not None and cell[0] > lb:
+            lb = cell[0]
+        if lb < la:
             a = b
     if a.inflight < limit:
         return a
