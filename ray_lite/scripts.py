@@ -12,6 +12,11 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("bench", add_help=False, help="run benchmarks (ray-lite bench --help)")
     sub.add_parser("serve", add_help=False, help="run Serve applications (ray-lite serve --help)")
+    for name, text in (("status", "a running program's resources, processes, object store, Serve"),
+                       ("list", "list a running program's actors, tasks, objects, workers..."),
+                       ("summary", "summarize a running program's tasks, actors or objects"),
+                       ("dashboard", "serve the dashboard of a running program")):
+        sub.add_parser(name, add_help=False, help=f"{text} (ray-lite {name} --help)")
     # Everything after `bench` belongs to the benchmark runner's own parser.
     if argv and argv[0] == "bench":
         from ray_lite import bench
@@ -29,6 +34,12 @@ def main(argv=None):
                 discard_early()     # no init adopted it (bad arguments, an app that failed)
         from ray_lite.serve import cli
         return cli.main(argv[1:])
+    if argv and argv[0] in ("status", "list", "summary"):
+        from ray_lite.util import state_cli
+        return state_cli.main(argv)
+    if argv and argv[0] == "dashboard":
+        from ray_lite.dashboard import cli as dashboard_cli
+        return dashboard_cli.main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         import ray_lite

@@ -51,7 +51,7 @@ LAYERS = [
                     "ray_lite.message_queue", "ray_lite._raylet"]),
     ("libraries", ["ray_lite.util", "ray_lite.dag", "ray_lite.executor"]),
     ("serve", ["ray_lite.serve"]),
-    ("tools", ["ray_lite.bench", "ray_lite.scripts"]),
+    ("tools", ["ray_lite.bench", "ray_lite.scripts", "ray_lite.dashboard"]),
 ]
 
 # Circles between modules inside one unit that its owner is breaking apart;
