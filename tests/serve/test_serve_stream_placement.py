@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 
+import pytest
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
@@ -15,23 +16,42 @@ from ray_lite import serve
 from serve_helpers import wait_until
 
 
+_OPEN = [0]     # the streams open in this replica's process (the test's module there)
+
+
+async def _held_body():
+    _OPEN[0] += 1
+    try:
+        yield f"{os.getpid()}\n"
+        await asyncio.get_running_loop().create_future()    # until the client leaves
+    finally:
+        _OPEN[0] -= 1
+
+
 @serve.deployment(num_replicas=2, max_ongoing_requests=10)
 class Held:
-    def __init__(self):
-        self.open = 0
-
     async def __call__(self, request: Request):
-        async def body():
-            self.open += 1
-            try:
-                yield f"{os.getpid()}\n"
-                await asyncio.get_running_loop().create_future()    # until the client leaves
-            finally:
-                self.open -= 1
-        return StreamingResponse(body(), media_type="text/plain")
+        return StreamingResponse(_held_body(), media_type="text/plain")
 
     def open_streams(self):
-        return self.open
+        return _OPEN[0]
+
+
+def _held_app():
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    async def held(request):
+        return StreamingResponse(_held_body(), media_type="text/plain")
+
+    return Starlette(routes=[Route("/", held)])
+
+
+@serve.deployment(num_replicas=2, max_ongoing_requests=10)
+@serve.ingress(_held_app())
+class HeldAsgi:
+    def open_streams(self):
+        return _OPEN[0]
 
 
 def _first_chunk(port):
@@ -48,14 +68,16 @@ def _first_chunk(port):
     return s, int(body.partition(b"\r\n")[2].partition(b"\n")[0])
 
 
-def test_a_second_stream_goes_to_the_idle_replica(serve_runtime):
+@pytest.mark.parametrize("deployment", [Held, HeldAsgi])
+def test_a_second_stream_goes_to_the_idle_replica(serve_runtime, deployment):
     from ray_lite.serve.api import _http_port
     # More proxies than replicas: two proxies share each replica of choice.
     serve.start(http_options={"port": 0, "proxies": 4})
     port = _http_port()
-    h = serve.run(Held.bind())
+    h = serve.run(deployment.bind())
 
     def all_closed():
+        # (a stream's user code ends after its replica stopped counting it)
         return sum(h.broadcast("open_streams").results(timeout_s=30)) == 0
 
     for _ in range(30):
