@@ -42,6 +42,10 @@ class LLMEngine:
     async def stats(self):
         return await self.engine.stats()
 
+    def __del__(self):
+        # Serve calls it as the replica stops: end the workers, free their rings.
+        self.engine.backend.shutdown()
+
 
 class HandleEngine:
     """The engine deployment as the API's engine client."""

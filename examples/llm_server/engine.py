@@ -107,7 +107,7 @@ class Scheduler:
         self.to_free = []                            # slots to free in the next step
 
     def add(self, seq):
-        if len(self.waiting) >= self.max_waiting and not self.free_slots:
+        if len(self.waiting) >= self.max_waiting + len(self.free_slots):
             raise EngineOverloaded(f"{len(self.running)} requests running and "
                                    f"{len(self.waiting)} waiting: the engine is full")
         self.waiting[seq.id] = seq
@@ -250,6 +250,8 @@ class AsyncEngine:
         self._wakeup = None
         self.steps = 0
         self.restarts = 0
+        self.finished = 0
+        self.aborted = 0
         self.record_steps = record_steps
         self.step_log = []          # (wall s, [shard compute s], batch) per step when recorded
 
@@ -262,6 +264,7 @@ class AsyncEngine:
     def abort(self, seq_id):
         seq = self.scheduler.abort(seq_id)
         if seq is not None:
+            self.aborted += 1
             seq.stream.finish(RequestAborted())
             self._kick()
 
@@ -310,6 +313,7 @@ class AsyncEngine:
             for seq, token, done in sched.commit(seqs, tokens):
                 seq.stream.push(token)
                 if done:
+                    self.finished += 1
                     seq.stream.finish()
 
     async def _recover(self, exc):
@@ -322,8 +326,13 @@ class AsyncEngine:
 
     async def stats(self):
         sched = self.scheduler
+        try:
+            slots = await self.backend.cache_slots()
+        except Exception:   # noqa: BLE001 - failed workers, being restarted
+            slots = None
         return {"running": len(sched.running), "waiting": len(sched.waiting),
                 "free_slots": len(sched.free_slots), "max_running": sched.max_running,
-                "worker_cache_slots": await self.backend.cache_slots(),
+                "worker_cache_slots": slots,
                 "worker_pids": self.backend.worker_pids(),
-                "steps": self.steps, "restarts": self.restarts}
+                "steps": self.steps, "restarts": self.restarts,
+                "finished": self.finished, "aborted": self.aborted}
