@@ -8,11 +8,17 @@ hand-over is lazy on purpose: a thread that enters and leaves ``get`` a
 hundred thousand times a second pays two attribute updates, not a system
 call, per wait, and this thread wakes at most every ``SERVICE_PAUSE_MAX_S``
 meanwhile (each wake-up takes the GIL from that loop).
+
+It also runs the node's timers (``call_later``): its waits end at the
+earliest one's due time, whoever drives the links meanwhile.
 """
+import heapq
+import itertools
 import os
 import select
 import signal
 import threading
+import time
 
 from .transport import WEAK_SLICE
 
@@ -40,6 +46,8 @@ class ServiceThread:
         self.parked = False         # asleep until a wait ends (see unpark)
         self.listening = False      # asleep in poll on the links' descriptors
         self.kick_fd = -1           # eventfd: makes it leave poll
+        self.timers = []            # heap of (due, seq, fn), under cond
+        self._seq = itertools.count()
 
     def start(self):
         """Start the thread that serves the links while no other thread drives them."""
@@ -73,6 +81,33 @@ class ServiceThread:
             except OSError:
                 pass
 
+    def call_later(self, delay, fn):
+        """Run ``fn()`` on this thread ``delay`` seconds from now (once)."""
+        with self.cond:
+            heapq.heappush(self.timers, (time.monotonic() + delay, next(self._seq), fn))
+            self.cond.notify()          # a wait that ends later than this is cut short
+        self.kick(always=False)
+
+    def _wait_s(self, cap):
+        """``cap``, or less: the time until the earliest timer is due."""
+        timers = self.timers
+        if not timers:
+            return cap
+        return max(0.0, min(cap, timers[0][0] - time.monotonic()))
+
+    def _run_due(self):
+        due = []
+        with self.cond:
+            now = time.monotonic()
+            while self.timers and self.timers[0][0] <= now:
+                due.append(heapq.heappop(self.timers)[2])
+        for fn in due:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a failing timer must not end serving
+                import traceback
+                traceback.print_exc()
+
     def unpark(self):
         """A thread left a wait: wake the thread if it is parked for as long
         as someone drives."""
@@ -99,6 +134,8 @@ class ServiceThread:
         woken = False
         pause = SERVICE_IDLE_S
         while not node.closed:
+            if self.timers:
+                self._run_due()
             epoch = node._wait_epoch
             if node._waiting or epoch != seen or lock.locked():
                 # Someone drives, or did lately (a loop of gets): stand aside.
@@ -118,13 +155,13 @@ class ServiceThread:
                     if node._waiting and long_wait and not woken:
                         self.parked = True
                         try:
-                            woken = cond.wait(1.0)   # 1 s: a backstop, not a tick
+                            woken = cond.wait(self._wait_s(1.0))   # 1 s: a backstop, not a tick
                         finally:
                             self.parked = False
                         pause = SERVICE_IDLE_S
                     else:
                         woken = False
-                        cond.wait(pause)
+                        cond.wait(self._wait_s(pause))
                         pause = min(pause * 2, SERVICE_PAUSE_MAX_S)
                 continue
             woken = False
@@ -153,6 +190,8 @@ class ServiceThread:
                 for fd in fds:
                     p.register(fd, select.POLLIN)
                 ms = 1000 if WEAK_SLICE is None else int(WEAK_SLICE * 1000)
+                if self.timers:
+                    ms = min(ms, int(self._wait_s(ms / 1000) * 1000) + 1)
                 try:
                     fired = [fd for fd, _ in p.poll(ms)]
                 except OSError:

@@ -224,8 +224,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
                 elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams.owned
                                                 and spec.owner == self.id):
                     spec.retries -= 1
-                    self._enqueue(spec, first=True)
-                    return
+                    self.retries.resubmit_later(spec, first=True)
                 else:
                     self.forward.pop(spec.oid, None)
                     self._fail_task(spec, WorkerCrashedError(

@@ -96,6 +96,8 @@ def _cancel_one(driver, oid, force, recursive):
             driver._fail_task(spec, TaskCancelledError())
             return True
     spec = driver.waiting_deps.pop(oid, None)
+    if spec is None:
+        spec = driver.retries.take_delayed(oid)     # failed, to be run again
     if spec is not None:
         spec.cancelled = True
         driver._fail_task(spec, TaskCancelledError())
