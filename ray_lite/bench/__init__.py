@@ -47,6 +47,7 @@ SUITES = {
     "serve": "ray_lite.bench.serve_suite",
     "serve_cpu": "ray_lite.bench.serve_cpu",
     "soak": "ray_lite.bench.soak_suite",
+    "llm": "ray_lite.bench.llm_suite",
 }
 
 #: What `ray-lite bench` runs with no names: the headline figures.  `serve`

@@ -83,6 +83,13 @@ GOALS = {
     # Kept: 1.12 GB of PSS for a 1.07 GB array, 0.05 GB over it whatever its size.
     "B21 pss": Goal("<= 1.1x (array + 0.05 GB) (kept)",
                     per_array_gb=(1 + KEPT_NOISE, 0.05)),
+    # B22, at 64 streams with the ~1 ms step (the suite's first model size).
+    "B22 floor": Goal(">= 0.95x the floor's tokens/s", over=("ceiling", "floor"), least=0.95),
+    "B22 hand-written": Goal(">= 1.2x the hand-written server", over=("anchor", "hand-written"),
+                             least=1.2),
+    "B22 ray": Goal(">= 10x Ray Serve", over=("anchor", "Ray Serve"), least=10.0),
+    "B22 itl": Goal("<= 0.5 ms", at_most=0.5),
+    "B22 ttft": Goal("<= 1 ms", at_most=1.0),
     # The soak suite's own goals (S1: not a BENCHMARKS.md row).
     "S1 p99": Goal("< 20 ms", at_most=20.0),
     "S1 errors": Goal("0", at_most=0),
