@@ -36,7 +36,11 @@ async function overview() {
   const o = await getJSON("/api/ray_lite/overview");
   const cards = [["Object store", bytes(o.object_store.used_bytes) + " / " + bytes(o.object_store.capacity_bytes)],
                  ["Processes", o.processes.length], ["Driver PID", o.driver_pid]];
-  for (const [k, v] of Object.entries(o.resources)) cards.push([k, v.used + " / " + v.total + " used"]);
+  for (const [k, v] of Object.entries(o.resources)) {
+    if (k === "object_store_memory") continue;   // the store's use is the first card
+    const show = k === "memory" ? bytes : String;
+    cards.push([k, show(v.used) + " / " + show(v.total) + " used"]);
+  }
   document.getElementById("store").replaceChildren(...cards.map(([k, v]) => {
     const d = document.createElement("div");
     d.className = "card";
@@ -51,7 +55,7 @@ async function overview() {
 async function actors() {
   const r = await getJSON("/api/v0/actors?limit=1000&detail=true");
   fill("actors-table", r.data.result.result.map(a =>
-    [a.actor_id.slice(0, 12), a.class_name, a.name, [a.state, a.state], a.pid, a.num_restarts]));
+    [a.actor_id, a.class_name, a.name, [a.state, a.state], a.pid, a.num_restarts]));
 }
 
 async function tasks() {
