@@ -16,14 +16,10 @@ program nobody asks imports nothing more.  The socket of a driver that was
 killed (which cannot remove it) is removed by the next driver that starts
 and by every client looking for one.
 """
-import glob
 import importlib
 import os
-import socket
 import struct
 import threading
-
-import msgpack
 
 from ray_lite._fast import shm
 
@@ -65,7 +61,17 @@ def _pid_of(path):
     return int(pid) if pid.isdigit() else None
 
 
+def _listed(directory):
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names
+                  if n.startswith(_PREFIX) and n.endswith(_SUFFIX))
+
+
 def _answers(path):
+    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(2.0)
     try:
@@ -79,7 +85,7 @@ def _answers(path):
 
 def _remove_dead(directory):
     # The owner's pid is in the name: no connection is needed to judge.
-    for path in glob.glob(os.path.join(directory, f"{_PREFIX}*{_SUFFIX}")):
+    for path in _listed(directory):
         pid = _pid_of(path)
         if pid is not None and not shm.pid_alive(pid):
             try:
@@ -92,7 +98,7 @@ def live_sockets():
     """The sockets of this user's running programs, by their driver's pid;
     those of drivers that are gone are removed on the way."""
     live = []
-    for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{_PREFIX}*{_SUFFIX}"))):
+    for path in _listed(runtime_dir()):
         pid = _pid_of(path)
         if pid is not None and not shm.pid_alive(pid):
             try:
@@ -134,11 +140,13 @@ def _recv_exact(sock, n):
 
 
 def _send(sock, msg):
+    import msgpack
     data = msgpack.packb(msg, use_bin_type=True, default=str)
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
 def _recv(sock):
+    import msgpack
     (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
     if n > MAX_MESSAGE:
         raise ConnectionError(f"a message of {n} bytes (limit {MAX_MESSAGE})")
@@ -148,6 +156,7 @@ def _recv(sock):
 def request(address, msg, timeout=30.0):
     """Send ``msg`` (a dict) to the program at ``address``; its answer's
     ``result``, or ``StateSocketError`` with its error."""
+    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -155,9 +164,12 @@ def request(address, msg, timeout=30.0):
             s.connect(address)
         except (FileNotFoundError, ConnectionRefusedError):
             raise StateSocketError(f"no running ray_lite program at {address}") from None
-        _send(s, msg)
+        try:
+            _send(s, msg)
+        except (BrokenPipeError, ConnectionResetError):
+            pass    # refused before it read: the refusal is there to read
         answer = _recv(s)
-    except (ConnectionError, socket.timeout, OSError) as exc:
+    except (ConnectionError, OSError) as exc:   # socket.timeout is an OSError
         if isinstance(exc, StateSocketError):
             raise
         raise StateSocketError(f"the program at {address} did not answer: {exc}") from None
@@ -169,7 +181,8 @@ def request(address, msg, timeout=30.0):
 
 
 def _peer_uid(conn):
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    import _socket
+    creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
 
@@ -180,9 +193,12 @@ class StateServer:
     def __init__(self, address, handler):
         self.address = address
         self._handler = handler
+        # The C module: ``socket``'s Python layer costs ``import ray_lite`` ~2 ms.
+        import _socket
+        self._socket_mod = _socket
         if os.path.lexists(address):
             os.unlink(address)      # this pid's: left by a killed process of the same pid
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)     # the socket is created 0600
         try:
             sock.bind(address)
@@ -196,32 +212,35 @@ class StateServer:
         self._thread.start()
 
     def _serve(self):
+        _socket = self._socket_mod
         while not self._closed:
             try:
-                conn, _ = self._sock.accept()
+                fd, _ = self._sock._accept()
             except OSError:
                 return      # closed
+            conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
             try:
-                with conn:
-                    if _peer_uid(conn) != os.getuid():
-                        _send(conn, {"error": "refused: another user's connection"})
-                        continue
-                    conn.settimeout(30.0)
-                    msg = _recv(conn)
-                    try:
-                        answer = {"result": self._handler(msg)}
-                    except Exception as exc:   # noqa: BLE001 - the client gets the message
-                        answer = {"error": f"{type(exc).__name__}: {exc}"}
-                    _send(conn, answer)
-            except (OSError, ValueError, ConnectionError, msgpack.UnpackException):
+                if _peer_uid(conn) != os.getuid():
+                    _send(conn, {"error": "refused: another user's connection"})
+                    continue
+                conn.settimeout(30.0)
+                msg = _recv(conn)
+                try:
+                    answer = {"result": self._handler(msg)}
+                except Exception as exc:   # noqa: BLE001 - the client gets the message
+                    answer = {"error": f"{type(exc).__name__}: {exc}"}
+                _send(conn, answer)
+            except Exception:   # noqa: BLE001 - a client that went away or spoke nonsense
                 continue    # a client that went away or spoke nonsense
+            finally:
+                conn.close()
 
     def close(self):
         if self._closed:
             return
         self._closed = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(self._socket_mod.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
