@@ -85,7 +85,10 @@ class WorkerNode(TaskRunner, Node):
         self._connect_lock = threading.Lock()
         self.held_calls = HeldCalls(self)       # a sync actor's calls waiting for a ref
         # Its table, also on the node: ``_on_method`` looks at it on every
-        # call of a sync actor (B11), without the hop through the part.
+        # call of a sync actor (B11).  ``self.held_calls.by_peer`` there
+        # costs 26.9 ns against 26.5 with the compiled runner, 13.2 against
+        # 10.8 with its Python twin (2026-12-05, 2-core Xeon VM, best of 31
+        # runs of 5 million looks).
         self._held = self.held_calls.by_peer
         self.generators = Generators(self)      # the streams this process produces
         self.async_actor = AsyncActor(self)     # an async actor's calls (its start sets them up)
