@@ -1,12 +1,11 @@
-"""An OpenAI-compatible streaming LLM server on ray_lite (a toy model, real
-serving): see docs/llm-server.md.
+"""An OpenAI-compatible streaming LLM server on ray_lite: see docs/llm-server.md.
 
-    python -m llm_server serve --port 8000 --size small      # from examples/
-    python -m llm_server handwritten --port 8000             # no runtime: uvicorn + pipes
+    python -m llm_server serve --port 8000 --size small      # from this folder's parent
+    ray-lite serve run llm_server:build size=small --app-dir examples
 
-Modules: ``model`` (the numpy model and its shards), ``engine`` (continuous
-batching), ``protocol`` and ``api`` (the OpenAI API on FastAPI),
-``deployments`` (the server on Serve), ``handwritten`` (the same app on one
-uvicorn process with ``multiprocessing`` workers), ``hf`` (a real causal LM
-from ``transformers`` behind the same engine).
+The code ships inside ray_lite (``ray_lite._examples.llm_server``), so that
+``ray-lite bench llm`` runs it from an installed package too; this package
+is its entry point here and exports what a program needs.
 """
+from ray_lite._examples.llm_server import api, deployments, engine, model, protocol  # noqa: F401
+from ray_lite._examples.llm_server.deployments import build  # noqa: F401

@@ -6,14 +6,33 @@ in one process with no runtime and no HTTP.
 Both give, per request, the time to its first token and the gaps between
 the chunks that followed (the inter-token latency, as vLLM's benchmark
 counts it), and the output tokens of the whole load over its wall time.
+
+A timed load asks the server for each chunk's timestamps (the example's
+``ray_lite_timing``) and adds the client's read; :func:`stages` turns them
+into the microseconds of each stage of a token's way.
 """
 import asyncio
 import json
-import os
+import statistics
 import sys
 import time
 
-_perf = time.perf_counter
+_ns = time.perf_counter_ns
+
+#: A token's way from the engine's step to the client, as (stage, from
+#: stamp, to stamp): the stamps of the example's engine and API, and the
+#: client's ``read``.
+STAGES = (
+    ("executor: step to the workers", "send", "work_start"),
+    ("model: the workers' compute", "work_start", "work_end"),
+    ("executor: replies to the engine", "work_end", "replies"),
+    ("engine: sample, hand to the stream", "replies", "pushed"),
+    ("generator: engine's generate yields", "pushed", "gen"),
+    ("handle: engine to ingress", "gen", "recv"),
+    ("ingress: SSE chunk", "recv", "sse"),
+    ("proxy: ASGI send to client's read", "sse", "read"),
+    ("engine step end to client's read", "replies", "read"),
+)
 
 
 def prompt_of(i, length):
@@ -22,21 +41,23 @@ def prompt_of(i, length):
     return (head + "tell me a story " * (length // 16 + 1))[:length]
 
 
-async def _one_stream(port, i, prompt_len, max_tokens):
-    body = json.dumps({"prompt": prompt_of(i, prompt_len), "max_tokens": max_tokens,
-                       "stream": True}).encode()
+async def _one_stream(port, i, prompt_len, max_tokens, timed=False):
+    request = {"prompt": prompt_of(i, prompt_len), "max_tokens": max_tokens, "stream": True}
+    if timed:
+        request["ray_lite_timing"] = True
+    body = json.dumps(request).encode()
     head = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     reads = []
-    t0 = _perf()
+    t0 = _ns()
     writer.write(head + body)
     try:
         while True:
             data = await reader.read(65536)
             if not data:
                 break
-            reads.append((_perf(), data))
+            reads.append((_ns(), data))
             if b"data: [DONE]" in data[-32:] or b"data: [DONE]" in data:
                 break
     finally:
@@ -44,8 +65,9 @@ async def _one_stream(port, i, prompt_len, max_tokens):
     return t0, reads
 
 
-def _parse(t0, reads):
-    """``(ttft s, [gap s, ...], tokens)`` of one stream's reads."""
+def _parse(t0, reads, stamps=None):
+    """``(ttft s, [gap s, ...], tokens)`` of one stream's reads (times in
+    ns); each chunk's timestamps, with its ``read``, go to ``stamps``."""
     buf = b""
     times = []
     events = []
@@ -71,17 +93,21 @@ def _parse(t0, reads):
         if choices and choices[0].get("text"):
             tokens += len(choices[0]["text"])
             times.append(t)
+            if stamps is not None and len(times) > 1 and "ray_lite_timing" in obj:
+                stamps.append(dict(obj["ray_lite_timing"], read=t))
     if not times:
         raise RuntimeError(f"no token came back: {b''.join(d for _, d in reads)[:300]!r}")
-    return times[0] - t0, [b - a for a, b in zip(times, times[1:])], tokens
+    return ((times[0] - t0) / 1e9, [(b - a) / 1e9 for a, b in zip(times, times[1:])],
+            tokens)
 
 
-async def _load(port, streams, prompt_len, max_tokens):
-    t_start = _perf()
-    raw = await asyncio.gather(*[_one_stream(port, i, prompt_len, max_tokens)
+async def _load(port, streams, prompt_len, max_tokens, stamps=None):
+    t_start = _ns()
+    raw = await asyncio.gather(*[_one_stream(port, i, prompt_len, max_tokens,
+                                             stamps is not None)
                                  for i in range(streams)])
-    wall = _perf() - t_start
-    return wall, [_parse(t0, reads) for t0, reads in raw]
+    wall = (_ns() - t_start) / 1e9
+    return wall, [_parse(t0, reads, stamps) for t0, reads in raw]
 
 
 def summary(wall, per_request):
@@ -93,27 +119,49 @@ def summary(wall, per_request):
             "tokens_per_s": tokens / wall}
 
 
-def http_load(port, streams, prompt_len, max_tokens):
-    """One load against the server on ``port``: :func:`summary`'s dict."""
-    wall, per_request = asyncio.run(_load(port, streams, prompt_len, max_tokens))
-    return summary(wall, per_request)
+def http_load(port, streams, prompt_len, max_tokens, timed=False):
+    """One load against the server on ``port``: :func:`summary`'s dict; a
+    ``timed`` one adds ``stamps``, every chunk's but each stream's first
+    (whose way starts the stream)."""
+    stamps = [] if timed else None
+    wall, per_request = asyncio.run(_load(port, streams, prompt_len, max_tokens, stamps))
+    out = summary(wall, per_request)
+    if timed:
+        out["stamps"] = stamps
+    return out
+
+
+def stages(stamps):
+    """``{stage: [µs, ...]}`` over ``stamps`` (the chunks that have both
+    ends of the stage; a chunk of several tokens counts once)."""
+    out = {}
+    for name, start, end in STAGES:
+        values = [(s[end] - s[start]) / 1e3 for s in stamps if start in s and end in s]
+        if values:
+            out[name] = values
+    return out
+
+
+def stage_medians(stamps):
+    return {name: statistics.median(v) for name, v in stages(stamps).items()}
 
 
 # -- the floor ----------------------------------------------------------------------
 
 async def _floor(engine, streams, prompt_len, max_tokens):
-    from llm_server.model import encode
+    from .._examples.llm_server.model import encode
+    perf = time.perf_counter
 
     async def one(i):
-        t0 = _perf()
+        t0 = perf()
         times, tokens = [], 0
         async for batch in engine.generate(encode(prompt_of(i, prompt_len)), max_tokens):
-            times.append(_perf())
+            times.append(perf())
             tokens += len(batch)
         return times[0] - t0, [b - a for a, b in zip(times, times[1:])], tokens
-    t_start = _perf()
+    t_start = perf()
     per_request = await asyncio.gather(*[one(i) for i in range(streams)])
-    return summary(_perf() - t_start, per_request)
+    return summary(perf() - t_start, per_request)
 
 
 def floor_main():
@@ -121,8 +169,8 @@ def floor_main():
     loads): the engine loop and model in this process; prints ``RESULT
     {json}`` with every load's summary and the steps' wall and compute."""
     size, streams, prompt_len, max_tokens, loads = sys.argv[1:6]
-    from llm_server.engine import AsyncEngine, LocalBackend
-    from llm_server.model import config_for
+    from .._examples.llm_server.engine import AsyncEngine, LocalBackend
+    from .._examples.llm_server.model import config_for
     streams, loads = int(streams), int(loads)
     results = []
 
@@ -141,7 +189,3 @@ def floor_main():
     asyncio.run(main())
     print("RESULT " + json.dumps(results), flush=True)
 
-
-if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())
-    floor_main()

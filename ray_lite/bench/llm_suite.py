@@ -17,9 +17,17 @@ p50/p99, and output tokens/s of the whole load.  Beside ray_lite's server
 - with ``--compare-ray``, Ray Serve running the same application (the Ray
   backend, ``RAY_LITE_BACKEND=ray``).
 
-The example lives in the checkout (``examples/llm_server``); run from an
-installed package without it, the suite says so.
+Where one token's time goes: with the first model size, each HTTP server
+also serves one stream whose chunks carry the timestamps of its tokens'
+way (the example's ``ray_lite_timing``, all ``perf_counter_ns`` of one
+machine), and the suite reports the median microseconds of each stage, from
+the engine's step to the client's read.
+
+The example ships in the package (``ray_lite._examples.llm_server``; the
+checkout's ``examples/llm_server`` imports it), so the suite runs from an
+installed wheel as from the checkout.
 """
+import importlib.util
 import os
 import select
 import signal
@@ -37,8 +45,8 @@ from ._servers import free_port
 DESCRIPTION = ("LLM server end to end (B22): TTFT, ITL, tokens/s at 1/16/64 streams, "
                "beside the one-process floor, a hand-written server and Ray Serve")
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "examples")
+#: The example's package: the servers run ``python -m`` it.
+APP = "ray_lite._examples.llm_server"
 #: Model sizes measured (``llm_server.model.SIZES``) and the step they stand for.
 STEP_OF = {"small": "~1 ms step", "medium": "~10 ms step", "tiny": "~0.1 ms step"}
 FLOOR = "floor: one process, no runtime"
@@ -50,14 +58,15 @@ def _sizes(ctx):
     return {"models": ctx.pick(("small", "medium"), ("tiny",), ("tiny",)),
             "streams": ctx.pick((1, 16, 64), (1, 8), (2,)),
             "prompt": ctx.pick(32, 32, 8), "tokens": ctx.pick(128, 32, 6),
-            "rounds": ctx.pick(3, 1, 1), "loads": ctx.pick(2, 1, 1)}
+            "rounds": ctx.pick(3, 1, 1), "loads": ctx.pick(2, 1, 1),
+            "timed_tokens": ctx.pick(128, 64, 8)}
 
 
-def _env(extra_path=()):
+def _env():
+    # The children import the ray_lite this process runs.
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     env.pop("RAY_LITE_BACKEND", None)
-    env["PYTHONPATH"] = os.pathsep.join([*extra_path, EXAMPLES] +
-                                        [p for p in sys.path if p])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
 
@@ -69,7 +78,7 @@ def _ray_env(python, shim_dir):
                            capture_output=True, timeout=120)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_LITE_BACKEND="ray",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    path = [EXAMPLES]
+    path = []
     if probe.returncode != 0:
         import cloudpickle
 
@@ -80,20 +89,24 @@ def _ray_env(python, shim_dir):
             if not os.path.exists(link):
                 os.symlink(pkg, link)
         path.append(shim_dir)
-    env["PYTHONPATH"] = os.pathsep.join(path)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        env.pop("PYTHONPATH", None)
     return env
 
 
 class _Server:
-    """``python -m llm_server MODE`` in a session of its own, until stopped."""
+    """``python -m ray_lite._examples.llm_server MODE`` in a session of its
+    own, until stopped."""
 
-    def __init__(self, python, mode, size, streams, env):
+    def __init__(self, python, mode, size, streams, env, cwd):
         self.port = free_port()
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [python, "-m", "llm_server", mode, "--port", str(self.port), "--size", size,
+            [python, "-m", APP, mode, "--port", str(self.port), "--size", size,
              "--max-running", str(max(streams)), "--max-waiting", "256"],
-            cwd=EXAMPLES, env=env, stdout=subprocess.PIPE, stderr=self.err,
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self.err,
             stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self, timeout):
@@ -122,28 +135,32 @@ class _Server:
         self.err.close()
 
 
-def _http_contender(python, mode, env, sz, size):
-    """Every load of ``sz`` on a fresh server: {streams: [summary, ...]}."""
+def _http_contender(python, mode, env, sz, size, cwd):
+    """Every load of ``sz`` on a fresh server: {streams: [summary, ...]},
+    and with the first model size "timed": one timed stream's summary."""
     from ._llm_load import http_load
-    srv = _Server(python, mode, size, sz["streams"], env)
+    srv = _Server(python, mode, size, sz["streams"], env, cwd)
     try:
         srv.wait_ready(600)
         http_load(srv.port, 2, sz["prompt"], 4)                   # warm-up
-        return {n: [http_load(srv.port, n, sz["prompt"], sz["tokens"])
-                    for _ in range(sz["loads"])] for n in sz["streams"]}
+        out = {n: [http_load(srv.port, n, sz["prompt"], sz["tokens"])
+                   for _ in range(sz["loads"])] for n in sz["streams"]}
+        if size == sz["models"][0]:
+            out["timed"] = http_load(srv.port, 1, sz["prompt"], sz["timed_tokens"], timed=True)
+        return out
     finally:
         srv.stop()
 
 
-def _floor(sz, size):
+def _floor(sz, size, cwd):
     import json
     out = {}
     for n in sz["streams"]:
         cmd = python_argv("from ray_lite.bench._llm_load import floor_main; floor_main()",
-                          "B22 floor", sys_path=[EXAMPLES] + sys.path) + [size, str(n), str(sz["prompt"]), str(sz["tokens"]),
-                                          str(sz["loads"])]
+                          "B22 floor", sys_path=sys.path) + [
+            size, str(n), str(sz["prompt"]), str(sz["tokens"]), str(sz["loads"])]
         run = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=1200,
-                             cwd=EXAMPLES)
+                             cwd=cwd)
         line = next((ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"the floor failed ({run.returncode}): {run.stderr[-600:]}")
@@ -153,14 +170,17 @@ def _floor(sz, size):
 
 def _contenders(ctx, shim_dir):
     """(key, impl, label, measure(sz, size))."""
-    rows = [("floor", "ceiling", FLOOR, _floor),
-            ("ray_lite", "ray_lite", "ray_lite",
-             lambda sz, size: _http_contender(sys.executable, "serve", _env(), sz, size)),
-            ("handwritten", "anchor", HANDWRITTEN,
-             lambda sz, size: _http_contender(sys.executable, "handwritten", _env(), sz, size))]
+    # The children run in a directory of their own: what they import comes
+    # from the installed package (or this process's path), never the cwd.
+    rows = [("floor", "ceiling", FLOOR, lambda sz, size: _floor(sz, size, shim_dir)),
+            ("ray_lite", "ray_lite", "ray_lite", lambda sz, size: _http_contender(
+                sys.executable, "serve", _env(), sz, size, shim_dir)),
+            ("handwritten", "anchor", HANDWRITTEN, lambda sz, size: _http_contender(
+                sys.executable, "handwritten", _env(), sz, size, shim_dir))]
     if ctx.compare_ray:
         rows.append(("ray", "anchor", RAY, lambda sz, size: _http_contender(
-            ctx.compare_ray, "serve", _ray_env(ctx.compare_ray, shim_dir), sz, size)))
+            ctx.compare_ray, "serve", _ray_env(ctx.compare_ray, shim_dir), sz, size,
+            shim_dir)))
     return rows
 
 
@@ -204,6 +224,26 @@ def _figures(size, n, impl, label, loads, goal_ids):
     return figs
 
 
+def _breakdown_rows(size, per_round, contenders):
+    """One row per stage of a token's way and per HTTP server: the median
+    µs over the timed stream's tokens of every round."""
+    from ._llm_load import STAGES, stages
+    figs = []
+    timed = {key: [s for r in rounds if "timed" in r for s in r["timed"]["stamps"]]
+             for key, rounds in per_round.items()}
+    for stage, _, _ in STAGES:
+        for key, impl, label, _ in contenders:
+            values = sorted(stages(timed.get(key) or []).get(stage, ()))
+            if not values:
+                continue
+            figs.append(Figure("B22", f"one token's way, {size} model, 1 stream: {stage}",
+                               impl, label, "us", percentile(values, 50), stat="p50",
+                               spread={"p90": percentile(values, 90)},
+                               trials=sum("timed" in r for r in per_round[key]),
+                               samples=len(values)))
+    return figs
+
+
 def _latency_goal_rows(size, results, sz):
     """ITL p99 and TTFT p50 of ray_lite over the floor's step and TTFT."""
     figs = []
@@ -226,9 +266,11 @@ def _latency_goal_rows(size, results, sz):
 
 
 def run(ctx):
-    if not os.path.isfile(os.path.join(EXAMPLES, "llm_server", "engine.py")):
+    absent = [m for m in ("numpy", "fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if absent:
         return [missing("B22", "LLM server end to end", "ray_lite", "ray_lite", "tokens/s",
-                        UNAVAILABLE, f"needs the checkout's examples/llm_server ({EXAMPLES})")]
+                        UNAVAILABLE, f"needs {', '.join(absent)} (pip install "
+                        f"{' '.join(absent)})")]
     sz = _sizes(ctx)
     figs = []
     with tempfile.TemporaryDirectory(prefix="ray_lite_b22_") as shim_dir:
@@ -263,4 +305,5 @@ def run(ctx):
                                             errors.get(key, "not measured")))
             if goals_here:
                 figs += _latency_goal_rows(size, results, sz)
+                figs += _breakdown_rows(size, per_round, contenders)
     return figs

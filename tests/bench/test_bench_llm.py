@@ -1,11 +1,15 @@
 """``ray-lite bench llm`` (B22) at its smallest size: its rows and goals
-(no timings are judged here)."""
+(no timings are judged here), and the example it runs coming from the
+package, not from the checkout."""
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import ray_lite
 
 pytest.importorskip("fastapi")
 pytest.importorskip("numpy")
@@ -33,7 +37,45 @@ def test_the_llm_suite_measures_every_contender_and_names_its_goals(tmp_path):
     judged = {f["goal_id"]: f for f in figures if f["goal_id"]}
     assert set(judged) == {"B22 floor", "B22 hand-written", "B22 itl", "B22 ttft"}
     assert all(f["goal_met"] in (True, False) for f in judged.values())
+    way = [f for f in figures if "one token's way" in f["name"]]
+    assert {f["label"] for f in way} == {"ray_lite", "hand-written: uvicorn + pipes"}
+    for stage in ("executor: step to the workers", "generator: engine's generate yields",
+                  "handle: engine to ingress", "proxy: ASGI send to client's read",
+                  "engine step end to client's read"):
+        rows = [f for f in way if f["name"].endswith(stage)]
+        assert {f["label"] for f in rows} == {"ray_lite", "hand-written: uvicorn + pipes"}
+        assert all(f["unit"] == "us" and f["samples"] > 0 for f in rows), rows
     step = [f for f in figures if "engine step" in f["name"]]
     assert step and step[0]["label"].startswith("floor") and "shard p50" in step[0]["spread"]
     assert all(len(line.encode()) <= 100 for line in run.stdout.splitlines()), run.stdout
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_suite_runs_the_example_shipped_in_the_package(tmp_path):
+    # Outside the checkout, with nothing on PYTHONPATH: the app the suite's
+    # servers run (python -m APP) is found inside the installed package.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import importlib.util, json, sys, ray_lite\n"
+            "from ray_lite.bench import llm_suite\n"
+            "import ray_lite._examples.llm_server.deployments as d\n"
+            "print(json.dumps({'app': importlib.util.find_spec(llm_suite.APP + '.__main__')"
+            ".origin, 'deployments': d.__file__, 'pkg': ray_lite.__file__, "
+            "'path': sys.path}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    package = Path(found["pkg"]).parent
+    for key in ("app", "deployments"):
+        assert Path(found[key]).is_relative_to(package / "_examples" / "llm_server"), found
+    assert not [p for p in found["path"] if p and Path(p).name == "examples"], found["path"]
+
+
+def test_the_wheel_carries_the_example():
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "pyproject.toml").is_file():
+        pytest.skip("run from an installed package without its checkout")
+    from setuptools import find_packages
+    found = find_packages(where=str(checkout), include=["ray_lite*"])
+    assert "ray_lite._examples.llm_server" in found
+    assert (Path(ray_lite.__file__).parent / "_examples" / "llm_server" / "engine.py").is_file()

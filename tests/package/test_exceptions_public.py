@@ -31,6 +31,11 @@ INTERNAL = {
     "ray_lite.serve._control.ControlError": "the CLI's control socket; `ray-lite serve` "
                                             "prints it and exits 1",
     "ray_lite.bench.plot.PlotUnavailable": "`ray-lite bench --plot` prints it",
+    # The llm_server example's engine: its API turns them into HTTP answers.
+    "ray_lite._examples.llm_server.engine.EngineOverloaded": "answered 503",
+    "ray_lite._examples.llm_server.engine.EngineDeadError": "an error event in the stream",
+    "ray_lite._examples.llm_server.engine.RequestAborted": "ends the stream of a client "
+                                                           "that hung up",
 }
 
 # Walks ray_lite's modules in a fresh interpreter (importing them all here

@@ -51,6 +51,7 @@ LAYERS = [
                     "ray_lite.message_queue", "ray_lite._raylet"]),
     ("libraries", ["ray_lite.util", "ray_lite.dag", "ray_lite.executor"]),
     ("serve", ["ray_lite.serve"]),
+    ("examples", ["ray_lite._examples"]),
     ("tools", ["ray_lite.bench", "ray_lite.scripts", "ray_lite.dashboard"]),
 ]
 

@@ -1,8 +1,10 @@
-"""The LLM server example (examples/llm_server) end to end: the OpenAI API
-over Serve with streaming and without, vLLM's error bodies, [DONE], a
-disconnect aborting its sequence and freeing its KV cache, backpressure, a
-dead worker failing the running requests and the engine recovering; the
-engine's continuous batching on its own; the hand-written server."""
+"""The LLM server example (ray_lite._examples.llm_server, run from the
+checkout's examples/llm_server) end to end: the OpenAI API over Serve with
+streaming and without, vLLM's error bodies, [DONE], a disconnect aborting
+its sequence and freeing its KV cache, backpressure, a dead worker failing
+the running requests and the engine recovering, the timestamps a timed
+stream carries; the engine's continuous batching on its own; the
+hand-written server; the transformers model when it is installed."""
 import asyncio
 import http.client
 import json
@@ -20,13 +22,13 @@ from serve_helpers import free_port, wait_until
 pytest.importorskip("fastapi")
 pytest.importorskip("numpy")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
+from ray_lite._examples.llm_server.engine import (AsyncEngine, EngineOverloaded,  # noqa: E402
+                                                  LocalBackend, Scheduler, Sequence)
+from ray_lite._examples.llm_server.model import config_for, decode, encode  # noqa: E402
 
-from llm_server.engine import AsyncEngine, EngineOverloaded, LocalBackend, Scheduler  # noqa: E402
-from llm_server.engine import Sequence  # noqa: E402
-from llm_server.model import config_for, decode, encode  # noqa: E402
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+#: A token's stamps in the order they are taken (engine.py, api.py).
+STAMPS = ("send", "work_start", "work_end", "replies", "pushed", "gen", "recv", "sse")
 
 
 def _post(port, path, payload, timeout=60):
@@ -61,7 +63,7 @@ def _stats(port):
 
 
 def _run(port, **args):
-    from llm_server.deployments import build
+    from ray_lite._examples.llm_server.deployments import build
 
     from ray_lite import serve
     serve.run(build(dict({"size": "tiny"}, **args)), route_prefix="/")
@@ -72,8 +74,9 @@ class _Stream:
     """A streaming completion on a raw socket: read its events one at a
     time, or hang up in the middle."""
 
-    def __init__(self, port, prompt="hello", max_tokens=200):
-        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    def __init__(self, port, prompt="hello", max_tokens=200, **extra):
+        body = json.dumps(dict({"prompt": prompt, "max_tokens": max_tokens, "stream": True},
+                               **extra)).encode()
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
                           b"content-type: application/json\r\n"
@@ -151,6 +154,25 @@ def test_completions_stream_and_not_give_the_same_greedy_text(serve_port):
     stats = _stats(port)
     assert stats["running"] == 0 and stats["worker_cache_slots"] == [[], []]
     assert stats["finished"] == 4 and stats["aborted"] == 0
+
+
+def test_a_timed_stream_carries_each_tokens_stamps_in_the_order_they_were_taken(serve_port):
+    port = _run(serve_port)
+    stream = _Stream(port, max_tokens=6, ray_lite_timing=True)
+    try:
+        chunks = [json.loads(e) for e in _events(stream.read_to_end())[:-1]]
+    finally:
+        stream.close()
+    assert "".join(c["choices"][0]["text"] for c in chunks) == \
+        json.loads(_post(port, "/v1/completions", {"prompt": "hello", "max_tokens": 6})[2])[
+            "choices"][0]["text"]
+    for chunk in chunks:
+        stamps = chunk["ray_lite_timing"]
+        # One clock (CLOCK_MONOTONIC) across the engine, its workers and the ingress.
+        assert [stamps[k] for k in STAMPS] == sorted(stamps[k] for k in STAMPS), stamps
+    _, _, body = _post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 3,
+                                                 "stream": True})
+    assert all("ray_lite_timing" not in json.loads(e) for e in _events(body)[:-1])
 
 
 def test_invalid_requests_get_vllm_error_bodies(serve_port):
@@ -261,6 +283,17 @@ def test_the_scheduler_admits_at_step_boundaries_up_to_its_bounds():
     assert not sched.running and sorted(sched.free_slots) == [0, 1] and sched.to_free
 
 
+def test_a_sequence_ends_at_an_end_token_before_its_max_tokens():
+    sched = Scheduler(max_running=2, max_waiting=0, eos=[0])
+    a, b = Sequence(encode("a"), 5), Sequence(encode("b"), 5)
+    sched.add(a)
+    sched.add(b)
+    _, seqs = sched.schedule()
+    given = sched.commit(seqs, [0, 7])
+    assert [(s, done) for s, _, done in given] == [(a, True), (b, False)]
+    assert list(sched.running.values()) == [b] and a.out == [0]
+
+
 def test_a_sequence_gets_the_same_tokens_alone_or_batched():
     async def main():
         engine = AsyncEngine(LocalBackend(config_for("tiny"), 8), max_running=8)
@@ -279,9 +312,23 @@ def test_a_sequence_gets_the_same_tokens_alone_or_batched():
     assert stats["finished"] == 5 and stats["worker_cache_slots"] == [[], []]
 
 
+def test_a_timed_generate_yields_each_batch_with_its_steps_stamps():
+    async def main():
+        engine = AsyncEngine(LocalBackend(config_for("tiny"), 2), max_running=2)
+        timed = [b async for b in engine.generate(encode("abc"), 5, timed=True)]
+        plain = [b async for b in engine.generate(encode("abc"), 5)]
+        return timed, plain
+    timed, plain = asyncio.run(main())
+    assert [t for tokens, _ in timed for t in tokens] == [t for b in plain for t in b]
+    order = STAMPS[:STAMPS.index("gen") + 1]
+    for _, stamps in timed:
+        assert [stamps[k] for k in order] == sorted(stamps[k] for k in order), stamps
+
+
 # -- the hand-written server ----------------------------------------------------------------
 
 def test_the_handwritten_server_serves_the_same_api():
+    # Started as a user starts it: the checkout's examples/llm_server entry point.
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(EXAMPLES)] + sys.path
                                                       if p))
@@ -308,3 +355,35 @@ def test_the_handwritten_server_serves_the_same_api():
             proc.wait(10)
         proc.stdout.close()
         proc.stderr.close()
+
+
+# -- a transformers model -------------------------------------------------------------------
+
+def test_a_transformers_causal_lm_gives_the_greedy_tokens_of_its_generate(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from ray_lite._examples.llm_server.hf import HFConfig, HFWorker, greedy
+    config = transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1,
+                                     n_head=2)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)     # random weights
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+
+    async def main():
+        engine = AsyncEngine(LocalBackend(HFConfig(str(tmp_path), 64), 4, worker=HFWorker),
+                             max_running=4, sampler=greedy)
+        outs = await asyncio.gather(*[
+            _collect(engine.generate(p, 6 + i)) for i, p in enumerate(prompts)])
+        return outs, await engine.stats()
+
+    outs, stats = asyncio.run(main())
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=6 + i,
+                                  do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        assert out == expected, i
+    assert stats["finished"] == 3 and stats["worker_cache_slots"] == [[]]
+
+
+async def _collect(batches):
+    return [t async for b in batches for t in b]

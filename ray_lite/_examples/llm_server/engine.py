@@ -15,6 +15,14 @@ floor of ``ray-lite bench llm``), ``ExecutorBackend`` drives a
 being one ``collective_rpc`` whose replies are the shards' partial logits.
 The engine sends the next step before it gives the event loop back, so the
 consumers of a step's tokens run while the workers compute the next one.
+
+A sequence added with ``timed=True`` carries the ``time.perf_counter_ns()``
+stamps of the step that produced its latest tokens (CLOCK_MONOTONIC, shared
+by every process of the machine): ``send`` (the step sent), ``work_start``
+and ``work_end`` (the first worker started, the last one finished),
+``replies`` (the engine has every reply), ``pushed`` (the token is in the
+sequence's stream) and, from ``generate``, ``gen`` (the generator yields
+it).  ``ray-lite bench llm`` follows a token to the client with them.
 """
 import asyncio
 import collections
@@ -22,6 +30,8 @@ import itertools
 import time
 
 from .model import ShardWorker, config_for, make_plan, sample
+
+_ns = time.perf_counter_ns
 
 _ids = itertools.count()
 
@@ -44,14 +54,15 @@ class TokenStream:
     (at least one), or None once the sequence has ended, or raises the
     engine's error."""
 
-    __slots__ = ("tokens", "taken", "done", "error", "_waiter")
+    __slots__ = ("tokens", "taken", "done", "error", "_waiter", "stamps")
 
-    def __init__(self):
+    def __init__(self, timed=False):
         self.tokens = []
         self.taken = 0
         self.done = False
         self.error = None
         self._waiter = None
+        self.stamps = {} if timed else None    # the latest step's, when timed
 
     def _wake(self):
         w = self._waiter
@@ -85,22 +96,23 @@ class TokenStream:
 class Sequence:
     __slots__ = ("id", "prompt", "max_tokens", "slot", "out", "stream", "t_added")
 
-    def __init__(self, prompt, max_tokens):
+    def __init__(self, prompt, max_tokens, timed=False):
         self.id = next(_ids)
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.slot = None
         self.out = []
-        self.stream = TokenStream()
+        self.stream = TokenStream(timed)
         self.t_added = time.monotonic()
 
 
 class Scheduler:
     """The batch of each step (no I/O: the engine loop calls it)."""
 
-    def __init__(self, max_running, max_waiting):
+    def __init__(self, max_running, max_waiting, eos=None):
         self.max_running = max_running
         self.max_waiting = max_waiting
+        self.eos = frozenset(eos or ())              # tokens that end a sequence
         self.waiting = collections.OrderedDict()    # id -> Sequence
         self.running = {}                            # id -> Sequence
         self.free_slots = list(range(max_running - 1, -1, -1))
@@ -144,11 +156,12 @@ class Scheduler:
         finished)`` for each that got one (its stream still to be told)."""
         given = []
         running = self.running
+        eos = self.eos
         for seq, token in zip(seqs, tokens):
             if seq.id not in running:           # aborted while the step ran
                 continue
             seq.out.append(token)
-            done = len(seq.out) >= seq.max_tokens
+            done = len(seq.out) >= seq.max_tokens or token in eos
             if done:
                 del running[seq.id]
                 self._release(seq)
@@ -174,12 +187,18 @@ class Scheduler:
 
 # -- backends -----------------------------------------------------------------
 
-class LocalBackend:
-    """Every shard in this process, one after the other: no runtime at all."""
+def _config(config, worker):
+    return config_for(config) if worker is ShardWorker else config
 
-    def __init__(self, config, max_seqs):
-        cfg = config_for(config)
-        self.workers = [ShardWorker(r, cfg.world_size, cfg, max_seqs)
+
+class LocalBackend:
+    """Every shard in this process, one after the other: no runtime at all.
+    ``worker`` is the model's worker class (:class:`~.model.ShardWorker` or
+    :class:`~.hf.HFWorker`) and ``config`` its configuration."""
+
+    def __init__(self, config, max_seqs, worker=ShardWorker):
+        cfg = _config(config, worker)
+        self.workers = [worker(r, cfg.world_size, cfg, max_seqs)
                         for r in range(cfg.world_size)]
 
     async def step(self, plan):
@@ -208,14 +227,15 @@ ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THRE
 class ExecutorBackend:
     """One ``MultiprocExecutor`` worker per shard; a step is one ``collective_rpc``."""
 
-    def __init__(self, config, max_seqs):
-        self.cfg = config_for(config)
+    def __init__(self, config, max_seqs, worker=ShardWorker):
+        self.cfg = _config(config, worker)
         self.max_seqs = max_seqs
+        self.worker = worker
         self.ex = self._start()
 
     def _start(self):
         from ray_lite.executor import MultiprocExecutor
-        return MultiprocExecutor(ShardWorker, world_size=self.cfg.world_size,
+        return MultiprocExecutor(self.worker, world_size=self.cfg.world_size,
                                  worker_kwargs={"config": self.cfg, "max_seqs": self.max_seqs},
                                  env=ONE_THREAD, reply_ring_bytes=4 << 20)
 
@@ -243,12 +263,16 @@ class AsyncEngine:
 
     ``add(prompt_tokens, max_tokens)`` returns a :class:`Sequence` whose
     ``stream`` yields its tokens; ``abort(seq.id)`` ends it at the next step
-    (its cache slot is freed in the workers with that step).
+    (its cache slot is freed in the workers with that step).  ``sampler``
+    turns the workers' replies' logits into one token per sequence; a
+    sequence also ends at a token of ``eos`` (a collection of token ids).
     """
 
-    def __init__(self, backend, max_running=64, max_waiting=256, record_steps=False):
+    def __init__(self, backend, max_running=64, max_waiting=256, record_steps=False,
+                 sampler=sample, eos=None):
         self.backend = backend
-        self.scheduler = Scheduler(max_running, max_waiting)
+        self.scheduler = Scheduler(max_running, max_waiting, eos)
+        self.sampler = sampler
         self._task = None
         self._wakeup = None
         self.steps = 0
@@ -258,8 +282,8 @@ class AsyncEngine:
         self.record_steps = record_steps
         self.step_log = []          # (wall s, [shard compute s], batch) per step when recorded
 
-    def add(self, prompt, max_tokens):
-        seq = Sequence(prompt, max_tokens)
+    def add(self, prompt, max_tokens, timed=False):
+        seq = Sequence(prompt, max_tokens, timed)
         self.scheduler.add(seq)
         self._kick()
         return seq
@@ -271,16 +295,17 @@ class AsyncEngine:
             seq.stream.finish(RequestAborted())
             self._kick()
 
-    async def generate(self, prompt, max_tokens):
+    async def generate(self, prompt, max_tokens, timed=False):
         """The tokens of one request, in batches, as they come; aborts the
-        sequence when the consumer stops early."""
-        seq = self.add(prompt, max_tokens)
+        sequence when the consumer stops early.  ``timed``: each batch comes
+        as ``(tokens, stamps)`` (see the module's docstring)."""
+        seq = self.add(prompt, max_tokens, timed)
         try:
             while True:
                 tokens = await seq.stream.next_tokens()
                 if tokens is None:
                     return
-                yield tokens
+                yield (tokens, dict(seq.stream.stamps, gen=_ns())) if timed else tokens
         finally:
             if not seq.stream.done:
                 self.abort(seq.id)
@@ -300,21 +325,27 @@ class AsyncEngine:
                 await self._wakeup.wait()
                 continue
             plan, seqs = sched.schedule()
-            t0 = time.perf_counter()
+            t_send = _ns()
             try:
                 replies = await self.backend.step(plan)
             except Exception as exc:   # noqa: BLE001 - a failed step fails its requests
                 await self._recover(exc)
                 continue
-            wall = time.perf_counter() - t0
+            t_replies = _ns()
             self.steps += 1
             if self.record_steps:
-                self.step_log.append((wall, [r[1] for r in replies], len(seqs)))
+                self.step_log.append(((t_replies - t_send) / 1e9, [r[1] for r in replies],
+                                      len(seqs)))
             if not seqs:
                 continue
-            tokens = sample([r[0] for r in replies])
+            tokens = self.sampler([r[0] for r in replies])
             for seq, token, done in sched.commit(seqs, tokens):
-                seq.stream.push(token)
+                stream = seq.stream
+                stream.push(token)
+                if stream.stamps is not None:
+                    stream.stamps = {"send": t_send, "work_start": min(r[2] for r in replies),
+                                     "work_end": max(r[3] for r in replies),
+                                     "replies": t_replies, "pushed": _ns()}
                 if done:
                     self.finished += 1
                     seq.stream.finish()

@@ -2,7 +2,7 @@
 one uvicorn process, the engine in it, and one ``multiprocessing`` process
 per shard talking over a pipe each.
 
-    python -m llm_server handwritten --port 8000 --size small
+    python -m ray_lite._examples.llm_server handwritten --port 8000 --size small
 """
 import asyncio
 import multiprocessing
@@ -13,8 +13,8 @@ from .engine import ONE_THREAD, AsyncEngine
 from .model import ShardWorker, config_for
 
 
-def _serve_shard(conn, rank, config, max_seqs):
-    worker = ShardWorker(rank, config.world_size, config, max_seqs)
+def _serve_shard(conn, rank, config, max_seqs, worker_cls):
+    worker = worker_cls(rank, config.world_size, config, max_seqs)
     while True:
         try:
             method, args = conn.recv()
@@ -32,9 +32,10 @@ class PipeBackend:
     """One process per shard; a step is a message down each pipe and the
     replies read as the event loop sees them arrive."""
 
-    def __init__(self, config, max_seqs):
-        self.cfg = config_for(config)
+    def __init__(self, config, max_seqs, worker=ShardWorker):
+        self.cfg = config_for(config) if worker is ShardWorker else config
         self.max_seqs = max_seqs
+        self.worker = worker
         self._start()
 
     def _start(self):
@@ -46,7 +47,7 @@ class PipeBackend:
             for rank in range(self.cfg.world_size):
                 ours, theirs = ctx.Pipe()
                 proc = ctx.Process(target=_serve_shard, daemon=True,
-                                   args=(theirs, rank, self.cfg, self.max_seqs))
+                                   args=(theirs, rank, self.cfg, self.max_seqs, self.worker))
                 proc.start()
                 theirs.close()
                 self.conns.append(ours)
@@ -107,8 +108,16 @@ class PipeBackend:
                 proc.join(5)
 
 
-def make_app(size="small", max_running=64, max_waiting=256):
-    """The API bound to an engine over pipe workers (started now)."""
+def make_app(size="small", max_running=64, max_waiting=256, model=None, max_len=None):
+    """The API bound to an engine over pipe workers (started now): the toy
+    model of ``size``, or the ``transformers`` causal LM ``model``."""
+    if model:
+        from .hf import Tokenizer, engine_parts
+        cfg, worker, sampler, eos = engine_parts(model, max_len)
+        engine = AsyncEngine(PipeBackend(cfg, max_running, worker), max_running=max_running,
+                             max_waiting=max_waiting, sampler=sampler, eos=eos)
+        api.bind(engine, model, cfg.max_len, Tokenizer(model))
+        return api.app, engine
     cfg = config_for(size)
     engine = AsyncEngine(PipeBackend(cfg, max_running), max_running=max_running,
                          max_waiting=max_waiting)
@@ -116,9 +125,10 @@ def make_app(size="small", max_running=64, max_waiting=256):
     return api.app, engine
 
 
-def run(port, size="small", host="127.0.0.1", ready=None, max_running=64, max_waiting=256):
+def run(port, size="small", host="127.0.0.1", ready=None, max_running=64, max_waiting=256,
+        model=None, max_len=None):
     import uvicorn
-    app, engine = make_app(size, max_running, max_waiting)
+    app, engine = make_app(size, max_running, max_waiting, model, max_len)
     config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools",
                             access_log=False, log_level="warning")
     server = uvicorn.Server(config)

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API, as a FastAPI app over any *engine client*.
 
-An engine client has ``generate(prompt_tokens, max_tokens)``, an async
-iterator of token batches (lists of token ids, at least one each), and
-``async stats()``.  On Serve the client is a handle to the engine deployment
+An engine client has ``generate(prompt_tokens, max_tokens, timed=False)``,
+an async iterator of token batches (lists of token ids, at least one each;
+with ``timed``, ``(tokens, stamps)`` pairs), and ``async stats()``.  On Serve the client is a handle to the engine deployment
 (``deployments.py``); in the hand-written server it is the engine itself
 (``handwritten.py``).  :func:`bind` gives the app its client, model name and
 context length.
@@ -17,8 +17,15 @@ error body (``{"error": {"message", "type", "param", "code"}}``), as do an
 unknown model (404) and a request longer than the context (400).  A full
 engine answers 503.  An error after the stream has started is sent as a
 ``data: {"error": ...}`` event before ``data: [DONE]``.
+
+A streaming request with ``"ray_lite_timing": true`` (what ``ray-lite bench
+llm`` sends; other clients never see it) gets in each chunk the
+``time.perf_counter_ns()`` stamps its tokens collected on their way (see
+``engine``), plus ``recv`` (this app got the batch from its engine client)
+and ``sse`` (its chunk is about to be written).
 """
 import json
+import time
 import types
 
 from fastapi import FastAPI, Request
@@ -26,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .engine import EngineOverloaded
-from .model import decode, encode
+from . import model as toy
 from .protocol import (ChatCompletionRequest, CompletionRequest, chat_prompt, error_body,
                        new_id, now, usage)
 
@@ -35,14 +42,19 @@ app = FastAPI(title="llm_server: an OpenAI-compatible toy LLM server")
 # What the routes serve, set by bind().  A module global, not app.state: on
 # Serve the replica's app is a copy of this one (the ingress class carries it
 # by value), while the routes' functions are this module's.
-_state = types.SimpleNamespace(engine=None, model_name=None, max_len=None)
+_state = types.SimpleNamespace(engine=None, model_name=None, max_len=None,
+                               encode=toy.encode, decode=toy.decode)
 
 
-def bind(engine, model_name, max_len):
-    """Serve ``engine`` (an engine client) as model ``model_name``."""
+def bind(engine, model_name, max_len, tokenizer=None):
+    """Serve ``engine`` (an engine client) as model ``model_name``;
+    ``tokenizer`` (with ``encode(text)`` and ``decode(tokens)``) in place of
+    the toy model's bytes."""
     _state.engine = engine
     _state.model_name = model_name
     _state.max_len = max_len
+    _state.encode = tokenizer.encode if tokenizer is not None else toy.encode
+    _state.decode = tokenizer.decode if tokenizer is not None else toy.decode
     return app
 
 
@@ -125,8 +137,12 @@ async def _serve(request, body, prompt, max_tokens, chat):
     if invalid is not None:
         return invalid
     state = _state
-    tokens = state.engine.generate(prompt, max_tokens)
+    decode = state.decode
+    timed = bool(body.stream and getattr(body, "ray_lite_timing", False))
+    tokens = state.engine.generate(prompt, max_tokens, timed=True) if timed else \
+        state.engine.generate(prompt, max_tokens)
     first, failed = await _first(tokens)
+    t_first = time.perf_counter_ns()
     if failed is not None:
         return failed
     rid = new_id("chatcmpl" if chat else "cmpl")
@@ -152,12 +168,16 @@ async def _serve(request, body, prompt, max_tokens, chat):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text, reason):
+    def chunk(text, reason, stamps=None):
         choice = ({"index": 0, "delta": {"content": text}, "logprobs": None,
                    "finish_reason": reason} if chat else
                   {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-        return _sse({"id": rid, "object": chunk_obj, "created": created, "model": model,
-                     "choices": [choice]})
+        out = {"id": rid, "object": chunk_obj, "created": created, "model": model,
+               "choices": [choice]}
+        if stamps is not None:
+            stamps["sse"] = time.perf_counter_ns()
+            out["ray_lite_timing"] = stamps
+        return _sse(out)
 
     async def events():
         count = 0
@@ -168,13 +188,20 @@ async def _serve(request, body, prompt, max_tokens, chat):
                                                                "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
             batch = first
+            if timed and batch:
+                batch[1]["recv"] = t_first
             while batch:
+                stamps = None
+                if timed:
+                    batch, stamps = batch
                 count += len(batch)
-                yield chunk(decode(batch), "length" if count >= max_tokens else None)
+                yield chunk(decode(batch), "length" if count >= max_tokens else None, stamps)
                 try:
                     batch = await tokens.__anext__()
                 except StopAsyncIteration:
                     break
+                if timed:
+                    batch[1]["recv"] = time.perf_counter_ns()
             if include_usage:
                 yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": model,
                             "choices": [], "usage": usage(len(prompt), count)})
@@ -190,13 +217,13 @@ async def _serve(request, body, prompt, max_tokens, chat):
 
 @app.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest):
-    prompt = encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    prompt = _state.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
     return await _serve(request, body, prompt, body.max_tokens or 16, chat=False)
 
 
 @app.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest):
-    prompt = encode(chat_prompt(body.messages))
+    prompt = _state.encode(chat_prompt(body.messages))
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
         max_tokens = max(1, _state.max_len - len(prompt))

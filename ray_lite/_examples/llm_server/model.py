@@ -98,7 +98,8 @@ class Shard:
     ``step(plan)`` runs one engine step on this shard: the prefill of the
     sequences that join (their whole prompt) and one decode position for
     every running one; it returns the shard's partial logits, one row per
-    sequence (prefills first), and the seconds it computed.
+    sequence (prefills first), the seconds it computed, and the
+    ``time.perf_counter_ns()`` at which it started and ended.
     """
 
     def __init__(self, config, rank, max_seqs):
@@ -132,8 +133,9 @@ class Shard:
 
     def step(self, plan):
         """``plan``: ``(prefills, slots, tokens, positions, frees)``, see
-        :func:`make_plan`.  Returns ``(partial_logits, compute_s)``."""
-        t0 = time.perf_counter()
+        :func:`make_plan`.  Returns ``(partial_logits, compute_s, start_ns,
+        end_ns)``."""
+        t0 = time.perf_counter_ns()
         prefills, slots, tokens, positions, frees = plan
         for slot in frees:
             self.used.discard(slot)
@@ -142,7 +144,8 @@ class Shard:
             rows.append(self._decode(slots, tokens, positions))
         logits = (np.concatenate(rows) if len(rows) > 1 else rows[0]) if rows else \
             np.zeros((0, VOCAB), dtype=np.float32)
-        return logits, time.perf_counter() - t0
+        t1 = time.perf_counter_ns()
+        return logits, (t1 - t0) / 1e9, t0, t1
 
     def cache_slots(self):
         """The slots whose KV cache is live."""

@@ -28,6 +28,8 @@ class CompletionRequest(_Body):
     echo: Optional[bool] = False
     seed: Optional[int] = None
     user: Optional[str] = None
+    # Not OpenAI's: ray-lite bench llm asks for each chunk's timestamps (api.py).
+    ray_lite_timing: Optional[bool] = False
 
 
 class ChatMessage(_Body):
@@ -46,6 +48,8 @@ class ChatCompletionRequest(_Body):
     stream_options: Optional[StreamOptions] = None
     seed: Optional[int] = None
     user: Optional[str] = None
+    # Not OpenAI's: ray-lite bench llm asks for each chunk's timestamps (api.py).
+    ray_lite_timing: Optional[bool] = False
 
 
 def chat_prompt(messages):
