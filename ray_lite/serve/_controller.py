@@ -22,6 +22,7 @@ still starts.
 import asyncio
 import itertools
 import os
+import random
 import signal
 import sys
 
@@ -60,6 +61,9 @@ class _Dep:
         self.code_version = new_code_version()  # names its deployment actors
         self.actors = {}                    # deployment actor name -> ActorHandle
         self.actor_configs = {}             # name -> DeploymentActorConfig
+        # While a redeploy brings this one up: the deployment it replaces,
+        # which serves until this one has a replica (see ``_serving``).
+        self.predecessor = None
 
 
 class _App:
@@ -149,7 +153,7 @@ class ServeController(Autoscaling, DeploymentActors):
             return (self.version, False, [], {})
         cfg = dep.config
         auto = cfg.get("autoscaling_config")
-        return (self.version, True, list(dep.replicas.values()),
+        return (self.version, True, list(_serving(dep).values()),
                 {"max_ongoing_requests": cfg["max_ongoing_requests"],
                  "max_queued_requests": cfg["max_queued_requests"],
                  "autoscaling": bool(auto), "from_zero": _from_zero(auto)})
@@ -166,7 +170,7 @@ class ServeController(Autoscaling, DeploymentActors):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         dep = self._dep(app_name, dep_name)
-        if dep is not None and not dep.replicas:
+        if dep is not None and not _serving(dep):
             self._cold_start(dep)
         while True:
             snap = self._dep_snapshot(app_name, dep_name)
@@ -189,7 +193,8 @@ class ServeController(Autoscaling, DeploymentActors):
             if app.route_prefix is None or app.status == "DELETING":
                 continue
             dep = app.deps.get(app.ingress)
-            if dep is None or (app.status == "DEPLOYING" and not dep.replicas):
+            replicas = _serving(dep) if dep is not None else None
+            if dep is None or (app.status == "DEPLOYING" and not replicas):
                 # Replicas join as they become ready: the route appears with
                 # the ingress's first one (until then: 404, not 503).
                 continue
@@ -198,7 +203,7 @@ class ServeController(Autoscaling, DeploymentActors):
             # Each proxy gets the whole max_queued_requests and enforces it on
             # its own queue: Ray Serve's limit is per caller (each proxy or
             # DeploymentHandle), not one shared count.
-            routes[app.route_prefix] = (app.name, app.ingress, list(dep.replicas.values()),
+            routes[app.route_prefix] = (app.name, app.ingress, list(replicas.values()),
                                         cfg["max_ongoing_requests"], cfg["max_queued_requests"],
                                         cfg.get("multiplexed", False), bool(auto),
                                         _from_zero(auto), cfg.get("backpressure_config"))
@@ -436,9 +441,15 @@ class ServeController(Autoscaling, DeploymentActors):
         await self._replace(dep, rid, h, "died")
 
     async def _health_loop(self, dep, rid, h, period):
-        while rid in dep.replicas:
-            await asyncio.sleep(period)
-            if rid not in dep.replicas:
+        """Check the replica every ``health_check_period_s`` (jittered, as
+        Ray does, so that the checks of many replicas do not come together),
+        each check bounded by ``health_check_timeout_s``; after
+        ``REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD`` failures in a row it is
+        stopped and replaced (``_replace``).  Its death is the watcher's."""
+        failures = 0
+        while dep.replicas.get(rid) is h:
+            await asyncio.sleep(period * random.uniform(0.9, 1.1))
+            if dep.replicas.get(rid) is not h:
                 return
             # Read each time: a config file may change them in place.
             period = dep.config.get("health_check_period_s") or period
@@ -446,17 +457,31 @@ class ServeController(Autoscaling, DeploymentActors):
                 _defaults.HEALTH_CHECK_TIMEOUT_S
             try:
                 await asyncio.wait_for(h.check_health.remote(), timeout)
+                failures = 0
+                continue
             except asyncio.CancelledError:
                 raise
             except RayActorError:
                 return   # the watcher replaces it
-            except BaseException as exc:
-                print(f"Serve: replica {rid} failed its health check ({exc!r}); replacing it",
-                      file=sys.stderr, flush=True)
-                self._kill(h)
-                return
+            except asyncio.TimeoutError:
+                why = f"did not answer its health check within {timeout:g} s"
+            except BaseException as exc:   # noqa: BLE001 - the user's check raised
+                why = f"failed its health check ({_check_error(exc)})"
+            failures += 1
+            if failures < REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD:
+                print(f"Serve: replica {rid} of {dep.app}/{dep.name} {why}, {failures} "
+                      f"time(s) in a row", file=sys.stderr, flush=True)
+                continue
+            await self._replace(dep, rid, h, f"{why}, {failures} times in a row", stop=True)
+            return
 
-    async def _replace(self, dep, rid, h, why):
+    async def _replace(self, dep, rid, h, why, stop=False):
+        """Take replica ``rid`` out of service and start its replacement: it
+        died, or (``stop``) it failed its health checks and stops as a
+        replica taken out of service does (its requests in flight get
+        ``graceful_shutdown_timeout_s``, its ``__del__`` runs), as in Ray.
+        Until the deployment has all its replicas again, it and its
+        application say UNHEALTHY, naming the replica and why."""
         dep.pids.pop(rid, None)
         dep.ranks.pop(rid, None)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
@@ -468,25 +493,48 @@ class ServeController(Autoscaling, DeploymentActors):
                 dep.ranks.pop(mate, None)
                 dep.stopping.add(mate)
                 self._kill(mh)
-        self._bump()
+        if stop:
+            dep.stopping.add(rid)
+            dep.draining[rid] = h
+            asyncio.ensure_future(self._drain_one(dep, rid, h))
         app = self.apps.get(dep.app)
         if self.shutting_down or app is None or app.deps.get(dep.name) is not dep:
+            self._bump()
             return
-        print(f"Serve: replica {rid} of {dep.app}/{dep.name} {why}; starting a replacement",
+        reason = f"replica {rid} {why}"
+        print(f"Serve: {dep.app}/{dep.name}: {reason}; starting a replacement",
               file=sys.stderr, flush=True)
+        self._set_unhealthy(app, dep, f"{reason}; a replacement is starting")
+        self._bump()
         delay = 0.1
         while not self.shutting_down and app.deps.get(dep.name) is dep and \
                 self.apps.get(dep.app) is app:
             missing = dep.target - len(dep.replicas) - dep.starting
             if missing <= 0:
-                return
+                break
             errors = await self._bring_up(dep, missing)
-            self._bump()
             if not errors:
-                return
-            dep.message = f"replacement replica failed: {errors[0]}"
+                break
+            self._set_unhealthy(app, dep, f"{reason}; its replacement failed to start: "
+                                          f"{_check_error(errors[0])}")
+            self._bump()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+        if app.deps.get(dep.name) is dep and self.apps.get(dep.app) is app:
+            self._healthy_again(app, dep)
+        self._bump()
+
+    @staticmethod
+    def _set_unhealthy(app, dep, message):
+        dep.status, dep.message = "UNHEALTHY", message
+        _app_health(app)
+
+    @staticmethod
+    def _healthy_again(app, dep):
+        """UNHEALTHY until it runs all its replicas again, as in Ray."""
+        if dep.status == "UNHEALTHY" and len(dep.replicas) >= dep.target:
+            dep.status, dep.message = "HEALTHY", ""
+            _app_health(app)
 
     def _kill(self, h):
         try:
@@ -573,7 +621,12 @@ class ServeController(Autoscaling, DeploymentActors):
         self._specs_dropped.discard(name)
         if old is not None:
             for dname, od in old.deps.items():
-                if app.deps.get(dname) is not od:
+                nd = app.deps.get(dname)
+                if nd is not None and nd is not od and od.replicas:
+                    # Replaced: the old replicas serve until the new ones
+                    # can, then stop (before this returns, as in Ray).
+                    nd.predecessor = od
+                elif nd is not od:
                     asyncio.ensure_future(self._stop_replicas(od))
         new = [d for d in app.deps.values() if d.name not in reuse]
         for dep, err in zip(new, await asyncio.gather(*[self._start_deployment_actors(d)
@@ -593,6 +646,9 @@ class ServeController(Autoscaling, DeploymentActors):
         for dep, errs in zip(brought, await asyncio.gather(*bring_ups)):
             if errs:
                 failed[dep] = errs[0]
+        replaced = [d.predecessor for d in app.deps.values() if d.predecessor is not None]
+        for dep in app.deps.values():
+            dep.predecessor = None
         if not failed:
             for dep in app.deps.values():
                 dep.status = "HEALTHY"
@@ -601,6 +657,7 @@ class ServeController(Autoscaling, DeploymentActors):
             msg = _error_text(next(iter(failed.values())))
             app.status = "DEPLOY_FAILED"
             app.message = msg
+            await asyncio.gather(*[self._stop_replicas(od) for od in replaced])
             for dep in app.deps.values():
                 await self._stop_replicas(dep)
                 # As Ray: the deployment that failed says why; the others
@@ -616,6 +673,9 @@ class ServeController(Autoscaling, DeploymentActors):
                 dep.autoscaler = self._task(dep, self._autoscale(dep))
         self._bump()
         await self._proxies_caught_up()
+        # The replaced replicas stop once no proxy routes to them; their
+        # requests in flight get graceful_shutdown_timeout_s.
+        await asyncio.gather(*[self._stop_replicas(od) for od in replaced])
         return True
 
     async def delete_apps(self, names):
@@ -808,11 +868,12 @@ class ServeController(Autoscaling, DeploymentActors):
                     self._watch(dep, rid, h)
                 for name in dep.actors:
                     self._task(dep, self._watch_deployment_actor(dep, name))
-                if app.status == "RUNNING" and dep.config.get("autoscaling_config"):
+                if app.status in ("RUNNING", "UNHEALTHY") and \
+                        dep.config.get("autoscaling_config"):
                     dep.autoscaler = self._task(dep, self._autoscale(dep))
             if app.status == "DELETING":
                 asyncio.ensure_future(self.delete_apps([app.name]))
-            elif app.status in ("RUNNING", "DEPLOYING"):
+            elif app.status in ("RUNNING", "DEPLOYING", "UNHEALTHY"):
                 app.recovered = asyncio.get_running_loop().create_future()
                 asyncio.ensure_future(self._complete(app))
         self._bump()
@@ -860,6 +921,9 @@ class ServeController(Autoscaling, DeploymentActors):
         failed = [(d, e[0]) for d, e in zip(deps, errors) if e]
         for d, err in failed:
             d.message = f"starting a replica failed: {_error_text(err)}"
+        if app.status == "UNHEALTHY":
+            for d in app.deps.values():
+                self._healthy_again(app, d)
         if app.status == "DEPLOYING":
             if failed:
                 app.status, app.message = "DEPLOY_FAILED", _error_text(failed[0][1])
@@ -956,6 +1020,40 @@ _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_re
              "health_check_timeout_s")
 
 
+# Ray's: a replica is unhealthy once this many health checks in a row failed
+# (its death counts at once).
+REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD = 3
+
+
+def _serving(dep):
+    """The replicas that serve ``dep``: its own, or while a redeploy has
+    none of them ready yet, those of the deployment it replaces."""
+    if dep.replicas or dep.predecessor is None:
+        return dep.replicas
+    return dep.predecessor.replicas
+
+
+def _app_health(app):
+    """A running application is UNHEALTHY while one of its deployments is
+    (its message names them), RUNNING again once none is, as in Ray."""
+    if app.status not in ("RUNNING", "UNHEALTHY"):
+        return
+    sick = [d for d in app.deps.values() if d.status == "UNHEALTHY"]
+    if sick:
+        app.status = "UNHEALTHY"
+        app.message = "; ".join(f"The deployment {d.name!r} is UNHEALTHY: {d.message}"
+                                for d in sick)
+    else:
+        app.status, app.message = "RUNNING", ""
+
+
+def _check_error(exc):
+    """A failed call's error in one line: the user's exception, not the
+    remote traceback."""
+    cause = getattr(exc, "cause", None) or exc
+    return f"{type(cause).__name__}: {cause}"
+
+
 # Added to the saved version by a restarted controller (``_restore``).
 _VERSION_MARGIN = 1000
 # A restarted controller's wait for its checkpoint.
@@ -968,6 +1066,12 @@ def _proxy_class(proxy_cls):
 
 
 def _same_code(a, b):
+    """Whether a redeploy keeps the running replicas (updating them in
+    place).  As in Ray, only a versioned deployment can: a config file's
+    carries its code version; ``serve.run``'s has none, so each run of it
+    brings new replicas, even of unchanged code."""
+    if a.get("code_version") is None or b.get("code_version") is None:
+        return False
     return a["cls_blob"] == b["cls_blob"] and a["args_blob"] == b["args_blob"] and \
         a.get("code_version") == b.get("code_version") and \
         a.get("actors_blob") == b.get("actors_blob") and \

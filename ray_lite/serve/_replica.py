@@ -189,6 +189,13 @@ class ServeReplica:
             t, self._init_task = self._init_task, None
             await t
         if not self._niced:
+            # As Ray: a replica serves once it has passed a first health
+            # check; its failure is the replica's failure to start.
+            try:
+                await self.check_health()
+            except Exception as exc:   # noqa: BLE001 - the user's check, whatever it raised
+                raise RuntimeError(f"replica {self._id} failed its initial health check: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             # Not before: starting many replicas at once is not slowed.
             self._niced = True
             if _NICE > 0:

@@ -215,11 +215,14 @@ def test_scales_up_under_load_and_down_when_idle_without_losing_requests(serve_p
 def test_fewer_replicas_drain_the_requests_they_run(serve_runtime):
     gate = Gate.remote()
     fixed = Gated.options(autoscaling_config=None, num_replicas=2, max_ongoing_requests=1)
-    h = serve.run(fixed.bind(gate), name="fixed", route_prefix=None)
+    # (Versioned, as a config file's deploy: the second run is then an
+    # update in place; serve.run's own would replace every replica.)
+    h = serve.run(fixed.bind(gate), name="fixed", route_prefix=None, _code_version="v1")
     calls = [h.remote(i) for i in range(2)]         # one on each replica
     _wait_for("both requests in flight",
               lambda: ray.get(gate.num_waiting.remote(), timeout=T) == 2)
-    serve.run(fixed.options(num_replicas=1).bind(gate), name="fixed", route_prefix=None)
+    serve.run(fixed.options(num_replicas=1).bind(gate), name="fixed", route_prefix=None,
+              _code_version="v1")
     states = _states("fixed", "Gated")[0]
     assert states.get("RUNNING") == 1 and states.get("STOPPING") == 1
     ray.get(gate.release.remote(2), timeout=T)

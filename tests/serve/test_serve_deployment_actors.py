@@ -132,17 +132,20 @@ def test_outside_a_replica_is_refused(serve_runtime, monkeypatch):
 
 
 def test_in_place_update_keeps_it_new_code_replaces_it(serve_runtime):
-    h = serve.run(Model.options(deployment_actors=[_registry()]).bind(), name="upd")
+    # (A versioned redeploy, as a config file's: serve.run's has no code
+    # version, and each one replaces the deployment.)
+    h = serve.run(Model.options(deployment_actors=[_registry()]).bind(), name="upd",
+                  _code_version="v1")
     assert h.remote("a").result(timeout_s=T) == 1
     first = h.actor_pid.remote().result(timeout_s=T)
     # num_replicas only: the same actor, its state kept.
     h = serve.run(Model.options(num_replicas=1, deployment_actors=[_registry()]).bind(),
-                  name="upd")
+                  name="upd", _code_version="v1")
     assert h.actor_pid.remote().result(timeout_s=T) == first
     assert h.remote("b").result(timeout_s=T) == 2
     # Another constructor argument: a new version, a new actor; the old one ends.
     h = serve.run(Model.options(num_replicas=1, deployment_actors=[_registry(start=50)]).bind(),
-                  name="upd")
+                  name="upd", _code_version="v1")
     assert h.remote("c").result(timeout_s=T) == 51
     assert h.actor_pid.remote().result(timeout_s=T) != first
     wait_until(lambda: process_gone(first), "the old version's actor to end", T)

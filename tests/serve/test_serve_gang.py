@@ -65,7 +65,9 @@ def _alive(pid):
 
 def test_gangs_start_whole_know_themselves_and_restart_together(serve_runtime):
     registry = Registry.options(name="gang_registry").remote()
-    serve.run(Member.bind(), name="gangs", route_prefix=None)
+    # (Versioned, as a config file's deploy: the scale-down below is then
+    # an update in place; serve.run's own would replace every replica.)
+    serve.run(Member.bind(), name="gangs", route_prefix=None, _code_version="v1")
     seen = ray.get(registry.all.remote(), timeout=T)
     gangs = _gangs(seen)
     assert len(seen) == 4 and len(gangs) == 2
@@ -87,7 +89,8 @@ def test_gangs_start_whole_know_themselves_and_restart_together(serve_runtime):
     new = _gangs({rid: v for rid, v in now.items() if rid not in seen})
     assert len(new) == 1 and sorted(next(iter(new.values()))) == [0, 1]
     # Scaled down in whole gangs.
-    serve.run(Member.options(num_replicas=2).bind(), name="gangs", route_prefix=None)
+    serve.run(Member.options(num_replicas=2).bind(), name="gangs", route_prefix=None,
+              _code_version="v1")
     wait_until(lambda: _running() == 2, "one gang left", T)
     left = [pid for pid, *_ in now.values() if _alive(pid)]
     wait_until(lambda: len([p for p in left if _alive(p)]) == 2, "one gang's processes", T)

@@ -66,9 +66,12 @@ def test_idle_handle_skips_a_replica_killed_meanwhile(serve_port):
 
 
 def test_idle_handle_skips_a_replica_scaled_down_meanwhile(serve_port):
-    h = serve.run(Pids.bind(), name="stale", route_prefix=None)
+    # (Versioned, as a config file's deploy: the second run is then an
+    # update in place; serve.run's own would replace every replica.)
+    h = serve.run(Pids.bind(), name="stale", route_prefix=None, _code_version="v1")
     pids = _both_pids(h)
-    serve.run(Pids.options(num_replicas=1).bind(), name="stale", route_prefix=None)
+    serve.run(Pids.options(num_replicas=1).bind(), name="stale", route_prefix=None,
+              _code_version="v1")
     # The idle handle learns of the drained replica before it stops.
     wait_until(lambda: len(_replica_ids()) == 1, "the handle to drop the drained replica")
     wait_until(lambda: any(process_gone(p) for p in pids), "the drained replica to stop")
