@@ -18,7 +18,7 @@ cdef class PoolWorker:
 
 
 cdef class PoolBook:
-    # Set by the driver; the names are those its mixins read and write.
+    # Set by the driver; its parts read and write them (the book owns them).
     cdef public object _sched        # the scheduler's RLock
     cdef public list idle            # idle PoolWorkers
     cdef public object queue         # deque of the driver's own queued TaskSpecs
@@ -38,3 +38,12 @@ cdef class PoolBook:
     cdef public dict pool            # worker id -> PoolWorker
     cdef public type entry_type      # refs._Entry
     cdef public frozenset kept_types # values a result keeps as they are (immutable ones)
+    # What is not the common case: bound methods of the driver's parts, set
+    # once (a typed field read per call, no look-up through the driver's MRO).
+    cdef public object enqueue          # dispatch.enqueue(spec)
+    cdef public object unsent           # dispatch.unsent(spec, w, exc)
+    cdef public object free_worker      # dispatch.free_worker(w, spec)
+    cdef public object dispatch_queued  # dispatch.dispatch_queued()
+    cdef public object used_up          # max_calls.used_up(w, spec)
+    cdef public object resources_freed  # resources.freed()
+    cdef public object on_result        # the driver's general RESULT handler

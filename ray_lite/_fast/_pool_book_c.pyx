@@ -46,7 +46,7 @@ cdef class PoolBook:
                                            None if fn_id in w.shipped else blob,
                                            args, kwargs, 1, False, bp, name))
                 except BaseException as exc:
-                    self._unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                    self.unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
                                                 retries, name, 0, False), w, exc)
                     return
                 w.task = self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp, retries,
@@ -54,8 +54,8 @@ cdef class PoolBook:
                 w.shipped.add(fn_id)
                 target.peer = w.id
             else:
-                self._enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
-                                             retries, name, 0, False))
+                self.enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                            retries, name, 0, False))
         finally:
             sched.release()
 
@@ -72,12 +72,12 @@ cdef class PoolBook:
                 w.task = None
                 self.idle.append(w)
             else:
-                self._free_worker(w, spec)
+                self.free_worker(w, spec)
                 w.task = None
                 if not spec.max_calls or not self.used_up(w, spec):
                     self.idle.append(w)
             if self.queue or self.nested_queue:
-                self._dispatch()
+                self.dispatch_queued()
             if self.placed_queue or self.res_waiters:
                 self.resources_freed()
         finally:
@@ -104,4 +104,4 @@ cdef class PoolBook:
                 if w is not None:
                     self._task_finished(w, oid)
                 return
-        self._on_result(peer, msg)
+        self.on_result(peer, msg)

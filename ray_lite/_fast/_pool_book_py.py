@@ -1,12 +1,15 @@
 """The driver's pool book, pure-Python twin (the executable specification).
 
 ``PoolWorker`` is a pool worker as the driver schedules onto it.
-``PoolBook`` is the base of ``DriverNode`` that holds the two per-task steps
-of the driver's common task (plain arguments, one return, no Demand):
-``submit_plain`` books it on an idle worker and sends it, or queues it;
-``_task_finished`` frees the worker at its result.  The rest of the
-scheduler (``_private/scheduling/task_dispatch.py`` and the other mixins) reads and
-writes the same fields under the same ``_sched`` lock.
+``PoolBook`` holds the two per-task steps of the driver's common task
+(plain arguments, one return, no Demand): ``submit_plain`` books it on an
+idle worker and sends it, or queues it; ``_task_finished`` frees the worker
+at its result.  It owns the counters and queues those steps read on every
+task; the driver's parts (``_private/scheduling``: task dispatch, the
+resource ledger) read and write the same fields under the same ``_sched``
+lock, and the book calls back into them through bound methods it is given
+once (``enqueue``, ``unsent``, ``free_worker``, ``dispatch_queued``,
+``used_up``, ``resources_freed``, ``on_result``).
 """
 
 __all__ = ["PoolBook", "PoolWorker", "plain_call"]
@@ -47,8 +50,10 @@ class PoolWorker:
 class PoolBook:
     # The fields (set by the driver): _sched, idle, queue, nested_queue,
     # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type;
-    # and those of a result: pending, inflight, pool, entry_type, kept_types
-    # (and ``forward``, an attribute of the node's).
+    # those of a result: pending, inflight, pool, entry_type, kept_types
+    # (and ``forward``, an attribute of the node's); and the callbacks:
+    # enqueue, unsent, free_worker, dispatch_queued, used_up,
+    # resources_freed, on_result.
 
     def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
         """``submit`` of the driver's common task: plain arguments, one return,
@@ -68,8 +73,8 @@ class PoolBook:
                                            None if fn_id in w.shipped else blob,
                                            args, kwargs, 1, False, bp, name))
                 except BaseException as exc:
-                    self._unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
-                                                retries, name, 0, False), w, exc)
+                    self.unsent(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                               retries, name, 0, False), w, exc)
                     return
                 # The spec is made and booked after the send, while the task
                 # already runs (B11): still under _sched, which every reader
@@ -82,8 +87,8 @@ class PoolBook:
                 w.shipped.add(fn_id)
                 target.peer = w.id     # where the waiting thread looks first
             else:
-                self._enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
-                                             retries, name, 0, False))
+                self.enqueue(self.spec_type(oid, fn_id, blob, args, kwargs, 1, False, bp,
+                                            retries, name, 0, False))
         finally:
             sched.release()
 
@@ -103,12 +108,12 @@ class PoolBook:
                 w.task = None
                 self.idle.append(w)
             else:
-                self._free_worker(w, spec)
+                self.free_worker(w, spec)
                 w.task = None
                 if not spec.max_calls or not self.used_up(w, spec):
                     self.idle.append(w)
             if self.queue or self.nested_queue:
-                self._dispatch()
+                self.dispatch_queued()
             if self.placed_queue or self.res_waiters:
                 self.resources_freed()
         finally:
@@ -122,7 +127,7 @@ class PoolBook:
         mapped from the store nor one to keep private copies of)
         is set here, and its pool worker freed: ``Node._on_result`` and
         ``DriverNode._on_result`` in one, with only the looks it needs; it
-        comes once per task (B11).  Any other goes to ``_on_result``."""
+        comes once per task (B11).  Any other goes to ``on_result``."""
         oid = msg[1]
         payload = msg[3]
         if msg[2] and not self.forward and type(payload) in self.kept_types:
@@ -144,4 +149,4 @@ class PoolBook:
                 if w is not None:           # an actor's result frees no worker
                     self._task_finished(w, oid)
                 return
-        self._on_result(peer, msg)
+        self.on_result(peer, msg)

@@ -17,16 +17,19 @@
     bp, retries, name, target)`` sends the task to an idle worker and books
     it there, or queues it; ``_task_finished(w, oid)`` makes ``w`` idle again
     at the result of ``oid``.  Both under the ``_sched`` lock, on the fields
-    the rest of the scheduler shares: ``idle``, ``queue``, ``nested_queue``,
-    ``placed_queue``, ``res_waiters``, ``busy``, ``cpu_cap``, ``links``;
-    ``task_op`` and ``spec_type`` are the protocol's TASK and TaskSpec.
+    the book owns and the driver's parts read and write: ``idle``,
+    ``queue``, ``nested_queue``, ``placed_queue``, ``res_waiters``, ``busy``,
+    ``cpu_cap``; ``links`` is the node's, ``task_op`` and ``spec_type`` are
+    the protocol's TASK and TaskSpec.
     ``_on_pool_result(peer, msg)`` is the driver's handler of a RESULT: the
     common one (a value for a waiting ``entry_type`` entry of ``pending``,
     no nested task's result to ``forward``, a value of one of ``kept_types``) is
     set here, ``inflight`` updated and its worker in ``pool`` freed.
-    What is not the common case goes to the driver's methods
-    (``_enqueue``, ``_unsent``, ``_free_worker``, ``used_up``, ``_dispatch``,
-    ``resources_freed``, ``_on_result``).
+    What is not the common case goes to the callables the driver gives the
+    book once, bound methods of its parts: ``enqueue``, ``unsent``,
+    ``free_worker``, ``dispatch_queued`` (task dispatch), ``used_up``
+    (max_calls), ``resources_freed`` (the resource ledger), ``on_result``
+    (the driver's general RESULT handler).
 """
 from ._pool_book_py import PLAIN_TYPES
 from ._select import load_twin

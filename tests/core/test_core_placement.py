@@ -42,10 +42,10 @@ def test_create_ready_wait_and_remove(rt4):
     assert pg.id.hex() in placement_group_table()      # keyed by hex, as in Ray
     assert get_placement_group("pg1") == pg
     # Its resources are reserved from the node.
-    assert scheduled(rt4.available_resources()) == {"CPU": 1, "x": 1}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 1, "x": 1}
     remove_placement_group(pg)
     assert placement_group_table(pg)["state"] == "REMOVED"
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 2}
     with pytest.raises(ValueError, match="pg1"):
         get_placement_group("pg1")
     remove_placement_group(pg)     # twice: no error, as in Ray
@@ -61,7 +61,7 @@ def test_a_group_larger_than_the_machine_is_refused(rt4):
     with pytest.raises(ValueError, match="STRICT_SPREAD"):
         placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
     # Nothing was reserved by the refused ones.
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 2}
     assert placement_group_table() == {}
 
 
@@ -137,7 +137,7 @@ def test_removing_a_group_kills_its_actors_and_fails_its_waiting_tasks(rt4):
         ray.get(waiting, timeout=T)
     with pytest.raises(ValueError, match="removed"):
         one.options(scheduling_strategy=in_pg(pg)).remote()
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 2}
 
 
 def test_removing_a_group_kills_its_running_tasks(rt4):
@@ -157,7 +157,7 @@ def test_removing_a_group_kills_its_running_tasks(rt4):
     with pytest.raises(WorkerCrashedError):    # as in Ray; it ran on, holding its CPU
         ray.get(running, timeout=T)
     assert ray.get(one.remote(), timeout=T) == 1
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 2}
 
 
 def test_a_groups_id_is_rays_id_object(rt4):

@@ -79,15 +79,15 @@ def test_a_task_asking_for_every_cpu_waits_until_all_are_free(tmp_path):
 
 
 def test_an_actor_holds_its_num_cpus_for_its_lifetime(rt4):
-    assert rt4.available_resources()["CPU"] == 4
+    assert rt4.resources.available_resources()["CPU"] == 4
     a = Holder.options(num_cpus=4).remote()
     assert ray.get(a.ping.remote(), timeout=T)
-    assert "CPU" not in rt4.available_resources()
+    assert "CPU" not in rt4.resources.available_resources()
     ref = one.remote()
     assert ray.wait([ref], timeout=NOT_YET)[0] == []    # no CPU left for a task
     ray.kill(a)
     assert ray.get(ref, timeout=T) == 1
-    assert rt4.available_resources()["CPU"] == 4
+    assert rt4.resources.available_resources()["CPU"] == 4
 
 
 def test_actors_by_default_hold_no_cpu():
@@ -97,30 +97,30 @@ def test_actors_by_default_hold_no_cpu():
         actors = [Holder.remote() for _ in range(6)]
         assert len(set(ray.get([a.ping.remote() for a in actors], timeout=T))) == 6
         assert ray.get(one.remote(), timeout=T) == 1
-        assert state.node.available_resources()["CPU"] == 1
+        assert state.node.resources.available_resources()["CPU"] == 1
     finally:
         ray.shutdown()
 
 
 def test_custom_resources_are_taken_and_given_back(rt4):
-    assert scheduled(rt4.cluster_resources()) == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.resources.cluster_resources()) == {"CPU": 4, "x": 1, "slots": 2}
     a = Holder.options(resources={"x": 1}).remote()
     ray.get(a.ping.remote(), timeout=T)
-    assert "x" not in rt4.available_resources()
+    assert "x" not in rt4.resources.available_resources()
     ref = one.options(resources={"x": 1}).remote()
     assert ray.wait([ref], timeout=NOT_YET)[0] == []
     # Another resource is unaffected.
     assert ray.get(one.options(resources={"slots": 2}).remote(), timeout=T) == 1
     ray.kill(a)
     assert ray.get(ref, timeout=T) == 1
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
 
 
 def test_memory_is_a_resource_the_scheduler_honours(rt4):
     # Ray's logical "memory" (70 % of the machine's): a task asking for most
     # of it waits while an actor holds most of it, and runs once it is gone.
     total = ray.cluster_resources()["memory"]
-    assert total == rt4.cluster_resources()["memory"] > 0
+    assert total == rt4.resources.cluster_resources()["memory"] > 0
     big = int(total * 0.6)
     a = Holder.options(memory=big).remote()
     ray.get(a.ping.remote(), timeout=T)
@@ -139,7 +139,7 @@ def test_fractional_and_zero_cpu_tasks(rt4):
     refs = [one.options(num_cpus=0.5).remote() for _ in range(8)]
     refs += [one.options(num_cpus=0).remote() for _ in range(3)]
     assert ray.get(refs, timeout=T) == [1] * 11
-    assert rt4.available_resources()["CPU"] == 4
+    assert rt4.resources.available_resources()["CPU"] == 4
 
 
 def test_a_request_that_can_never_fit_is_refused(rt4):
@@ -220,11 +220,11 @@ def test_an_actor_created_from_a_task_takes_the_cpu_its_blocked_creator_lends():
 def test_a_killed_actor_gives_back_what_it_held(rt4):
     a = Holder.options(num_cpus=2, resources={"slots": 1}).remote()
     ray.get(a.ping.remote(), timeout=T)
-    assert scheduled(rt4.available_resources()) == {"CPU": 2, "x": 1, "slots": 1}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 2, "x": 1, "slots": 1}
     ray.kill(a)
     with pytest.raises(RayActorError):
         ray.get(a.ping.remote(), timeout=T)
-    assert scheduled(rt4.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
+    assert scheduled(rt4.resources.available_resources()) == {"CPU": 4, "x": 1, "slots": 2}
 
 
 def test_blocked_task_lends_its_cpus_back(rt4):
@@ -233,7 +233,7 @@ def test_blocked_task_lends_its_cpus_back(rt4):
         # Waiting in get, it lends its 4 CPUs: the inner task can run.
         return ray.get(one.options(num_cpus=4).remote(), timeout=T) + 1
     assert ray.get(outer.remote(), timeout=T) == 2
-    assert rt4.available_resources()["CPU"] == 4
+    assert rt4.resources.available_resources()["CPU"] == 4
 
 
 def test_an_actor_whose_resources_are_taken_starts_when_they_are_free(rt4):
@@ -244,7 +244,7 @@ def test_an_actor_whose_resources_are_taken_starts_when_they_are_free(rt4):
     second = Holder.options(num_cpus=2).remote()
     call = second.ping.remote()
     assert ray.wait([call], timeout=NOT_YET)[0] == []      # no CPU is free: not started
-    assert rt4.available_resources().get("CPU", 0) == 0
+    assert rt4.resources.available_resources().get("CPU", 0) == 0
     waiting = Holder.options(num_cpus=4).remote()
     lost = waiting.ping.remote()
     ray.kill(waiting)                                        # killed while it waits
@@ -257,7 +257,7 @@ def test_an_actor_whose_resources_are_taken_starts_when_they_are_free(rt4):
         ray.get(cancelled, timeout=T)
     assert isinstance(ray.get(call, timeout=T), int)
     assert [ray.get(second.ping.remote(), timeout=T) for _ in range(3)] == [ray.get(call)] * 3
-    assert rt4.available_resources()["CPU"] == 2
+    assert rt4.resources.available_resources()["CPU"] == 2
 
 
 def test_a_waiting_async_actor_runs_the_calls_made_meanwhile_in_order(rt4):
@@ -324,4 +324,4 @@ def test_nested_tasks_with_a_demand_go_first_too(rt4):
         return ray.get(middle.remote(), timeout=T)
     assert ray.get([top.remote() for _ in range(12)], timeout=T) == [0] * 12
     assert len(rt4.pool) < 12
-    assert rt4.available_resources()["CPU"] == 4
+    assert rt4.resources.available_resources()["CPU"] == 4

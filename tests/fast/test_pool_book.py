@@ -43,6 +43,11 @@ def make_book(impl, workers=2, cpu_cap=2):
             self.pending, self.inflight, self.forward = {}, {}, {}
             self.entry_type, self.kept_types = _Entry, _IMMUTABLE
             self.calls = []
+            # The driver's parts, as the book is given them: bound methods.
+            self.enqueue, self.unsent = self._enqueue, self._unsent
+            self.free_worker, self.dispatch_queued = self._free_worker, self._dispatch
+            self.used_up, self.resources_freed = self._used_up, self._resources_freed
+            self.on_result = self._on_result
 
         def _on_result(self, peer, msg):
             self.calls.append(("on_result", peer, msg))
@@ -57,14 +62,14 @@ def make_book(impl, workers=2, cpu_cap=2):
         def _free_worker(self, w, spec):
             self.calls.append(("free", w, spec))
 
-        def used_up(self, w, spec):
+        def _used_up(self, w, spec):
             self.calls.append(("used_up", w, spec))
             return True
 
         def _dispatch(self):
             self.calls.append(("dispatch",))
 
-        def resources_freed(self):
+        def _resources_freed(self):
             self.calls.append(("resources_freed",))
 
     book = Driver()

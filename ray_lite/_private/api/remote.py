@@ -240,7 +240,7 @@ class RemoteFunction:
         name = plan.name
         if plan.demand is not None and node.id == 0:
             with node._sched:
-                node.check_feasible(plan.demand, name)   # refused here, at the call
+                node.resources.check_feasible(plan.demand, name)   # refused here, at the call
         if _check_args_serialisable(args, kwargs, name):
             args, kwargs = _by_value(node, args, kwargs)
         if plan.env_function is None:

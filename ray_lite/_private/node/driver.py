@@ -1,13 +1,14 @@
 """The driver's Node: the worker pool, the scheduler, actors and names.
 
-``DriverNode`` extends ``Node`` with the compiled pool book (``PoolBook``: the
-queues and what each worker runs), task dispatch and the resource ledger
-(mixins on that base), and holds the parts that own their own state:
-``placement`` (placement groups), ``actor_restarts``, ``owners`` (which
-process created which actor), ``retries`` (tasks run again) and
-``max_calls`` (workers retired after their ``max_calls``).  Its message
-handlers are in ``handlers`` (set below and in ``Node``), its requests in
-``requests``.
+``DriverNode`` extends ``Node`` with the compiled pool book (``PoolBook``, a
+base: the idle workers, the queues, the CPUs taken, what each worker runs)
+and holds the parts that own their own state: ``dispatch`` (pool tasks
+submitted, queued, sent and finished), ``resources`` (the ledger of custom
+resources, placement demands and what actors hold), ``placement``
+(placement groups), ``actor_restarts``, ``owners`` (which process created
+which actor), ``retries`` (tasks run again) and ``max_calls`` (workers
+retired after their ``max_calls``).  Its message handlers are in
+``handlers`` (set below and in ``Node``), its requests in ``requests``.
 """
 import collections
 import functools
@@ -33,9 +34,9 @@ from ..process.errors import KILLED, actor_died_message
 from ..process.procutil import readable_now
 from ..scheduling.cluster import memory_resource
 from ..scheduling.placement import PlacementGroups, captured_actor_request, captured_demand
-from ..scheduling.scheduler import ResourcesMixin
+from ..scheduling.scheduler import Resources
 from ..scheduling.task_cancel import cancel_task
-from ..scheduling.task_dispatch import TaskDispatchMixin
+from ..scheduling.task_dispatch import TaskDispatch
 from ..scheduling.task_retries import TaskRetries
 from . import introspect
 from .node import Node
@@ -43,7 +44,7 @@ from .pool_worker import MaxCalls
 from .zygote import ZygoteClient, adopt_early
 
 
-class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
+class DriverNode(Node, PoolBook):
     def __init__(self, num_cpus, namespace, resources=None, env_vars=None, job_setup=None):
         pid = os.getpid()
         try:
@@ -55,12 +56,9 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         self.num_cpus = num_cpus
         self.namespace = namespace
         self.env_vars, self.job_setup = env_vars or {}, job_setup or {}   # see JobSetup
-        self.init_resources(num_cpus, {"memory": memory_resource(), **(resources or {})})
-        self.actor_restarts = ActorRestarts(self)   # what restarts each restartable actor
-        restarts.install(self)
-        self.pool = {}
-        self.placement = PlacementGroups(self)   # the placement groups
-        self.max_calls = MaxCalls(self)     # pool workers retired after their max_calls
+        # The pool book's fields (it owns them; the parts below read and write them).
+        self.book = self
+        self.pool = {}         # worker id -> PoolWorker
         self.idle = []
         self.queue = collections.deque()
         # Tasks that workers and actors submit go first: their submitter is
@@ -69,9 +67,17 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         # all start (a process each) before the first g ran (Ray schedules
         # each function's tasks fairly for the same reason).
         self.nested_queue = collections.deque()
-        self.waiting_deps = {}
-        self.num_blocked = 0   # pool workers lending their CPU while blocked in get
+        self.placed_queue = []     # tasks with a Demand waiting for resources
+        self.res_waiters = []      # callables retried when resources are freed
         self.busy = 0          # CPUs of the node taken by running tasks (not blocked)
+        self.cpu_cap = num_cpus    # the node's CPUs less what actors and groups hold
+        self.resources = Resources(self, num_cpus,
+                                   {"memory": memory_resource(), **(resources or {})})
+        self.dispatch = TaskDispatch(self)   # pool tasks submitted, queued, sent, finished
+        self.actor_restarts = ActorRestarts(self)   # what restarts each restartable actor
+        restarts.install(self)
+        self.placement = PlacementGroups(self)   # the placement groups
+        self.max_calls = MaxCalls(self)     # pool workers retired after their max_calls
         self.actors = {}       # actor id -> ActorInfo (alive)
         self.owners = ActorOwners(self)     # creator (a worker) -> its actors
         self.named = {}        # (namespace, name) -> ActorInfo
@@ -82,6 +88,14 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         self._sched = threading.RLock()
         self.task_op, self.spec_type = P.TASK, TaskSpec      # what PoolBook sends and books
         self.entry_type, self.kept_types = _Entry, _IMMUTABLE   # and tells in a result
+        # What the book calls when a task is not the common one: bound once.
+        dispatch = self.dispatch
+        self.enqueue, self.unsent = dispatch.enqueue, dispatch.unsent
+        self.free_worker, self.dispatch_queued = dispatch.free_worker, dispatch.dispatch_queued
+        self.used_up, self.resources_freed = self.max_calls.used_up, self.resources.freed
+        self.on_result = self._on_result
+        # A task of this process (a TaskSpec it owns): scheduled as any other.
+        self.submit_task = dispatch.submit
         self.handlers.update({P.REQUEST: self._on_request, P.RESULT: self._on_pool_result,
                               P.ITEM: self._on_item, P.END: self._on_end,
                               P.ACK: self._on_ack})
@@ -100,8 +114,8 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
             P.OP_PG_REMOVE: lambda peer, pg_id: self.placement.remove(pg_id),
             P.OP_PG_GET: lambda peer, name: self.placement.get(name),
             P.OP_PG_TABLE: lambda peer, pg_id: self.placement.table(pg_id),
-            P.OP_RESOURCES: lambda peer: (self.cluster_resources(),
-                                          self.available_resources()),
+            P.OP_RESOURCES: lambda peer: (self.resources.cluster_resources(),
+                                          self.resources.available_resources()),
         }
         self.requests.update(introspect.requests(self))
         self.zygote = adopt_early() or ZygoteClient()
@@ -209,27 +223,27 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
                 if peer in self.actor_restarts:
                     self.actor_restarts.after_actor_died(peer)
                 if peer not in self.actors:
-                    self.release_actor(peer)
+                    self.resources.release_actor(peer)
                 return
             if w in self.idle:
                 self.idle.remove(w)
             if w.task is not None:
-                self._free_worker(w, w.task)
+                self.dispatch.free_worker(w, w.task)
             spec = w.task
             Node._on_peer_died(self, peer)
             self.owners.end_owned(peer)
             if spec is not None:
                 if spec.cancelled:
-                    self._fail_task(spec, TaskCancelledError())
+                    self.dispatch.fail_task(spec, TaskCancelledError())
                 elif spec.retries != 0 and not (spec.stream and spec.oid not in self.streams.owned
                                                 and spec.owner == self.id):
                     spec.retries -= 1
                     self.retries.resubmit_later(spec, first=True)
                 else:
                     self.forward.pop(spec.oid, None)
-                    self._fail_task(spec, WorkerCrashedError(
+                    self.dispatch.fail_task(spec, WorkerCrashedError(
                         f"The worker (pid={w.pid}) running {spec.name} died unexpectedly."))
-            self.resources_freed()     # its CPU may be what a task with a Demand waits for
+            self.resources.freed()     # its CPU may be what a task with a Demand waits for
 
     # ------------------------------------------------------------- actors
     def create_actor(self, *request, await_resources=False):
@@ -248,6 +262,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         are free (``start_when_free``), and its calls queue meanwhile."""
         out = [None] * len(requests)
         todo = []           # (index, actor id, link, spawn spec, request)
+        ledger = self.resources
         with self._sched:
             try:
                 for i, req in enumerate(requests):
@@ -270,12 +285,12 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
                     aid = next(self._ids)
                     demand = extra.get("demand") if extra else None
                     try:
-                        self.check_actor_feasible(demand, f"The actor {class_name}")
+                        ledger.check_actor_feasible(demand, f"The actor {class_name}")
                         if not await_resources:
-                            if not self.actor_fits(demand):
+                            if not ledger.actor_fits(demand):
                                 raise ValueError(f"The actor {class_name} asks for "
                                                  f"{demand.as_dict()}, which is not free now")
-                            self.hold_for_actor(aid, demand)
+                            ledger.hold_for_actor(aid, demand)
                     except ValueError as err:
                         out[i] = err
                         continue
@@ -306,7 +321,7 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         for (i, aid, link, spec, req), pid in zip(todo, pids):
             if isinstance(pid, Exception):
                 link.close()
-                self.release_actor(aid)
+                self.resources.release_actor(aid)
                 out[i] = pid
                 continue
             _, class_name, methods, is_async, _, _, _, name, namespace, _ = req[:10]
@@ -330,7 +345,8 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
             self.add_link(aid, link, pid)
             out[i] = info
             if spec["actor"]["await_resources"]:
-                start = functools.partial(self.start_when_free, aid, extra["demand"])
+                start = functools.partial(self.resources.start_when_free, aid,
+                                          extra["demand"])
                 if not start():
                     self.res_waiters.append(start)
 
@@ -395,43 +411,38 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
 
     def submit_task_placed(self, demand, retry_on, max_calls, *fields):
         """Schedule a task of this process that has a Demand, a retry policy or max_calls."""
-        self.submit(PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=0))
+        self.submit_task(PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=0))
 
     def _req_submit_placed(self, peer, demand, retry_on, max_calls, *fields):
-        if self.captured:
-            demand = captured_demand(self.captured, peer, demand, "task")
+        captured = self.resources.captured
+        if captured:
+            demand = captured_demand(captured, peer, demand, "task")
         spec = PlacedTaskSpec(demand, retry_on, max_calls, *fields, owner=peer)
         self.forward[spec.oid] = peer
         if demand is not None:
             try:
                 with self._sched:
-                    self.check_feasible(demand, spec.name)
+                    self.resources.check_feasible(demand, spec.name)
             except ValueError as err:
                 self.forward.pop(spec.oid, None)
-                self._fail_task(spec, err)
+                self.dispatch.fail_task(spec, err)
                 return
-        self.submit(spec)
+        self.submit_task(spec)
 
     def _req_submit(self, peer, *fields):
-        if self.captured and peer in self.captured:
+        captured = self.resources.captured
+        if captured and peer in captured:
             return self._req_submit_placed(peer, None, None, 0, *fields)
         spec = TaskSpec(*fields, owner=peer)
         if peer != self.id:
             self.forward[spec.oid] = peer      # its results go back to that worker
-        self.submit(spec)
+        self.submit_task(spec)
 
     def _req_blocked(self, peer, blocked):
         with self._sched:
             w = self.pool.get(peer)
-            if w is not None and w.task is not None and w.blocked != blocked:
-                w.blocked = blocked
-                self.num_blocked += 1 if blocked else -1
-                if w.task.demand is None:
-                    self.busy += -1 if blocked else 1
-                else:
-                    cpus = self.node_cpus(w.task)
-                    self.busy = round(self.busy + (-cpus if blocked else cpus), 4)
-                self.resources_freed()
+            if w is not None and w.task is not None:
+                self.dispatch.set_blocked(w, blocked)
 
     def _req_connect(self, peer, target, names):
         if target in self.links:
@@ -446,13 +457,14 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         return self.pids.get(actor_id)
 
     def _req_create_actor(self, peer, *request):
-        if self.captured and peer in self.captured:
-            request = captured_actor_request(self.captured, peer, request)
+        ledger = self.resources
+        if ledger.captured and peer in ledger.captured:
+            request = captured_actor_request(ledger.captured, peer, request)
         demand = request[10].get("demand") if len(request) > 10 and request[10] else None
         if demand is not None:
             with self._sched:
-                self.check_actor_feasible(demand, f"The actor {request[1]}")
-                fits = self.actor_fits(demand)
+                ledger.check_actor_feasible(demand, f"The actor {request[1]}")
+                fits = ledger.actor_fits(demand)
             if not fits:
                 # Its resources are taken now: as in Ray, the handle comes at
                 # once and the actor starts when they are free.
@@ -461,8 +473,9 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
         return self.owners.owned_by(owner_of(peer, request), self.create_actor(*request))
 
     def _req_create_actors(self, peer, requests):
-        if self.captured and peer in self.captured:
-            requests = [captured_actor_request(self.captured, peer, r) for r in requests]
+        captured = self.resources.captured
+        if captured and peer in captured:
+            requests = [captured_actor_request(captured, peer, r) for r in requests]
         return [self.owners.owned_by(owner_of(peer, r), info)
                 for r, info in zip(requests, self.create_actors(requests))]
 
@@ -475,10 +488,6 @@ class DriverNode(TaskDispatchMixin, Node, ResourcesMixin, PoolBook):
     def _req_actor_pid(self, peer, aid):
         """The pid of actor ``aid`` if it lives, else None."""
         return self.pids.get(aid) if aid in self.actors else None
-
-    def used_up(self, w, spec):
-        """``PoolBook`` (compiled) asks when a ``max_calls`` function's task ends."""
-        return self.max_calls.used_up(w, spec)
 
     def _req_cancel(self, peer, oid, force, recursive=True):
         return cancel_task(self, oid, force, recursive)

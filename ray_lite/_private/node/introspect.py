@@ -33,7 +33,7 @@ def _demand_of(driver, peer):
     w = driver.pool.get(peer)
     if w is not None:
         return True, getattr(w.task, "demand", None)
-    held = getattr(driver, "actor_demands", {}).get(peer)
+    held = driver.resources.actor_demands.get(peer)
     return False, held[0] if held else None
 
 
@@ -109,7 +109,7 @@ def _list_tasks(driver, peer):
             if not spec.cancelled:
                 out.append(_task_row(driver, spec.oid, spec.name, "PENDING_NODE_ASSIGNMENT",
                                      "NORMAL_TASK"))
-        for spec in driver.waiting_deps.values():
+        for spec in driver.dispatch.waiting_deps.values():
             out.append(_task_row(driver, spec.oid, spec.name, "PENDING_ARGS_AVAIL",
                                  "NORMAL_TASK"))
     for aid, fl in list(driver.inflight.items()):

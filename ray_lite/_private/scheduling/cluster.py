@@ -47,11 +47,8 @@ def _static_resources():
 
 def cpu_and_custom(driver):
     """``(total, available)`` CPUs and custom resources, as the scheduler sees them."""
-    if hasattr(driver, "cluster_resources"):        # a scheduler that counts resources
-        return driver.cluster_resources(), driver.available_resources()
-    with driver._sched:
-        free = max(driver.num_cpus - driver.busy, 0)
-    return {CPU: driver.num_cpus}, ({CPU: free} if free > 0 else {})
+    ledger = driver.resources
+    return ledger.cluster_resources(), ledger.available_resources()
 
 
 def resources(driver):

@@ -44,7 +44,8 @@ def check_bundles(bundles):
 
 class PlacementGroups:
     """Creating, finding and removing placement groups.  Owns the groups; the
-    resources they reserve are the driver's ledger (``scheduler.py``)."""
+    resources they reserve are the driver's ledger (``driver.resources``,
+    ``scheduler.py``)."""
 
     def __init__(self, driver):
         self.driver = driver
@@ -70,10 +71,11 @@ class PlacementGroups:
                                  f"needs {len(bundles)} nodes; ray_lite runs on one")
             pg = PlacementGroupState(os.urandom(18).hex(), name, strategy, bundles)
             need = pg.need()
+            total = d.resources.total
             for k, v in need.items():
-                if d.total.get(k, 0) < v - 1e-9:
+                if total.get(k, 0) < v - 1e-9:
                     raise ValueError(f"The placement group {bundles} needs {need} in all, more "
-                                     f"than this machine has ({d.total}): it could never "
+                                     f"than this machine has ({total}): it could never "
                                      f"be created")
             if name:
                 if name in self.names:
@@ -82,24 +84,25 @@ class PlacementGroups:
                 self.names[name] = pg.id
             self.groups[pg.id] = pg
             if not self._reserve(pg):
-                d.res_waiters.append(lambda: self._reserve(pg))
+                d.book.res_waiters.append(lambda: self._reserve(pg))
             return pg.id, bundles
 
     def _reserve(self, pg):
         """Reserve ``pg``'s resources if they are free; True once it is no longer pending."""
-        d = self.driver
         if pg.state != "PENDING":
             return True
+        resources = self.driver.resources
+        book = resources.book
         need = pg.need()
         cpus = need.get(CPU, 0)
         custom = tuple((k, v) for k, v in need.items() if k != CPU)
-        if d.cpu_cap - d.busy + 1e-9 < cpus or not _fits(d.free_custom, custom):
+        if book.cpu_cap - book.busy + 1e-9 < cpus or not _fits(resources.free_custom, custom):
             return False
-        d.cpu_cap = round(d.cpu_cap - cpus, 4)
-        _take(d.free_custom, custom, 1)
+        book.cpu_cap = round(book.cpu_cap - cpus, 4)
+        _take(resources.free_custom, custom, 1)
         pg.state = "CREATED"
-        if d.placed_queue:
-            d.dispatch_placed()
+        if book.placed_queue:
+            resources.dispatch_placed()
         return True
 
     def remove(self, pg_id):
@@ -124,12 +127,14 @@ class PlacementGroups:
                         os.kill(w.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+            resources = d.resources
             if was_created:
                 need = pg.need()
-                d.cpu_cap = round(d.cpu_cap + need.get(CPU, 0), 4)
-                _take(d.free_custom, tuple((k, v) for k, v in need.items() if k != CPU), -1)
+                resources.book.cpu_cap = round(resources.book.cpu_cap + need.get(CPU, 0), 4)
+                _take(resources.free_custom,
+                      tuple((k, v) for k, v in need.items() if k != CPU), -1)
             # Tasks waiting for it fail (dispatch_placed sees it removed).
-            d.resources_freed()
+            resources.freed()
 
     def get(self, name):
         d = self.driver
@@ -150,7 +155,7 @@ class PlacementGroups:
 
 
 # ------------------------------------------------ capturing child tasks
-# ``captured``: the driver scheduler's map of the processes that run in a
+# ``captured``: the resource ledger's map of the processes that run in a
 # group capturing their children -> that group.
 
 def captured_demand(captured, peer, demand, kind):

@@ -2,9 +2,9 @@
 the driver's ledger of what is free.
 
 The common task (``num_cpus=1``, no custom resources, no strategy) has no
-``Demand``: the driver counts it with ``busy`` alone, as before.  Anything
-else carries a ``Demand``, worked out once per set of options, and goes
-through ``ResourcesMixin``.
+``Demand``: the driver counts it with the pool book's ``busy`` alone.
+Anything else carries a ``Demand``, worked out once per set of options, and
+goes through ``Resources`` (``driver.resources``).
 
 Ray's rules kept here:
 - a task takes 1 CPU unless it says otherwise; ``num_cpus`` may be a fraction;
@@ -220,28 +220,34 @@ class PlacementGroupState:
                 "strategy": self.strategy, "state": self.state, "stats": {}}
 
 
-class ResourcesMixin:
-    """The driver's ledger (part of ``DriverNode``; every method runs under ``_sched``).
+class Resources:
+    """The driver's ledger (``driver.resources``; every method runs under ``_sched``).
 
-    ``busy``: CPUs taken by running tasks on the node (not in a group);
-    ``cpu_cap``: the node's CPUs less those that actors and placement groups
-    hold; ``free_custom``: custom resources not held or taken.
+    The counters the pool book reads on every task are the book's own
+    (``driver.book``): ``busy``, the node's CPUs taken by running tasks (not
+    in a group); ``cpu_cap``, the node's CPUs less those that actors and
+    placement groups hold; ``placed_queue``, the tasks with a Demand waiting
+    for resources; ``res_waiters``, callables retried when resources are
+    freed.  This part owns the rest: ``total``, ``free_custom`` (custom
+    resources not held or taken), ``light``, ``actor_demands`` (what each
+    actor holds) and ``captured`` (the processes whose children go into
+    their placement group).
     """
 
-    def init_resources(self, num_cpus, custom):
+    def __init__(self, driver, num_cpus, custom):
+        self.driver = driver
+        self.book = driver.book     # busy, cpu_cap, placed_queue, res_waiters
         self.total = {CPU: num_cpus, **custom}
-        self.cpu_cap = num_cpus
         self.free_custom = dict(custom)
         self.light = 0            # running tasks that take less than a CPU of the node
-        self.placed_queue = []    # tasks with a Demand waiting for resources
-        self.res_waiters = []     # callables retried when resources are freed
         self.actor_demands = {}   # actor id -> (Demand, where) held while it lives
         self.captured = {}        # process -> pg id its children go into (capture)
 
     # ------------------------------------------------------------ views
     def available_resources(self):
-        with self._sched:
-            out = {CPU: max(self.cpu_cap - self.busy, 0)}
+        book = self.book
+        with self.driver._sched:
+            out = {CPU: max(book.cpu_cap - book.busy, 0)}
             out.update(self.free_custom)
             return {k: v for k, v in out.items() if v > _EPS}
 
@@ -252,7 +258,7 @@ class ResourcesMixin:
     def check_feasible(self, demand, what):
         """Raise ValueError when ``demand`` can never be met on this machine."""
         if demand.pg is not None:
-            pg = self.placement.groups.get(demand.pg)
+            pg = self.driver.placement.groups.get(demand.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError(f"{what}: its placement group {demand.pg} was removed "
                                  f"or never existed")
@@ -281,15 +287,16 @@ class ResourcesMixin:
         """Take what ``spec`` (a task with a Demand) needs; False if not free now."""
         d = spec.demand
         if d.pg is None:
-            if self.busy + d.cpus > self.cpu_cap + _EPS or not _fits(self.free_custom, d.custom):
+            book = self.book
+            if book.busy + d.cpus > book.cpu_cap + _EPS or not _fits(self.free_custom, d.custom):
                 return False
             # Rounded: fractions of a CPU added and taken away must come back
             # to the whole number exactly (the common path compares busy + 1).
-            self.busy = round(self.busy + d.cpus, 4)
+            book.busy = round(book.busy + d.cpus, 4)
             _take(self.free_custom, d.custom, 1)
             spec.held = None
         else:
-            pg = self.placement.groups.get(d.pg)
+            pg = self.driver.placement.groups.get(d.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError(f"{spec.name}: its placement group was removed")
             if pg.state != "CREATED":
@@ -319,7 +326,8 @@ class ResourcesMixin:
         d = spec.demand
         if d.pg is None:
             if not blocked:
-                self.busy = round(self.busy - d.cpus, 4)
+                book = self.book
+                book.busy = round(book.busy - d.cpus, 4)
             _take(self.free_custom, d.custom, -1)
         else:
             pg, i = spec.held
@@ -327,15 +335,16 @@ class ResourcesMixin:
                 _take(pg.free[i], self._items(d), -1)
         if d.cpus < 1 or d.pg is not None:
             self.light -= 1
-        self.resources_freed()
+        self.freed()
 
     def enqueue_placed(self, spec):
-        queue = self.placed_queue
-        if spec.owner != self.id:
+        queue = self.book.placed_queue
+        driver_id = self.driver.id
+        if spec.owner != driver_id:
             # A worker's or actor's task goes before the driver's own (see
             # ``nested_queue``), after the others of its kind.
             for n, other in enumerate(queue):
-                if other.owner == self.id:
+                if other.owner == driver_id:
                     queue.insert(n, spec)
                     return
         queue.append(spec)
@@ -343,45 +352,49 @@ class ResourcesMixin:
     def dispatch_placed(self):
         """Start the waiting tasks with a Demand that fit now (in order, skipping
         those that do not: a big task does not hold back small ones)."""
-        waiting, self.placed_queue = self.placed_queue, []
+        book, driver = self.book, self.driver
+        dispatch = driver.dispatch
+        waiting, book.placed_queue = book.placed_queue, []
         for n, spec in enumerate(waiting):
             if spec.cancelled:
                 continue
             try:
                 if not self.acquire(spec):
-                    self.placed_queue.append(spec)
+                    book.placed_queue.append(spec)
                     continue
             except ValueError as err:
-                self._fail_task(spec, err)
+                dispatch.fail_task(spec, err)
                 continue
-            if not self.idle:
-                self._spawn_pool_workers()
-            if not self._send_task(spec):
+            if not book.idle:
+                driver._spawn_pool_workers()
+            if not dispatch.send_task(spec):
                 self.release(spec, False)
-                self.placed_queue.append(spec)
-                self.placed_queue.extend(waiting[n + 1:])
+                book.placed_queue.append(spec)
+                book.placed_queue.extend(waiting[n + 1:])
                 return
 
-    def resources_freed(self):
-        if self.queue or self.nested_queue:
-            self._dispatch()
-        if self.placed_queue:
+    def freed(self):
+        """Resources were freed: start what waits for them."""
+        book = self.book
+        if book.queue or book.nested_queue:
+            self.driver.dispatch.dispatch_queued()
+        if book.placed_queue:
             self.dispatch_placed()
-        while self.res_waiters:
+        while book.res_waiters:
             # Again while one settles: a placement group created may be
             # what an actor's start waited for.
-            waiters, self.res_waiters = self.res_waiters, []
+            waiters, book.res_waiters = book.res_waiters, []
             settled = False
             for w in waiters:
                 if w():
                     settled = True
                 else:
-                    self.res_waiters.append(w)
+                    book.res_waiters.append(w)
             if not settled:
                 break
         # A thread waiting in poll for what these freed (a placement group
         # removed by another thread) gets no message that would wake it.
-        self.wake_poll()
+        self.driver.wake_poll()
 
     # ----------------------------------------------------------- actors
     def actor_fits(self, demand):
@@ -389,7 +402,7 @@ class ResourcesMixin:
         if demand is None:
             return True
         if demand.pg is not None:
-            pg = self.placement.groups.get(demand.pg)
+            pg = self.driver.placement.groups.get(demand.pg)
             if pg is None or pg.state != "CREATED":
                 # Pending: it waits for its group; gone: refused by hold_for_actor.
                 return pg is None or pg.state == "REMOVED"
@@ -400,7 +413,8 @@ class ResourcesMixin:
             return any(_fits(pg.free[i], items) for i in indices)
         if not demand.explicit:
             return True
-        return (self.cpu_cap - self.busy + _EPS >= demand.cpus
+        book = self.book
+        return (book.cpu_cap - book.busy + _EPS >= demand.cpus
                 and _fits(self.free_custom, demand.custom))
 
     def hold_for_actor(self, aid, demand):
@@ -408,7 +422,7 @@ class ResourcesMixin:
         if demand is None:
             return
         if demand.pg is not None:
-            pg = self.placement.groups.get(demand.pg)
+            pg = self.driver.placement.groups.get(demand.pg)
             if pg is None or pg.state == "REMOVED":
                 raise ValueError("the actor's placement group was removed")
             pg.actors.add(aid)
@@ -426,23 +440,25 @@ class ResourcesMixin:
                     return
             raise ValueError("no bundle of the placement group has room for the actor")
         if demand.explicit:
-            self.cpu_cap = round(self.cpu_cap - demand.cpus, 4)
+            book = self.book
+            book.cpu_cap = round(book.cpu_cap - demand.cpus, 4)
             _take(self.free_custom, demand.custom, 1)
             self.actor_demands[aid] = (demand, None)
 
     def start_when_free(self, aid, demand):
         """Start actor ``aid`` (created while its resources were taken: its
         process waits for ``START``) if they are free now; True once settled."""
-        if aid not in self.actors:
+        driver = self.driver
+        if aid not in driver.actors:
             return True           # killed or dead meanwhile
         if not self.actor_fits(demand):
             return False
         try:
             self.hold_for_actor(aid, demand)
         except ValueError as err:     # its placement group was removed meanwhile
-            self.kill_actor(aid, cause=f"The actor could not start: {err}.")
+            driver.kill_actor(aid, cause=f"The actor could not start: {err}.")
             return True
-        self.send(aid, (START,))
+        driver.send(aid, (START,))
         return True
 
     def release_actor(self, aid):
@@ -452,15 +468,16 @@ class ResourcesMixin:
             return
         demand, where = held
         if demand.pg is not None:
-            pg = self.placement.groups.get(demand.pg)
+            pg = self.driver.placement.groups.get(demand.pg)
             if pg is not None:
                 pg.actors.discard(aid)
             if where is not None and where[0].state != "REMOVED":
                 _take(where[0].free[where[1]], self._items(demand), -1)
         elif demand.explicit:
-            self.cpu_cap = round(self.cpu_cap + demand.cpus, 4)
+            book = self.book
+            book.cpu_cap = round(book.cpu_cap + demand.cpus, 4)
             _take(self.free_custom, demand.custom, -1)
-        self.resources_freed()
+        self.freed()
 
     def check_actor_feasible(self, demand, what):
         if demand is None:

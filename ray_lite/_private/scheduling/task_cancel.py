@@ -73,8 +73,9 @@ class ChildTasks:
 
 def cancel_task(driver, oid, force, recursive=True):
     """Cancel a pool task ``driver`` scheduled, and with ``recursive`` the
-    tasks it submitted; True if it was found.  (It owns no state but the
-    children: the queues and the pool are the driver's scheduler's.)"""
+    tasks it submitted; True if it was found.  (It owns no state: the queues
+    are the pool book's, the children and the tasks waiting for their
+    arguments the task dispatch's, ``driver.dispatch``.)"""
     with driver._sched:
         found = _cancel_one(driver, oid, force, recursive)
         if found is None or found is True:
@@ -90,22 +91,23 @@ def cancel_task(driver, oid, force, recursive=True):
 def _cancel_one(driver, oid, force, recursive):
     """None: not found; True: cancelled; or the children of the running task
     cancelled (with ``recursive``), to be cancelled in turn."""
-    for spec in itertools.chain(driver.nested_queue, driver.queue, driver.placed_queue):
+    book, dispatch = driver.book, driver.dispatch
+    for spec in itertools.chain(book.nested_queue, book.queue, book.placed_queue):
         if spec.oid == oid:
             spec.cancelled = True
-            driver._fail_task(spec, TaskCancelledError())
+            dispatch.fail_task(spec, TaskCancelledError())
             return True
-    spec = driver.waiting_deps.pop(oid, None)
+    spec = dispatch.waiting_deps.pop(oid, None)
     if spec is None:
         spec = driver.retries.take_delayed(oid)     # failed, to be run again
     if spec is not None:
         spec.cancelled = True
-        driver._fail_task(spec, TaskCancelledError())
+        dispatch.fail_task(spec, TaskCancelledError())
         return True
     for w in driver.pool.values():
         if w.task is not None and w.task.oid == oid:
             w.task.cancelled = True
-            children = driver.child_tasks
+            children = dispatch.child_tasks
             children = children.take(w.id, oid) if recursive and children is not None else ()
             if force:
                 try:
@@ -121,6 +123,6 @@ def _cancel_one(driver, oid, force, recursive):
                     os.kill(w.pid, CANCEL_SIGNAL)
                 except ProcessLookupError:
                     pass
-                driver._fail_task(w.task, running_task_cancelled(w.task.name, oid, w.pid))
+                dispatch.fail_task(w.task, running_task_cancelled(w.task.name, oid, w.pid))
             return children or True
     return None

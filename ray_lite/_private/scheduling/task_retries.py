@@ -92,7 +92,7 @@ class TaskRetries:
         with driver._sched:
             if self.delayed.pop(spec.oid, None) is None or driver.closed:
                 return          # cancelled meanwhile, or the runtime shut down
-            driver._enqueue(spec, first)
+            driver.dispatch.enqueue(spec, first)
 
     def _may_retry(self, spec, error):
         return (spec.retry_on is not None and spec.retries != 0 and not spec.cancelled
@@ -104,10 +104,10 @@ class TaskRetries:
             if w.task is not spec:
                 return False
             spec.retries -= 1
-            driver._free_worker(w, spec)
+            driver.dispatch.free_worker(w, spec)
             w.task = None
-            if not spec.max_calls or not driver.used_up(w, spec):
-                driver.idle.append(w)
+            if not spec.max_calls or not driver.max_calls.used_up(w, spec):
+                driver.book.idle.append(w)
             self.resubmit_later(spec)
-            driver.resources_freed()
+            driver.resources.freed()
         return True
