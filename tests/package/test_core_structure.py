@@ -115,11 +115,15 @@ def test_the_handlers_the_architecture_page_names_exist():
     from ray_lite._fast.task_runner import TaskRunner
     from ray_lite._private.node.driver import DriverNode
     from ray_lite._private.node.node import Node
+    from ray_lite._private.actors.async_actor import AsyncActor
+    from ray_lite._private.actors.held_calls import HeldCalls
     from ray_lite._private.node.worker import WorkerNode
+    from ray_lite._private.node.worker_streams import Generators
     from ray_lite._private.objects.ownership import Objects
     from ray_lite._private.objects.streams import Streams
     classes = {c.__name__: c for c in (Node, DriverNode, WorkerNode, Objects, Streams,
-                                       PoolBook, TaskRunner)}
+                                       PoolBook, TaskRunner, AsyncActor, Generators,
+                                       HeldCalls)}
     page = _architecture_page()
     rows = [line for line in page.splitlines()
             if line.startswith("| `") and line.split("|")[1].strip().strip("`").isupper()]
@@ -128,6 +132,51 @@ def test_the_handlers_the_architecture_page_names_exist():
     for cls, attr in named:
         if cls in classes:
             assert hasattr(classes[cls], attr), f"{cls}.{attr}"
+
+
+def _worker_structure():
+    """What the worker this runs in holds (run inside an actor's method)."""
+    from ray_lite._fast.task_runner import TaskRunner
+    from ray_lite._private.links import protocol as P
+    from ray_lite._private.node.node import Node
+    from ray_lite._private.process import state
+    node = state.node
+    on_method = node.handlers[P.METHOD]
+    return {"bases": type(node).__bases__ == (TaskRunner, Node),
+            "parts": [p for p in ("held_calls", "generators", "async_actor")
+                      if getattr(node, p).node is not node],
+            "ack": node.handlers[P.ACK].__self__ is node.generators,
+            "held": node._held is node.held_calls.by_peer,
+            "method": f"{type(on_method.__self__).__name__}.{on_method.__name__}"}
+
+
+@ray_lite.remote
+class _SyncLooks:
+    def look(self):
+        return _worker_structure()
+
+
+@ray_lite.remote(max_concurrency=4)
+class _ThreadedLooks:
+    def look(self):
+        return _worker_structure()
+
+
+@ray_lite.remote
+class _AsyncLooks:
+    async def look(self):
+        return _worker_structure()
+
+
+def test_a_worker_holds_its_parts_and_each_handles_its_messages(rt):
+    if rt is None:
+        pytest.skip("the local backend's workers")
+    expected = {"bases": True, "parts": [], "ack": True, "held": True}
+    for cls, method in ((_SyncLooks, "WorkerNode._on_method"),
+                        (_ThreadedLooks, "WorkerNode._on_method_threaded"),
+                        (_AsyncLooks, "AsyncActor.on_method")):
+        assert ray_lite.get(cls.remote().look.remote(), timeout=60) == \
+            dict(expected, method=method)
 
 
 # ---------------------------------------------- the shared multi-ring wait
