@@ -274,7 +274,7 @@ def test_the_scheduler_admits_at_step_boundaries_up_to_its_bounds():
     assert list(sched.waiting.values()) == [c]
     sched.commit(seqs, [65, 66])
     plan, seqs = sched.schedule()             # both decode; c still waits
-    assert seqs == [a, b] and plan[0] == [] and plan[2].tolist() == [65, 66]
+    assert seqs == [a, b] and plan[0] == [] and plan[2] == [65, 66]
     given = sched.commit(seqs, [67, 68])
     assert [(s, done) for s, _, done in given] == [(a, True), (b, True)]
     plan, seqs = sched.schedule()             # c joins as the others' slots are freed

@@ -64,7 +64,7 @@ class HFWorker:
         with self.torch.inference_mode():
             for slot, prompt in prefills:
                 rows.append(self._forward(slot, list(prompt), None))
-            for slot, token in zip(slots.tolist(), tokens.tolist()):
+            for slot, token in zip(slots, tokens):
                 rows.append(self._forward(slot, [token], self.past[slot]))
         logits = np.stack(rows) if rows else np.zeros((0, self.vocab), dtype=np.float32)
         t1 = time.perf_counter_ns()

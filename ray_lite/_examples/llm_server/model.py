@@ -140,8 +140,10 @@ class Shard:
         for slot in frees:
             self.used.discard(slot)
         rows = [self._prefill(slot, prompt) for slot, prompt in prefills]
-        if len(slots):
-            rows.append(self._decode(slots, tokens, positions))
+        if slots:
+            rows.append(self._decode(np.asarray(slots, dtype=np.intp),
+                                     np.asarray(tokens, dtype=np.intp),
+                                     np.asarray(positions, dtype=np.intp)))
         logits = (np.concatenate(rows) if len(rows) > 1 else rows[0]) if rows else \
             np.zeros((0, VOCAB), dtype=np.float32)
         t1 = time.perf_counter_ns()
@@ -203,10 +205,11 @@ def _softmax(scores):
 
 def make_plan(prefills, slots, tokens, positions, frees):
     """One step's work for every shard: ``prefills`` a list of ``(slot,
-    prompt tokens)``, then the decode batch as three int arrays (slot, last
+    prompt tokens)``, then the decode batch as three lists of ints (slot, last
     token, its position), and the slots to free first."""
-    return (prefills, np.asarray(slots, dtype=np.intp), np.asarray(tokens, dtype=np.intp),
-            np.asarray(positions, dtype=np.intp), list(frees))
+    # Lists, not arrays: the plan is broadcast every step, and plain lists
+    # encode in a few microseconds where each numpy array is pickled.
+    return (prefills, list(slots), list(tokens), list(positions), list(frees))
 
 
 _NOT_PRINTABLE = np.where(PRINTABLE, 0.0, -np.inf).astype(np.float32)
