@@ -37,7 +37,7 @@ __all__ = [
     # ray_lite's own
     "NotOnThisMachineError", "FunctionRaisedActorError", "WorkerDiedError",
     "ExecutorShutdownError", "SerializationError", "ChannelClosedError", "PeerDiedError",
-    "MessageTooLargeError", "DecodeError", "SharedPathError",
+    "MessageTooLargeError", "DecodeError", "SharedPathError", "DashboardError",
 ]
 
 
@@ -447,3 +447,9 @@ class WorkerDiedError(WorkerCrashedError):
 
 class ExecutorShutdownError(RayError):
     """The executor was shut down before this call completed (or was made)."""
+
+
+class DashboardError(RuntimeError):
+    """The dashboard could not start: ``init(include_dashboard=True)`` or
+    ``ray-lite dashboard`` found its port taken, or the host not one to
+    listen on.  The message names the address."""

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from ray_lite._private.process import state
+from ray_lite.exceptions import DashboardError
 from ray_lite._version import __version__
 
 __all__ = ["DashboardError", "DashboardServer", "serve_in_process", "STATIC_DIR"]
@@ -36,10 +37,6 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript;
 _KINDS = {"actors": "actors", "tasks": "tasks", "objects": "objects", "workers": "workers",
           "nodes": "nodes", "placement_groups": "placement-groups", "jobs": "jobs"}
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-class DashboardError(RuntimeError):
-    """The dashboard could not start (its port is taken, say)."""
 
 
 def _ray_response(data, ok=True, msg=""):

@@ -31,6 +31,9 @@ INTERNAL = {
     "ray_lite.serve._control.ControlError": "the CLI's control socket; `ray-lite serve` "
                                             "prints it and exits 1",
     "ray_lite.bench.plot.PlotUnavailable": "`ray-lite bench --plot` prints it",
+    "ray_lite._private.links.local_socket.LocalSocketError": "the base of the two below",
+    "ray_lite._private.node.state_socket.StateSocketError": "the state CLI's socket; "
+                                                            "`ray-lite status` prints it",
     # The llm_server example's engine: its API turns them into HTTP answers.
     "ray_lite._examples.llm_server.engine.EngineOverloaded": "answered 503",
     "ray_lite._examples.llm_server.engine.EngineDeadError": "an error event in the stream",

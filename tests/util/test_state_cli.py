@@ -149,6 +149,7 @@ def test_a_dead_programs_socket_is_removed(private_dir):
 
 
 def test_another_users_connection_is_refused(program, monkeypatch):
-    monkeypatch.setattr(state_socket, "_peer_uid", lambda conn: os.getuid() + 1)
+    from ray_lite._private.links import local_socket
+    monkeypatch.setattr(local_socket, "peer_uid", lambda conn: os.getuid() + 1)
     with pytest.raises(state_socket.StateSocketError, match="another user"):
         state_socket.request(state_socket.find_address(), {"op": "status"})
