@@ -3,7 +3,7 @@
 # executable specification).  Typed fields, so that the two per-task steps
 # of the driver's common task (book it on an idle worker and send it; free
 # the worker at its result) read and write the scheduler's state at C level
-# instead of through attribute look-ups on a class of nine mixins (B11).
+# (B11).  The driver holds the book (``driver.book``).
 cimport cython
 
 
@@ -31,11 +31,10 @@ cdef class PoolBook:
     cdef public object task_op       # protocol.TASK
     cdef public type spec_type       # protocol.TaskSpec
     # A result's (_on_pool_result): the node's tables, and the types it tells
-    # (not ``forward``: a class attribute of a mixin before this base in the
-    # driver's MRO would hide its descriptor, see test_pool_book)
     cdef public dict pending         # oid -> _Entry or [entries]
     cdef public dict inflight        # peer -> {oid: kind}
     cdef public dict pool            # worker id -> PoolWorker
+    cdef public dict forward         # oid -> owner of a nested task (results passed on)
     cdef public type entry_type      # refs._Entry
     cdef public frozenset kept_types # values a result keeps as they are (immutable ones)
     # What is not the common case: bound methods of the driver's parts, set

@@ -48,12 +48,11 @@ class PoolWorker:
 
 
 class PoolBook:
-    # The fields (set by the driver): _sched, idle, queue, nested_queue,
-    # placed_queue, res_waiters, busy, cpu_cap, links, task_op, spec_type;
-    # those of a result: pending, inflight, pool, entry_type, kept_types
-    # (and ``forward``, an attribute of the node's); and the callbacks:
-    # enqueue, unsent, free_worker, dispatch_queued, used_up,
-    # resources_freed, on_result.
+    # The fields (set by the driver, which holds the book): _sched, idle,
+    # queue, nested_queue, placed_queue, res_waiters, busy, cpu_cap, links,
+    # task_op, spec_type; those of a result: pending, inflight, pool,
+    # forward, entry_type, kept_types; and the callbacks: enqueue, unsent,
+    # free_worker, dispatch_queued, used_up, resources_freed, on_result.
 
     def submit_plain(self, oid, fn_id, blob, args, kwargs, bp, retries, name, target):
         """``submit`` of the driver's common task: plain arguments, one return,

@@ -13,14 +13,15 @@
     ``shipped`` (fn ids it loaded), ``task`` (the spec it runs or None),
     ``blocked`` (lends its CPU while blocked in get), ``calls``.
 ``PoolBook``
-    A base of ``DriverNode``.  ``submit_plain(oid, fn_id, blob, args, kwargs,
+    Held by ``DriverNode`` (``driver.book``).  ``submit_plain(oid, fn_id, blob, args, kwargs,
     bp, retries, name, target)`` sends the task to an idle worker and books
     it there, or queues it; ``_task_finished(w, oid)`` makes ``w`` idle again
     at the result of ``oid``.  Both under the ``_sched`` lock, on the fields
     the book owns and the driver's parts read and write: ``idle``,
     ``queue``, ``nested_queue``, ``placed_queue``, ``res_waiters``, ``busy``,
-    ``cpu_cap``; ``links`` is the node's, ``task_op`` and ``spec_type`` are
-    the protocol's TASK and TaskSpec.
+    ``cpu_cap``; ``links``, ``pending``, ``inflight``, ``pool`` and
+    ``forward`` are the node's tables, ``task_op`` and ``spec_type`` the
+    protocol's TASK and TaskSpec.
     ``_on_pool_result(peer, msg)`` is the driver's handler of a RESULT: the
     common one (a value for a waiting ``entry_type`` entry of ``pending``,
     no nested task's result to ``forward``, a value of one of ``kept_types``) is

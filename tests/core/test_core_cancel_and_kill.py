@@ -72,7 +72,7 @@ def test_a_queued_task_cancelled_is_a_plain_task_cancelled_error(rt):
     for g in gates:
         ray.get(g.arrived.remote(), timeout=T)
     # Both hold their CPU again (each lent it while it waited in get).
-    assert rt.wait_until(lambda: rt.busy == rt.num_cpus, T)
+    assert rt.wait_until(lambda: rt.book.busy == rt.num_cpus, T)
     queued = produce.options(num_returns=1).remote(0)
     ray.cancel(queued)
     with pytest.raises(TaskCancelledError) as e:

@@ -296,16 +296,17 @@ def test_any_other_result_goes_to_the_drivers_general_handler(pool_book_impl, ca
         assert book.pending[3] is target
 
 
-def test_no_field_of_the_book_is_hidden_in_the_driver(rt):
-    # A mixin's class attribute before PoolBook in the driver's MRO would
-    # hide a typed field's descriptor: the driver's code would write the
-    # instance's dict and the compiled book read its own, empty, slot.
-    from ray_lite._fast import pool_book
-    if not pool_book.COMPILED:
-        pytest.skip("the pure-Python twin has no typed fields")
-    fields = [n for n, v in vars(pool_book.PoolBook).items() if type(v).__name__ ==
-              "getset_descriptor"]
-    assert {"pending", "inflight", "pool", "idle", "links", "busy"} <= set(fields)
-    for name in fields:
-        assert name not in vars(rt), name
-        assert getattr(pool_book.PoolBook, name).__get__(rt) is getattr(rt, name), name
+def test_the_drivers_book_shares_the_nodes_tables_and_parts(rt):
+    # The book reads the node's tables on every task: the same objects, and
+    # calls the parts' bound methods (given once) when a task is not the
+    # common one.
+    book = rt.book
+    for name in ("links", "pending", "inflight", "pool", "forward", "_sched"):
+        assert getattr(book, name) is getattr(rt, name), name
+    assert book.enqueue == rt.dispatch.enqueue and book.unsent == rt.dispatch.unsent
+    assert book.free_worker == rt.dispatch.free_worker
+    assert book.dispatch_queued == rt.dispatch.dispatch_queued
+    assert book.used_up == rt.max_calls.used_up and book.resources_freed == rt.resources.freed
+    assert book.on_result == rt._on_result
+    assert rt.submit_plain == book.submit_plain
+    assert rt.dispatch.book is book and rt.resources.book is book

@@ -105,7 +105,7 @@ def _list_tasks(driver, peer):
             if spec is not None:
                 out.append(_task_row(driver, spec.oid, spec.name, "RUNNING", "NORMAL_TASK",
                                      w.pid, w.id))
-        for spec in itertools.chain(driver.nested_queue, driver.queue):
+        for spec in itertools.chain(driver.book.nested_queue, driver.book.queue):
             if not spec.cancelled:
                 out.append(_task_row(driver, spec.oid, spec.name, "PENDING_NODE_ASSIGNMENT",
                                      "NORMAL_TASK"))
