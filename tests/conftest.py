@@ -326,12 +326,40 @@ def serve_runtime():
             ray_lite.shutdown()
 
 
+def pytest_generate_tests(metafunc):
+    # A module that sets SERVE_HTTP_MODES = ("proxies", "direct") runs each of
+    # its tests that takes ``serve_http_mode`` (``serve_port`` does) in each mode.
+    # Those it names in SERVE_HTTP_PROXIES_ONLY run through the proxies only.
+    modes = getattr(metafunc.module, "SERVE_HTTP_MODES", None)
+    only = getattr(metafunc.module, "SERVE_HTTP_PROXIES_ONLY", ())
+    if modes and "serve_http_mode" in metafunc.fixturenames and \
+            metafunc.function.__name__ not in only:
+        metafunc.parametrize("serve_http_mode", modes, indirect=True)
+
+
 @pytest.fixture
-def serve_port(serve_runtime):
+def serve_http_mode(request):
+    """How Serve takes HTTP: "proxies" (the default), or "direct" (the ingress
+    replicas listen themselves: ``http_options["direct_ingress"]``)."""
+    return getattr(request, "param", "proxies")
+
+
+@pytest.fixture
+def serve_http_options(serve_http_mode):
+    """``serve_http_options(**opts)``: the HTTP options of ``serve_http_mode`` with ``opts``."""
+    def options(**opts):
+        if serve_http_mode == "direct":
+            opts["direct_ingress"] = True
+        return opts
+    return options
+
+
+@pytest.fixture
+def serve_port(serve_runtime, serve_http_options):
     """Serve started on an ephemeral loopback port (one proxy, 10 s request
-    timeout); yields the port."""
+    timeout, ``serve_http_mode``); yields the port."""
     from ray_lite import serve
     from ray_lite.serve.api import _http_port
 
-    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 10})
+    serve.start(http_options=serve_http_options(port=0, proxies=1, request_timeout_s=10))
     yield _http_port()

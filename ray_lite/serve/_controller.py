@@ -217,6 +217,22 @@ class ServeController(Autoscaling, DeploymentActors):
         await self._changed(known_version, LISTEN_TIMEOUT_S)
         return (self.version, self._routes())
 
+    def _caught_up_keys(self):
+        """Whose routes a change waits for: every proxy, and with direct
+        ingress every live replica that listens (``direct:<replica id>``)."""
+        keys = list(range(len(self.proxies)))
+        direct = [k for k in self.proxy_versions if type(k) is str]
+        if direct:
+            live = {f"direct:{rid}" for app in self.apps.values()
+                    for dep in app.deps.values() for rid in dep.replicas}
+            for k in direct:
+                if k in live:
+                    keys.append(k)
+                elif not any(k == f"direct:{rid}" for app in self.apps.values()
+                             for dep in app.deps.values() for rid in dep.starting_handles):
+                    del self.proxy_versions[k]      # (a replica gone)
+        return keys
+
     def _wake_proxy_waiters(self):
         waiters, self.proxy_waiters = self.proxy_waiters, []
         for fut in waiters:
@@ -227,7 +243,7 @@ class ServeController(Autoscaling, DeploymentActors):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         target = self.version
-        while any(self.proxy_versions.get(i, -1) < target for i in range(len(self.proxies))):
+        while any(self.proxy_versions.get(i, -1) < target for i in self._caught_up_keys()):
             if loop.time() >= end:
                 print(f"Serve: proxies did not apply version {target} in {timeout} s "
                       f"(they are at {self.proxy_versions})", file=sys.stderr, flush=True)
@@ -256,7 +272,11 @@ class ServeController(Autoscaling, DeploymentActors):
         opts = dict(self.http_options)
         opts.update(http_options or {})
         self.http_options = opts
-        n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or _default_proxies()
+        from ._direct import direct_ingress_on
+        # Direct ingress: the ingress replicas listen too; one proxy answers
+        # while none does (see _direct).
+        n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or (
+            1 if direct_ingress_on(opts) else _default_proxies())
         actor_cls = _proxy_class(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.
@@ -324,6 +344,19 @@ class ServeController(Autoscaling, DeploymentActors):
 
     async def http_address(self):
         return (self.http_options.get("host", _defaults.HTTP_HOST), self.http_port)
+
+    async def direct_ingress(self, app_name, dep_name):
+        """The HTTP options (with the port) an ingress replica of ``app_name``
+        listens with in direct-ingress mode; None when it does not listen."""
+        from ._direct import direct_ingress_on
+        app = self.apps.get(app_name)
+        if app is None or app.ingress != dep_name or app.route_prefix is None or \
+                self._proxies_started is None:
+            return None
+        port = await asyncio.shield(self._proxies_started)
+        if not direct_ingress_on(self.http_options):
+            return None
+        return dict(self.http_options, port=port)
 
     # ------------------------------------------------------------- replicas
     def _replica_class(self):

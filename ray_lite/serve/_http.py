@@ -50,15 +50,17 @@ class HTTPOptions:
     cancelled in its replica), ``keep_alive_timeout_s``.  ray_lite's own:
     ``proxies`` (processes sharing the port), ``max_body_size``,
     ``metrics_export_port`` (Prometheus text on that port, as Ray's
-    ``--metrics-export-port``) and ``access_log`` (a line per request on
-    standard error)."""
+    ``--metrics-export-port``), ``access_log`` (a line per request on
+    standard error) and ``direct_ingress`` (the ingress replicas take HTTP
+    themselves, see _direct; Ray's switch is ``RAY_SERVE_ENABLE_DIRECT_INGRESS``)."""
 
     FIELDS = ("host", "port", "request_timeout_s", "keep_alive_timeout_s", "proxies",
-              "max_body_size", "metrics_export_port", "access_log")
+              "max_body_size", "metrics_export_port", "access_log", "direct_ingress")
 
     def __init__(self, host=None, port=None, request_timeout_s=None,
                  keep_alive_timeout_s=None, proxies=None, max_body_size=None,
-                 metrics_export_port=None, access_log=None, **ray_only):
+                 metrics_export_port=None, access_log=None, direct_ingress=None,
+                 **ray_only):
         # Ray's fields that mean nothing on one machine (location, num_cpus,
         # root_url, middlewares...) are accepted and ignored.
         from ._defaults import HTTP_HOST, HTTP_PORT, KEEP_ALIVE_TIMEOUT_S
@@ -71,6 +73,7 @@ class HTTPOptions:
         self.max_body_size = max_body_size
         self.metrics_export_port = metrics_export_port
         self.access_log = access_log
+        self.direct_ingress = direct_ingress
         for name in ray_only:
             if name not in _RAY_ONLY_FIELDS:
                 raise TypeError(f"HTTPOptions got an unexpected field {name!r}")

@@ -34,7 +34,7 @@ from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, contex
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
 from ._listen import free_port, shared_socket
-from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line, cancel_call
 from ._request_calls import request_id_maker
 from ._routing import (ServiceTime, attach_stream_cell, choose_for_http, for_model,
                        set_proxy_rank, slots_for)
@@ -86,7 +86,7 @@ def _framed(chunks):
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
                  "max_queued", "waiting", "spin", "service", "multiplexed", "report",
-                 "from_zero", "refusal")
+                 "from_zero", "refusal", "local")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -104,6 +104,7 @@ class _Route:
         self.report = None      # a WaitingReport when the deployment autoscales
         self.from_zero = False  # it may run no replica: requests wait for one
         self.refusal = _refusal(None)   # (status, headers, body) beyond max_queued
+        self.local = None       # direct ingress: the slot of the replica serving in this process
 
     def set_scaling(self, autoscaling, from_zero):
         report = self.report
@@ -227,10 +228,13 @@ def _choose(route, req):
 
 
 class ProxyActor:
+    _choose = staticmethod(_choose)     # (direct ingress prefers its own replica)
+
     def __init__(self, controller, index, options):
         context.set_controller(controller)
         self.controller = controller
         self.index = index
+        self.listen_key = index     # how the controller knows which listener applied a version
         set_proxy_rank(index)
         self.host = options.get("host") or _defaults.HTTP_HOST
         self.port = int(options.get("port", _defaults.HTTP_PORT))
@@ -267,7 +271,7 @@ class ProxyActor:
         if HOLD_WAKES:
             release = _ring.release_wakes
             _ring.hold_wakes(lambda: loop.call_soon(release))
-        version, routes = await self.controller.listen_routes.remote(self.index, -1)
+        version, routes = await self.controller.listen_routes.remote(self.listen_key, -1)
         await self._apply(version, routes)
         conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
         self.server = await self.loop.create_server(lambda: conn_cls(self),
@@ -278,7 +282,7 @@ class ProxyActor:
     async def _route_loop(self):
         while not self.stopping:
             try:
-                version, routes = await self.controller.listen_routes.remote(self.index,
+                version, routes = await self.controller.listen_routes.remote(self.listen_key,
                                                                              self.version)
             except asyncio.CancelledError:
                 return
@@ -322,12 +326,13 @@ class ProxyActor:
             # Open the links to new replicas now, so that the first request
             # does not wait for them (and the driver need not be driving),
             # and map where each keeps its count of open streams.
-            cells = await asyncio.gather(*[rep.handle.stream_cell.remote() for rep in fresh],
+            cells = await asyncio.gather(*[self._stream_cell_of(rep) for rep in fresh],
                                          return_exceptions=True)
             for rep, name in zip(fresh, cells):
                 if type(name) is str:
                     rep.streams = attach_stream_cell(name)
         new_routes.sort(key=lambda r: len(r.prefix), reverse=True)
+        self._mark_local(new_routes)
         old_routes = self.routes
         self.routes = new_routes
         self.version = version
@@ -342,6 +347,12 @@ class ProxyActor:
                         self.route_request(conn, req, *req.url)
         for r in new_routes:
             self._pump(r)
+
+    def _stream_cell_of(self, rep):
+        return rep.handle.stream_cell.remote()
+
+    def _mark_local(self, routes):
+        """(Direct ingress: which routes this process's replica serves.)"""
 
     def sweep_idle_later(self):
         # A quarter of the timeout apart: a connection is closed between one
@@ -429,7 +440,7 @@ class ProxyActor:
         req.url = (path, query)
         if self.deadlines is not None and req.timer is None:
             self.deadlines.add(conn, req)
-        rep = _choose(route, req)
+        rep = self._choose(route, req)
         if rep is None:
             if route.max_queued != -1 and len(route.waiting) >= route.max_queued:
                 conn.respond(req, *route.refusal)
@@ -500,7 +511,7 @@ class ProxyActor:
             if conn.closed:
                 waiting.popleft()
                 continue
-            rep = _choose(route, req)
+            rep = self._choose(route, req)
             if rep is None:
                 break
             waiting.popleft()
@@ -519,7 +530,7 @@ class ProxyActor:
         target = req.gen if req.gen is not None else req.ref
         if target is not None:
             try:
-                _core.cancel(target)
+                cancel_call(target)
             except Exception:   # noqa: BLE001
                 pass
         elif req.route is not None:     # still waiting for a replica
@@ -595,16 +606,16 @@ class ProxyActor:
             req.sent = 0.0
             self.route_request(conn, req, *req.url)
 
-    async def _stream(self, conn, req, status, headers, token):
-        if req.finished:
-            return      # (timed out, or its client left, before this task ran)
+    def _stream_head(self, conn, req, status, headers):
+        """Write the head of a streamed answer: ``(chunked, keep)``, or None
+        when the head may not be sent (then ``req`` is answered 500)."""
         if bad_head_line(headers) is not None:
             # Not one byte of this head: conn.respond logs it and answers
             # 500 instead; the replica's unclaimed stream expires.
             req.finished = True
             self.release(req)
             conn.respond(req, status, headers, b"")
-            return
+            return None
         chunked = req.version == "1.1"
         keep = req.keep_alive and chunked
         head = status_line(status) + headers + REQUEST_ID_HEADER + b": " + (
@@ -613,10 +624,36 @@ class ProxyActor:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:
             head += CONNECTION_CLOSE
+        conn.transport.write(head + b"\r\n")
+        return chunked, keep
+
+    def _stream_end(self, conn, req, ok, chunked, keep):
+        """A streamed answer ended (``ok``: its body is whole)."""
+        if req.finished:
+            return
+        req.finished = True
+        self.release(req)
+        if conn.closed:
+            return
+        if ok and chunked:
+            conn.transport.write(b"0\r\n\r\n")
+        conn.current = None
+        if ok and keep:
+            conn.next()
+        else:
+            conn.closed = True
+            conn.transport.close()
+
+    async def _stream(self, conn, req, status, headers, token):
+        if req.finished:
+            return      # (timed out, or its client left, before this task ran)
+        head = self._stream_head(conn, req, status, headers)
+        if head is None:
+            return
+        chunked, keep = head
         write = conn.transport.write
         ok = False
         try:
-            write(head + b"\r\n")
             gen = req.gen = req.rep.handle.http_stream.options(
                 _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
             head_only = req.method == "HEAD"
@@ -669,17 +706,4 @@ class ProxyActor:
             if not req.finished:
                 print(f"proxy: streamed response failed: {type(exc).__name__}",
                       file=sys.stderr, flush=True)
-        if req.finished:
-            return
-        req.finished = True
-        self.release(req)
-        if conn.closed:
-            return
-        if ok and chunked:
-            write(b"0\r\n\r\n")
-        conn.current = None
-        if ok and keep:
-            conn.next()
-        else:
-            conn.closed = True
-            conn.transport.close()
+        self._stream_end(conn, req, ok, chunked, keep)

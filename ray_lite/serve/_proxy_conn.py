@@ -23,10 +23,32 @@ def _load_parser():
     return HttpRequestParser, HttpParserUpgrade
 
 
+def cancel_call(target):
+    """Cancel a request's call: a ref or generator in a replica, or (direct
+    ingress) the task running it in this process."""
+    if type(target) is _LocalCall:
+        target.task.cancel()
+    else:
+        _core.cancel(target)
+
+
+class _LocalCall:
+    """A request run in this process's replica (direct ingress): the task
+    that runs it stands where a proxy holds the call's ref."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task):
+        self.task = task
+
+
+LocalCall = _LocalCall
+
+
 def bind_to_serve(twin):
     """Give ``twin`` (``http_conn``, or one of its twin modules: the tests
     run both) what its connections need from Serve."""
-    twin.bind(load_parser=_load_parser, cancel=_core.cancel,
+    twin.bind(load_parser=_load_parser, cancel=cancel_call,
               websocket_take=_websocket.take, websocket_took_over=_websocket.took_over,
               large_bytes=_core.LARGE_BYTES, max_header_bytes=MAX_HEADER_BYTES,
               max_header_lines=MAX_HEADER_LINES, max_chunk_line=MAX_CHUNK_LINE,

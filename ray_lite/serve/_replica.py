@@ -116,6 +116,9 @@ class ServeReplica:
     def __init__(self, controller, app_name, deployment_name, replica_id, cls_blob, init_args,
                  init_kwargs, config, rank=0, world_size=1):
         context.set_controller(controller)
+        self._controller = controller
+        self._direct = None     # a _direct.DirectServer: this replica takes HTTP itself
+        self._rank = rank
         self._app = app_name
         self._deployment = deployment_name
         self._id = replica_id
@@ -203,7 +206,23 @@ class ServeReplica:
                     os.nice(_NICE)
                 except OSError:
                     pass
+            await self._start_direct_ingress()
         return os.getpid()
+
+    async def _start_direct_ingress(self):
+        """In direct-ingress mode, an ingress replica listens on its
+        application's port itself (see _direct)."""
+        options = await self._controller.direct_ingress.remote(self._app, self._deployment)
+        if options is None:
+            return
+        from ._direct import DirectServer
+        server = DirectServer(self, self._controller, self._rank, options)
+        try:
+            await server.start()
+        except BaseException:
+            server.sock.close()
+            raise
+        self._direct = server
 
     async def _start(self, async_init, user_config):
         if async_init is not None:
@@ -306,7 +325,10 @@ class ServeReplica:
         the ASGI app's lifespan shutdown, if any; True if drained."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        drained = await self._wait_idle(timeout_s)
+        if self._direct is not None:
+            # No new connection; those open end after their answers.
+            await self._direct.stop(timeout_s)
+        drained = await self._wait_idle(max(0.0, end - loop.time()))
         if self._asgi is not None:
             # Within the controller's patience (timeout_s and a second).
             await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
@@ -363,6 +385,8 @@ class ServeReplica:
         self._inflight -= 1
         if self._inflight == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+        if self._direct is not None:
+            self._direct.slot_freed()
 
     def _callable(self, method):
         if self._is_function:

@@ -17,6 +17,14 @@ from ray_lite import serve
 
 from serve_helpers import http, raw, wait_until
 
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
+# Per-caller queues: with direct ingress each listener (the proxy, the
+# replica) has its own max_queued_requests, so which request is refused
+# depends on where the kernel sent each connection.
+SERVE_HTTP_PROXIES_ONLY = ("test_queue_limit_is_503_and_disconnect_cancels",)
+
 
 @serve.deployment
 class Echo:
@@ -231,8 +239,8 @@ class Sleepy:
         return self.cancelled
 
 
-def test_request_timeout_is_408(serve_runtime):
-    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 0.5})
+def test_request_timeout_is_408(serve_runtime, serve_http_options):
+    serve.start(http_options=serve_http_options(port=0, proxies=1, request_timeout_s=0.5))
     from ray_lite.serve.api import _http_port
     port = _http_port()
     serve.run(Sleepy.options(max_queued_requests=-1).bind())

@@ -13,6 +13,10 @@ import pytest
 
 from serve_helpers import http
 
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
+
 needs_fastapi = pytest.mark.skipif(importlib.util.find_spec("fastapi") is None,
                                    reason="fastapi is not installed")
 

@@ -1,0 +1,225 @@
+"""Direct ingress: the ingress deployment's replicas take HTTP themselves.
+
+Switched on by Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (set before the
+runtime starts) or ``http_options={"direct_ingress": True}``.  Each replica
+of an application's ingress deployment then runs a ``DirectServer`` in its
+own process: it binds the application's port beside the proxies
+(SO_REUSEPORT, the kernel spreading new connections over every socket),
+parses with the proxies' compiled connection and runs a request of its own
+route in this process, with no hop over a ring.  What it should not take
+goes over the rings to the replica the router picks, exactly as from a proxy:
+
+- a request for another application's route (each replica knows every
+  route, as a proxy does);
+- a request while this replica has no free slot of its
+  ``max_ongoing_requests``, or has a stream or WebSocket open (a new
+  request would wait behind it: the router picks a less loaded replica);
+- a request of a multiplexed model (its replica is the model's, by
+  rendezvous hashing, as from a proxy);
+- a WebSocket (relayed to the replica the router picks, which may be this one).
+
+The queue beyond every replica's limit, ``max_queued_requests`` and its 503
+(or ``backpressure_config``), the 408 of ``request_timeout_s``, the 404s,
+``/-/healthz`` and ``/-/routes``, metrics and the access log are the proxy's
+own code (``DirectServer`` is a ``ProxyActor`` living in the replica), so
+they answer the same.  One proxy keeps listening (``proxies`` sets how
+many): it answers while no replica listens (before the first deployment, an
+application scaled to zero, a replica replaced) and takes its share of the
+connections like any replica.
+"""
+import asyncio
+import os
+import sys
+
+from . import _core
+from ._proxy import Deadlines, ProxyActor, _choose as _router_choice, _framed
+from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
+from .multiplex import MODEL_ID_HEADER, header_value
+
+ENV_SWITCH = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+
+
+def direct_ingress_on(http_options):
+    """Whether Serve runs in direct-ingress mode: the HTTP options' ``direct_ingress``,
+    else Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS``."""
+    v = (http_options or {}).get("direct_ingress")
+    if v is not None:
+        return bool(v)
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes")
+
+
+class _OwnSlot:
+    """This replica as its route's slot before the controller lists it."""
+
+    __slots__ = ("handle", "actor_id", "inflight", "model_ranks", "streams")
+
+    def __init__(self, actor_id):
+        self.handle = None
+        self.actor_id = actor_id
+        self.inflight = 0
+        self.model_ranks = {}
+        self.streams = None
+
+
+class _Others:
+    """A route as the router sees it, without this process's replica."""
+
+    __slots__ = ("replicas", "max_ongoing", "service", "multiplexed")
+
+    def __init__(self, route, replicas):
+        self.replicas = replicas
+        self.max_ongoing = route.max_ongoing
+        self.service = route.service
+        self.multiplexed = False
+
+
+class DirectServer(ProxyActor):
+    """The HTTP server of one ingress replica (see the module's docstring)."""
+
+    def __init__(self, replica, controller, rank, options):
+        # A negative index: the controller does not wait for it as for a proxy,
+        # and it never serves the metrics port (the first proxy does).
+        super().__init__(controller, -1 - rank, dict(options, replacing=True))
+        self.listen_key = "direct:" + replica._id    # (see the controller's _caught_up_keys)
+        self.replica = replica
+        self.local_id = _core.current_node().id
+        self.own = (replica._app, replica._deployment)
+        self.own_slot = _OwnSlot(self.local_id)
+
+    async def start(self):
+        self.loop = loop = asyncio.get_running_loop()
+        if self.request_timeout is not None:
+            self.deadlines = Deadlines(loop, self.request_timeout, self._on_timeout)
+        version, routes = await self.controller.listen_routes.remote(self.listen_key, -1)
+        await self._apply(version, routes)
+        conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
+        self.server = await loop.create_server(lambda: conn_cls(self), sock=self.sock,
+                                               backlog=4096)
+        self._route_task = asyncio.ensure_future(self._route_loop())
+        return self.port
+
+    # ------------------------------------------------------------ routing
+    def _stream_cell_of(self, rep):
+        if rep.actor_id == self.local_id:
+            return self.replica.stream_cell()
+        return rep.handle.stream_cell.remote()
+
+    def _mark_local(self, routes):
+        for r in routes:
+            if (r.app, r.deployment) == self.own:
+                r.local = next((s for s in r.replicas if s.actor_id == self.local_id),
+                               self.own_slot)
+            else:
+                r.local = None
+
+    def _choose(self, route, req):
+        local = route.local
+        if local is None:
+            return _router_choice(route, req)
+        if route.multiplexed and header_value(req.headers, MODEL_ID_HEADER):
+            return _router_choice(route, req)     # the model's replica, wherever it is
+        rep = self.replica
+        slots = rep._slots
+        if slots.free > 0 and not slots.waiters:
+            if rep._open_streams == 0:
+                return local
+            return _router_choice(route, req)     # (this one, if it is the least loaded)
+        # This replica is at its limit, whoever sent what it runs: another,
+        # else the route's queue here (pumped when a slot of it frees).
+        others = [s for s in route.replicas if s is not local]
+        if not others:
+            return None
+        return _router_choice(_Others(route, others), req)
+
+    def slot_freed(self):
+        """One of this replica's slots freed: the requests waiting here for
+        one may go."""
+        for r in self.routes:
+            if r.local is not None and r.waiting:
+                self._pump(r)
+
+    # ------------------------------------------------- requests run here
+    def _send(self, conn, req, route, rep):
+        if rep is not route.local:
+            return ProxyActor._send(self, conn, req, route, rep)
+        rep.inflight += 1
+        self.inflight += 1
+        req.rep = rep
+        path, query = req.url
+        if req.request_id is None:
+            req.request_id = self.new_request_id()
+            header = REQUEST_ID_HEADER + b":" + req.request_id
+            req.headers = req.headers + b"\r\n" + header if req.headers else header
+        body = req.body
+        if type(body) is memoryview:
+            body = bytes(body)      # (a large body: the app reads bytes)
+        args = (req.method, path, query, req.headers, body, conn.client, route.root_path,
+                req.version, self.server_addr)
+        req.ref = LocalCall(self.loop.create_task(self._run_local(conn, req, route, args)))
+
+    async def _run_local(self, conn, req, route, args):
+        try:
+            r = await self.replica.handle_http(*args)
+        except asyncio.CancelledError:
+            return      # its client left, or it timed out: answered there
+        except Exception as exc:   # noqa: BLE001 - the replica's own failure
+            if req.finished:
+                return
+            req.finished = True
+            self.release(req)
+            print(f"direct ingress: request to {route.app}/{route.deployment} failed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            conn.respond_text(req, 500, "Internal Server Error")
+            return
+        status, headers, body, token, service_s = r
+        if req.finished:
+            if token:
+                await self.replica.http_stream_cancel(token)
+            return
+        if token:
+            route.service.observe_stream()
+            req.gen = req.ref       # cancelling the task closes the stream
+            await self._stream(conn, req, status, headers, token)
+            return
+        route.service.observe(service_s)
+        req.finished = True
+        self.release(req)
+        conn.respond(req, status, headers, body)
+
+    async def _stream(self, conn, req, status, headers, token):
+        if type(req.ref) is not LocalCall:
+            return await ProxyActor._stream(self, conn, req, status, headers, token)
+        head = self._stream_head(conn, req, status, headers)
+        if head is None:
+            await self.replica.http_stream_cancel(token)
+            return
+        chunked, keep = head
+        write = conn.transport.write
+        head_only = req.method == "HEAD"
+        ok = False
+        chunks = self.replica.http_stream(token)
+        try:
+            async for chunk in chunks:
+                if conn.closed:
+                    break
+                if head_only:
+                    continue
+                if type(chunk) is list:
+                    data = _framed(chunk) if chunked else b"".join(chunk)
+                else:
+                    data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk
+                if data:
+                    write(data)
+                if conn.write_paused:
+                    await conn.drained()
+            else:
+                ok = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - the status line is gone: close
+            if not req.finished:
+                print(f"direct ingress: streamed response failed: {type(exc).__name__}",
+                      file=sys.stderr, flush=True)
+        finally:
+            await chunks.aclose()
+        self._stream_end(conn, req, ok, chunked, keep)
