@@ -159,7 +159,13 @@ class AsyncActor:
     def _is_sync_method(self, method):
         sync = self.sync_methods.get(method)
         if sync is None:
-            fn = getattr(type(self.node.actor), method, None)
+            actor = self.node.actor
+            if actor is None:
+                # The constructor runs: the call waits for it in a Task.  Its
+                # method is classified by the first call after, from the
+                # actor's class (not from ``type(None)``, which has none).
+                return False
+            fn = getattr(type(actor), method, None)
             sync = self.sync_methods[method] = (
                 callable(fn) and not inspect.iscoroutinefunction(fn)
                 and not inspect.isasyncgenfunction(fn) and not inspect.isgeneratorfunction(fn))
