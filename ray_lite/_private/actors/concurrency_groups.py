@@ -180,8 +180,7 @@ def serve_threaded(node, a):
         pools.get(group, pools[None]).submit(node._run_method, peer, msg)
 
     node.handlers[P.METHOD] = on_method
-    while node.tasks:        # calls that came while the constructor ran
-        peer, msg = node.tasks.popleft()
-        on_method(peer, msg)
-        del msg
+    # The calls that came while the constructor ran, and those held for a
+    # ref argument then, once it is ready.
+    node.held_calls.send_to(on_method)
     node.wait_until(lambda: node.exiting)

@@ -6,7 +6,9 @@ send a call once its arguments are ready, such a call waits aside instead,
 with the calls of its caller that come after it (one caller's calls run in
 order), and joins the queue of calls to run when its arguments are ready;
 other callers' calls run meanwhile.  (Async and threaded actors wait for a
-ref in their own task or thread: they need none of this.)
+ref in their own task or thread: they need none of this, but a threaded
+actor's calls that come while its constructor runs are held as a sync
+actor's; those go to its thread pool when ready, see ``send_to``.)
 """
 import collections
 import threading
@@ -20,12 +22,26 @@ class HeldCalls:
     """A part of ``WorkerNode`` (``worker.held_calls``): ``by_peer`` (peer ->
     deque of its METHOD messages held) under ``lock`` (reentrant: an entry
     that is ready already runs its callback at once, inside ``release``).
-    A held call that becomes ready joins the node's ``tasks``."""
+    A held call that becomes ready goes to ``run(peer, msg)``: it joins the
+    node's ``tasks``, or whatever ``send_to`` names."""
 
     def __init__(self, node):
         self.node = node
         self.by_peer = {}
         self.lock = threading.RLock()
+        tasks = node.tasks
+        self.run = lambda peer, msg: tasks.append((peer, msg))
+
+    def send_to(self, run):
+        """From now on, the calls released go to ``run(peer, msg)`` (a
+        threaded actor's pool), and so do the calls queued in the node's
+        ``tasks`` before, first: no call is left in a queue no one reads."""
+        tasks = self.node.tasks
+        with self.lock:     # a call released meanwhile is in ``tasks`` or goes to ``run``
+            self.run = run
+            while tasks:
+                peer, msg = tasks.popleft()
+                run(peer, msg)
 
     def unready_arg(self, msg):
         """The entry of the first ref among ``msg``'s arguments that is not
@@ -60,7 +76,7 @@ class HeldCalls:
                 if e is not None:
                     e.add_callback(lambda _e: self.release(peer))
                     return
-                self.node.tasks.append((peer, held.popleft()))
+                self.run(peer, held.popleft())
             self.by_peer.pop(peer, None)
 
     def cancel(self, oid):

@@ -593,10 +593,9 @@ def worker_main(spec):
         from concurrent.futures import ThreadPoolExecutor
         node.executor = ThreadPoolExecutor(a["max_concurrency"], thread_name_prefix="actor")
         node.handlers[P.METHOD] = node._on_method_threaded
-        while node.tasks:
-            peer, msg = node.tasks.popleft()
-            node.executor.submit(node._run_method, peer, msg)
-            del msg
+        # The calls that came while the constructor ran, and those held for
+        # a ref argument then, once it is ready: the pool runs them.
+        node.held_calls.send_to(node._on_method_threaded)
         node.wait_until(lambda: node.exiting)
         return
     try:
