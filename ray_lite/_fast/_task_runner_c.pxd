@@ -2,13 +2,14 @@
 # Layout of a worker's task runner (semantics: _task_runner_py.py, the
 # executable specification).  Typed fields, so that the steps a worker takes
 # per task and per actor call read and write its state at C level instead of
-# through attribute look-ups on a class of several mixins (B11).  The runner
-# is WorkerNode's first base: these descriptors come before any class
-# attribute of the same name in the mixins.
+# through attribute look-ups along WorkerNode's bases (B11).  WorkerNode is
+# ``WorkerNode(TaskRunner, Node)`` and holds its parts (held_calls,
+# generators, async_actor): the runner is its first base, so these
+# descriptors come before any class attribute of the same name in Node.
 
 
 cdef class TaskRunner:
-    # The worker's own fields (the names its mixins read and write).
+    # The worker's own fields (the names the node and its parts read and write).
     cdef public dict functions       # fn id -> loaded function
     cdef public set cancelled        # live oids whose cancel arrived
     cdef public set live             # oids of calls received and not finished
