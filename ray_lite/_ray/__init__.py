@@ -50,6 +50,7 @@ def _activate(ray):
     exceptions.register(ray.exceptions, [(ray_queue.Empty, Empty), (ray_queue.Full, Full)])
     exceptions.translate_generator_errors(ray.ObjectRefGenerator)
     exceptions.translate_task_errors(ray.exceptions.RayTaskError)
+    exceptions.translate_awaited_errors(ray._raylet)
     backend.activate(backend.RAY_NAME)
 
 

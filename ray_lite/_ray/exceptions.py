@@ -25,10 +25,12 @@ Two ways remained:
   ``await ref`` (Ray's ``ObjectRef``, whose methods cannot be wrapped) turns
   a task's error into the instance it raises with Ray's
   ``RayTaskError.as_instanceof_cause``, which is wrapped likewise
-  (``translate_task_errors``): ``await`` of a failed task, in the driver or
-  in an async actor, and of an item of a streaming generator raise
-  translated errors.  Ray's other errors reached by ``await`` (an actor that
-  died) and a direct ``ray.get`` keep Ray's classes.
+  (``translate_task_errors``), and sets every other error (an actor that
+  died, a cancelled task) on its future with a function of Ray's core
+  module that is wrapped likewise (``translate_awaited_errors``): ``await``
+  of a ref, in the driver or in an async actor, and of an item of a
+  streaming generator raise translated errors.  A direct ``ray.get`` keeps
+  Ray's classes.
 
 The counterparts of a Ray class are ray_lite's classes of the same name in its
 MRO, the nearest of each line (``ActorUnavailableError`` -> ``RayActorError``,
@@ -39,7 +41,8 @@ import functools
 import inspect
 from ray_lite import exceptions as _rl
 
-__all__ = ["translate", "register", "translate_generator_errors", "translate_task_errors"]
+__all__ = ["translate", "register", "translate_generator_errors", "translate_task_errors",
+           "translate_awaited_errors"]
 
 # Ray's class -> ray_lite's class it answers to (filled by ``register``).
 _COUNTERPARTS = {}
@@ -153,3 +156,24 @@ def translate_task_errors(task_error_cls):
         return translate(as_cause(self))
     task_error_cls.as_instanceof_cause = as_instanceof_cause
     task_error_cls._ray_lite_translates = True
+
+
+def translate_awaited_errors(raylet):
+    """Wrap ``raylet._set_future_helper`` (the function of Ray's core module
+    that completes the future ``await ref`` and ``ref.future()`` wait on) to
+    set translated errors; once per process.  A task's error is left to
+    ``translate_task_errors`` (the helper makes it with
+    ``as_instanceof_cause``)."""
+    helper = getattr(raylet, "_set_future_helper", None)
+    if helper is None or getattr(helper, "_ray_lite_translates", False):
+        return
+    import ray
+    errors, task_error = ray.exceptions.RayError, ray.exceptions.RayTaskError
+
+    @functools.wraps(helper)
+    def set_future(result, *args, **kwargs):
+        if isinstance(result, errors) and not isinstance(result, task_error):
+            result = translate(result)
+        return helper(result, *args, **kwargs)
+    set_future._ray_lite_translates = True
+    raylet._set_future_helper = set_future

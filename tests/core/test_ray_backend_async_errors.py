@@ -65,3 +65,64 @@ def test_async_for_over_a_generator_that_raises_at_item_2(rt):
 def test_await_in_an_async_actor_catches_ray_task_error(rt):
     relay = AsyncRelay.remote()
     assert ray.get(relay.await_failed.remote(), timeout=T) == ("caught", True, True)
+
+
+@ray.remote
+class Mortal:
+    def ping(self):
+        return "pong"
+
+
+@ray.remote
+def blocks_until_cancelled():
+    import time
+    time.sleep(600)     # the body that is cancelled, not a wait of the test's
+
+
+def _dead_actor():
+    actor = Mortal.remote()
+    assert ray.get(actor.ping.remote(), timeout=T) == "pong"
+    ray.kill(actor)
+    return actor
+
+
+def test_await_of_a_call_on_a_dead_actor_is_an_actor_died_error(rt):
+    from ray_lite.exceptions import ActorDiedError, RayActorError
+    actor = _dead_actor()
+
+    async def main():
+        with pytest.raises(ActorDiedError) as info:
+            await asyncio.wait_for(asyncio.ensure_future(actor.ping.remote()), T)
+        return info.value
+    assert isinstance(asyncio.run(main()), RayActorError)
+
+
+def test_await_of_a_cancelled_task_is_a_task_cancelled_error(rt):
+    from ray_lite.exceptions import TaskCancelledError
+    ref = blocks_until_cancelled.remote()
+    ray.cancel(ref)
+
+    async def main():
+        with pytest.raises(TaskCancelledError):
+            await asyncio.wait_for(asyncio.ensure_future(ref), T)
+    asyncio.run(main())
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+
+
+@ray.remote
+class DeadCaller:
+    async def await_dead(self, actor):
+        from ray_lite.exceptions import RayActorError
+        try:
+            await actor.ping.remote()
+        except RayActorError:
+            return "caught"
+        except Exception as exc:        # noqa: BLE001 - reported to the driver by name
+            return "missed", type(exc).__module__, type(exc).__name__
+        return "answered"
+
+
+def test_await_in_an_async_actor_of_a_call_on_a_dead_actor(rt):
+    caller = DeadCaller.remote()
+    assert ray.get(caller.await_dead.remote(_dead_actor()), timeout=T) == "caught"
