@@ -30,7 +30,7 @@ from libc.string cimport memcmp, memcpy, memmove
 
 import pickle
 
-from ._arrays import dumps_readonly_arrays
+from ._pickling import dumps as _pickle_dumps
 from .errors import BufferTooSmallError, DecodeError, SerializationError
 
 __all__ = [
@@ -743,19 +743,6 @@ cdef class _OutOfBandSink:
         return False
 
 
-cdef object _cloudpickle_dumps = None
-
-
-cdef object _pickle_dumps():
-    # Imported on first use: cloudpickle costs start-up time and memory that a
-    # worker exchanging only plain values never needs.
-    global _cloudpickle_dumps
-    if _cloudpickle_dumps is None:
-        import cloudpickle
-        _cloudpickle_dumps = cloudpickle.dumps
-    return _cloudpickle_dumps
-
-
 cdef int _enc_pickle(Writer* w, object obj) except -1:
     cdef Py_ssize_t first = _buffer_total(w)
     cdef Py_ssize_t n, size
@@ -767,8 +754,8 @@ cdef int _enc_pickle(Writer* w, object obj) except -1:
         sink.buffers = _buffer_list(w)
         sink.threshold = w.threshold
     try:
-        dumps = dumps_readonly_arrays if w.readonly_arrays else _pickle_dumps()
-        payload = dumps(obj, protocol=5, buffer_callback=sink)
+        payload = _pickle_dumps(obj, w.readonly_arrays, sink,
+                                sink.buffers if sink is not None else None)
     except Exception as exc:
         return _unserialisable(w, obj, exc)
     n = PyBytes_GET_SIZE(payload)

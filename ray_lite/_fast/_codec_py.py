@@ -27,9 +27,12 @@ A frame is exactly one msgpack object.
       payload: an int outside the 64-bit ranges, little-endian two's
       complement, in the fewest bytes that hold its sign.
   ``EXT_PICKLE`` (3)
-      payload: ``first`` and ``count`` (big-endian uint32 each), then
-      ``cloudpickle.dumps(obj, protocol=5)``.  The pickle's out-of-band
-      buffers are ``buffers[first:first + count]``.  Used for every type not
+      payload: ``first`` and ``count`` (big-endian uint32 each), then a
+      protocol-5 pickle of the object: the standard pickler's where every
+      class and function in it can be imported by name, cloudpickle's
+      otherwise (``__main__``, lambdas, closures, local classes: by value;
+      see ``_pickling``).  The pickle's out-of-band buffers are
+      ``buffers[first:first + count]``.  Used for every type not
       listed here, *including subclasses* of the plain types (IntEnum,
       OrderedDict, defaultdict, namedtuple, str subclasses, numpy scalars...)
       so that their type survives, and for ``str`` values holding lone
@@ -89,7 +92,7 @@ import operator
 import pickle
 import struct
 
-from ._arrays import dumps_readonly_arrays
+from ._pickling import dumps as _pickle_dumps
 from .errors import BufferTooSmallError, DecodeError, SerializationError
 
 __all__ = [
@@ -127,19 +130,6 @@ _OOB_REF = struct.Struct(">BI")
 
 _U32_MAX = 0xFFFFFFFF
 _FIXEXT_CODES = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
-
-_cloudpickle_dumps = None
-
-
-def _pickle_dumps():
-    # Imported on first use: cloudpickle costs start-up time and memory that a
-    # worker exchanging only plain values never needs.
-    global _cloudpickle_dumps
-    if _cloudpickle_dumps is None:
-        import cloudpickle
-        _cloudpickle_dumps = cloudpickle.dumps
-    return _cloudpickle_dumps
-
 
 # ---------------------------------------------------------------- encoding
 
@@ -435,8 +425,8 @@ class _Encoder:
                 buffers.append(raw)
                 return False
         try:
-            dumps = dumps_readonly_arrays if self.readonly_arrays else _pickle_dumps()
-            payload = dumps(obj, protocol=5, buffer_callback=callback)
+            payload = _pickle_dumps(obj, self.readonly_arrays, callback,
+                                    buffers if callback is not None else None)
         except Exception as exc:
             raise _Unserialisable(obj, exc) from exc
         n = _PICKLE_HEAD.size + len(payload)

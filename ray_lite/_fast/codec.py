@@ -4,8 +4,9 @@ Frame: one msgpack object.  Common types (None, bool, int up to 64 bits,
 float, str, bytes, list, dict) are plain msgpack and need no copy besides the
 write into the destination.  Everything else is a msgpack *ext* (see
 ``EXT_*``): tuples stay tuples, ints beyond 64 bits round-trip, and anything
-msgpack cannot represent is pickled (protocol 5, cloudpickle so that functions
-and classes defined in ``__main__`` travel by value).  Bytes-like values at
+msgpack cannot represent is pickled (protocol 5: the standard pickler, or
+cloudpickle where functions and classes must travel by value, as those of
+``__main__``, lambdas and closures do; see ``_pickling``).  Bytes-like values at
 least ``oob_threshold`` bytes long, and pickle-5 out-of-band buffers (numpy
 arrays), are not copied into the frame: they are returned to the caller as
 *out-of-band buffers* for the transport to deliver beside the frame, and

@@ -222,6 +222,117 @@ def test_main_module_function_and_class_travel_by_value(codec_impl):
     assert add(1) == 42 and seven().value() == 7
 
 
+def _exec_as_main(source):
+    namespace = {"__name__": "__main__"}
+    exec(source, namespace)
+    return namespace
+
+
+def _pickle_payload(frame):
+    """The pickle inside a frame that is one EXT_PICKLE."""
+    code, payload = msgpack.unpackb(frame, ext_hook=lambda c, d: (c, d))
+    assert code == EXT_PICKLE
+    return payload[8:]
+
+
+@pytest.fixture
+def no_cloudpickle(monkeypatch):
+    """cloudpickle.dumps (and its Pickler) made to fail: what still encodes needs neither."""
+    import cloudpickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("cloudpickle used")
+
+    monkeypatch.setattr(cloudpickle, "dumps", refuse)
+    monkeypatch.setattr(cloudpickle.Pickler, "dump", refuse)
+    # The codec looks cloudpickle up once; make it look again.
+    from ray_lite._fast import _pickling
+    monkeypatch.setattr(_pickling, "_cloudpickle_dumps", None)
+
+
+@pytest.mark.parametrize("readonly_arrays", [False, True])
+def test_arrays_and_importable_classes_need_no_cloudpickle(codec_impl, no_cloudpickle,
+                                                           readonly_arrays):
+    value = [np.arange(6.0).reshape(2, 3), collections.OrderedDict(a=Point(1, 2)),
+             Color.GREEN, np.float32(1.5), fractions.Fraction(1, 3), _Holder(np.arange(3))]
+    buf, end, buffers = codec_impl.encode_growing(value, bytearray(64),
+                                                  readonly_arrays=readonly_arrays)
+    out = codec_impl.decode(memoryview(buf)[:end], deliver(buffers))
+    np.testing.assert_array_equal(out[0], value[0])
+    assert out[0].flags.writeable is not readonly_arrays
+    assert out[1] == value[1] and type(out[1]["a"]) is Point
+    assert out[2] is Color.GREEN and type(out[3]) is np.float32 and out[3] == 1.5
+    assert out[4] == fractions.Fraction(1, 3)
+    assert type(out[5]) is _Holder and out[5].array.tolist() == [0, 1, 2]
+    assert out[5].array.flags.writeable is not readonly_arrays
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _exec_as_main("def f():\n    return 5\n")["f"],
+    lambda: collections.OrderedDict(f=_exec_as_main("def f():\n    return 5\n")["f"]),
+    lambda: _Holder(_exec_as_main("class C:\n    pass\n")["C"]()),
+    lambda: _Holder(lambda: 5),
+], ids=["main-function", "main-function-inside", "main-instance-inside", "lambda-inside"])
+def test_what_must_travel_by_value_still_does(codec_impl, make):
+    value = make()
+    out = codec_impl.loads(codec_impl.dumps(value))
+    if isinstance(value, collections.OrderedDict):
+        assert out["f"]() == 5
+    elif isinstance(value, _Holder) and callable(value.array):
+        assert out.array() == 5
+    elif isinstance(value, _Holder):
+        assert type(out.array).__name__ == "C"
+    else:
+        assert out() == 5
+    payload = _pickle_payload(codec_impl.dumps(value))
+    # Saved by value: loadable in a process whose __main__ lacks the names.
+    pickle.loads(payload)
+
+
+def test_a_main_singleton_saved_by_name_travels_by_value(codec_impl):
+    # A TypeVar reduces to its name: the standard pickler would save
+    # "__main__.T", which no reader can import.
+    t = _exec_as_main("import typing\nT = typing.TypeVar('T')\n")["T"]
+    frame = codec_impl.dumps(_Holder(t))
+    assert codec_impl.loads(frame).array.__name__ == "T"
+    pickle.loads(_pickle_payload(frame))    # this process's __main__ has no T
+
+
+def test_a_class_whose_module_is_not_imported_travels_by_value(codec_impl):
+    import types
+    module = types.ModuleType("rl_codec_module_never_imported")
+    exec("class Dyn:\n    def value(self):\n        return 11\n", module.__dict__)
+    frame = codec_impl.dumps(_Holder(module.Dyn()))
+    assert codec_impl.loads(frame).array.value() == 11
+
+
+def test_modules_registered_by_value_travel_by_value(codec_impl):
+    import sys
+
+    import cloudpickle
+    here = sys.modules[module_function.__module__]
+    cloudpickle.register_pickle_by_value(here)
+    try:
+        f = codec_impl.loads(codec_impl.dumps(module_function))
+    finally:
+        cloudpickle.unregister_pickle_by_value(here)
+    assert f is not module_function and f(2) == module_function(2)
+    assert codec_impl.loads(codec_impl.dumps(module_function)) is module_function
+
+
+def test_a_pickle_given_up_leaves_no_out_of_band_buffer_behind(codec_impl):
+    # The standard pickler sets the array's data aside, then meets the lambda:
+    # cloudpickle starts over, and only its buffer is in the frame's list.
+    big = np.arange(100_000, dtype=np.float64)
+    value = ["plain", _Holder((big, lambda: 7))]
+    end, buffers = codec_impl.encode_into(value, bytearray(4096), 0)
+    assert len(buffers) == 1 and buffers[0].nbytes == big.nbytes
+    buf, end, buffers = codec_impl.encode_growing(value, bytearray(64))
+    out = codec_impl.decode(memoryview(buf)[:end], deliver(buffers))
+    np.testing.assert_array_equal(out[1].array[0], big)
+    assert out[1].array[1]() == 7
+
+
 def test_tuple_stays_tuple_and_list_stays_list(codec_impl):
     out = roundtrip(codec_impl, ([1, (2, [3, (4,)])], [(5,)]))
     assert type(out) is tuple and type(out[0]) is list and type(out[0][1]) is tuple
