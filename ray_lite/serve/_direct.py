@@ -48,6 +48,10 @@ def direct_ingress_on(http_options):
     return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes")
 
 
+async def _nothing():
+    return None
+
+
 class _OwnSlot:
     """This replica as its route's slot before the controller lists it."""
 
@@ -100,9 +104,13 @@ class DirectServer(ProxyActor):
 
     # ------------------------------------------------------------ routing
     def _stream_cell_of(self, rep):
+        # Only its own: a proxy opens its links to every replica at once, but
+        # every replica doing so would open one to each other (48 replicas:
+        # 2,256 links, set up at once); a link opens at the first request
+        # sent on it instead, and the others' open streams go unseen.
         if rep.actor_id == self.local_id:
             return self.replica.stream_cell()
-        return rep.handle.stream_cell.remote()
+        return _nothing()
 
     def _mark_local(self, routes):
         for r in routes:
