@@ -30,7 +30,7 @@ from ray_lite._private.process.boot import python_argv
 from ray_lite.exceptions import ExecutorShutdownError, RayTaskError, WorkerDiedError
 
 from . import _worker as proto
-from ._async_pump import AsyncPump
+from ._async_pump import AsyncPump, LoopWaiter
 
 __all__ = ["ExecutorCore", "MultiprocExecutor", "RpcFuture", "WorkerDiedError", "ExecutorShutdownError"]
 
@@ -131,14 +131,17 @@ class ExecutorCore:
         :class:`WorkerDiedError`; ``timeout`` ``TimeoutError`` (the call
         still completes in the background and the executor stays usable).
         """
-        call = self._submit(method, args, kwargs, unique_reply_rank, non_block)
+        call = self._submit(method, args, kwargs, unique_reply_rank,
+                            RpcFuture(self) if non_block else None)
         if non_block:
             return call.future
         if not call.done:
             self._drive(lambda: call.done, timeout)
         return self._outcome(call)
 
-    def _submit(self, method, args, kwargs, unique_reply_rank, want_future):
+    def _submit(self, method, args, kwargs, unique_reply_rank, future):
+        # ``future``: None (the caller waits on the call itself), an
+        # RpcFuture or a LoopWaiter, resolved in submission order.
         if isinstance(method, str):
             name = method
         elif callable(method):
@@ -154,7 +157,6 @@ class ExecutorCore:
                 raise ExecutorShutdownError("the executor was shut down")
             call_id = self._next_call_id
             self._next_call_id = call_id + 1
-            future = RpcFuture(self) if want_future else None
             call = _Call(call_id, name, unique_reply_rank, self.world_size, future)
             msg = (proto.CALL, call_id, method, tuple(args), kwargs or None, unique_reply_rank)
             # Register first: a reply can only come after the broadcast.
@@ -378,23 +380,26 @@ class MultiprocExecutor(ExecutorCore):
                                    unique_reply_rank=None):
         """``collective_rpc`` for asyncio callers: the running loop watches the
         reply rings and the workers' pidfds; nothing blocks the loop."""
-        fut = self._submit(method, args, kwargs, unique_reply_rank, True).future
-        if not fut.done():
-            loop = asyncio.get_running_loop()
-            with self._lock:
-                pump = self._async_pumps.get(loop)
-                if pump is None:
-                    pump = self._async_pumps[loop] = AsyncPump(self, loop)
-            afut = asyncio.wrap_future(fut, loop=loop)
+        loop = asyncio.get_running_loop()
+        waiter = LoopWaiter(loop)
+        self._submit(method, args, kwargs, unique_reply_rank, waiter)
+        future = waiter.future
+        if not future.done():
+            pump = self._async_pumps.get(loop)
+            if pump is None:
+                with self._lock:
+                    pump = self._async_pumps.get(loop)
+                    if pump is None:
+                        for old in [lp for lp in self._async_pumps if lp.is_closed()]:
+                            del self._async_pumps[old]
+                        pump = self._async_pumps[loop] = AsyncPump(self, loop)
             pump.start()
-            if timeout is None:
-                await asyncio.shield(afut)
-            else:
+            if timeout is not None:
                 try:
-                    await asyncio.wait_for(asyncio.shield(afut), timeout)
+                    return await asyncio.wait_for(future, timeout)
                 except asyncio.TimeoutError:
                     raise TimeoutError(f"collective_rpc_async timed out after {timeout} s") from None
-        return fut.result(0)
+        return await future
 
     def _enqueue(self, msg):
         # A full queue means a worker lags behind; wait for it while
@@ -557,14 +562,16 @@ class MultiprocExecutor(ExecutorCore):
             if self._pending:
                 self._fail_all(self._failure or ExecutorShutdownError(
                     "the executor was shut down before this call completed"))
+        # Off the loops before the descriptors close (a closed number may be
+        # reused by a new file while a loop still watches it).
+        for pump in list(self._async_pumps.values()):
+            pump.stop()
+        self._async_pumps.clear()
         for ring in self._rings:
             ring.close()
         for fd in self._pidfds:
             os.close(fd)
         self._pidfds = []
-        for pump in list(self._async_pumps.values()):
-            pump.stop()
-        self._async_pumps.clear()
 
     def __del__(self):
         # Dropped without shutdown(): do not leave workers and segments behind.

@@ -26,7 +26,7 @@ from ray_lite._private.process import backend
 from ray_lite.message_queue import MessageQueue
 
 from . import _worker as proto
-from .multiproc import ExecutorCore, ExecutorShutdownError, WorkerDiedError
+from .multiproc import ExecutorCore, ExecutorShutdownError, RpcFuture, WorkerDiedError
 
 __all__ = ["RayExecutor"]
 
@@ -171,7 +171,7 @@ class RayExecutor(ExecutorCore):
                                    unique_reply_rank=None):
         """``collective_rpc`` for asyncio callers (replies read on a thread of
         the loop's default executor: the loop is never blocked)."""
-        fut = self._submit(method, args, kwargs, unique_reply_rank, True).future
+        fut = self._submit(method, args, kwargs, unique_reply_rank, RpcFuture(self)).future
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, fut.result, timeout)
 
