@@ -149,6 +149,10 @@ def _parser():
                         help="run nothing: show (and --plot) the result a --json run wrote")
     parser.add_argument("--beside-hog", action="store_true",
                         help="serve: run the HTTP loads beside one CPU-bound process (normal priority)")
+    parser.add_argument("--http-mode", choices=("proxies", "direct", "both"), default="proxies",
+                        help="serve: how ray_lite takes HTTP in the HTTP rows: through its "
+                             "proxies, direct ingress, or both (each row in each mode, "
+                             "interleaved)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     # The unit tests' size, smaller than --quick (also RAY_LITE_BENCH_SMOKE=1).
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -220,6 +224,7 @@ def _main(argv):
     scale = "smoke" if smoke else ("quick" if args.quick else "full")
     ctx = Context(scale=scale, compare_ray=args.compare_ray, log=print_err, only=args.only)
     ctx.beside_hog = args.beside_hog
+    ctx.http_mode = args.http_mode
     load = check_load(sample_s=0.2 if smoke else 0.5)
     with _ended_through_finally_on_sigterm():
         result = run_suites(names, ctx)

@@ -18,9 +18,14 @@ from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What a server prints (stdout) once every replica is ready.
 READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
-#: The server kind of bare uvicorn with a worker process per core (the hi app
-#: only: B8's goal is relative to it); "uvicorn" is one process.
+#: The server kind of bare uvicorn with a worker process per core (B8's goal
+#: is relative to it); "uvicorn" is one process.
 UVICORN_WORKERS = "uvicorn-workers"
+#: How ray_lite's Serve takes HTTP (``http_mode``): through its proxies, or
+#: with the ingress replicas listening themselves (direct ingress).
+HTTP_MODES = ("proxies", "direct")
+#: The environment switch of direct ingress (Ray's name).
+DIRECT_INGRESS_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 
 
 def uvicorn_workers():
@@ -93,20 +98,27 @@ uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
 
 class Server:
     """An app (an :class:`AppSpec`; the hi app by default) served by
-    ray_lite's CLI, Ray Serve or bare uvicorn, until stopped."""
+    ray_lite's CLI, Ray Serve or bare uvicorn, until stopped.  ``http_mode``
+    (ray_lite only, one of :data:`HTTP_MODES`): how its Serve takes HTTP;
+    None leaves the environment's choice."""
 
-    def __init__(self, python, raymod, replicas, app=None):
+    def __init__(self, python, raymod, replicas, app=None, http_mode=None):
         self.port = free_port()
         self.raymod = raymod
         self.app = app = app or HI
         env = env_for(raymod, replicas)
+        if raymod == "ray_lite" and http_mode is not None:
+            if http_mode not in HTTP_MODES:
+                raise ValueError(f"http_mode must be one of {HTTP_MODES}, got {http_mode!r}")
+            env[DIRECT_INGRESS_ENV] = "1" if http_mode == "direct" else "0"
         if raymod == "ray_lite":
             # Pinned to this ray_lite, wherever the benchmark is started from.
             cmd = python_argv("from ray_lite.scripts import main; sys.exit(main())",
                               "benchmark's serve run", python=python)
             cmd += ["serve", "run", f"ray_lite.bench.{app.module}:model", "--port", str(self.port)]
         elif raymod == UVICORN_WORKERS:
-            cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, "_hi_asgi:app",
+            target = f"{app.module}:{app.asgi}" if app.asgi else "_hi_asgi:app"
+            cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, target,
                    str(uvicorn_workers())]
         elif raymod == "uvicorn":
             target = f"{app.module}:{app.asgi}" if app.asgi else "_hi_asgi:app"

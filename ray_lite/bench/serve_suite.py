@@ -1,6 +1,7 @@
 """Serve benchmarks: B7, B8, B9 (HTTP), B16 (CPU per request), B2 (handle
 streaming), B10 (48 replicas up), B14 (server-sent events), B15 (a FastAPI
-ingress) (``ray-lite bench serve [--compare-ray PYTHON]``).
+ingress), B23 (a CPU-bound handler)
+(``ray-lite bench serve [--compare-ray PYTHON] [--http-mode MODE]``).
 
 B7/B8/B9 load the 48-replica "hi" app (``serve_hi_app.py``, the Ray issue's
 reproduction) started with ``ray-lite serve run ...:model`` using ``ab`` and
@@ -19,6 +20,18 @@ server-sent events a request from 4 replicas; ``serve_fastapi_app.py``:
 replicas) with ``wrk -t1 -c100``; their ceiling is the same stream, or the
 same FastAPI app, on bare uvicorn.
 
+B23 loads ``serve_cpu_bound_app.py`` (21 ms of pure Python a request, 2
+replicas) with ``ab -c 8``: the case where routing by load matters most.
+Its ceilings are the same handler on bare uvicorn, one process and a worker
+per core.
+
+``--http-mode`` says how ray_lite's Serve takes HTTP in every HTTP row:
+``proxies`` (the default), ``direct`` (direct ingress: the ingress replicas
+listen themselves) or ``both``: each row measured in both modes, labelled
+"ray_lite (proxies)" and "ray_lite (direct)", in the same interleaved
+rounds (the two modes' order alternating from round to round); a direct
+row then says its factor over the proxies' (``detail["x_proxies"]``).
+
 Every HTTP figure is the median of several rounds, with their min-max: in
 each round every server (ray_lite, then its anchors) is started, measured
 once every replica is ready (the server says so once ``serve.run``
@@ -33,19 +46,23 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections import namedtuple
 
 from .._private.process.boot import python_argv
-from ._harness import ERROR, UNAVAILABLE, Figure, missing, summarize_trials
+from ._harness import ERROR, UNAVAILABLE, Figure, missing, ratio_text, summarize_trials
 from ._procs import start_hog, stop_hog
-from ._servers import HI, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn, uvicorn_workers
+from ._servers import HI, HTTP_MODES, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn
 from ._servers import Server as _Server
+from ._servers import uvicorn_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B2_NAME = "handle streaming, Caller -> Endpoint, tokens/s"
 
 DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, handle "
-               "streaming, 48 replicas up, server-sent events, FastAPI ingress")
+               "streaming, 48 replicas up, server-sent events, FastAPI ingress, CPU-bound")
 INSTALL = "apt-get install -y apache2-utils wrk"
+#: ``--http-mode``: what each names (``Context.http_mode``; default "proxies").
+HTTP_MODE_CHOICES = {"proxies": ("proxies",), "direct": ("direct",), "both": HTTP_MODES}
 
 
 def _sizes(ctx):
@@ -55,6 +72,7 @@ def _sizes(ctx):
             "b2_trials": ctx.pick(5, 2, 1), "b2_trial_s": ctx.pick(5, 2, 0.3),
             "b2_tokens": ctx.pick(1000, 1000, 100),
             "sse_replicas": ctx.pick(4, 4, 2), "fastapi_replicas": ctx.pick(8, 8, 2),
+            "cpu_replicas": 2, "cpu_n": ctx.pick(1000, 200, 16),
             "warm_s": ctx.pick(2, 1, 0)}
 
 
@@ -127,6 +145,15 @@ def _wrk_round(bench, per_request):
     return one_round
 
 
+def _cpu_round(srv, sz, have_ab, have_wrk):
+    """One round of B23: ``ab -c 8`` on the CPU-bound app."""
+    if not have_ab:
+        return {}
+    _ab(srv.port, 16, 8)      # warm-up: every replica has run the handler
+    r = _ab(srv.port, sz["cpu_n"], 8)
+    return {"B23": (r["rps"], r)}
+
+
 class _App(AppSpec):
     """An app the HTTP benchmarks load (:class:`AppSpec`), with the sizes'
     key of its replica count, and ``rows(replicas)``: the figures ({bench:
@@ -150,6 +177,11 @@ FASTAPI_APP = _App(
     lambda n: {"B15": (f"HTTP FastAPI ingress, GET /echo/{{word}}?times=2, {n} replicas, "
                        f"wrk -t1 -c100", "req/s")},
     _wrk_round("B15", 1))
+CPU_APP = _App(
+    "serve_cpu_bound_app", "asgi", "cpu_replicas", "/", b"done",
+    lambda n: {"B23": (f"HTTP CPU-bound, 21 ms of Python a request, {n} replicas, ab -c 8",
+                       "req/s")},
+    _cpu_round)
 # The benches the wrk load measures (the others: ab, or the start-up).
 _WRK_BENCHES = ("B8", "B16", "B14", "B15")
 
@@ -163,7 +195,10 @@ def _round_figures(bench, name, unit, impl, label, rounds, goals):
                  spread=spread, trials=len(values), detail={"rounds": values},
                  goal_id=bench if goals and bench != "B10" else None)
     details = [r[1] for r in rounds]
-    if bench == "B7":
+    if bench in ("B7", "B9", "B23"):
+        fig.detail.update(p50_ms=[d["p50_ms"] for d in details],
+                          p99_ms=[d["p99_ms"] for d in details])
+    if bench in ("B7", "B23"):
         failed = sum(d["failed"] for d in details)
         fig.note = (f"{failed} failed, P50 {statistics.median(d['p50_ms'] for d in details):g} ms"
                     f", P99 {max(d['p99_ms'] for d in details):g} ms")
@@ -175,10 +210,32 @@ def _round_figures(bench, name, unit, impl, label, rounds, goals):
     return fig
 
 
+#: A server an HTTP row measures; ``label`` is unique among a run's servers,
+#: ``mode`` is ray_lite's HTTP mode (None: not ray_lite).
+_Srv = namedtuple("_Srv", "python raymod impl label goals mode", defaults=(None,))
+
+
+def http_modes(ctx):
+    """The HTTP modes of ray_lite this run measures (``ctx.http_mode``)."""
+    choice = getattr(ctx, "http_mode", None) or "proxies"
+    if choice not in HTTP_MODE_CHOICES:
+        raise ValueError(f"http mode must be one of {', '.join(HTTP_MODE_CHOICES)}, "
+                         f"got {choice!r}")
+    return HTTP_MODE_CHOICES[choice]
+
+
+def mode_label(mode, modes):
+    """ray_lite's label in ``mode``: "ray_lite" when the run measures the
+    proxies alone, else "ray_lite (proxies)" / "ray_lite (direct)"."""
+    return "ray_lite" if modes == ("proxies",) else f"ray_lite ({mode})"
+
+
 def _http_servers(ctx, app=None):
-    """(python, raymod, impl, label, goals) of every server this run measures
-    for ``app`` (default: the hi app)."""
-    servers = [(sys.executable, "ray_lite", "ray_lite", "ray_lite", True)]
+    """(python, raymod, impl, label, goals, mode) of every server this run
+    measures for ``app`` (default: the hi app)."""
+    modes = http_modes(ctx)
+    servers = [(sys.executable, "ray_lite", "ray_lite", mode_label(m, modes), True, m)
+               for m in modes]
     python = ctx.compare_ray
     if python:
         servers.append((python, "ray", "anchor", "Ray Serve", False))
@@ -189,9 +246,10 @@ def _http_servers(ctx, app=None):
     probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
                            capture_output=True, timeout=120)
     if probe.returncode == 0:
-        if app in (None, HI_APP):
-            # B8's goal: uvicorn with a worker process per core.  Before the
-            # one-process ceiling, which stays the one the table compares with.
+        if app in (None, HI_APP, CPU_APP):
+            # B8's goal: uvicorn with a worker process per core (B23's: the
+            # machine's ceiling).  Before the one-process ceiling, which
+            # stays the one the table compares with.
             servers.append((python, UVICORN_WORKERS, "ceiling",
                             f"uvicorn, {uvicorn_workers()} workers", False))
         servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
@@ -206,54 +264,57 @@ def _http_figures(ctx, app=None):
     replicas = sz[app.replicas]
     rows = app.rows(replicas)
     have_ab, have_wrk = shutil.which("ab"), shutil.which("wrk")
-    servers = _http_servers(ctx, app)
-    rounds = {s[1]: [] for s in servers}       # raymod -> [{bench: (value, detail)}]
-    errors = {}                                # raymod -> reason
-    warnings = {}                              # raymod -> stderr lines about the twins
+    servers = [_Srv(*s) for s in _http_servers(ctx, app)]
+    rounds = {s.label: [] for s in servers}    # label -> [{bench: (value, detail)}]
+    errors = {}                                # label -> reason
+    warnings = {}                              # label -> stderr lines about the twins
     for i in range(sz["rounds"]):
-        for python, raymod, impl, label, _ in servers:
-            if raymod in errors:
+        for python, raymod, impl, label, _, mode in _round_order(servers, i):
+            if label in errors:
                 continue
             ctx.log(f"serve: round {i + 1}/{sz['rounds']}: {label}")
             srv = None
             try:
-                srv = _Server(python, raymod, replicas, app)
+                srv = _Server(python, raymod, replicas, app, http_mode=mode)
                 srv.wait_up(600)
                 srv.wait_ready(600)
                 hog = start_hog() if getattr(ctx, "beside_hog", False) else None
                 try:
-                    rounds[raymod].append(app.one_round(srv, sz, have_ab, have_wrk))
+                    rounds[label].append(app.one_round(srv, sz, have_ab, have_wrk))
                 finally:
                     stop_hog(hog)
             except Exception as exc:   # noqa: BLE001 - a row, not a crash
-                errors[raymod] = f"{type(exc).__name__}: {exc}"
+                errors[label] = f"{type(exc).__name__}: {exc}"
             finally:
                 if srv is not None:
                     srv.stop()
                     lines = [ln for ln in srv.stderr_lines if "pure-Python hot paths" in ln]
                     if lines:
-                        warnings[raymod] = lines[0]
+                        warnings[label] = lines[0]
     figs = []
-    for python, raymod, impl, label, goals in servers:
-        got = rounds[raymod]
+    for python, raymod, impl, label, goals, mode in servers:
+        got = rounds[label]
         for bench, (name, unit) in rows.items():
             if bench == "B10" and is_uvicorn(raymod):
                 continue
             per_round = [r[bench] for r in got if bench in r]
-            if raymod in errors and not per_round:
-                figs.append(missing(bench, name, impl, label, unit, ERROR, errors[raymod]))
+            if label in errors and not per_round:
+                figs.append(missing(bench, name, impl, label, unit, ERROR, errors[label]))
             elif not per_round:
                 tool = "wrk" if bench in _WRK_BENCHES else "ab"
                 figs.append(missing(bench, name, impl, label, unit, UNAVAILABLE,
                                     f"{tool} not found: {INSTALL}"))
             else:
                 fig = _round_figures(bench, name, unit, impl, label, per_round, goals)
-                remarks = [fig.note, warnings.get(raymod)]
-                if raymod in errors:    # a later round failed: say so beside the others
+                if mode:
+                    fig.detail["http_mode"] = mode
+                remarks = [fig.note, warnings.get(label)]
+                if label in errors:     # a later round failed: say so beside the others
                     remarks.append(f"{len(per_round)} of {sz['rounds']} rounds; then "
-                                   f"{errors[raymod]}")
+                                   f"{errors[label]}")
                 fig.note = "; ".join(r for r in remarks if r) or None
                 figs.append(fig)
+    _relate_modes(figs, [s for s in servers if s.mode])
     if ctx.compare_ray and not any(s[1] == "uvicorn" for s in servers):
         bench = "B9" if app is HI_APP else next(iter(rows))
         what = "hi" if app is HI_APP else app.module
@@ -261,6 +322,36 @@ def _http_figures(ctx, app=None):
                             "bare uvicorn", rows.get(bench, ("", "us"))[1], UNAVAILABLE,
                             f"{ctx.compare_ray} lacks uvicorn, uvloop or httptools"))
     return figs
+
+
+def _round_order(servers, i):
+    """The servers of round ``i``: ray_lite's modes swap places every other
+    round, so that neither always runs first."""
+    if i % 2 == 0:
+        return servers
+    at = [k for k, s in enumerate(servers) if s.mode]
+    out = list(servers)
+    for k, j in zip(at, reversed(at)):
+        out[k] = servers[j]
+    return out
+
+
+def _relate_modes(figs, ours):
+    """With both modes measured: each direct row's factor over the proxies'
+    row of the same figure (> 1: direct is better), in its detail
+    (``x_proxies``) and first in its note."""
+    proxies = next((s.label for s in ours if s.mode == "proxies"), None)
+    direct = next((s.label for s in ours if s.mode == "direct"), None)
+    if proxies is None or direct is None:
+        return
+    ref = {(f.bench, f.name): f for f in figs if f.label == proxies and f.value}
+    for f in figs:
+        p = ref.get((f.bench, f.name))
+        if f.label != direct or not f.value or p is None:
+            continue
+        x = f.value / p.value if f.unit.endswith("/s") else p.value / f.value
+        f.detail["x_proxies"] = round(x, 3)
+        f.note = f"{ratio_text(x)} proxies" + (f"; {f.note}" if f.note else "")
 
 
 def _b2(ctx, python, raymod, impl, label, goals):
@@ -289,7 +380,7 @@ def run(ctx):
     """ray_lite's figures and, with --compare-ray, the HTTP anchors too: they
     are measured in the same interleaved rounds."""
     figs = []
-    for app in (HI_APP, SSE_APP, FASTAPI_APP):
+    for app in (HI_APP, SSE_APP, FASTAPI_APP, CPU_APP):
         if not _wanted(ctx, app.rows(0)):
             continue
         try:

@@ -59,8 +59,9 @@ class _FakeServer:
     started = []
     fail_second_ray = True      # Ray Serve's second start fails
 
-    def __init__(self, python, raymod, replicas, app=None):
+    def __init__(self, python, raymod, replicas, app=None, http_mode=None):
         self.raymod = raymod
+        self.http_mode = http_mode
         self.app = app or serve_suite.HI_APP
         self.replicas = replicas
         self.port = len(self.started)
@@ -151,8 +152,8 @@ def test_b14_and_b15_run_their_apps_in_interleaved_rounds(monkeypatch):
     servers = []
     real_init = _FakeServer.__init__
 
-    def recording_init(self, python, raymod, replicas, app=None):
-        real_init(self, python, raymod, replicas, app)
+    def recording_init(self, python, raymod, replicas, app=None, http_mode=None):
+        real_init(self, python, raymod, replicas, app, http_mode)
         servers.append((raymod, self.app.module, replicas))
     monkeypatch.setattr(_FakeServer, "__init__", recording_init)
     monkeypatch.setattr(_FakeServer, "fail_second_ray", False)
