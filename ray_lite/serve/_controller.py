@@ -383,7 +383,7 @@ class ServeController(Autoscaling, DeploymentActors):
             # takes them over), only when killed or when the runtime ends.
             cls = cls.options(lifetime="detached", **opts)
         except ValueError as exc:
-            return [exc] * n
+            return [_OptionsRefused(str(exc))] * n
         n = gang.whole(dep, n)
         first, self.next_id = self.next_id, self.next_id + n
         rids = [f"{dep.name}#{i}" for i in range(first, first + n)]
@@ -449,6 +449,44 @@ class ServeController(Autoscaling, DeploymentActors):
         finally:
             dep.starting -= n
         return errors
+
+    async def _start_retrying(self, dep, n):
+        """Start ``n`` replicas of ``dep``, starting again those that fail, as
+        Ray does: its failures to start (constructor or first health check)
+        are counted across its replicas, and once they reach
+        ``_failed_to_start_threshold`` while none of its replicas has
+        started, it gives up.  Once one has started, the others are started
+        again until they start.  Returns None, or what ended it: a
+        ``_StartFailed`` (or the options' refusal)."""
+        threshold = _failed_to_start_threshold(dep)
+        failures = 0
+        delay = 0.1
+        started = bool(dep.replicas)
+        while True:
+            errors = await self._bring_up(dep, n)
+            started = started or bool(dep.replicas)
+            if not errors:
+                return None
+            app = self.apps.get(dep.app)
+            if self.shutting_down or app is None or app.deps.get(dep.name) is not dep or \
+                    any(isinstance(e, _OptionsRefused) for e in errors):
+                return errors[0]
+            failures += len(errors)
+            text = _error_text(errors[-1])
+            if not started and failures >= threshold:
+                return _StartFailed(failures, text)
+            more = "" if started else f" {threshold - failures} more time(s)"
+            dep.message = (f"A replica failed to start with exception. Retrying{more}. "
+                           f"Error:\n{text}")
+            print(f"Serve: {dep.app}/{dep.name}: {dep.message}", file=sys.stderr, flush=True)
+            self._bump()
+            n = dep.target - len(dep.replicas) - dep.starting
+            if n <= 0:
+                return None
+            if started:
+                # (It may never start: no hurry, it is served meanwhile.)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     @staticmethod
     def _task(dep, coro):
@@ -672,13 +710,13 @@ class ServeController(Autoscaling, DeploymentActors):
             if dep in failed:
                 continue
             if have < dep.target:
-                bring_ups.append(self._bring_up(dep, dep.target - have))
+                bring_ups.append(self._start_retrying(dep, dep.target - have))
                 brought.append(dep)
             elif len(dep.replicas) > dep.target:
                 self._drain_some(dep, len(dep.replicas) - dep.target)
-        for dep, errs in zip(brought, await asyncio.gather(*bring_ups)):
-            if errs:
-                failed[dep] = errs[0]
+        for dep, err in zip(brought, await asyncio.gather(*bring_ups)):
+            if err is not None:
+                failed[dep] = err
         replaced = [d.predecessor for d in app.deps.values() if d.predecessor is not None]
         for dep in app.deps.values():
             dep.predecessor = None
@@ -948,12 +986,12 @@ class ServeController(Autoscaling, DeploymentActors):
         deps = [d for d in app.deps.values()
                 if d.target - len(d.replicas) - d.starting > 0]
         errors = await asyncio.gather(*[
-            self._bring_up(d, d.target - len(d.replicas) - d.starting) for d in deps])
+            self._start_retrying(d, d.target - len(d.replicas) - d.starting) for d in deps])
         if self.apps.get(app.name) is not app or self.shutting_down:
             return
-        failed = [(d, e[0]) for d, e in zip(deps, errors) if e]
+        failed = [(d, e) for d, e in zip(deps, errors) if e is not None]
         for d, err in failed:
-            d.message = f"starting a replica failed: {_error_text(err)}"
+            d.message = _error_text(err)
         if app.status == "UNHEALTHY":
             for d in app.deps.values():
                 self._healthy_again(app, d)
@@ -1047,7 +1085,7 @@ class ServeController(Autoscaling, DeploymentActors):
 # config file's num_replicas, say) updates the deployment in place, as Ray's
 # lightweight updates do.
 _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_requests",
-             "backpressure_config",
+             "backpressure_config", "max_constructor_retry_count",
              "max_ongoing_requests", "graceful_shutdown_timeout_s",
              "graceful_shutdown_wait_loop_s", "health_check_period_s",
              "health_check_timeout_s")
@@ -1056,6 +1094,32 @@ _IN_PLACE = ("user_config", "num_replicas", "autoscaling_config", "max_queued_re
 # Ray's: a replica is unhealthy once this many health checks in a row failed
 # (its death counts at once).
 REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD = 3
+
+
+# Ray's: each replica of a deployment may fail to start this many times
+# (its default max_constructor_retry_count bounds the total).
+MAX_PER_REPLICA_RETRY_COUNT = 3
+
+
+def _failed_to_start_threshold(dep):
+    """The failures to start after which a deploy fails, as in Ray."""
+    return min(dep.config.get("max_constructor_retry_count") or
+               _defaults.MAX_CONSTRUCTOR_RETRY_COUNT,
+               max(dep.target, 1) * MAX_PER_REPLICA_RETRY_COUNT)
+
+
+class _StartFailed(Exception):
+    """A deployment's replicas failed to start as often as it allows."""
+
+    def __init__(self, failures, error):
+        super().__init__(
+            f"The deployment failed to start {failures} times in a row. This may be due "
+            f"to a problem with its constructor or initial health check failing. See "
+            f"controller logs for details. Error:\n{error}")
+
+
+class _OptionsRefused(ValueError):
+    """The replicas' actor options were refused: no retry can help."""
 
 
 def _serving(dep):

@@ -62,7 +62,11 @@ DEPLOYMENT_OPTIONS = {
     "autoscaling_config": None,
     "backpressure_config": None,    # {"status_code", "retry_after_s"}: see config.BackpressureConfig
     "gang_scheduling_config": None,  # {"gang_size", ...}: see gang.py
+    "max_constructor_retry_count": None,    # None: MAX_CONSTRUCTOR_RETRY_COUNT
 }
+# Ray's default max_constructor_retry_count: a deploy fails once its replicas
+# failed to start min(this, 3 x num_replicas) times with none started.
+MAX_CONSTRUCTOR_RETRY_COUNT = 20
 
 # -------------------------------------------------------------------- HTTP
 HTTP_HOST = "127.0.0.1"

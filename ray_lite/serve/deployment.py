@@ -14,7 +14,7 @@ from ..exceptions import NotOnThisMachineError
 # Accepted as in Ray, without effect on one machine (the manual's compatibility page lists them).
 _HARMLESS = {"route_prefix", "placement_group_bundles", "placement_group_strategy",
              "max_replicas_per_node", "request_router_config",
-             "max_constructor_retry_count", "is_driver_deployment", "_internal"}
+             "is_driver_deployment", "_internal"}
 _ACTOR_OPTIONS_OK = {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
                      "runtime_env", "object_store_memory", "label_selector",
                      "fallback_strategy"}
@@ -50,6 +50,9 @@ def _check_config(cfg):
     q = cfg.get("max_queued_requests", MAX_QUEUED_REQUESTS)
     if not isinstance(q, int) or (q < 0 and q != -1):
         raise ValueError(f"max_queued_requests must be -1 or a non-negative int, got {q!r}")
+    r = cfg.get("max_constructor_retry_count")
+    if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 1):
+        raise ValueError(f"max_constructor_retry_count must be a positive int, got {r!r}")
     for key in ("health_check_period_s", "health_check_timeout_s",
                 "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
         v = cfg.get(key)

@@ -314,7 +314,10 @@ def test_a_constructor_that_does_not_return_is_warned_of_repeatedly(capfd):
 
     def deploy():
         try:
-            serve.run(Hangs.bind(), name="stuck", route_prefix=None,
+            # (One failure to start ends the deploy: the replica killed below
+            # is not started again.)
+            serve.run(Hangs.options(max_constructor_retry_count=1).bind(), name="stuck",
+                      route_prefix=None,
                       controller_options={"runtime_env": {"env_vars": env}})
         except Exception as exc:   # noqa: BLE001 - the deploy fails (below)
             result["error"] = exc
