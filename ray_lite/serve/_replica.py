@@ -194,8 +194,15 @@ class ServeReplica:
         if not self._niced:
             # As Ray: a replica serves once it has passed a first health
             # check; its failure is the replica's failure to start.
+            timeout = self._config.get("health_check_timeout_s") or \
+                _defaults.HEALTH_CHECK_TIMEOUT_S
             try:
-                await self.check_health()
+                # Bounded as every later check is: a check that never answers
+                # is a failed start (retried by the controller), not a hang.
+                await asyncio.wait_for(self.check_health(), timeout)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"replica {self._id} failed its initial health check: "
+                                   f"no answer within {timeout} s") from None
             except Exception as exc:   # noqa: BLE001 - the user's check, whatever it raised
                 raise RuntimeError(f"replica {self._id} failed its initial health check: "
                                    f"{type(exc).__name__}: {exc}") from exc

@@ -117,6 +117,16 @@ def test_a_check_that_does_not_answer_in_time_fails(serve_runtime, tmp_path):
     assert _replica_pids("hang", "Hangs") != [first]
 
 
+def test_a_first_check_that_does_not_answer_in_time_is_a_failed_start(serve_runtime,
+                                                                       tmp_path):
+    flag = tmp_path / "hang"
+    flag.touch()
+    with pytest.raises(RuntimeError, match="no answer within 0.3 s"):
+        serve.run(Hangs.options(max_constructor_retry_count=1).bind(str(flag)),
+                  name="hang", route_prefix=None)
+    assert _statuses("hang", "Hangs")[2] == "DEPLOY_FAILED"
+
+
 def test_checks_that_fail_now_and_then_do_not_replace_the_replica(serve_runtime):
     # As Ray: only REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD failures in a row count.
     @serve.deployment(health_check_period_s=0.05, health_check_timeout_s=5)
