@@ -253,15 +253,7 @@ class MessageQueue:
         if self._shut_down:
             return
         self._shut_down = True
-        if self._net is not None and self._reader_rank is not None:
-            # A remote reader waits in select() on its socket, which close()
-            # alone does not wake; a socket shut down reads as ended.
-            sock = getattr(self._net, "_sock", None)
-            try:
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except OSError:        # not connected any more: nothing waits on it
-                pass
+        # A remote reader's close() wakes a dequeue waiting on its socket.
         self.close()
 
     def __getattr__(self, name):

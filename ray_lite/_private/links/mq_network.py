@@ -32,6 +32,7 @@ import os
 import selectors
 import socket
 import struct
+import threading
 import time
 
 from ray_lite._fast import codec
@@ -221,7 +222,15 @@ class NetworkReader:
     The handshake runs as the writer's bytes arrive (the writer answers only
     in its ``wait_until_ready``); until the writer has proved it holds
     ``authkey`` no frame is decoded, and a wrong proof raises
-    ``AuthenticationError``."""
+    ``AuthenticationError``.
+
+    ``close()`` may run while another thread waits in ``dequeue`` or
+    ``wait_until_ready``: it shuts the socket down, which wakes that wait
+    (and any wait entered later) with ``ChannelClosedError``, and the
+    socket and selector are released by the last call to leave.  Releasing
+    them under the waiting thread would lose its wake-up: epoll drops a
+    closed socket's pending event, and a wait on a closed epoll instance
+    never returns."""
 
     def __init__(self, address, rank, authkey, timeout=60.0):
         if not authkey:
@@ -241,21 +250,47 @@ class NetworkReader:
         self._ready = False
         self._writer_closed = False
         self._closed = False
+        self._released = False
+        self._busy = 0          # calls inside wait_until_ready/dequeue
+        self._lock = threading.Lock()
+
+    def _enter(self):
+        with self._lock:
+            if self._closed:
+                raise ChannelClosedError("this end of the queue is closed")
+            self._busy += 1
+
+    def _leave(self):
+        with self._lock:
+            self._busy -= 1
+            if not (self._closed and self._busy == 0):
+                return
+        self._release()
 
     def wait_until_ready(self, timeout=None, cancel=None):
-        while not self._ready:
-            kind, _ = self._next_frame(_deadline(timeout), cancel, timeout)
-            if kind == READY:
-                self._ready = True
+        if self._ready:
+            return
+        self._enter()
+        try:
+            while not self._ready:
+                kind, _ = self._next_frame(_deadline(timeout), cancel, timeout)
+                if kind == READY:
+                    self._ready = True
+        finally:
+            self._leave()
 
     def dequeue(self, timeout=None, cancel=None):
         deadline = _deadline(timeout)
-        while True:
-            kind, payload = self._next_frame(deadline, cancel, timeout)
-            if kind == DATA:
-                return codec.loads(payload)
-            if kind == READY:
-                self._ready = True
+        self._enter()
+        try:
+            while True:
+                kind, payload = self._next_frame(deadline, cancel, timeout)
+                if kind == DATA:
+                    return codec.loads(payload)
+                if kind == READY:
+                    self._ready = True
+        finally:
+            self._leave()
 
     def _handshake(self):
         """True once the writer's proof has arrived and is right
@@ -291,6 +326,8 @@ class NetworkReader:
             if cancel is not None:
                 wait = _CANCEL_SLICE_S if wait is None else min(wait, _CANCEL_SLICE_S)
             readable = self._selector.select(wait)
+            if self._closed:        # close() from another thread woke the select
+                raise ChannelClosedError("this end of the queue is closed")
             if cancel is not None and cancel.is_set():
                 raise RuntimeError(CANCELLED_MESSAGE)
             if not readable:
@@ -321,9 +358,24 @@ class NetworkReader:
         return kind, payload
 
     def close(self):
-        if self._closed:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            busy = self._busy
+        if busy:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:     # not connected any more: it reads as ended already
+                pass
             return
-        self._closed = True
+        self._release()
+
+    def _release(self):
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
         self._selector.close()
         self._sock.close()
 
