@@ -115,14 +115,32 @@ def test_a_writer_blocked_on_a_full_queue_is_woken_by_its_shutdown():
         r.shutdown()
 
 
-def test_a_remote_reader_blocked_in_dequeue_is_woken_by_its_shutdown():
+def _signal_when_waiting(remote):
+    """An event set as the remote reader's dequeue enters its wait on the
+    socket (its selector's select): a shutdown after it lands on a waiting
+    reader, not on one that has yet to look."""
+    waiting = threading.Event()
+    selector = remote._net._selector
+    select = selector.select
+
+    def select_and_signal(timeout=None):
+        waiting.set()
+        return select(timeout)
+    selector.select = select_and_signal
+    return waiting
+
+
+@pytest.mark.parametrize("cancel", [None, threading.Event], ids=["plain", "cancel"])
+def test_a_remote_reader_blocked_in_dequeue_is_woken_by_its_shutdown(cancel):
     with MessageQueue(1, local_reader_ranks=[], connect_ip="127.0.0.1") as q:
         remote = MessageQueue.create_from_handle(q.export_handle(), 0)
         q.wait_until_ready(timeout=T)
         remote.wait_until_ready(timeout=T)
         q.enqueue("first")
         assert remote.dequeue(timeout=T) == "first"
-        blocked = Blocked(lambda: remote.dequeue(timeout=None))
+        waiting = _signal_when_waiting(remote)
+        blocked = Blocked(lambda: remote.dequeue(timeout=None, cancel=cancel and cancel()))
+        assert waiting.wait(T)
         remote.shutdown()
         assert "shut down" in str(_raised_closed(blocked.outcome()))
         remote.shutdown()
