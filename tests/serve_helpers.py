@@ -1,5 +1,6 @@
 """Shared helpers of the Serve tests (HTTP over loopback, raw sockets)."""
 import http.client as _httpc
+import os
 import socket
 import time
 import urllib.request
@@ -72,3 +73,69 @@ def metric_value(samples, name, **labels):
     """The sum of ``name``'s samples whose labels include ``labels``."""
     return sum(v for lab, v in samples.get(name, ())
                if all(lab.get(k) == want for k, want in labels.items()))
+
+
+def serve_pids():
+    """Serve's processes: ``{"proxies": [pid], "replicas": {"app/dep": [pid]}, ...}``."""
+    from ray_lite.serve import _core, context
+    return _core.get(context.get_controller().process_ids.remote(), timeout=30)
+
+
+def _socket_inodes(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _server_inode(server_port, client_port):
+    """The inode of the server's end of the loopback connection from ``client_port``."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == server_port and \
+                    int(fields[2].split(":")[1], 16) == client_port:
+                return int(fields[9])
+    return None
+
+
+def connection_to(port, pid, tries=200):
+    """A socket to ``port`` that process ``pid`` accepted.
+
+    With direct ingress the proxy and the ingress replicas all listen on
+    ``port`` and the kernel spreads new connections over them: connect
+    until one lands in ``pid``."""
+    for _ in range(tries):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        try:
+            client_port = s.getsockname()[1]
+            # Until accepted, the server's end has no inode (0); it is gone
+            # (None) when a listener closed with it in its queue.
+            inode = []
+            wait_until(lambda: inode.append(_server_inode(port, client_port)) or
+                       inode[-1] != 0, "a listener to accept the connection", timeout=30)
+            if inode[-1] is not None and inode[-1] in _socket_inodes(pid):
+                return s
+        except BaseException:
+            s.close()
+            raise
+        s.close()
+    raise AssertionError(f"none of {tries} connections landed in {pid}")
+
+
+def listens(pid, port):
+    """Whether process ``pid`` holds a socket listening on ``port`` (IPv4)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        rows = [line.split() for line in f]
+    inodes = {int(r[9]) for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port}
+    try:
+        return bool(inodes & _socket_inodes(pid))
+    except OSError:
+        return False        # gone

@@ -31,12 +31,15 @@ import asyncio
 import os
 import sys
 
-from . import _core
+from . import _core, _defaults
 from ._proxy import Deadlines, ProxyActor, _choose as _router_choice, _framed
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
 from .multiplex import MODEL_ID_HEADER, header_value
 
 ENV_SWITCH = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+# How long a stopping replica waits for the first request of a connection it
+# took that has sent none yet (a client sends it as soon as it connects).
+FIRST_REQUEST_WAIT_S = 1.0
 
 
 def direct_ingress_on(http_options):
@@ -97,10 +100,44 @@ class DirectServer(ProxyActor):
         version, routes = await self.controller.listen_routes.remote(self.listen_key, -1)
         await self._apply(version, routes)
         conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
+        self.conn_cls = conn_cls
         self.server = await loop.create_server(lambda: conn_cls(self), sock=self.sock,
                                                backlog=4096)
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
+
+    async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
+        """Stop listening and drain, as a proxy does, without dropping the
+        connections that came meanwhile: closing a listening socket resets
+        those the kernel queued on it, and ending a connection before its
+        first request was read resets that one.  So the queued ones are
+        taken (in the same step as the close: no turn of the loop between),
+        and those that sent no request yet get ``FIRST_REQUEST_WAIT_S`` to
+        send one; each such request is answered, then its connection ends."""
+        if self.stopping or self.server is None:
+            return await ProxyActor.stop(self, timeout_s)
+        queued = []
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except OSError:         # BlockingIOError: none left
+                break
+            queued.append(sock)
+        self.stopping = True
+        self.server.close()
+        for sock in queued:
+            sock.setblocking(False)
+            try:
+                await self.loop.connect_accepted_socket(lambda: self.conn_cls(self), sock=sock)
+            except OSError:
+                sock.close()
+        loop = self.loop
+        start = loop.time()
+        end = start + min(FIRST_REQUEST_WAIT_S, timeout_s)
+        while loop.time() < end and any(c.seq == 0 and c.current is None and not c.closed
+                                        for c in self.conns):
+            await asyncio.sleep(0.005)
+        return await ProxyActor.stop(self, max(0.0, start + timeout_s - loop.time()))
 
     # ------------------------------------------------------------ routing
     def _stream_cell_of(self, rep):

@@ -3,14 +3,25 @@ a deployment redeployed without a code version (every ``serve.run``) gets
 new replicas even when nothing changed; the old ones serve until the new
 ones are ready, then stop (their multiplexed models unloaded, their
 ``__del__`` run) before ``serve.run`` returns.  A versioned redeploy (a
-config file's unchanged code) keeps its replicas."""
+config file's unchanged code) keeps its replicas.  Over HTTP, through the
+proxies and with direct ingress: no request fails during a redeploy, and a
+request in flight when its server stops (a redeploy, ``serve.shutdown``)
+gets its answer first."""
+import asyncio
 import os
+import socket
 import threading
+
+import pytest
 
 from ray_lite import serve
 from ray_lite.serve import _core, context
 
-from serve_helpers import http, process_gone, wait_until
+from serve_helpers import connection_to, http, listens, process_gone, serve_pids, wait_until
+
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
 
 
 def _replica_pids(app, dep):
@@ -81,7 +92,10 @@ def test_http_answers_throughout_a_redeploy(serve_port):
         for _ in range(100_000):
             if stop.is_set():
                 return
-            statuses.append(http(serve_port, "GET", "/p", timeout=30)[0])
+            try:
+                statuses.append(http(serve_port, "GET", "/p", timeout=30)[0])
+            except OSError as exc:      # a connection reset or ended unanswered
+                statuses.append(repr(exc))
     t = threading.Thread(target=load, daemon=True)
     t.start()
     try:
@@ -105,3 +119,82 @@ def test_a_redeploy_of_the_same_code_version_keeps_the_replicas(serve_runtime):
     assert _replica_pids("v", "Pid") == before
     serve.run(Pid.bind(), name="v", route_prefix=None, _code_version="v2")
     assert not set(_replica_pids("v", "Pid")) & set(before)
+
+
+@serve.deployment(num_replicas=1)
+class Held:
+    async def __call__(self, request):
+        """Says its pid to the test's door (a socket at ``?door=`` port) and
+        answers once the door sends a byte; its pid without a door."""
+        if "door" not in request.query_params:
+            return str(os.getpid())
+        reader, writer = await asyncio.open_connection("127.0.0.1",
+                                                       int(request.query_params["door"]))
+        writer.write(b"%d\n" % os.getpid())
+        await reader.read(1)
+        writer.close()
+        return "answered"
+
+
+def _answer(s):
+    """(head, body) of one answer on ``s``: a body of content-length bytes."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, body
+        body += chunk
+    return head.lower(), body
+
+
+@pytest.mark.parametrize("how", ["redeploy", "shutdown"])
+def test_a_request_in_flight_is_answered_before_its_server_stops(serve_port, serve_http_mode,
+                                                                 how):
+    """Graceful drain: the process that took the connection (the proxy; with
+    direct ingress, the replica itself) stops listening, answers the
+    request in flight, then ends the connection if it stops too."""
+    serve.run(Held.bind(), name="h", route_prefix="/h")
+    pids = serve_pids()
+    (proxy,), (old,) = pids["proxies"], pids["replicas"]["h/Held"]
+    holder = old if serve_http_mode == "direct" else proxy
+    door = socket.create_server(("127.0.0.1", 0))
+    door.settimeout(30)
+    stopper = threading.Thread(
+        target=(lambda: serve.run(Held.bind(), name="h", route_prefix="/h")) if how == "redeploy"
+        else serve.shutdown, daemon=True)
+    try:
+        with connection_to(serve_port, holder) as s:
+            s.sendall(b"GET /h?door=%d HTTP/1.1\r\nHost: x\r\n\r\n" % door.getsockname()[1])
+            inside, _ = door.accept()
+            with inside:
+                with inside.makefile("rb") as f:
+                    assert int(f.readline()) == old
+                stopper.start()
+                if how == "redeploy":      # the old replica stops once the new one is up
+                    wait_until(lambda: serve_pids()["replicas"].get("h/Held", []) not in
+                               ([], [old]), "the new replica")
+                if how == "shutdown" or serve_http_mode == "direct":
+                    wait_until(lambda: not listens(holder, serve_port),
+                               "the holder to stop listening")
+                inside.sendall(b"!")
+                head, body = _answer(s)
+            assert head.startswith(b"http/1.1 200 ") and body == b"answered"
+            if holder == proxy and how == "redeploy":
+                # The proxy stays: the connection too, now to the new replica.
+                s.sendall(b"GET /h HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert int(_answer(s)[1]) != old
+            else:
+                assert b"\r\nconnection: close" in head
+                assert s.recv(65536) == b""
+        stopper.join(60)
+        assert not stopper.is_alive()
+        wait_until(lambda: process_gone(old), "the old replica's end")
+    finally:
+        door.close()
+        stopper.join(60)
