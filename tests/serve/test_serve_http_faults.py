@@ -13,7 +13,11 @@ from starlette.requests import Request
 
 from ray_lite import serve
 
-from serve_helpers import raw
+from serve_helpers import connection_to, process_gone, raw, wait_until
+
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
 
 
 @serve.deployment
@@ -205,6 +209,65 @@ def test_a_killed_proxy_is_replaced_on_the_same_port(serve_port):
         new = _serve_pids()["proxies"]
     assert new and new != [old], "no replacement within 60 s"
     assert raw(serve_port, b"GET / HTTP/1.0\r\n\r\n").endswith(b"hello")
+
+
+@serve.deployment
+async def held(request: Request):
+    """Says its pid to the test's door (a socket at ``?door=`` port), then
+    waits for a byte that never comes; "up" without a door."""
+    if "door" not in request.query_params:
+        return "up"
+    reader, writer = await asyncio.open_connection("127.0.0.1",
+                                                   int(request.query_params["door"]))
+    writer.write(b"%d\n" % os.getpid())
+    await reader.read(1)
+    return "never"
+
+
+def test_a_replica_killed_mid_request(serve_port, serve_http_mode):
+    """A request whose replica dies gets a 500 from the proxy that took its
+    connection, which stays open.  With direct ingress, a connection the
+    dying replica accepted itself ends with it, unanswered."""
+    serve.run(held.bind(), name="held", route_prefix="/held")
+    pids = _serve_pids()
+    (proxy,) = pids["proxies"]
+    door = socket.create_server(("127.0.0.1", 0))
+    door.settimeout(30)
+    ask = b"GET /held?door=%d HTTP/1.1\r\nHost: x\r\n\r\n" % door.getsockname()[1]
+
+    def kill_the_runner(s):
+        s.sendall(ask)
+        inside, _ = door.accept()
+        with inside:                # (open until the kill: closed, it lets the handler end)
+            with inside.makefile("rb") as f:
+                pid = int(f.readline())
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: process_gone(pid), "the killed replica's end")
+        return pid
+
+    try:
+        if serve_http_mode == "direct":
+            (replica,) = pids["replicas"]["held/held"]
+            with connection_to(serve_port, replica) as s:
+                assert kill_the_runner(s) == replica     # it ran where it was accepted
+                try:
+                    assert s.recv(65536) == b""
+                except ConnectionResetError:
+                    pass
+
+            def proxy_knows_the_replacement():      # (503 until then)
+                with connection_to(serve_port, proxy) as s:
+                    s.sendall(b"GET /held HTTP/1.0\r\n\r\n")
+                    return _one_answer(s)[1] == b"up"
+            wait_until(proxy_knows_the_replacement, "the proxy to route to the replacement")
+        with connection_to(serve_port, proxy) as s:
+            kill_the_runner(s)
+            head, body = _one_answer(s)
+            assert head.startswith(b"http/1.1 500 ") and body == b"Internal Server Error"
+            s.sendall(b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _one_answer(s)[0].startswith(b"http/1.1 200 ")     # kept open
+    finally:
+        door.close()
 
 
 @serve.deployment(max_ongoing_requests=1)

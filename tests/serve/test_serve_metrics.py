@@ -18,12 +18,16 @@ from starlette.requests import Request
 from ray_lite import serve
 
 from serve_helpers import free_port as _free_port
-from serve_helpers import http
+from serve_helpers import http, process_gone, wait_until
 from serve_helpers import metric_value as _value
 from serve_helpers import scrape_metrics as _scrape
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None,
                                 reason="prometheus_client is not installed")
+
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
 
 
 def _until(check, timeout=60):
@@ -55,11 +59,11 @@ class App:
 
 
 @pytest.fixture
-def metrics_serve(serve_runtime):
+def metrics_serve(serve_runtime, serve_http_options):
     from ray_lite.serve.api import _http_port
     mport = _free_port()
-    serve.start(http_options=serve.HTTPOptions(port=0, proxies=1, metrics_export_port=mport,
-                                               access_log=True))
+    serve.start(http_options=serve.HTTPOptions(**serve_http_options(
+        port=0, proxies=1, metrics_export_port=mport, access_log=True)))
     yield _http_port(), mport
 
 
@@ -118,6 +122,8 @@ def test_requests_in_flight_per_replica_and_replica_restarts(metrics_serve, tmp_
 
     pid = int(http(port, "GET", "/app/?do=pid")[2])
     os.kill(pid, signal.SIGKILL)
+    # (With direct ingress, until then a connection may land in its queue.)
+    wait_until(lambda: process_gone(pid), "the killed replica's end")
 
     def replaced():
         status, _, body = http(port, "GET", "/app/?do=pid")
@@ -226,8 +232,11 @@ def test_without_metrics_nothing_is_exported_or_wrapped(serve_port):
     assert not os.path.isdir(_metrics.metrics_dir())
 
 
-def test_cli_metrics_export_port_and_access_log(tmp_path):
+def test_cli_metrics_export_port_and_access_log(tmp_path, monkeypatch, serve_http_mode):
     from test_serve_cli import _start, _stop, _wait_port
+    # (Ray's switch, read by the CLI's runtime.)
+    monkeypatch.setenv("RAY_SERVE_ENABLE_DIRECT_INGRESS",
+                       "1" if serve_http_mode == "direct" else "0")
     mport = _free_port()
     proc = _start(tmp_path, "cli_app_mod:app", "--metrics-export-port", str(mport),
                   "--access-log")

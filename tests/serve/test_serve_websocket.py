@@ -1,7 +1,7 @@
-"""WebSockets through the HTTP proxy to an ``@serve.ingress`` app (issue 12):
-echo with a real client, close codes both ways, subprotocols, a route
-without a websocket (403), a replica that dies (1011), and a deployment
-without an ASGI app (answered as plain HTTP, as before)."""
+"""WebSockets through the HTTP proxy (and with direct ingress) to an
+``@serve.ingress`` app (issue 12): echo with a real client, close codes both
+ways, subprotocols, a route without a websocket (403), a replica that dies
+(1011), and a deployment without an ASGI app (answered as plain HTTP)."""
 import asyncio
 import importlib.util
 import os
@@ -9,11 +9,15 @@ import signal
 
 import pytest
 
-from serve_helpers import http, raw
+from serve_helpers import connection_to, http, process_gone, raw, serve_pids, wait_until
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("websockets", "wsproto", "starlette")),
     reason="websockets, wsproto or starlette is not installed")
+
+# Each test that takes serve_port (or serve_http_mode) runs through the
+# proxies and with direct ingress (conftest).
+SERVE_HTTP_MODES = ("proxies", "direct")
 
 
 def _starlette_app():
@@ -118,19 +122,38 @@ def test_a_path_without_a_websocket_route_is_refused_with_403(serve_port):
     assert _run(connect("/elsewhere")) == 404       # no application there
 
 
-def test_a_replica_that_dies_closes_the_socket_with_1011(serve_port):
+def test_a_replica_that_dies_closes_the_socket_with_1011(serve_port, serve_http_mode):
+    """A WebSocket the proxy relays gets 1011 when its replica dies.  With
+    direct ingress, one whose connection the dying replica accepted itself
+    ends with it, with no close frame (1006 to the client)."""
     import websockets
     _deploy()
 
-    async def talk():
-        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws") as ws:
+    async def talk(sock, holder=None):
+        async with websockets.connect(f"ws://127.0.0.1:{serve_port}/app/ws", sock=sock) as ws:
             await ws.send("pid")
             pid = int(await ws.recv())
+            if holder is not None:
+                assert pid == holder        # a replica runs what it accepts itself
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(websockets.ConnectionClosed):
                 await ws.recv()
             return ws.close_code
-    assert _run(talk()) == 1011
+    pids = serve_pids()
+    (proxy,) = pids["proxies"]
+    if serve_http_mode == "direct":
+        (replica,) = pids["replicas"]["default/Sockets"]
+        assert _run(talk(connection_to(serve_port, replica), holder=replica)) == 1006
+        wait_until(lambda: process_gone(replica), "the killed replica's end")
+
+        def proxy_knows_the_replacement():
+            # The app's answer to plain HTTP on a WebSocket path (404), not
+            # the proxy's 503 while it knows no replica.
+            with connection_to(serve_port, proxy) as s:
+                s.sendall(b"GET /app/ws HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return s.recv(65536).startswith(b"HTTP/1.1 404 ")
+        wait_until(proxy_knows_the_replacement, "the proxy to route to the replacement")
+    assert _run(talk(connection_to(serve_port, proxy))) == 1011
 
 
 def test_a_bad_handshake_is_answered_as_plain_http_then_the_connection_ends(serve_port):
