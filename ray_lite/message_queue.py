@@ -166,10 +166,17 @@ class MessageQueue:
     # ------------------------------------------------------------ messages
 
     def enqueue(self, obj, timeout=None):
-        """Writer: broadcast ``obj`` to every reader, local and remote."""
-        if self._shm is not None:
-            self._shm.enqueue(obj, timeout)
-        self._net.publish(obj, timeout)
+        """Writer: broadcast ``obj`` to every reader, local and remote.
+        ``shutdown()`` (from another thread) raises ``ChannelClosedError``,
+        also in a send blocked on a remote reader that does not read."""
+        try:
+            if self._shm is not None:
+                self._shm.enqueue(obj, timeout)
+            self._net.publish(obj, timeout)
+        except (OSError, ValueError) as exc:
+            if self._shut_down:
+                raise ChannelClosedError(f"{self!r} was shut down") from exc
+            raise
 
     def dequeue(self, timeout=None, cancel=None):
         """Reader: the next message.  ``cancel`` (a ``threading.Event``) set
@@ -253,7 +260,8 @@ class MessageQueue:
         if self._shut_down:
             return
         self._shut_down = True
-        # A remote reader's close() wakes a dequeue waiting on its socket.
+        # close() wakes a remote reader's dequeue waiting on its socket and
+        # a writer's enqueue blocked in a send to a remote reader.
         self.close()
 
     def __getattr__(self, name):

@@ -83,7 +83,15 @@ def _mac(authkey, role, *parts):
 
 class NetworkPublisher:
     """The writer's end: listens on ``(host, 0)`` for ``n_readers`` readers
-    that hold ``authkey``."""
+    that hold ``authkey``.
+
+    ``close()`` may run while another thread is in ``publish`` (a send
+    blocked on a reader that does not read) or ``wait_until_ready``: it
+    shuts the connections and the listener down, which wakes that call with
+    ``ChannelClosedError``, sends no CLOSED frame (it would land inside the
+    frame being sent; the readers see the connection end instead), and the
+    sockets are released by the last call to leave.  Closing a socket does
+    not wake a send blocked on it."""
 
     def __init__(self, n_readers, host, authkey):
         self.n_readers = n_readers
@@ -93,10 +101,26 @@ class NetworkPublisher:
         self.address = (host, self._listener.getsockname()[1])
         self._conns = {}  # reader rank -> connected socket
         self._closed = False
+        self._released = False
+        self._busy = 0          # calls inside publish/wait_until_ready
+        self._lock = threading.Lock()
 
     @property
     def ready(self):
         return len(self._conns) == self.n_readers
+
+    def _enter(self):
+        with self._lock:
+            if self._closed:
+                raise ChannelClosedError("the queue is closed")
+            self._busy += 1
+
+    def _leave(self):
+        with self._lock:
+            self._busy -= 1
+            if not (self._closed and self._busy == 0):
+                return
+        self._release(say_closed=False)
 
     def wait_until_ready(self, timeout=None):
         """Accept every reader, then tell each one the channel works.
@@ -104,6 +128,15 @@ class NetworkPublisher:
         Hellos are read from every connecting peer at once (a selector), so
         a peer that connects and says nothing holds no one up: it is
         dropped after ``HANDSHAKE_TIMEOUT_S`` while the others get in."""
+        if self.ready:
+            return
+        self._enter()
+        try:
+            self._accept_readers(timeout)
+        finally:
+            self._leave()
+
+    def _accept_readers(self, timeout):
         deadline = _deadline(timeout)
         sel = selectors.DefaultSelector()
         self._listener.setblocking(False)
@@ -120,7 +153,10 @@ class NetworkPublisher:
                 waits = [t0 + HANDSHAKE_TIMEOUT_S - now for _, t0 in pending.values()]
                 if deadline is not None:
                     waits.append(deadline - now)
-                for key, _ in sel.select(max(0.0, min(waits)) if waits else None):
+                events = sel.select(max(0.0, min(waits)) if waits else None)
+                if self._closed:    # close() from another thread woke the select
+                    raise ChannelClosedError("the queue is closed")
+                for key, _ in events:
                     if key.fileobj is self._listener:
                         try:
                             conn, _ = self._listener.accept()
@@ -187,30 +223,51 @@ class NetworkPublisher:
 
     def publish(self, obj, timeout=None):
         """Send ``obj`` to every remote reader (connecting them first if needed)."""
-        if self._closed:
-            raise ChannelClosedError("the queue is closed")
-        if not self.ready:
-            self.wait_until_ready(timeout)
-        frame = codec.dumps(obj)
-        self._send_all(_HEADER.pack(DATA, len(frame)) + frame, self._conns.values())
+        self._enter()
+        try:
+            if not self.ready:
+                self._accept_readers(timeout)
+            frame = codec.dumps(obj)
+            self._send_all(_HEADER.pack(DATA, len(frame)) + frame, list(self._conns.values()))
+        finally:
+            self._leave()
 
     def _send_all(self, data, conns):
         for conn in conns:
             try:
                 conn.sendall(data)
             except OSError as exc:
+                if self._closed:    # close() from another thread shut the connection down
+                    raise ChannelClosedError("the queue is closed") from None
                 raise PeerDiedError(f"a remote reader of the queue went away ({exc})") from None
 
     def close(self):
-        if self._closed:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            busy = self._busy
+        if not busy:
+            self._release(say_closed=True)
             return
-        self._closed = True
-        for conn in self._conns.values():
+        for sock in [self._listener, *list(self._conns.values())]:
             try:
-                conn.settimeout(1.0)
-                conn.sendall(_HEADER.pack(CLOSED, 0))
-            except OSError:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:     # not connected (or listening) any more: nothing waits on it
                 pass
+
+    def _release(self, say_closed):
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        for conn in self._conns.values():
+            if say_closed:
+                try:
+                    conn.settimeout(1.0)
+                    conn.sendall(_HEADER.pack(CLOSED, 0))
+                except OSError:
+                    pass
             conn.close()
         self._conns.clear()
         self._listener.close()
