@@ -1,6 +1,7 @@
 """MessageQueue.shutdown(), vLLM's name: idempotent, frees what the queue
 holds, wakes a reader or writer blocked in dequeue/enqueue with
 ChannelClosedError, and every later use raises it; on both twins."""
+import socket
 import threading
 
 import pytest
@@ -146,3 +147,50 @@ def test_a_remote_reader_blocked_in_dequeue_is_woken_by_its_shutdown(cancel):
         remote.shutdown()
         with pytest.raises(ChannelClosedError):
             remote.dequeue(timeout=T)
+
+
+class _SignalOnSend:
+    """A writer's connection to a remote reader whose ``sendall`` sets
+    ``sending`` as it starts: a send larger than both ends' buffers blocks in
+    it, so a shutdown after the event lands on a blocked writer."""
+
+    def __init__(self, conn, sending):
+        self._conn = conn
+        self._sending = sending
+
+    def sendall(self, data, *flags):
+        self._sending.set()
+        return self._conn.sendall(data, *flags)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+_BUFFER_BYTES = 1 << 16
+
+
+def test_a_writer_blocked_on_a_remote_reader_that_does_not_read_is_woken_by_its_shutdown():
+    q = MessageQueue(1, local_reader_ranks=[], connect_ip="127.0.0.1")
+    remote = MessageQueue.create_from_handle(q.export_handle(), 0)
+    try:
+        q.wait_until_ready(timeout=T)
+        remote.wait_until_ready(timeout=T)
+        publisher = q._net
+        sending = threading.Event()
+        # Both buffers fixed small (no autotuning): a message many times
+        # their size cannot leave while the reader reads nothing.
+        remote._net._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
+        for rank, conn in list(publisher._conns.items()):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
+            publisher._conns[rank] = _SignalOnSend(conn, sending)
+        blocked = Blocked(lambda: q.enqueue(b"x" * (128 * _BUFFER_BYTES), timeout=None))
+        assert sending.wait(T)
+        q.shutdown()
+        assert "shut down" in str(_raised_closed(blocked.outcome()))
+        q.shutdown()
+        assert q.closed
+        with pytest.raises(ChannelClosedError):
+            q.enqueue("after", timeout=T)
+    finally:
+        q.shutdown()
+        remote.shutdown()
