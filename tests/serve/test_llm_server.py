@@ -336,7 +336,11 @@ def test_the_handwritten_server_serves_the_same_api():
                              str(port), "--size", "tiny"], env=env, cwd=str(EXAMPLES),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().strip() == f"READY {port}"
+        line = proc.stdout.readline().strip()
+        if not line:        # it ended before it was ready: say why
+            proc.wait(timeout=60)
+            pytest.fail(f"the hand-written server did not start: {proc.stderr.read()[-2000:]}")
+        assert line == f"READY {port}"
         status, _, body = _post(port, "/v1/completions",
                                 {"prompt": "hello", "max_tokens": 12, "stream": True})
         events = _events(body)
