@@ -22,6 +22,7 @@ from ray_lite._private.api.core import (  # noqa: F401 (Serve's calls into the c
     remote,
 )
 from ray_lite._private.objects.refs import ObjectRef, _Entry, error_entry
+from ray_lite._private.objects.entries import PRIVATE_TYPES as _PRIVATE_TYPES, unshared_value
 from ray_lite._private.api.runtime_context import get_runtime_context  # noqa: F401
 from ray_lite._private.node.worker import AsyncSlots as Slots   # noqa: F401 (for the replica)
 from ray_lite._private.node.zygote import _recv_exact as recv_exact  # noqa: F401 (framing)
@@ -86,6 +87,22 @@ def peek(ref):
     if e.error is not None:
         return (False, e.error)
     return (True, e.value)
+
+
+def peek_unshared(ref):
+    """``peek`` for a reader that only looks and lets go (the proxy writing an
+    answer out): a mutable result is read without leaving a copy behind for
+    later readers, which the core's first read of it makes (see
+    ``objects/entries.py``).  A caller that hands the value on or changes it
+    uses ``peek``."""
+    e = getattr(ref, "_e", None)
+    if e is None or type(e) not in _PRIVATE_TYPES:
+        return peek(ref)
+    if not e.ready:
+        return None
+    if e.error is not None:
+        return (False, e.error)
+    return (True, unshared_value(e))
 
 
 def never_sent(ref):

@@ -561,7 +561,7 @@ class ProxyActor:
             return
         if req.sent:
             req.route.spin.observe(_monotonic() - req.sent)
-        r = _core.peek(req.ref)
+        r = _core.peek_unshared(req.ref)      # written out, never kept or changed
         if r[0]:
             status, headers, body, token, service_s = r[1]
             if token:
@@ -665,7 +665,7 @@ class ProxyActor:
                 # per batch instead of one per item.  Nothing waits for a
                 # batch to fill: it is what has come.
                 while True:
-                    r = _core.peek(ref)
+                    r = _core.peek_unshared(ref)
                     if r is not None and r[0]:
                         chunk = r[1]
                     else:

@@ -305,6 +305,7 @@ class _PrivateBorrowedEntry(_BorrowedEntry):
 
 
 _PRIVATE_FORM = {_Entry: _PrivateEntry, _BorrowedEntry: _PrivateBorrowedEntry}
+PRIVATE_TYPES = frozenset(_PRIVATE_FORM.values())
 
 
 class _FrozenEntry(_Entry):
