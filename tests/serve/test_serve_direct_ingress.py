@@ -5,44 +5,17 @@ the rings to the replica the router picks."""
 import os
 import socket
 
-import pytest
-
 import ray_lite as ray
 from ray_lite import serve
 from ray_lite.serve._direct import direct_ingress_on
 from ray_lite.serve.api import _http_port
 
-from serve_helpers import http
+from serve_helpers import _server_inode, _socket_inodes, http
 
 
 @serve.deployment
 def whoami(request):
     return str(os.getpid())
-
-
-def _socket_inodes(pid):
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
-def _server_inode(server_port, client_port):
-    """The inode of the server's end of the loopback connection from ``client_port``."""
-    with open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            local, remote = fields[1], fields[2]
-            if int(local.split(":")[1], 16) == server_port and \
-                    int(remote.split(":")[1], 16) == client_port:
-                return int(fields[9])
-    return None
 
 
 def _serve_direct():
