@@ -208,7 +208,8 @@ def recent_tasks(limit=200):
     rows = [{"name": t["name"], "state": t["state"], "type": t["type"],
              "pid": t["worker_pid"], "duration_ms": None, "error_type": None}
             for t in list_records("tasks", limit=limit)]
-    done = [e for e in timeline_events() if e["ph"] == "X"]
+    done = [e for e in timeline_events()
+            if e["ph"] == "X" and e["args"]["state"] != "RUNNING"]   # listed above
     for e in reversed(done[-limit:]):
         rows.append({"name": e["name"], "state": e["args"]["state"], "type": "",
                      "pid": e["pid"], "duration_ms": round(e["dur"] / 1e3, 3),

@@ -141,7 +141,28 @@ def test_the_ring_keeps_the_newest_records_and_notes_failures(monkeypatch):
     assert (op, ask, kind, prefix) == (P.OP_TIMELINE, 42, "pool", "")
     assert [r[1] for r in records] == [4, 5, 6, 7, 8]
     assert [r[5] for r in records] == [None, None, None, "KeyError", None]
-    assert all(r[3] >= r[2] for r in records)
+    assert all(r[3] >= r[2] and r[6] is False for r in records)
+
+
+def test_a_call_is_in_the_records_from_its_start_and_reported_running(monkeypatch):
+    # What a threaded actor relies on: its answer goes out before the
+    # wrapper returns, so the entry must be there before the call ends.
+    monkeypatch.setenv("RAY_LITE_TIMELINE", "1")
+    w = _FakeWorker()
+    during = []
+
+    def run_pool_task(peer, msg):       # collected while it runs
+        w.handlers[P.TIMELINE](0, (P.TIMELINE, 7))
+        during.extend(w.sent.pop()[-1])
+    w.run_pool_task = run_pool_task
+    tl.install(w, "pool")
+    w.run_pool_task(0, _task(3, "slow"))
+    (name, oid, t0, t1, _, error, running), = during
+    assert (name, oid, error, running) == ("slow", 3, None, True) and t1 >= t0
+    assert tl.chrome_events({9: ("pool", during)})[1]["args"]["state"] == "RUNNING"
+    w.handlers[P.TIMELINE](0, (P.TIMELINE, 8))
+    (after,) = w.sent[-1][-1]
+    assert after[6] is False and after[3] >= t1
 
 
 def test_switched_off_the_run_path_is_not_wrapped(monkeypatch):
@@ -155,8 +176,8 @@ def test_switched_off_the_run_path_is_not_wrapped(monkeypatch):
 
 
 def test_chrome_events_of_collected_records():
-    collected = {321: ("actor", [("A.m", 5, 10.0, 10.5, 77, None),
-                                 ("A.m", 6, 9.0, 9.25, 77, "ValueError")])}
+    collected = {321: ("actor", [("A.m", 5, 10.0, 10.5, 77, None, False),
+                                 ("A.m", 6, 9.0, 9.25, 77, "ValueError", False)])}
     events = tl.chrome_events(collected)
     assert events[0] == {"name": "process_name", "ph": "M", "pid": 321, "tid": 0,
                          "args": {"name": "actor 321"}}

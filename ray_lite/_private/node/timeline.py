@@ -5,8 +5,14 @@ processes the runtime starts (read when each worker starts, after the job's
 ``runtime_env`` env_vars are applied).  Off, nothing on the path of a task
 or call changes: not even a flag is looked at per task.  On, each pool worker
 and sync or threaded actor runs its calls through a wrapper that notes
-(name, start, end, thread, error) in a ring of ``RECORDS`` tuples, the oldest
-dropped first; that costs about 0.4 microseconds per call.
+[name, oid, start, end, thread, error] in a ring of ``RECORDS`` entries, the
+oldest dropped first; that costs about 0.4 microseconds per call.
+
+An entry goes into the ring when its call starts and gets its end when the
+call returns.  So a call whose answer the caller already has is always in
+the ring (a threaded actor sends a call's answer before its wrapper returns),
+and a call still running when the records are collected is reported as
+``RUNNING``, ending at the collection.
 
 Nothing is sent until asked: ``collect`` (in the driver) sends a
 ``TIMELINE`` message to every worker and actor, each answers with its ring
@@ -49,7 +55,7 @@ def install(node, kind):
     ring = deque(maxlen=RECORDS) if _config.read("RAY_LITE_TIMELINE") else None
 
     def on_collect(peer, msg):
-        records = [] if ring is None else list(ring)
+        records = [] if ring is None else _snapshot(ring)
         # An actor's records name the method; the class is known once it is made.
         actor = getattr(node, "actor", None)
         prefix = f"{type(actor).__name__}." if kind == "actor" and actor is not None else ""
@@ -76,22 +82,38 @@ def install(node, kind):
         run_task = node.run_pool_task
 
         def timed_task(peer, msg):
-            t0 = now()
+            entry = [msg[9], msg[1], now(), None, thread_id(), None]
+            append(entry)
             try:
                 run_task(peer, msg)
             finally:
-                append((msg[9], msg[1], t0, now(), thread_id(), failures.pop(msg[1], None)))
+                # The error first: an entry with an end is complete (_snapshot).
+                entry[5] = failures.pop(msg[1], None)
+                entry[3] = now()
         node.run_pool_task = timed_task
     else:
         run_method = node._run_method
 
         def timed_method(peer, msg):
-            t0 = now()
+            entry = [msg[2], msg[1], now(), None, thread_id(), None]
+            append(entry)
             try:
                 run_method(peer, msg)
             finally:
-                append((msg[2], msg[1], t0, now(), thread_id(), failures.pop(msg[1], None)))
+                entry[5] = failures.pop(msg[1], None)
+                entry[3] = now()
         node._run_method = timed_method
+
+
+def _snapshot(ring):
+    """The ring's entries as (name, oid, start, end, thread, error, running)
+    tuples; a running call ends now.  Calls on other threads go on meanwhile."""
+    t = time.time()
+    out = []
+    for name, oid, t0, t1, tid, error in list(ring):
+        out.append((name, oid, t0, t, tid, None, True) if t1 is None
+                   else (name, oid, t0, t1, tid, error, False))
+    return out
 
 
 # ------------------------------------------------------------------ the driver
@@ -104,7 +126,7 @@ def _on_records(peer, ask, pid, kind, prefix, records):
 
 def collect(node=None, timeout=COLLECT_TIMEOUT_S):
     """Every live worker's and actor's records: ``{pid: (kind, [(name, oid,
-    start_s, end_s, thread, error_or_None)...])}``."""
+    start_s, end_s, thread, error_or_None, running)...])}``."""
     node = node or state.get_node()
     node.requests.setdefault(P.OP_TIMELINE, _on_records)
     ask = next(_asks)
@@ -134,9 +156,9 @@ def chrome_events(collected):
         label = "worker" if kind == "pool" else "actor"
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"name": f"{label} {pid}"}})
-        for name, oid, t0, t1, tid, error in records:
-            args = {"task_id": task_id_hex(oid), "name": name,
-                    "state": "FAILED" if error else "FINISHED"}
+        for name, oid, t0, t1, tid, error, running in records:
+            state_name = "RUNNING" if running else "FAILED" if error else "FINISHED"
+            args = {"task_id": task_id_hex(oid), "name": name, "state": state_name}
             if error:
                 args["error_type"] = error
             events.append({"cat": f"task::{name}", "name": name, "pid": pid, "tid": tid,
