@@ -8,7 +8,6 @@ it imports nothing of it.
 """
 import importlib
 
-from ..node import state_socket
 from ..process import backend as _backend
 from ..process import state
 
@@ -26,6 +25,9 @@ def on_init(options):
     the dashboard when ``options`` (init's keywords) ask for it.  Returns the
     dashboard's "host:port", or None."""
     global _dashboard
+    # Imported here, not at the top: only a driver listens, and every
+    # worker imports this module at start (B10).
+    from ..node import state_socket
     state_socket.start()
     if not options.get("include_dashboard"):
         return None
@@ -42,6 +44,7 @@ def on_shutdown():
     dashboard, _dashboard = _dashboard, None
     if dashboard is not None:
         dashboard.stop()
+    from ..node import state_socket
     state_socket.stop()
 
 

@@ -22,7 +22,6 @@ that does not answer in time is left out of that collection.  Async actors
 (Serve replicas among them) are not recorded.
 """
 import itertools
-import json
 import os
 import threading
 import time
@@ -174,6 +173,7 @@ def timeline(filename=None):
     events = chrome_events(collect())
     if filename is None:
         return events
+    import json     # here: every worker imports this module at start (B10)
     with open(filename, "w") as f:
         json.dump(events, f)
     return None
