@@ -361,6 +361,31 @@ def test_the_handwritten_server_serves_the_same_api():
         proc.stderr.close()
 
 
+_PIPE_STEPS_ON_UVLOOP = """
+import os, uvloop
+from ray_lite._examples.llm_server.handwritten import PipeBackend
+backend = PipeBackend("tiny", 4)
+async def main():
+    return [await backend.cache_slots() for _ in range(3)]
+try:
+    print(uvloop.run(main()), all(os.get_blocking(c.fileno()) for c in backend.conns))
+finally:
+    backend.shutdown()
+"""
+
+
+def test_the_pipe_workers_stay_usable_after_a_step_under_uvloop():
+    # uvloop leaves a descriptor it watched non-blocking: a later large
+    # batch then failed half-written (BlockingIOError) and the engine
+    # restarted its workers.  uvicorn runs the hand-written server on uvloop.
+    # (In a process of its own: multiprocessing leaves its resource tracker.)
+    pytest.importorskip("uvloop")
+    out = subprocess.run([sys.executable, "-c", _PIPE_STEPS_ON_UVLOOP], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[[[], []], [[], []], [[], []]] True"
+
+
 # -- a transformers model -------------------------------------------------------------------
 
 def test_a_transformers_causal_lm_gives_the_greedy_tokens_of_its_generate(tmp_path):

@@ -72,6 +72,10 @@ class PipeBackend:
                     await ready
                 finally:
                     loop.remove_reader(conn.fileno())
+                    # uvloop leaves a descriptor it watched non-blocking; the
+                    # pipe's send and recv expect it blocking (a large batch
+                    # would fail with BlockingIOError half-written).
+                    os.set_blocking(conn.fileno(), True)
             try:
                 ok, value = conn.recv()
             except (EOFError, OSError) as exc:
