@@ -1,6 +1,6 @@
 """The servers the Serve benchmarks load (``serve``, ``serve_cpu``,
-``soak``): an app served by ray_lite's CLI, Ray Serve or bare uvicorn in
-a process tree of its own, started, waited for and ended by PID.
+``soak``): an app served by ray_lite's CLI, Ray Serve, bare uvicorn (one
+process, or one per core) or granian in a process tree of its own, started, waited for and ended by PID.
 
 The suites import this module; it imports none of them.
 """
@@ -21,6 +21,11 @@ READY_LINE = {"ray_lite": "ray-lite serve: application", "ray": "READY"}
 #: The server kind of bare uvicorn with a worker process per core (B8's goal
 #: is relative to it); "uvicorn" is one process.
 UVICORN_WORKERS = "uvicorn-workers"
+#: The server kind of granian (an HTTP server written in Rust) with one
+#: worker: the mark past uvicorn's workers that Serve's HTTP rows report.
+GRANIAN = "granian"
+#: The servers that serve the app alone, without a runtime: the ceilings.
+BARE_SERVERS = ("uvicorn", UVICORN_WORKERS, GRANIAN)
 #: How ray_lite's Serve takes HTTP (``http_mode``): through its proxies, or
 #: with the ingress replicas listening themselves (direct ingress).
 HTTP_MODES = ("proxies", "direct")
@@ -33,8 +38,9 @@ def uvicorn_workers():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def is_uvicorn(raymod):
-    return raymod in ("uvicorn", UVICORN_WORKERS)
+def is_bare_server(raymod):
+    """Whether ``raymod`` names a server without a runtime (no B10, no READY line)."""
+    return raymod in BARE_SERVERS
 
 
 class AppSpec:
@@ -123,6 +129,11 @@ class Server:
         elif raymod == "uvicorn":
             target = f"{app.module}:{app.asgi}" if app.asgi else "_hi_asgi:app"
             cmd = [python, "-c", _UVICORN_SERVER, str(self.port), HERE, target]
+        elif raymod == GRANIAN:
+            target = f"{app.module}:{app.asgi}" if app.asgi else "_hi_asgi:app"
+            cmd = [python, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1", "--log-level", "warning",
+                   "--no-access-log", "--working-dir", HERE, target]
         else:
             cmd = [python, "-c", _RAY_SERVER, str(self.port), HERE, app.module]
         self.out = tempfile.TemporaryFile()

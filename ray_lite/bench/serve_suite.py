@@ -51,7 +51,7 @@ from collections import namedtuple
 from .._private.process.boot import python_argv
 from ._harness import ERROR, UNAVAILABLE, Figure, missing, ratio_text, summarize_trials
 from ._procs import start_hog, stop_hog
-from ._servers import HI, HTTP_MODES, UVICORN_WORKERS, AppSpec, env_for, is_uvicorn
+from ._servers import GRANIAN, HI, HTTP_MODES, UVICORN_WORKERS, AppSpec, env_for, is_bare_server
 from ._servers import Server as _Server
 from ._servers import uvicorn_workers
 
@@ -116,7 +116,7 @@ def _http_rows(replicas):
 def _one_round(srv, sz, have_ab, have_wrk):
     """One round of every load on a ready server: {bench: (value, detail)}."""
     out = {}
-    if not is_uvicorn(srv.raymod):
+    if not is_bare_server(srv.raymod):
         out["B10"] = (srv.up_s, {})
     if have_ab:
         _ab(srv.port, 200, 10)    # warm-up
@@ -243,13 +243,21 @@ def _http_servers(ctx, app=None):
     # when it has uvicorn (pip install uvicorn), so that a run without Ray
     # still measures ray_lite against one bare Python process.
     python = python or sys.executable
+    wide = app in (None, HI_APP, CPU_APP)
+    if wide:
+        # The marks past one process: granian with one worker (an HTTP
+        # server in Rust), where installed, and below, uvicorn with a worker
+        # process per core (B8's goal; B23's: the machine's ceiling).
+        probe = subprocess.run([python, "-c", "import granian"], capture_output=True,
+                               timeout=120)
+        if probe.returncode == 0:
+            servers.append((python, GRANIAN, "ceiling", "granian, 1 worker", False))
     probe = subprocess.run([python, "-c", "import uvicorn, uvloop, httptools"],
                            capture_output=True, timeout=120)
     if probe.returncode == 0:
-        if app in (None, HI_APP, CPU_APP):
-            # B8's goal: uvicorn with a worker process per core (B23's: the
-            # machine's ceiling).  Before the one-process ceiling, which
-            # stays the one the table compares with.
+        if wide:
+            # Before the one-process ceiling, which stays the one the table
+            # compares with.
             servers.append((python, UVICORN_WORKERS, "ceiling",
                             f"uvicorn, {uvicorn_workers()} workers", False))
         servers.append((python, "uvicorn", "ceiling", "bare uvicorn", False))
@@ -295,7 +303,7 @@ def _http_figures(ctx, app=None):
     for python, raymod, impl, label, goals, mode in servers:
         got = rounds[label]
         for bench, (name, unit) in rows.items():
-            if bench == "B10" and is_uvicorn(raymod):
+            if bench == "B10" and is_bare_server(raymod):
                 continue
             per_round = [r[bench] for r in got if bench in r]
             if label in errors and not per_round:

@@ -133,11 +133,12 @@ def test_the_hi_app_is_also_measured_on_uvicorn_with_a_worker_per_core(monkeypat
     n = _servers.uvicorn_workers()
     assert [s[1:4] for s in hi] == [
         ("ray_lite", "ray_lite", "ray_lite"), ("ray", "anchor", "Ray Serve"),
+        (_servers.GRANIAN, "ceiling", "granian, 1 worker"),
         (_servers.UVICORN_WORKERS, "ceiling", f"uvicorn, {n} workers"),
         ("uvicorn", "ceiling", "bare uvicorn")]       # the last ceiling: the one compared with
     assert all(s[0] == "/ray/python" for s in hi[1:])
     sse = serve_suite._http_servers(ctx, serve_suite.SSE_APP)
-    assert _servers.UVICORN_WORKERS not in [s[1] for s in sse]
+    assert {_servers.UVICORN_WORKERS, _servers.GRANIAN}.isdisjoint(s[1] for s in sse)
     # The server's command: the bare ASGI app by import string, a worker per core.
     monkeypatch.setattr(_servers.subprocess, "Popen", lambda cmd, **kw: cmd)
     srv = _servers.Server("/ray/python", _servers.UVICORN_WORKERS, 48)

@@ -44,7 +44,8 @@ class _FakeServer:
 _LOAD = {("ray_lite", "proxies"): (1000.0, 0.4, 2000.0),
          ("ray_lite", "direct"): (1500.0, 0.2, 2500.0),
          (_servers.UVICORN_WORKERS, None): (3000.0, 0.1, 4000.0),
-         ("uvicorn", None): (2000.0, 0.1, 3000.0)}
+         ("uvicorn", None): (2000.0, 0.1, 3000.0),
+         (_servers.GRANIAN, None): (3500.0, 0.1, 4500.0)}
 
 
 @pytest.fixture
@@ -70,14 +71,14 @@ def fake_load(monkeypatch):
     return ab_calls
 
 
-def _uvicorn_probe(monkeypatch, present):
+def _bare_servers_probe(monkeypatch, present):
     monkeypatch.setattr(serve_suite.subprocess, "run",
                         lambda *a, **kw: types.SimpleNamespace(returncode=0 if present else 1))
 
 
 def test_both_modes_run_in_the_same_rounds_alternating_and_are_labelled(fake_load,
                                                                          monkeypatch):
-    _uvicorn_probe(monkeypatch, present=False)
+    _bare_servers_probe(monkeypatch, present=False)
     ctx = Context(scale="quick", log=lambda msg: None)
     ctx.http_mode = "both"
     figs = serve_suite._http_figures(ctx, serve_suite.HI_APP)
@@ -109,7 +110,7 @@ def test_both_modes_run_in_the_same_rounds_alternating_and_are_labelled(fake_loa
 @pytest.mark.parametrize("mode, label", [("proxies", "ray_lite"),
                                          ("direct", "ray_lite (direct)")])
 def test_one_mode_runs_ray_lite_once_a_round(fake_load, monkeypatch, mode, label):
-    _uvicorn_probe(monkeypatch, present=False)
+    _bare_servers_probe(monkeypatch, present=False)
     ctx = Context(scale="smoke", log=lambda msg: None)
     ctx.http_mode = mode
     figs = serve_suite._http_figures(ctx, serve_suite.SSE_APP)
@@ -131,7 +132,7 @@ def test_an_unknown_http_mode_is_refused():
 
 def test_the_cpu_bound_row_is_ab_c8_beside_uvicorn_with_a_worker_per_core(fake_load,
                                                                            monkeypatch):
-    _uvicorn_probe(monkeypatch, present=True)
+    _bare_servers_probe(monkeypatch, present=True)
     ctx = Context(scale="quick", log=lambda msg: None)
     ctx.http_mode = "both"
     figs = serve_suite._http_figures(ctx, serve_suite.CPU_APP)
@@ -142,13 +143,13 @@ def test_the_cpu_bound_row_is_ab_c8_beside_uvicorn_with_a_worker_per_core(fake_l
     by = {f.label: f for f in figs}
     n = _servers.uvicorn_workers()
     assert set(by) == {"ray_lite (proxies)", "ray_lite (direct)", f"uvicorn, {n} workers",
-                       "bare uvicorn"}
+                       "bare uvicorn", "granian, 1 worker"}
     for f in figs:
         assert (f.bench, f.unit, f.trials) == ("B23", "req/s", 3)
         assert f.name == "HTTP CPU-bound, 21 ms of Python a request, 2 replicas, ab -c 8"
         assert f.detail["p50_ms"] == [80, 80, 80] and f.detail["p99_ms"] == [120, 120, 120]
         assert "P50 80 ms, P99 120 ms" in f.note
-    assert by[f"uvicorn, {n} workers"].impl == "ceiling"
+    assert by[f"uvicorn, {n} workers"].impl == by["granian, 1 worker"].impl == "ceiling"
     assert by["ray_lite (direct)"].detail["x_proxies"] == 1.5
     # --only B23 runs this app and no other.
     ctx.only = {"B23"}
@@ -166,16 +167,23 @@ def test_a_server_is_started_in_the_http_mode_asked_for(monkeypatch):
                _servers.Server("py", "ray_lite", 2, serve_suite.CPU_APP, http_mode="direct"),
                _servers.Server("py", "ray_lite", 2, serve_suite.CPU_APP),
                _servers.Server("py", _servers.UVICORN_WORKERS, 2, serve_suite.CPU_APP,
-                               http_mode="direct")]
+                               http_mode="direct"),
+               _servers.Server("py", _servers.GRANIAN, 2, serve_suite.CPU_APP)]
     for srv in servers:
         srv.out.close()
         srv.err.close()
     # Set either way, whatever the environment says; None leaves it.
-    assert [env[_servers.DIRECT_INGRESS_ENV] for _, env in started] == ["0", "1", "1", "1"]
+    assert [env[_servers.DIRECT_INGRESS_ENV] for _, env in started] == ["0", "1", "1", "1", "1"]
     assert "ray_lite.bench.serve_cpu_bound_app:model" in started[0][0]
     assert started[0][1]["REPLICAS"] == "2"
     # uvicorn with a worker per core serves the same handler by its import string.
     assert started[3][0][-2:] == ["serve_cpu_bound_app:asgi", str(_servers.uvicorn_workers())]
+    # granian: one worker, on loopback, the same handler, found in the bench folder.
+    granian = started[4][0]
+    assert granian[1:3] == ["-m", "granian"] and granian[-1] == "serve_cpu_bound_app:asgi"
+    assert granian[granian.index("--host") + 1] == "127.0.0.1"
+    assert granian[granian.index("--workers") + 1] == "1"
+    assert granian[granian.index("--working-dir") + 1] == _servers.HERE
     with pytest.raises(ValueError, match="http_mode"):
         _servers.Server("py", "ray_lite", 2, http_mode="sideways")
 
