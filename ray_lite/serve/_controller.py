@@ -271,12 +271,14 @@ class ServeController(Autoscaling, DeploymentActors):
         from ._proxy import ProxyActor
         opts = dict(self.http_options)
         opts.update(http_options or {})
-        self.http_options = opts
         from ._direct import direct_ingress_on
-        # Direct ingress: the ingress replicas listen too; one proxy answers
-        # while none does (see _direct).
+        # The mode as decided here, whatever a proxy's or replica's
+        # environment says.  Direct ingress: the ingress replicas listen
+        # too; one proxy answers while none does (see _direct).
+        opts["direct_ingress"] = direct = direct_ingress_on(opts)
+        self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or (
-            1 if direct_ingress_on(opts) else _default_proxies())
+            1 if direct else _default_proxies())
         actor_cls = _proxy_class(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.

@@ -32,8 +32,9 @@ import os
 import sys
 
 from . import _core, _defaults
-from ._proxy import Deadlines, ProxyActor, _choose as _router_choice, _framed
+from ._proxy import Deadlines, ProxyActor, _choose_beside_direct as _router_choice, _framed
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
+from ._routing import RouteSubset
 from .multiplex import MODEL_ID_HEADER, header_value
 
 ENV_SWITCH = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
@@ -66,18 +67,6 @@ class _OwnSlot:
         self.inflight = 0
         self.model_ranks = {}
         self.streams = None
-
-
-class _Others:
-    """A route as the router sees it, without this process's replica."""
-
-    __slots__ = ("replicas", "max_ongoing", "service", "multiplexed")
-
-    def __init__(self, route, replicas):
-        self.replicas = replicas
-        self.max_ongoing = route.max_ongoing
-        self.service = route.service
-        self.multiplexed = False
 
 
 class DirectServer(ProxyActor):
@@ -140,13 +129,14 @@ class DirectServer(ProxyActor):
         return await ProxyActor.stop(self, max(0.0, start + timeout_s - loop.time()))
 
     # ------------------------------------------------------------ routing
-    def _stream_cell_of(self, rep):
+    def _replica_cell_of(self, rep):
         # Only its own: a proxy opens its links to every replica at once, but
         # every replica doing so would open one to each other (48 replicas:
         # 2,256 links, set up at once); a link opens at the first request
-        # sent on it instead, and the others' open streams go unseen.
+        # sent on it instead, and the others' counts (open streams, requests
+        # of their own listeners) go unseen.
         if rep.actor_id == self.local_id:
-            return self.replica.stream_cell()
+            return self.replica.replica_cell()
         return _nothing()
 
     def _mark_local(self, routes):
@@ -157,24 +147,24 @@ class DirectServer(ProxyActor):
             else:
                 r.local = None
 
-    def _choose(self, route, req):
+    def _choose_beside_direct(self, route, req):
         local = route.local
         if local is None:
             return _router_choice(route, req)
         if route.multiplexed and header_value(req.headers, MODEL_ID_HEADER):
-            return _router_choice(route, req)     # the model's replica, wherever it is
+            return _router_choice(route, req)    # the model's replica, wherever it is
         rep = self.replica
         slots = rep._slots
         if slots.free > 0 and not slots.waiters:
             if rep._open_streams == 0:
                 return local
-            return _router_choice(route, req)     # (this one, if it is the least loaded)
+            return _router_choice(route, req)    # (this one, if the least loaded)
         # This replica is at its limit, whoever sent what it runs: another,
         # else the route's queue here (pumped when a slot of it frees).
         others = [s for s in route.replicas if s is not local]
         if not others:
             return None
-        return _router_choice(_Others(route, others), req)
+        return _router_choice(RouteSubset(route, others), req)
 
     def slot_freed(self):
         """One of this replica's slots freed: the requests waiting here for
@@ -189,6 +179,7 @@ class DirectServer(ProxyActor):
             return ProxyActor._send(self, conn, req, route, rep)
         rep.inflight += 1
         self.inflight += 1
+        self.replica.taken_directly_changed(1)      # (the other callers see it)
         req.rep = rep
         path, query = req.url
         if req.request_id is None:
@@ -201,6 +192,11 @@ class DirectServer(ProxyActor):
         args = (req.method, path, query, req.headers, body, conn.client, route.root_path,
                 req.version, self.server_addr)
         req.ref = LocalCall(self.loop.create_task(self._run_local(conn, req, route, args)))
+
+    def release(self, req):
+        if req.rep is not None and type(req.ref) is LocalCall:
+            self.replica.taken_directly_changed(-1)
+        ProxyActor.release(self, req)
 
     async def _run_local(self, conn, req, route, args):
         try:

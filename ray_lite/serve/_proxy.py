@@ -36,8 +36,8 @@ from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_
 from ._listen import free_port, shared_socket
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line, cancel_call
 from ._request_calls import request_id_maker
-from ._routing import (ServiceTime, attach_stream_cell, choose_for_http, for_model,
-                       set_proxy_rank, slots_for)
+from ._routing import (RouteSubset, ServiceTime, attach_replica_cell, choose_for_http,
+                       for_model, full_beside_direct, set_proxy_rank, slots_for)
 from ._spin import SpinPolicy
 from .multiplex import MODEL_ID_HEADER, header_value
 
@@ -86,7 +86,7 @@ def _framed(chunks):
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
                  "max_queued", "waiting", "spin", "service", "multiplexed", "report",
-                 "from_zero", "refusal", "local")
+                 "from_zero", "refusal", "local", "retry", "retry_s")
 
     def __init__(self, prefix, app, deployment, replicas, max_ongoing, max_queued,
                  multiplexed=False):
@@ -105,6 +105,8 @@ class _Route:
         self.from_zero = False  # it may run no replica: requests wait for one
         self.refusal = _refusal(None)   # (status, headers, body) beyond max_queued
         self.local = None       # direct ingress: the slot of the replica serving in this process
+        self.retry = None       # direct ingress: the timer of the waiting requests' next look
+        self.retry_s = 0.0      # (its delay, doubled while nothing frees)
 
     def set_scaling(self, autoscaling, from_zero):
         report = self.report
@@ -227,8 +229,30 @@ def _choose(route, req):
     return choose_for_http(route.replicas, route.max_ongoing, route.service)
 
 
+def _choose_beside_direct(route, req):
+    """``_choose`` while replicas listen themselves (direct ingress): a
+    replica whose own listener's requests fill its ``max_ongoing_requests``
+    beside this caller's is full too (its cell says how many it took)."""
+    rep = _choose(route, req)
+    if rep is None or not full_beside_direct(rep, route.max_ongoing):
+        return rep
+    limit = route.max_ongoing
+    free = [s for s in route.replicas if not full_beside_direct(s, limit)]
+    return _choose(RouteSubset(route, free), req) if free else None
+
+
+#: Direct ingress: how soon requests waiting here for a replica look again
+#: (doubling up to the second figure while none frees).  A replica's own
+#: listener frees its slots without a word to the other callers.
+DIRECT_RETRY_S = (0.001, 0.016)
+_LOOKING = object()
+
+
 class ProxyActor:
-    _choose = staticmethod(_choose)     # (direct ingress prefers its own replica)
+    _choose = staticmethod(_choose)
+    # The choice while replicas listen too (direct ingress); a replica's own
+    # server (_direct.DirectServer) prefers its replica.
+    _choose_beside_direct = staticmethod(_choose_beside_direct)
 
     def __init__(self, controller, index, options):
         context.set_controller(controller)
@@ -251,6 +275,10 @@ class ProxyActor:
         self.server = None
         self.stopping = False
         self.loop = None
+        # Direct ingress: replicas take requests this caller does not see.
+        self.beside_direct = bool(options.get("direct_ingress"))
+        if self.beside_direct:
+            self._choose = self._choose_beside_direct
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         if index == 0 and not options.get("replacing"):
             # The first proxy of this Serve: the port must be free.  The
@@ -325,12 +353,12 @@ class ProxyActor:
         if fresh:
             # Open the links to new replicas now, so that the first request
             # does not wait for them (and the driver need not be driving),
-            # and map where each keeps its count of open streams.
-            cells = await asyncio.gather(*[self._stream_cell_of(rep) for rep in fresh],
+            # and map where each keeps its counts (open streams, direct requests).
+            cells = await asyncio.gather(*[self._replica_cell_of(rep) for rep in fresh],
                                          return_exceptions=True)
             for rep, name in zip(fresh, cells):
                 if type(name) is str:
-                    rep.streams = attach_stream_cell(name)
+                    rep.streams = attach_replica_cell(name)
         new_routes.sort(key=lambda r: len(r.prefix), reverse=True)
         self._mark_local(new_routes)
         old_routes = self.routes
@@ -348,8 +376,8 @@ class ProxyActor:
         for r in new_routes:
             self._pump(r)
 
-    def _stream_cell_of(self, rep):
-        return rep.handle.stream_cell.remote()
+    def _replica_cell_of(self, rep):
+        return rep.handle.replica_cell.remote()
 
     def _mark_local(self, routes):
         """(Direct ingress: which routes this process's replica serves.)"""
@@ -452,6 +480,8 @@ class ProxyActor:
                 return
             route.waiting.append((conn, req))
             route.waiting_changed()
+            if self.beside_direct:
+                self._look_again_later(route)
             return
         self._send(conn, req, route, rep)
 
@@ -521,6 +551,31 @@ class ProxyActor:
             else:       # a WebSocket that waited for a replica (scaled to zero)
                 _websocket.start(self, conn, req, route, rep, ws_headers)
         route.waiting_changed()
+        if self.beside_direct:
+            if waiting:
+                self._look_again_later(route)
+            else:
+                route.retry_s = 0.0
+
+    def _look_again_later(self, route):
+        """Direct ingress: a timer for the requests waiting on ``route``,
+        which a replica's own listener may let go without a word here."""
+        if route.retry is None and self.loop is not None:
+            lo, hi = DIRECT_RETRY_S
+            route.retry_s = min(route.retry_s * 2, hi) if route.retry_s else lo
+            route.retry = self.loop.call_later(route.retry_s, self._look_again, route)
+
+    def _look_again(self, route):
+        route.retry = _LOOKING      # (no timer is set while it looks)
+        before = len(route.waiting)
+        try:
+            self._pump(route)
+        finally:
+            route.retry = None
+        if route.waiting:
+            if len(route.waiting) < before:
+                route.retry_s = 0.0     # one went: the next look comes soon
+            self._look_again_later(route)
 
     def _on_timeout(self, conn, req):
         req.timer = None

@@ -20,7 +20,7 @@ from ray_lite._private.objects.shipping import unship
 from . import _core, _defaults, _metrics, _websocket, context
 from ._asgi_scope import Receive, StoredReply, header_block, http_scope, stored_if_large
 from ._request_calls import calls_of_this_request, cancel_calls, cancel_requested
-from ._routing import StreamCell
+from ._routing import ReplicaCell
 from ._body import pumped
 from ._json import json_body
 from .gang import GangContext
@@ -131,7 +131,8 @@ class ServeReplica:
         self._streams = {}
         self._stream_seq = 0
         self._open_streams = 0      # streamed answers begun and not ended (HTTP and handles)
-        self._stream_cell = None    # where the proxies read _open_streams (stream_cell)
+        self._taken_directly = 0    # requests of its own listener in flight (direct ingress)
+        self._cell = None           # where callers read those two (replica_cell)
         self._destructed = False    # __del__ ran (see _call_destructor)
         self._port_host = None
         self._slots = _core.Slots(config.get("max_ongoing_requests",
@@ -285,18 +286,26 @@ class ServeReplica:
     async def num_ongoing(self):
         return self._inflight
 
-    async def stream_cell(self):
+    async def replica_cell(self):
         """The shared-memory cell where this replica keeps how many streams
-        it has open, for the proxies' routing (``_routing.StreamCell``)."""
-        if self._stream_cell is None:
-            self._stream_cell = StreamCell()
-            self._stream_cell.set(self._open_streams)
-        return self._stream_cell.name
+        it has open and how many requests its own listener took, for its
+        callers' routing (``_routing.ReplicaCell``)."""
+        if self._cell is None:
+            self._cell = ReplicaCell()
+            self._cell.set_streams(self._open_streams)
+            self._cell.set_taken_directly(self._taken_directly)
+        return self._cell.name
 
     def _streams_changed(self, delta):
         self._open_streams += delta
-        if self._stream_cell is not None:
-            self._stream_cell.set(self._open_streams)
+        if self._cell is not None:
+            self._cell.set_streams(self._open_streams)
+
+    def taken_directly_changed(self, delta):
+        """A request of this replica's own listener began (1) or ended (-1)."""
+        self._taken_directly += delta
+        if self._cell is not None:
+            self._cell.set_taken_directly(self._taken_directly)
 
     async def autoscaling_stats(self):
         """``num_ongoing`` and what the user's ``record_autoscaling_stats()``
@@ -340,8 +349,8 @@ class ServeReplica:
             # Within the controller's patience (timeout_s and a second).
             await self._asgi.shutdown(max(0.0, end - loop.time()) + 0.5)
         await self._call_destructor(max(0.0, end - loop.time()) + 0.5)
-        if self._stream_cell is not None:
-            self._stream_cell.unlink()
+        if self._cell is not None:
+            self._cell.unlink()
         return drained
 
     async def _call_destructor(self, timeout_s):

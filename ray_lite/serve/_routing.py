@@ -6,13 +6,17 @@ while it is idle.  A proxy packs the requests of a route whose replicas
 answer fast onto its first replicas instead (``choose_for_http``).
 
 The caller counts its own calls (``slot.inflight``): Ray's limits are per
-caller, and no process needs to ask another how busy a replica is.  One
-thing a proxy cannot count is another proxy's open streams: a stream holds
-its replica for as long as it lasts, and the proxies sharing the port take
-the connections of one client at random.  So each replica keeps the number
-of its open streams in a shared-memory cell (``StreamCell``) that the
-proxies read when they choose: a replica with a stream open is not idle,
-whichever proxy opened it.
+caller, and no process needs to ask another how busy a replica is.  Two
+things a caller cannot count, each replica keeps in a shared-memory cell of
+its own (``ReplicaCell``) that callers map and read when they choose:
+
+- its open streams: a stream holds its replica for as long as it lasts, and
+  the proxies sharing the port take the connections of one client at random,
+  so a replica with a stream open is not idle, whichever proxy opened it;
+- with direct ingress, the requests it took from its own listener: they hold
+  its slots without any caller having sent them, so a caller counts them
+  against the replica's ``max_ongoing_requests`` beside its own
+  (``full_beside_direct``).
 """
 import mmap
 from random import random as _random
@@ -24,10 +28,12 @@ from ray_lite._fast import shm as _shm
 from . import _core
 
 
-class StreamCell:
-    """A replica's count of its open streams, in a shared-memory segment of
-    its own: the replica writes it (one writer), proxies map it and read it
-    (``attach_stream_cell``)."""
+class ReplicaCell:
+    """A replica's counts that its callers read (see the module's docstring):
+    ``cell[0]``, its open streams; ``cell[1]``, the requests it runs that its
+    own listener took (direct ingress).  A shared-memory segment of its own:
+    the replica writes it (one writer), callers map it and read it
+    (``attach_replica_cell``)."""
 
     __slots__ = ("name", "cell", "_mm")
 
@@ -37,19 +43,23 @@ class StreamCell:
                                                   node.shm_prefix if node else None)
         self.cell = memoryview(self._mm).cast("q")
 
-    def set(self, n):
+    def set_streams(self, n):
         self.cell[0] = n
+
+    def set_taken_directly(self, n):
+        self.cell[1] = n
 
     def unlink(self):
         # (mappings stay valid: the proxies' reads go on until they let go)
         _shm.unlink_segment(self.name)
 
 
-def attach_stream_cell(name):
-    """The cell ``name`` (a replica's ``stream_cell()``) as a proxy reads it:
-    ``cell[0]``, the replica's open streams; None if it cannot be mapped."""
+def attach_replica_cell(name):
+    """The cell ``name`` (a replica's ``replica_cell()``) as a caller reads it
+    (``cell[0]`` and ``cell[1]``, see ``ReplicaCell``); None if it cannot be
+    mapped."""
     try:
-        return memoryview(_shm.attach_segment(name, 8)).cast("q")
+        return memoryview(_shm.attach_segment(name, 16)).cast("q")
     except (OSError, ValueError):
         return None
 
@@ -69,7 +79,7 @@ class ReplicaSlot:
         self.stream = handle.handle_request_streaming
         self.http = handle.handle_http
         self.model_ranks = {}     # model id -> this replica's rank for it (for_model)
-        self.streams = None       # a proxy's view of the replica's StreamCell, once mapped
+        self.streams = None       # a caller's view of the replica's ReplicaCell, once mapped
 
 
 _MAX_RANKS = 4096     # model ranks a slot remembers (they are cheap to compute again)
@@ -209,6 +219,26 @@ def for_model(slots, limit, model_id):
             if rank > best_rank:
                 best, best_rank = s, rank
     return best
+
+
+class RouteSubset:
+    """A route as a caller sees it when it chooses among some of its
+    replicas only (the others are full, or are the caller's own)."""
+
+    __slots__ = ("replicas", "max_ongoing", "service", "multiplexed")
+
+    def __init__(self, route, replicas):
+        self.replicas = replicas
+        self.max_ongoing = route.max_ongoing
+        self.service = route.service
+        self.multiplexed = route.multiplexed
+
+
+def full_beside_direct(slot, limit):
+    """Whether ``slot``'s replica is at ``limit`` counting this caller's
+    requests and those its own listener took (direct ingress, ``cell[1]``)."""
+    cell = slot.streams
+    return cell is not None and slot.inflight + cell[1] >= limit
 
 
 class ServiceTime:

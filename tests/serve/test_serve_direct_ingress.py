@@ -2,7 +2,9 @@
 listen on the application's port beside the proxy and run the requests of
 their own route in their own process; what they should not take goes over
 the rings to the replica the router picks."""
+import asyncio
 import os
+import selectors
 import socket
 
 import ray_lite as ray
@@ -10,7 +12,7 @@ from ray_lite import serve
 from ray_lite.serve._direct import direct_ingress_on
 from ray_lite.serve.api import _http_port
 
-from serve_helpers import _server_inode, _socket_inodes, http
+from serve_helpers import _server_inode, _socket_inodes, connection_to, http, wait_until
 
 
 @serve.deployment
@@ -95,3 +97,121 @@ def test_a_replica_that_is_not_an_ingress_does_not_listen(serve_runtime):
                  int(line.split()[1].split(":")[1], 16) == port}
     assert listening and not listening & _socket_inodes(inner)
     assert http(port, "GET", "/")[2].split()[1] == str(inner).encode()
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=0)
+class Holder:
+    """Answers its pid, after ``?s=`` seconds (cut short when the client leaves)."""
+
+    async def __call__(self, request):
+        await asyncio.sleep(float(request.query_params.get("s", "0")))
+        return str(os.getpid())
+
+
+def _running(app, deployment):
+    """The requests the deployment's replicas run (asked of each replica
+    directly: a handle call would wait for one of its slots)."""
+    ctl = serve.context.get_controller()
+    reps = ray.get(ctl.replica_handles.remote(app, deployment), timeout=30)
+    return sum(ray.get(r.num_ongoing.remote(), timeout=30) for r in reps)
+
+
+def _processes(app, deployment):
+    ids = ray.get(serve.context.get_controller().process_ids.remote(), timeout=30)
+    return ids["replicas"][f"{app}/{deployment}"], ids["proxies"][0]
+
+
+def _hold(port, pid):
+    """A connection that ``pid``'s own listener took, its request running there."""
+    s = connection_to(port, pid)
+    s.sendall(b"GET /?s=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_until(lambda: _running("default", "Holder") == 1, "the held request to run", 30)
+    return s
+
+
+def test_a_replica_full_with_its_own_requests_is_full_for_the_proxy(serve_runtime):
+    # Its limit (1) is taken by a request of its own listener: the proxy
+    # counts it, and refuses the next (max_queued_requests=0) instead of
+    # sending it there to wait behind the first.
+    port = _serve_direct()
+    serve.run(Holder.bind())
+    (replica,), proxy = _processes("default", "Holder")
+    held = _hold(port, replica)
+    try:
+        with connection_to(port, proxy) as s:
+            s.settimeout(30)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 503")
+    finally:
+        held.close()
+    # Freed once its client left: the proxy sends there again.
+    wait_until(lambda: _running("default", "Holder") == 0, "the slot to free", 30)
+    assert http(port, "GET", "/")[2] == str(replica).encode()
+
+
+def test_the_proxy_sends_to_a_replica_its_own_requests_left_free(serve_runtime):
+    port = _serve_direct()
+    serve.run(Holder.options(num_replicas=2, max_queued_requests=-1).bind())
+    replicas, proxy = _processes("default", "Holder")
+    held = _hold(port, replicas[0])
+    try:
+        for _ in range(8):      # each served at once, by the other replica
+            with connection_to(port, proxy) as s:
+                s.settimeout(30)
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert answer.endswith(str(replicas[1]).encode())
+    finally:
+        held.close()
+
+
+def test_a_request_waiting_at_the_proxy_goes_when_the_replicas_own_one_ends(serve_runtime):
+    # Nothing tells the proxy when a replica's own request ends: the requests
+    # waiting in its queue look again until the slot is free.
+    port = _serve_direct()
+    serve.run(Holder.options(max_queued_requests=1).bind())
+    (replica,), proxy = _processes("default", "Holder")
+    held = _hold(port, replica)
+    with connection_to(port, proxy) as a, connection_to(port, proxy) as b:
+        for s in (a, b):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The queue (of one) is full: one is refused, the other waits at the proxy.
+        sel = selectors.DefaultSelector()
+        sel.register(a, selectors.EVENT_READ)
+        sel.register(b, selectors.EVENT_READ)
+        ready = sel.select(30)
+        sel.close()
+        assert len(ready) == 1, "exactly one of the two is refused"
+        refused = ready[0][0].fileobj
+        waiting = b if refused is a else a
+        assert refused.recv(65536).startswith(b"HTTP/1.1 503")
+        held.close()
+        waiting.settimeout(30)
+        answer = b""
+        while not answer.endswith(str(replica).encode()):
+            chunk = waiting.recv(65536)
+            assert chunk, "the waiting request was never answered"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200")
+
+
+class _Slot:
+    def __init__(self, inflight, taken_directly):
+        self.inflight = inflight
+        self.actor_id = id(self)
+        self.model_ranks = {}
+        self.streams = memoryview(bytearray(16)).cast("q")     # a ReplicaCell's view
+        self.streams[1] = taken_directly
+
+
+def test_the_choice_counts_each_replicas_own_requests_against_its_limit():
+    from ray_lite.serve import _proxy
+    busy, free = _Slot(0, 2), _Slot(1, 0)
+    route = _proxy._Route("/", "default", "d", [busy, free], 2, -1)
+    # Whatever the draw, never the replica its own listener filled.
+    assert {_proxy._choose_beside_direct(route, None) for _ in range(50)} == {free}
+    free.streams[1] = 1         # 1 of this caller's + 1 of its own: full too
+    assert _proxy._choose_beside_direct(route, None) is None
+    busy.streams[1] = 1         # one of its own left
+    assert _proxy._choose_beside_direct(route, None) is busy

@@ -20,14 +20,11 @@ from serve_helpers import http, raw, wait_until
 # Each test that takes serve_port (or serve_http_mode) runs through the
 # proxies and with direct ingress (conftest).
 SERVE_HTTP_MODES = ("proxies", "direct")
-# Per-caller queues: with direct ingress each listener (the proxy, the
-# replica) has its own max_queued_requests, so which request is refused
-# depends on where the kernel sent each connection; and a replica that runs
-# a request of its own listener still takes one the proxy sends it beyond
-# its max_ongoing_requests (direct ingress is off by default; its issue
-# lists this).
-SERVE_HTTP_PROXIES_ONLY = ("test_queue_limit_is_503_and_disconnect_cancels",
-                           "test_backpressure_config_sets_the_refusal")
+# Per-caller queues, as in Ray: with direct ingress each listener (the
+# proxy, the replica) has its own max_queued_requests, so which of two
+# waiting requests is refused depends on where the kernel sent each
+# connection (test_serve_direct_ingress covers the queue at each listener).
+SERVE_HTTP_PROXIES_ONLY = ("test_queue_limit_is_503_and_disconnect_cancels",)
 
 
 @serve.deployment
