@@ -307,3 +307,9 @@ def run(ctx):
                 figs += _latency_goal_rows(size, results, sz)
                 figs += _breakdown_rows(size, per_round, contenders)
     return figs
+
+
+def compare_ray(ctx, python):
+    """Nothing apart: with ``--compare-ray`` Ray Serve serves the same
+    application in ``run``'s own rounds."""
+    return []
