@@ -1,6 +1,7 @@
 """Shared helpers of the Serve tests (HTTP over loopback, raw sockets)."""
 import http.client as _httpc
 import os
+import selectors
 import socket
 import time
 import urllib.request
@@ -139,3 +140,16 @@ def listens(pid, port):
         return bool(inodes & _socket_inodes(pid))
     except OSError:
         return False        # gone
+
+
+def refused_and_waiting(a, b, timeout=30):
+    """Of two connections whose requests were sent to a full queue of one,
+    ``(the one answered first, the other)``: exactly one is answered (the
+    refusal) within ``timeout`` seconds while the other waits."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(a, selectors.EVENT_READ)
+        sel.register(b, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+    assert len(ready) == 1, "exactly one of the two waiting requests is refused"
+    refused = ready[0][0].fileobj
+    return refused, (b if refused is a else a)

@@ -4,7 +4,6 @@ their own route in their own process; what they should not take goes over
 the rings to the replica the router picks."""
 import asyncio
 import os
-import selectors
 import socket
 
 import ray_lite as ray
@@ -12,7 +11,8 @@ from ray_lite import serve
 from ray_lite.serve._direct import direct_ingress_on
 from ray_lite.serve.api import _http_port
 
-from serve_helpers import _server_inode, _socket_inodes, connection_to, http, wait_until
+from serve_helpers import (_server_inode, _socket_inodes, connection_to, http,
+                           refused_and_waiting, wait_until)
 
 
 @serve.deployment
@@ -177,14 +177,7 @@ def test_a_request_waiting_at_the_proxy_goes_when_the_replicas_own_one_ends(serv
         for s in (a, b):
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         # The queue (of one) is full: one is refused, the other waits at the proxy.
-        sel = selectors.DefaultSelector()
-        sel.register(a, selectors.EVENT_READ)
-        sel.register(b, selectors.EVENT_READ)
-        ready = sel.select(30)
-        sel.close()
-        assert len(ready) == 1, "exactly one of the two is refused"
-        refused = ready[0][0].fileobj
-        waiting = b if refused is a else a
+        refused, waiting = refused_and_waiting(a, b)
         assert refused.recv(65536).startswith(b"HTTP/1.1 503")
         held.close()
         waiting.settimeout(30)

@@ -3,7 +3,6 @@ keep-alive and pipelining, and every error status."""
 import asyncio
 import json
 import os
-import selectors
 import socket
 import time
 import uuid
@@ -15,7 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 import ray_lite as ray
 from ray_lite import serve
 
-from serve_helpers import http, raw, wait_until
+from serve_helpers import http, raw, refused_and_waiting, wait_until
 
 # Each test that takes serve_port (or serve_http_mode) runs through the
 # proxies and with direct ingress (conftest).
@@ -262,13 +261,7 @@ def test_queue_limit_is_503_and_disconnect_cancels(serve_port):
             assert time.monotonic() < deadline, "the first request never reached the replica"
         for s in (s2, s3):
             s.sendall(b"GET /?s=0 HTTP/1.1\r\nHost: x\r\n\r\n")
-        sel = selectors.DefaultSelector()
-        sel.register(s2, selectors.EVENT_READ)
-        sel.register(s3, selectors.EVENT_READ)
-        ready = sel.select(30)
-        assert len(ready) == 1, "exactly one of the two waiting requests is refused"
-        refused = ready[0][0].fileobj
-        waiting = s3 if refused is s2 else s2
+        refused, waiting = refused_and_waiting(s2, s3)
         assert refused.recv(65536).startswith(b"HTTP/1.1 503")
         s1.close()    # the client leaves: its request is cancelled in the replica
         buf = b""
