@@ -28,7 +28,6 @@ application scaled to zero, a replica replaced) and takes its share of the
 connections like any replica.
 """
 import asyncio
-from asyncio import selector_events
 import os
 import sys
 
@@ -42,9 +41,6 @@ ENV_SWITCH = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 # How long a stopping replica waits for the first request of a connection it
 # took that has sent none yet (a client sends it as soon as it connects).
 FIRST_REQUEST_WAIT_S = 1.0
-# Turns of asyncio's loop from accepting a connection to its connection_made
-# (the task that makes it, then the call it schedules), and one to spare.
-_ACCEPTED_TURNS = 3
 
 
 def direct_ingress_on(http_options):
@@ -109,16 +105,7 @@ class DirectServer(ProxyActor):
         send one; each such request is answered, then its connection ends."""
         if self.stopping or self.server is None:
             return await ProxyActor.stop(self, timeout_s)
-        if isinstance(self.loop, selector_events.BaseSelectorEventLoop):
-            # asyncio's own loop accepts in one turn and makes the connection
-            # in a task in the next; a server closed between the two drops
-            # that connection unread (its transport cannot attach to a closed
-            # server): a reset.  So stop accepting first, and give the
-            # accepted ones the turns they need.  (uvloop makes a connection
-            # in the same step as it accepts it.)
-            self.loop.remove_reader(self.sock.fileno())
-            for _ in range(_ACCEPTED_TURNS):
-                await asyncio.sleep(0)
+        await self._stop_accepting()
         queued = []
         while True:
             try:

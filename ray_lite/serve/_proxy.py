@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import sys
+from asyncio.selector_events import BaseSelectorEventLoop
 from time import monotonic as _monotonic
 from urllib.parse import unquote
 
@@ -246,6 +247,9 @@ def _choose_beside_direct(route, req):
 #: listener frees its slots without a word to the other callers.
 DIRECT_RETRY_S = (0.001, 0.016)
 _LOOKING = object()
+# Turns of asyncio's loop from accepting a connection to its connection_made
+# (the task that makes it, then the call it schedules), and one to spare.
+_ACCEPTED_TURNS = 3
 
 
 class ProxyActor:
@@ -409,8 +413,24 @@ class ProxyActor:
         # it learns, at once, that this proxy died.
         await asyncio.get_running_loop().create_future()
 
+    async def _stop_accepting(self):
+        """Accept no more connections, and let those accepted become
+        connections of this proxy (in ``conns``) before the server closes."""
+        if self.server is not None and isinstance(self.loop, BaseSelectorEventLoop):
+            # asyncio's own loop accepts in one turn and makes the connection
+            # in a task in the next; a server closed between the two drops
+            # that connection unread (its transport cannot attach to a closed
+            # server): a reset.  So stop accepting first, and give the
+            # accepted ones the turns they need.  (uvloop makes a connection
+            # in the same step as it accepts it.)
+            self.loop.remove_reader(self.sock.fileno())
+            for _ in range(_ACCEPTED_TURNS):
+                await asyncio.sleep(0)
+
     async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
         """Take no new connections; let requests in flight end (``timeout_s`` at most)."""
+        if not self.stopping:
+            await self._stop_accepting()
         self.stopping = True
         if self.server is not None:
             self.server.close()
