@@ -163,12 +163,15 @@ class ServeController(Autoscaling, DeploymentActors):
         return self._dep_snapshot(app_name, dep_name)
 
     async def wait_replicas(self, app_name, dep_name, known_version,
-                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S, held=False):
+                            timeout_s=_defaults.WAIT_REPLICAS_TIMEOUT_S, held=False, dead=()):
         """A snapshot with at least one replica (or the deployment gone), or after
         timeout.  A deployment scaled to zero starts one; a caller that can
-        hold its call (``held``) gets the snapshot at once, without a replica."""
+        hold its call (``held``) gets the snapshot at once, without a replica.
+        ``dead``: the actor IDs of replicas the caller knows died, which do
+        not count (this controller may not have heard of their death yet)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
+        dead = frozenset(dead)
         dep = self._dep(app_name, dep_name)
         if dep is not None and not _serving(dep):
             self._cold_start(dep)
@@ -178,7 +181,8 @@ class ServeController(Autoscaling, DeploymentActors):
             # A deployment whose deploy failed starts none: the caller is
             # told at once (DeploymentUnavailableError), as in Ray.
             failed = dep is not None and dep.status == "DEPLOY_FAILED" and not dep.starting
-            if snap[2] or not snap[1] or loop.time() >= end or failed or \
+            live = [h for h in snap[2] if _core.actor_id(h) not in dead] if dead else snap[2]
+            if live or not snap[1] or loop.time() >= end or failed or \
                     (held and snap[3]["from_zero"]):
                 if not snap[1]:
                     from .exceptions import RayServeException

@@ -146,18 +146,28 @@ class Router:
         import time
         from ray_lite.exceptions import RayActorError
         wait = context.ControllerRestartWait(timeout)
+        dead = ()
         while True:
             ctl = context.get_controller()
             try:
                 snap = _core.get(ctl.wait_replicas.remote(
                     self.app_name, self.deployment_name, self.version,
-                    _defaults.WAIT_REPLICAS_TIMEOUT_S, held),
+                    _defaults.WAIT_REPLICAS_TIMEOUT_S, held, dead),
                     timeout=max(0.0, wait.end - time.monotonic()))
-                break
             except RayActorError:
                 if not wait.again():
                     raise
-        self.apply(snap)
+                continue
+            self.apply(snap)
+            if dead or self._live_replicas() or not snap[2]:
+                return
+            # Every replica the controller named died, as this process
+            # already knows and the controller may not yet: ask once more,
+            # naming them, and it waits for their replacement.
+            known = _core.dead_actor_ids()
+            dead = [i for i in map(_core.actor_id, snap[2]) if i in known]
+            if not dead:
+                return
 
     # ------------------------------------------------------------- choice
     def _live_replicas(self):

@@ -114,3 +114,44 @@ def test_call_refused_by_a_dead_replica_goes_to_another(serve_port, monkeypatch,
         for _ in range(20):
             assert h.pid.remote().result(timeout_s=T) != victim
     assert len(_replica_ids()) == 1
+
+
+class _ControllerNotToldYet:
+    """The controller as a caller sees it just after a replica died: its
+    first answer still names the dead replica; asked again with the dead
+    ones named, it answers as the real one does."""
+
+    def __init__(self, real, stale_snapshot):
+        self.real = real
+        self.stale = stale_snapshot
+        self.dead_named = []
+
+    @property
+    def wait_replicas(self):
+        return self
+
+    def remote(self, app, dep, version, timeout_s, held=False, dead=()):
+        if not dead:
+            return ray.put(self.stale)
+        self.dead_named.append(list(dead))
+        return self.real.wait_replicas.remote(app, dep, version, timeout_s, held, dead)
+
+
+def test_call_waits_for_the_replacement_of_its_only_replica(serve_port, monkeypatch):
+    # Every replica this process knows of died and the controller has not
+    # heard yet: the call waits for the replacement instead of failing with
+    # DeploymentUnavailableError (Ray's handle waits for a replica too).
+    from ray_lite.serve import context
+    h = serve.run(Pids.options(num_replicas=1).bind(), name="stale", route_prefix=None)
+    pid = h.pid.remote().result(timeout_s=T)
+    router = get_router("stale", "Pids")
+    real = context.get_controller()
+    stale = _core.get(real.wait_replicas.remote("stale", "Pids", -1), timeout=T)
+    monkeypatch.setattr(router, "poll_update", lambda: None)   # only what it asks for
+    ids = _replica_ids()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: ids & set(_core.dead_actor_ids()), "this process to see the death")
+    fake = _ControllerNotToldYet(real, stale)
+    monkeypatch.setattr(context, "get_controller", lambda: fake)
+    assert h.pid.remote().result(timeout_s=T) != pid
+    assert [set(d) for d in fake.dead_named] == [ids]
