@@ -100,7 +100,15 @@ def _dead_actor():
     actor = Mortal.remote()
     assert ray.get(actor.ping.remote(), timeout=T) == "pong"
     ray.kill(actor)
-    return actor
+    # Ray's kill lands a moment later: a call sent right after it can still
+    # run.  Calls until one fails, so the actor is dead on both backends.
+    deadline = time.monotonic() + T
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=T)
+        except ray.exceptions.RayActorError:
+            return actor
+    raise AssertionError(f"the killed actor still answered after {T} s")
 
 
 def test_await_of_a_call_on_a_dead_actor_is_an_actor_died_error(rt):
