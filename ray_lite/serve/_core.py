@@ -91,10 +91,11 @@ def peek(ref):
 
 def peek_unshared(ref):
     """``peek`` for a reader that only looks and lets go (the proxy writing an
-    answer out): a mutable result is read without leaving a copy behind for
-    later readers, which the core's first read of it makes (see
-    ``objects/entries.py``).  A caller that hands the value on or changes it
-    uses ``peek``."""
+    answer out), or for the last reader a ref will ever have (a handle's
+    stream taking an item whose ref it drops): a mutable result is read
+    without leaving a copy behind for later readers, which the core's first
+    read of it makes (see ``objects/entries.py``).  A caller that hands the
+    value on or changes it while the ref may be read again uses ``peek``."""
     e = getattr(ref, "_e", None)
     if e is None or type(e) not in _PRIVATE_TYPES:
         return peek(ref)

@@ -376,7 +376,10 @@ class DeploymentResponseGenerator:
 
     async def __anext__(self):
         ref = await self._gen.__anext__()
-        r = _core.peek(ref)
+        # The item's ref never leaves this method, so nobody reads it again:
+        # the value itself, with no copy kept for later readers (a mutable
+        # item's first read leaves one, an encoding as costly as its decoding).
+        r = _core.peek_unshared(ref)
         if r is None:
             try:
                 return await ref
