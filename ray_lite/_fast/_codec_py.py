@@ -62,7 +62,10 @@ microseconds at memory bandwidth) is cheaper than a separate shared-memory
 segment (tens of microseconds to create, map and unlink), and a frame stays
 small enough for a ring of a few MiB to hold many of them; above it the copy
 grows with the size while the out-of-band cost does not.  Pickle-5 buffers
-below the threshold stay in the pickle for the same reason.
+below the threshold stay in the pickle for the same reason.  A ring passes
+its own threshold, higher (half its inline limit, see
+``_ring_py.oob_threshold``): measured, a copy in and out of a ring stays
+cheaper than a side segment up to the sizes the ring holds inline.
 
 Limits and errors
 -----------------

@@ -131,6 +131,14 @@ cdef tuple _NO_BUFFERS = ()
 cdef Py_ssize_t _OOB_THRESHOLD = OOB_THRESHOLD if OOB_THRESHOLD is not None else -1
 
 
+cdef inline Py_ssize_t _oob_threshold(RingEnd* e) noexcept nogil:
+    # The ring's: see _ring_py.oob_threshold.
+    cdef Py_ssize_t half = <Py_ssize_t>(e.inline_limit >> 1)
+    if _OOB_THRESHOLD < 0 or half <= _OOB_THRESHOLD:
+        return _OOB_THRESHOLD
+    return half
+
+
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
     return (n + 7) & ~(<uint64_t>7)
 
@@ -722,7 +730,7 @@ cdef class ShmRing:
             need = 0
             n = 0
             try:
-                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD,
+                n = encode_to_ptr(obj, slot, room, self._oob, _oob_threshold(e),
                                   self.readonly_arrays)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1)
@@ -748,7 +756,7 @@ cdef class ShmRing:
             if PyList_GET_SIZE(self._oob):
                 del self._oob[:]
             try:
-                n = encode_to_ptr(obj, slot, room, self._oob, _OOB_THRESHOLD,
+                n = encode_to_ptr(obj, slot, room, self._oob, _oob_threshold(e),
                                   self.readonly_arrays)
             except BufferTooSmallError as exc:
                 need = max(exc.needed, room + 1, need + 1)

@@ -257,6 +257,33 @@ def test_numpy_array_arrives_zero_copy_from_a_side_segment(pair):
     assert new_segments(before) == []
 
 
+@pytest.mark.parametrize("capacity", [1 << 20, 4 << 20])
+def test_an_array_up_to_half_the_inline_limit_is_copied_through_the_ring(ring_impl, capacity):
+    # A side segment costs far more than a copy at these sizes (see
+    # _ring_py.oob_threshold): an array of the codec's threshold and up to
+    # half the ring's inline limit (a quarter of its capacity) travels in the
+    # ring; one of half the inline limit or more still goes in a side segment.
+    np = pytest.importorskip("numpy")
+    from ray_lite._fast._codec_py import OOB_THRESHOLD
+    half = capacity // 8
+    with ring_impl.ShmRing.create(capacity, side="producer") as producer, \
+            ring_impl.ShmRing.attach(producer.name, side="consumer") as consumer:
+        before = shm.list_segments()
+        for nbytes in (OOB_THRESHOLD, half - 4096):
+            array = np.arange(nbytes // 4, dtype=np.float32)
+            producer.put({"logits": array})
+            assert new_segments(before) == [], nbytes
+            got = consumer.get(timeout=5)["logits"]
+            assert np.array_equal(got, array)
+            got[0] = -1.0           # the receiver's own copy
+            assert array[0] == 0.0
+        array = np.arange(half // 4, dtype=np.float32)
+        producer.put({"logits": array})
+        assert len(new_segments(before)) == 1
+        assert np.array_equal(consumer.get(timeout=5)["logits"], array)
+        assert new_segments(before) == []
+
+
 def test_poll_arm_fd_and_clear_fd(pair):
     producer, consumer = pair
     fd = consumer.fileno()
