@@ -364,9 +364,7 @@ class DeploymentResponseGenerator:
         try:
             return _core.get(ref)
         except ActorDiedError as exc:
-            if self._chain is None:
-                raise
-            err = self._chain.upstream_death(exc)
+            err = self._upstream_error(exc)
             if err is None:
                 raise
             raise err from exc
@@ -384,19 +382,19 @@ class DeploymentResponseGenerator:
             try:
                 return await ref
             except ActorDiedError as exc:
-                if self._chain is None:
-                    raise
-                err = self._chain.upstream_death(exc)
+                err = self._upstream_error(exc)
                 if err is None:
                     raise
                 raise err from exc
         if r[0]:
             return r[1]
-        if self._chain is not None:
-            err = self._chain.upstream_death(r[1])
-            if err is not None:
-                raise err
-        raise r[1]
+        err = self._upstream_error(r[1])
+        raise r[1] if err is None else err
+
+    def _upstream_error(self, exc):
+        """Serve's error when ``exc`` is the death of a replica upstream of
+        this call (it took other calls' responses), else None."""
+        return None if self._chain is None else self._chain.upstream_death(exc)
 
     def cancel(self):
         self._cancelled = True
