@@ -264,7 +264,9 @@ class AsgiIngress:
     async def handle_http(self, method, path, query, headers, body, client, root_path,
                           http_version, server, lone=False):
         """The replica's ``handle_http`` for an ASGI app: the same answer,
-        ``(status, header block, body, stream token, seconds it took)``
+        ``(status, header block, body, stream token, seconds it took)``; a
+        streamed answer's body is what the app had sent with its head (a
+        chunk, a list of chunks, or None), the rest comes by the token
         (``lone``: unused, an ASGI app's replica does not spin)."""
         rep = self._replica
         await rep.admit()
@@ -290,10 +292,14 @@ class AsgiIngress:
                 body = b"".join(reply.body)
                 return stored_if_large((reply.status, header_block(reply.headers, len(body)),
                                         body, 0, _monotonic() - t0))
-            reply.stream.task = task
-            reply.stream.calls = calls
-            return (reply.status, header_block(reply.headers, None), None,
-                    rep._new_stream(reply.stream), _monotonic() - t0)
+            stream = reply.stream
+            stream.task = task
+            stream.calls = calls
+            # The chunks already sent go with the head: the first event of a
+            # stream (a token's) reaches the client without the proxy's
+            # round trip for the stream.
+            return (reply.status, header_block(reply.headers, None), stream.take_queued(),
+                    rep._new_stream(stream), _monotonic() - t0)
         finally:
             rep._slots.release()
             rep._leave()

@@ -87,6 +87,14 @@ class BodyStream:
                 raise RuntimeError("the ASGI app failed while it streamed its response")
             self._getter = asyncio.get_running_loop().create_future()
             await self._getter
+        return self.take_queued()
+
+    def take_queued(self):
+        """What has queued, as one item of the stream (a chunk, or a list
+        of chunks), or None when nothing has."""
+        items = self._items
+        if not items:
+            return None
         chunk = items.popleft()
         size = len(chunk)
         if items and size < BATCH_BYTES:

@@ -32,7 +32,7 @@ import os
 import sys
 
 from . import _core, _defaults
-from ._proxy import Deadlines, ProxyActor, _choose_beside_direct as _router_choice, _framed
+from ._proxy import Deadlines, ProxyActor, _choose_beside_direct as _router_choice, framed
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
 from ._routing import RouteSubset
 from .multiplex import MODEL_ID_HEADER, header_value
@@ -221,17 +221,17 @@ class DirectServer(ProxyActor):
         if token:
             route.service.observe_stream()
             req.gen = req.ref       # cancelling the task closes the stream
-            await self._stream(conn, req, status, headers, token)
+            await self._stream(conn, req, status, headers, token, body)
             return
         route.service.observe(service_s)
         req.finished = True
         self.release(req)
         conn.respond(req, status, headers, body)
 
-    async def _stream(self, conn, req, status, headers, token):
+    async def _stream(self, conn, req, status, headers, token, first=None):
         if type(req.ref) is not LocalCall:
-            return await ProxyActor._stream(self, conn, req, status, headers, token)
-        head = self._stream_head(conn, req, status, headers)
+            return await ProxyActor._stream(self, conn, req, status, headers, token, first)
+        head = self._stream_head(conn, req, status, headers, first)
         if head is None:
             await self.replica.http_stream_cancel(token)
             return
@@ -246,10 +246,7 @@ class DirectServer(ProxyActor):
                     break
                 if head_only:
                     continue
-                if type(chunk) is list:
-                    data = _framed(chunk) if chunked else b"".join(chunk)
-                else:
-                    data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk
+                data = framed(chunk, chunked)
                 if data:
                     write(data)
                 if conn.write_paused:

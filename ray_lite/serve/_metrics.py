@@ -148,9 +148,9 @@ class ProxyObserver:
             req.t0 = _monotonic()
             dispatch(conn, req)
 
-        async def observed_stream(conn, req, status, headers, token):
+        async def observed_stream(conn, req, status, headers, token, first=None):
             try:
-                await stream(conn, req, status, headers, token)
+                await stream(conn, req, status, headers, token, first)
             finally:
                 self.done(conn, req, status)
         proxy.dispatch = timed_dispatch

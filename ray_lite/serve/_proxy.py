@@ -84,6 +84,16 @@ def _framed(chunks):
     return b"\r\n".join(frames) + b"\r\n" if frames else b""
 
 
+def framed(item, chunked):
+    """One item of a replica's streamed body (a chunk, or a list of them) as
+    the bytes to write: each chunk its own HTTP/1.1 chunk when ``chunked``."""
+    if type(item) is list:
+        return _framed(item) if chunked else b"".join(item)
+    if chunked and item:
+        return b"%x\r\n%b\r\n" % (len(item), item)
+    return item
+
+
 class _Route:
     __slots__ = ("prefix", "root_path", "app", "deployment", "replicas", "max_ongoing",
                  "max_queued", "waiting", "spin", "service", "multiplexed", "report",
@@ -641,7 +651,7 @@ class ProxyActor:
             status, headers, body, token, service_s = r[1]
             if token:
                 req.route.service.observe_stream()
-                self.loop.create_task(self._stream(conn, req, status, headers, token))
+                self.loop.create_task(self._stream(conn, req, status, headers, token, body))
                 return
             req.route.service.observe(service_s)
             req.finished = True
@@ -681,9 +691,10 @@ class ProxyActor:
             req.sent = 0.0
             self.route_request(conn, req, *req.url)
 
-    def _stream_head(self, conn, req, status, headers):
-        """Write the head of a streamed answer: ``(chunked, keep)``, or None
-        when the head may not be sent (then ``req`` is answered 500)."""
+    def _stream_head(self, conn, req, status, headers, first):
+        """Write the head of a streamed answer and ``first``, the chunks
+        that came with it (a chunk, a list, or None): ``(chunked, keep)``,
+        or None when the head may not be sent (then ``req`` is answered 500)."""
         if bad_head_line(headers) is not None:
             # Not one byte of this head: conn.respond logs it and answers
             # 500 instead; the replica's unclaimed stream expires.
@@ -699,7 +710,10 @@ class ProxyActor:
             head += b"transfer-encoding: chunked\r\n"
         if not keep:
             head += CONNECTION_CLOSE
-        conn.transport.write(head + b"\r\n")
+        head += b"\r\n"
+        if first and req.method != "HEAD":
+            head += framed(first, chunked)
+        conn.transport.write(head)
         return chunked, keep
 
     def _stream_end(self, conn, req, ok, chunked, keep):
@@ -719,17 +733,18 @@ class ProxyActor:
             conn.closed = True
             conn.transport.close()
 
-    async def _stream(self, conn, req, status, headers, token):
+    async def _stream(self, conn, req, status, headers, token, first=None):
         if req.finished:
             return      # (timed out, or its client left, before this task ran)
-        head = self._stream_head(conn, req, status, headers)
+        head = self._stream_head(conn, req, status, headers, first)
         if head is None:
             return
         chunked, keep = head
         write = conn.transport.write
         ok = False
+        rep = req.rep       # (release, when the client leaves, forgets it)
         try:
-            gen = req.gen = req.rep.handle.http_stream.options(
+            gen = req.gen = rep.handle.http_stream.options(
                 _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
             head_only = req.method == "HEAD"
             pending = []    # chunks read but not yet written
@@ -781,4 +796,12 @@ class ProxyActor:
             if not req.finished:
                 print(f"proxy: streamed response failed: {type(exc).__name__}",
                       file=sys.stderr, flush=True)
+        if not ok:
+            # A stream call cancelled before it started in the replica (its
+            # client left at once) never took the stream: close it there now,
+            # or it would count as open until it expired unclaimed.
+            try:
+                rep.handle.http_stream_cancel.remote(token)
+            except Exception:   # noqa: BLE001 - a dead replica's streams went with it
+                pass
         self._stream_end(conn, req, ok, chunked, keep)

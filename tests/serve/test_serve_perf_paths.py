@@ -430,3 +430,59 @@ def test_a_handle_stream_takes_its_items_without_a_copy_for_later_readers(
     first = ray.get(ref)
     first.append(2)
     assert ray.get(ref) == [1]
+
+
+# ------------------------------------- a streamed answer's first chunks
+_GATE = {}
+
+
+def _two_events_app():
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def events():
+        yield "data: first\n\n"
+        await _GATE["second"].wait()
+        yield "data: second\n\n"
+
+    async def stream(request):
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return Starlette(routes=[Route("/", stream)])
+
+
+@serve.ingress(_two_events_app())
+class TwoEvents:
+    pass
+
+
+def test_a_streamed_answer_brings_the_chunks_sent_with_its_head():
+    # The first event of a stream (a model server's first token) reaches the
+    # client with the head, not after the proxy's call for the stream.
+    import cloudpickle
+
+    from ray_lite.serve._replica import ServeReplica
+
+    async def main():
+        _GATE["second"] = asyncio.Event()
+        rep = ServeReplica(None, "app", "TwoEvents", "TwoEvents#r0",
+                           cloudpickle.dumps(TwoEvents), (), {}, {})
+        await rep._init_task
+        status, head, body, token, _ = await rep.handle_http(
+            "GET", "/", b"", b"host:x", b"", "127.0.0.1:1", "", "1.1", "127.0.0.1:8000")
+        assert (status, body) == (200, b"data: first\n\n")
+        assert token and b"text/event-stream" in head
+        _GATE["second"].set()
+        rest = [item async for item in rep.http_stream(token)]
+        assert rest == [b"data: second\n\n"]
+        assert rep._open_streams == 0
+    _run(main())
+
+
+def test_the_proxy_frames_a_stream_item_as_its_chunks():
+    from ray_lite.serve._proxy import framed
+    assert framed(b"abc", True) == b"3\r\nabc\r\n"
+    assert framed(b"abc", False) == b"abc"
+    assert framed([b"ab", b"", b"c" * 20], True) == b"2\r\nab\r\n14\r\n" + b"c" * 20 + b"\r\n"
+    assert framed([b"ab", b"c"], False) == b"abc"
+    assert framed([b""], True) == b""
