@@ -557,7 +557,11 @@ class ServeReplica:
         if t is dict or t is list or r is None or t in (int, float, bool):
             b = json_body(r)
             return (200, _sized(_JSON, b), b, 0)
-        if inspect.isasyncgen(r) or inspect.isgenerator(r):
+        if inspect.isasyncgen(r):
+            return await self._streamed(200, _TEXT, pumped(r))
+        if inspect.isgenerator(r):
+            # No turn for its producer first: a generator that blocks would
+            # hold the head back.
             return (200, _TEXT, None, self._new_stream(pumped(r)))
         try:
             from starlette.responses import Response, StreamingResponse
@@ -565,7 +569,7 @@ class ServeReplica:
             Response = StreamingResponse = ()
         if isinstance(r, StreamingResponse):
             hb = header_block(r.raw_headers, None)
-            return (r.status_code, hb, None, self._new_stream(pumped(r.body_iterator)))
+            return await self._streamed(r.status_code, hb, pumped(r.body_iterator))
         if isinstance(r, Response):
             if type(r).__call__ is Response.__call__ and r.background is None:
                 return (r.status_code, header_block(r.raw_headers), bytes(r.body), 0)
@@ -575,6 +579,18 @@ class ServeReplica:
             return (200, _sized(_OCTET, b), b, 0)
         b = json_body(r)
         return (200, _sized(_JSON, b), b, 0)
+
+    async def _streamed(self, status, head, stream):
+        """The reply of a streamed answer whose producer is asynchronous: it
+        gets one turn first, and what it yields at once goes with the head
+        (the first event reaches the client without the proxy's call for
+        the stream)."""
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            await stream.aclose()
+            raise
+        return (status, head, stream.take_queued(), self._new_stream(stream))
 
     def _new_stream(self, agen):
         self._stream_seq += 1

@@ -479,6 +479,37 @@ def test_a_streamed_answer_brings_the_chunks_sent_with_its_head():
     _run(main())
 
 
+class ReturnsAStream:
+    async def __call__(self, request):
+        from starlette.responses import StreamingResponse
+
+        async def events():
+            yield "data: 1\n\n"
+            yield "data: 2\n\n"
+            await _GATE["second"].wait()
+            yield "data: 3\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def test_a_returned_stream_brings_what_it_yields_at_once_with_its_head():
+    import cloudpickle
+
+    from ray_lite.serve._replica import ServeReplica
+
+    async def main():
+        _GATE["second"] = asyncio.Event()
+        rep = ServeReplica(None, "app", "ReturnsAStream", "ReturnsAStream#r0",
+                           cloudpickle.dumps(ReturnsAStream), (), {}, {})
+        status, head, body, token, _ = await rep.handle_http(
+            "GET", "/", b"", b"host:x", b"", "127.0.0.1:1", "", "1.1", "127.0.0.1:8000")
+        assert (status, body) == (200, [b"data: 1\n\n", b"data: 2\n\n"])
+        assert token and b"text/event-stream" in head
+        _GATE["second"].set()
+        assert [item async for item in rep.http_stream(token)] == [b"data: 3\n\n"]
+        assert rep._open_streams == 0
+    _run(main())
+
+
 def test_the_proxy_frames_a_stream_item_as_its_chunks():
     from ray_lite.serve._proxy import framed
     assert framed(b"abc", True) == b"3\r\nabc\r\n"
