@@ -34,6 +34,21 @@ STAGES = (
     ("engine step end to client's read", "replies", "read"),
 )
 
+#: A request's way to its first token: the same stamps, from the client's
+#: send (``t0``) through the app's route (``enter``) and the engine's
+#: ``add`` to the prefill step and back.
+FIRST_STAGES = (
+    ("request: client's send to the app's route", "t0", "enter"),
+    ("request: route to the engine's add", "enter", "add"),
+    ("engine: add to its step's send", "add", "send"),
+    ("the prefill step, to the engine's replies", "send", "replies"),
+    ("engine, generator: to the stream's yield", "replies", "gen"),
+    ("handle: engine to ingress", "gen", "recv"),
+    ("ingress: response start and SSE chunk", "recv", "sse"),
+    ("proxy: ASGI send to client's read", "sse", "read"),
+    ("client's send to its read (TTFT)", "t0", "read"),
+)
+
 
 def prompt_of(i, length):
     """Client ``i``'s prompt: ``length`` ASCII bytes (one token each)."""
@@ -65,9 +80,10 @@ async def _one_stream(port, i, prompt_len, max_tokens, timed=False):
     return t0, reads
 
 
-def _parse(t0, reads, stamps=None):
+def _parse(t0, reads, stamps=None, first=None):
     """``(ttft s, [gap s, ...], tokens)`` of one stream's reads (times in
-    ns); each chunk's timestamps, with its ``read``, go to ``stamps``."""
+    ns); each chunk's timestamps, with its ``read``, go to ``stamps``, but
+    the first chunk's, which go to ``first`` with the send (``t0``)."""
     buf = b""
     times = []
     events = []
@@ -93,21 +109,24 @@ def _parse(t0, reads, stamps=None):
         if choices and choices[0].get("text"):
             tokens += len(choices[0]["text"])
             times.append(t)
-            if stamps is not None and len(times) > 1 and "ray_lite_timing" in obj:
-                stamps.append(dict(obj["ray_lite_timing"], read=t))
+            if stamps is not None and "ray_lite_timing" in obj:
+                if len(times) > 1:
+                    stamps.append(dict(obj["ray_lite_timing"], read=t))
+                elif first is not None:
+                    first.append(dict(obj["ray_lite_timing"], t0=t0, read=t))
     if not times:
         raise RuntimeError(f"no token came back: {b''.join(d for _, d in reads)[:300]!r}")
     return ((times[0] - t0) / 1e9, [(b - a) / 1e9 for a, b in zip(times, times[1:])],
             tokens)
 
 
-async def _load(port, streams, prompt_len, max_tokens, stamps=None):
+async def _load(port, streams, prompt_len, max_tokens, stamps=None, first=None):
     t_start = _ns()
     raw = await asyncio.gather(*[_one_stream(port, i, prompt_len, max_tokens,
                                              stamps is not None)
                                  for i in range(streams)])
     wall = (_ns() - t_start) / 1e9
-    return wall, [_parse(t0, reads, stamps) for t0, reads in raw]
+    return wall, [_parse(t0, reads, stamps, first) for t0, reads in raw]
 
 
 def summary(wall, per_request):
@@ -122,20 +141,24 @@ def summary(wall, per_request):
 def http_load(port, streams, prompt_len, max_tokens, timed=False):
     """One load against the server on ``port``: :func:`summary`'s dict; a
     ``timed`` one adds ``stamps``, every chunk's but each stream's first
-    (whose way starts the stream)."""
+    (whose way starts the stream), and ``first_stamps``, those first ones."""
     stamps = [] if timed else None
-    wall, per_request = asyncio.run(_load(port, streams, prompt_len, max_tokens, stamps))
+    first = [] if timed else None
+    wall, per_request = asyncio.run(_load(port, streams, prompt_len, max_tokens, stamps,
+                                          first))
     out = summary(wall, per_request)
     if timed:
         out["stamps"] = stamps
+        out["first_stamps"] = first
     return out
 
 
-def stages(stamps):
+def stages(stamps, table=STAGES):
     """``{stage: [µs, ...]}`` over ``stamps`` (the chunks that have both
-    ends of the stage; a chunk of several tokens counts once)."""
+    ends of the stage; a chunk of several tokens counts once), for the
+    stages of ``table`` (``STAGES`` or ``FIRST_STAGES``)."""
     out = {}
-    for name, start, end in STAGES:
+    for name, start, end in table:
         values = [(s[end] - s[start]) / 1e3 for s in stamps if start in s and end in s]
         if values:
             out[name] = values

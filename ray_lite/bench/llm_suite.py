@@ -59,7 +59,7 @@ def _sizes(ctx):
             "streams": ctx.pick((1, 16, 64), (1, 8), (2,)),
             "prompt": ctx.pick(32, 32, 8), "tokens": ctx.pick(128, 32, 6),
             "rounds": ctx.pick(3, 1, 1), "loads": ctx.pick(2, 1, 1),
-            "timed_tokens": ctx.pick(128, 64, 8)}
+            "timed_tokens": ctx.pick(128, 64, 8), "first_timed": ctx.pick(8, 4, 2)}
 
 
 def _env():
@@ -137,7 +137,8 @@ class _Server:
 
 def _http_contender(python, mode, env, sz, size, cwd):
     """Every load of ``sz`` on a fresh server: {streams: [summary, ...]},
-    and with the first model size "timed": one timed stream's summary."""
+    and with the first model size "timed": one timed stream's summary, with
+    the first tokens' stamps of ``first_timed`` requests."""
     from ._llm_load import http_load
     srv = _Server(python, mode, size, sz["streams"], env, cwd)
     try:
@@ -146,7 +147,11 @@ def _http_contender(python, mode, env, sz, size, cwd):
         out = {n: [http_load(srv.port, n, sz["prompt"], sz["tokens"])
                    for _ in range(sz["loads"])] for n in sz["streams"]}
         if size == sz["models"][0]:
-            out["timed"] = http_load(srv.port, 1, sz["prompt"], sz["timed_tokens"], timed=True)
+            timed = out["timed"] = http_load(srv.port, 1, sz["prompt"], sz["timed_tokens"],
+                                             timed=True)
+            for _ in range(sz["first_timed"] - 1):     # more first tokens (one a request)
+                timed["first_stamps"] += http_load(srv.port, 1, sz["prompt"], 2,
+                                                   timed=True)["first_stamps"]
         return out
     finally:
         srv.stop()
@@ -226,21 +231,24 @@ def _figures(size, n, impl, label, loads, goal_ids):
 
 def _breakdown_rows(size, per_round, contenders):
     """One row per stage of a token's way and per HTTP server: the median
-    µs over the timed stream's tokens of every round."""
-    from ._llm_load import STAGES, stages
+    µs over the timed stream's tokens of every round; then the same for
+    the way of a request to its first token."""
+    from ._llm_load import FIRST_STAGES, STAGES, stages
     figs = []
-    timed = {key: [s for r in rounds if "timed" in r for s in r["timed"]["stamps"]]
-             for key, rounds in per_round.items()}
-    for stage, _, _ in STAGES:
-        for key, impl, label, _ in contenders:
-            values = sorted(stages(timed.get(key) or []).get(stage, ()))
-            if not values:
-                continue
-            figs.append(Figure("B22", f"one token's way, {size} model, 1 stream: {stage}",
-                               impl, label, "us", percentile(values, 50), stat="p50",
-                               spread={"p90": percentile(values, 90)},
-                               trials=sum("timed" in r for r in per_round[key]),
-                               samples=len(values)))
+    for what, key_of_stamps, table in (("one token's way", "stamps", STAGES),
+                                       ("first token's way", "first_stamps", FIRST_STAGES)):
+        timed = {key: [s for r in rounds if "timed" in r for s in r["timed"][key_of_stamps]]
+                 for key, rounds in per_round.items()}
+        for stage, _, _ in table:
+            for key, impl, label, _ in contenders:
+                values = sorted(stages(timed.get(key) or [], table).get(stage, ()))
+                if not values:
+                    continue
+                figs.append(Figure("B22", f"{what}, {size} model, 1 stream: {stage}",
+                                   impl, label, "us", percentile(values, 50), stat="p50",
+                                   spread={"p90": percentile(values, 90)},
+                                   trials=sum("timed" in r for r in per_round[key]),
+                                   samples=len(values)))
     return figs
 
 

@@ -45,6 +45,14 @@ def test_the_llm_suite_measures_every_contender_and_names_its_goals(tmp_path):
         rows = [f for f in way if f["name"].endswith(stage)]
         assert {f["label"] for f in rows} == {"ray_lite", "hand-written: uvicorn + pipes"}
         assert all(f["unit"] == "us" and f["samples"] > 0 for f in rows), rows
+    first = [f for f in figures if "first token's way" in f["name"]]
+    for stage in ("request: client's send to the app's route",
+                  "request: route to the engine's add",
+                  "the prefill step, to the engine's replies", "handle: engine to ingress",
+                  "proxy: ASGI send to client's read", "client's send to its read (TTFT)"):
+        rows = [f for f in first if f["name"].endswith(stage)]
+        assert {f["label"] for f in rows} == {"ray_lite", "hand-written: uvicorn + pipes"}
+        assert all(f["unit"] == "us" and f["samples"] >= 2 for f in rows), rows
     step = [f for f in figures if "engine step" in f["name"]]
     assert step and step[0]["label"].startswith("floor") and "shard p50" in step[0]["spread"]
     assert all(len(line.encode()) <= 100 for line in run.stdout.splitlines()), run.stdout

@@ -28,7 +28,7 @@ from ray_lite._examples.llm_server.model import config_for, decode, encode  # no
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: A token's stamps in the order they are taken (engine.py, api.py).
-STAMPS = ("send", "work_start", "work_end", "replies", "pushed", "gen", "recv", "sse")
+STAMPS = ("add", "send", "work_start", "work_end", "replies", "pushed", "gen", "recv", "sse")
 
 
 def _post(port, path, payload, timeout=60):
@@ -170,6 +170,10 @@ def test_a_timed_stream_carries_each_tokens_stamps_in_the_order_they_were_taken(
         stamps = chunk["ray_lite_timing"]
         # One clock (CLOCK_MONOTONIC) across the engine, its workers and the ingress.
         assert [stamps[k] for k in STAMPS] == sorted(stamps[k] for k in STAMPS), stamps
+    # The first chunk's also starts where the request reached the app's route.
+    first = chunks[0]["ray_lite_timing"]
+    assert first["enter"] <= first["add"]
+    assert all("enter" not in c["ray_lite_timing"] for c in chunks[1:])
     _, _, body = _post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 3,
                                                  "stream": True})
     assert all("ray_lite_timing" not in json.loads(e) for e in _events(body)[:-1])

@@ -22,7 +22,8 @@ A streaming request with ``"ray_lite_timing": true`` (what ``ray-lite bench
 llm`` sends; other clients never see it) gets in each chunk the
 ``time.perf_counter_ns()`` stamps its tokens collected on their way (see
 ``engine``), plus ``recv`` (this app got the batch from its engine client)
-and ``sse`` (its chunk is about to be written).
+and ``sse`` (its chunk is about to be written); the first chunk also has
+``enter`` (the request, validated, reached this app's route).
 """
 import json
 import time
@@ -133,6 +134,7 @@ def _sse(obj):
 
 
 async def _serve(request, body, prompt, max_tokens, chat):
+    t_enter = time.perf_counter_ns()
     invalid = _check(request, body, prompt, max_tokens)
     if invalid is not None:
         return invalid
@@ -190,6 +192,7 @@ async def _serve(request, body, prompt, max_tokens, chat):
             batch = first
             if timed and batch:
                 batch[1]["recv"] = t_first
+                batch[1]["enter"] = t_enter
             while batch:
                 stamps = None
                 if timed:

@@ -18,7 +18,8 @@ consumers of a step's tokens run while the workers compute the next one.
 
 A sequence added with ``timed=True`` carries the ``time.perf_counter_ns()``
 stamps of the step that produced its latest tokens (CLOCK_MONOTONIC, shared
-by every process of the machine): ``send`` (the step sent), ``work_start``
+by every process of the machine): ``add`` (the sequence was added to the
+engine), ``send`` (the step sent), ``work_start``
 and ``work_end`` (the first worker started, the last one finished),
 ``replies`` (the engine has every reply), ``pushed`` (the token is in the
 sequence's stream) and, from ``generate``, ``gen`` (the generator yields
@@ -94,7 +95,7 @@ class TokenStream:
 
 
 class Sequence:
-    __slots__ = ("id", "prompt", "max_tokens", "slot", "out", "stream", "t_added")
+    __slots__ = ("id", "prompt", "max_tokens", "slot", "out", "stream", "t_added", "add_ns")
 
     def __init__(self, prompt, max_tokens, timed=False):
         self.id = next(_ids)
@@ -104,6 +105,7 @@ class Sequence:
         self.out = []
         self.stream = TokenStream(timed)
         self.t_added = time.monotonic()
+        self.add_ns = _ns() if timed else 0
 
 
 class Scheduler:
@@ -343,7 +345,8 @@ class AsyncEngine:
                 stream = seq.stream
                 stream.push(token)
                 if stream.stamps is not None:
-                    stream.stamps = {"send": t_send, "work_start": min(r[2] for r in replies),
+                    stream.stamps = {"add": seq.add_ns, "send": t_send,
+                                     "work_start": min(r[2] for r in replies),
                                      "work_end": max(r[3] for r in replies),
                                      "replies": t_replies, "pushed": _ns()}
                 if done:
