@@ -19,6 +19,13 @@ from serve_helpers import wait_until
 _OPEN = [0]     # the streams open in this replica's process (the test's module there)
 
 
+def _open_here():
+    # A module function, called by name: a deployment's class travels by
+    # value, and a global its methods read directly would be the copy that
+    # came with it, not the counter the streams change.
+    return _OPEN[0]
+
+
 async def _held_body():
     _OPEN[0] += 1
     try:
@@ -34,7 +41,7 @@ class Held:
         return StreamingResponse(_held_body(), media_type="text/plain")
 
     def open_streams(self):
-        return _OPEN[0]
+        return _open_here()
 
 
 def _held_app():
@@ -51,7 +58,7 @@ def _held_app():
 @serve.ingress(_held_app())
 class HeldAsgi:
     def open_streams(self):
-        return _OPEN[0]
+        return _open_here()
 
 
 def _first_chunk(port):
