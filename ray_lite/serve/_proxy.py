@@ -85,8 +85,9 @@ def _framed(chunks):
 
 
 def framed(item, chunked):
-    """One item of a replica's streamed body (a chunk, or a list of them) as
-    the bytes to write: each chunk its own HTTP/1.1 chunk when ``chunked``."""
+    """One item of a replica's streamed body (a chunk, or a list of the
+    chunks that queued up there) as the bytes to write: each chunk its own
+    HTTP/1.1 chunk when ``chunked``, as it was yielded (Ray Serve's framing)."""
     if type(item) is list:
         return _framed(item) if chunked else b"".join(item)
     if chunked and item:
@@ -766,18 +767,9 @@ class ProxyActor:
                     if conn.closed:
                         break
                     if not head_only and chunk:
-                        if type(chunk) is not list:
-                            pending.append(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked
-                                           else chunk)
-                        elif chunked:
-                            # Chunks that queued up in the replica, one
-                            # message: each its own HTTP chunk, as it was
-                            # yielded (Ray Serve's framing).
-                            framed = _framed(chunk)
-                            if framed:
-                                pending.append(framed)
-                        else:
-                            pending.extend(chunk)
+                        data = framed(chunk, chunked)
+                        if data:
+                            pending.append(data)
                     if len(pending) >= STREAM_WRITE_BATCH or not gen.next_ready():
                         break
                     ref = next(gen)     # reported already: a look-up
