@@ -53,6 +53,21 @@ def _descriptors(ex):
     return {ring.fileno() for ring in ex._rings} | set(ex._pidfds)
 
 
+async def _nothing_readable(fds, turns=1000):
+    """The loop's turns (not time) until none of ``fds`` is readable.
+
+    A worker that saw the ring armed just before the reply was read sends
+    its wake-up a moment later: the loop's next turn drains it.  A
+    descriptor that stays readable would wake an idle loop again and again:
+    that fails here, after ``turns`` turns."""
+    for _ in range(turns):
+        if not select.select(list(fds), [], [], 0)[0]:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"still readable after {turns} turns of the loop: "
+                         f"{select.select(list(fds), [], [], 0)[0]}")
+
+
 def test_the_loop_keeps_watching_between_calls_and_nothing_is_readable_while_idle(ex):
     async def main():
         loop = asyncio.get_running_loop()
@@ -61,10 +76,27 @@ def test_the_loop_keeps_watching_between_calls_and_nothing_is_readable_while_idl
             assert await ex.collective_rpc_async("echo", args=(i,)) == [(0, i), (1, i)]
             # Still registered after the call: the next one pays nothing.
             assert fds <= _watched(loop)
-            # ...and none of them is readable: an idle loop sleeps.
-            assert select.select(list(fds), [], [], 0)[0] == []
+            # ...and none of them stays readable: an idle loop sleeps.
+            await _nothing_readable(fds)
         ex.shutdown()
         assert not fds & _watched(loop)
+
+    asyncio.run(main())
+
+
+def test_a_late_wake_up_is_drained_by_the_loop(ex):
+    """A wake-up that lands after its reply was read (the worker was
+    between seeing the ring armed and writing its descriptor) is read off
+    by the loop's next turn, not left to wake it forever."""
+    async def main():
+        fds = _descriptors(ex)
+        assert await ex.collective_rpc_async("echo", args=(1,)) == [(0, 1), (1, 1)]
+        await _nothing_readable(fds)
+        ring = ex._rings[0]
+        os.write(ring.fileno(), b"\1")   # the FIFO is open for both ends: as the worker writes
+        assert select.select([ring.fileno()], [], [], 0)[0] == [ring.fileno()]
+        await _nothing_readable(fds)
+        assert await ex.collective_rpc_async("echo", args=(2,)) == [(0, 2), (1, 2)]
 
     asyncio.run(main())
 
