@@ -53,6 +53,7 @@ class _Dep:
         self.target = gang.whole(self, self.config["num_replicas"])  # autoscaling moves it
         self.gang_of = {}                   # replica id -> its gang's ids (gang.py)
         self.ranks = {}                     # replica id -> its rank (starting or in service)
+        self.listening = set()              # replica ids taking HTTP themselves (direct ingress)
         self.autoscaler = None              # the task sampling its load, when it autoscales
         self.waiting = {}                   # caller key -> requests it holds (see _demand)
         self.status = "UPDATING"
@@ -351,18 +352,70 @@ class ServeController(Autoscaling, DeploymentActors):
     async def http_address(self):
         return (self.http_options.get("host", _defaults.HTTP_HOST), self.http_port)
 
-    async def direct_ingress(self, app_name, dep_name):
-        """The HTTP options (with the port) an ingress replica of ``app_name``
-        listens with in direct-ingress mode; None when it does not listen."""
-        from ._direct import direct_ingress_on
+    async def direct_ingress(self, app_name, dep_name, rid):
+        """The HTTP options (with the port) ingress replica ``rid`` of
+        ``app_name`` listens with in direct-ingress mode; None when it does
+        not listen: not the ingress, not direct ingress, or as many of its
+        deployment's replicas listen as ``direct_ingress_listeners`` says
+        (the others stand by: ``_top_up_listeners``)."""
         app = self.apps.get(app_name)
         if app is None or app.ingress != dep_name or app.route_prefix is None or \
                 self._proxies_started is None:
             return None
         port = await asyncio.shield(self._proxies_started)
-        if not direct_ingress_on(self.http_options):
+        dep = app.deps.get(dep_name)
+        if dep is None or not self._direct_ingress_of(dep):
             return None
+        if rid not in dep.ranks or len(dep.listening) >= self._listener_cap():
+            return None
+        dep.listening.add(rid)
+        self._save()
         return dict(self.http_options, port=port)
+
+    def _direct_ingress_of(self, dep):
+        """Whether ``dep`` takes HTTP itself: direct ingress is on and it is
+        the ingress deployment, in service, of an application with a route."""
+        from ._direct import direct_ingress_on
+        app = self.apps.get(dep.app)
+        return (not self.shutting_down and app is not None and app.deps.get(dep.name) is dep
+                and app.ingress == dep.name and app.route_prefix is not None
+                and self._proxies_started is not None
+                and direct_ingress_on(self.http_options))
+
+    def _listener_cap(self):
+        """How many replicas of an ingress deployment listen at most: the
+        HTTP option ``direct_ingress_listeners``, by default the cores.  More
+        listeners than cores only spread the connections thinner: each is
+        woken for fewer requests, and every wake-up costs."""
+        n = self.http_options.get("direct_ingress_listeners")
+        return int(n) if n else _cores()
+
+    def _top_up_listeners(self, dep):
+        """After a listener left (it died, stopped or was drained): the
+        replicas in service with the lowest ranks that stand by start
+        listening, up to ``_listener_cap``."""
+        if not self._direct_ingress_of(dep) or not self._proxies_started.done():
+            return
+        dep.listening &= set(dep.replicas) | set(dep.starting_handles)
+        room = self._listener_cap() - len(dep.listening)
+        if room <= 0:
+            return
+        standby = sorted((dep.ranks.get(rid, 1 << 30), rid) for rid in dep.replicas
+                         if rid not in dep.listening and rid not in dep.stopping)
+        for _, rid in standby[:room]:
+            dep.listening.add(rid)
+            self._task(dep, self._start_listening(dep, rid, dep.replicas[rid]))
+        self._save()
+
+    async def _start_listening(self, dep, rid, h):
+        try:
+            port = await asyncio.shield(self._proxies_started)
+            if await h.listen_direct.remote(dict(self.http_options, port=port)):
+                return
+        except Exception as exc:   # noqa: BLE001 - it died (its watcher replaces it), or could not bind
+            print(f"Serve: replica {rid} of {dep.app}/{dep.name} could not start listening: "
+                  f"{_error_text(exc)}", file=sys.stderr, flush=True)
+        dep.listening.discard(rid)
 
     # ------------------------------------------------------------- replicas
     def _replica_class(self):
@@ -441,6 +494,7 @@ class ServeController(Autoscaling, DeploymentActors):
                 if len(pids) < len(members) or None in pids or not live:
                     for rid in members:
                         dep.ranks.pop(rid, None)
+                        dep.listening.discard(rid)
                         if not isinstance(made[rid], Exception):
                             self._kill(made[rid])
                     return
@@ -561,6 +615,7 @@ class ServeController(Autoscaling, DeploymentActors):
         application say UNHEALTHY, naming the replica and why."""
         dep.pids.pop(rid, None)
         dep.ranks.pop(rid, None)
+        dep.listening.discard(rid)
         if dep.replicas.pop(rid, None) is None or rid in dep.stopping:
             return
         for mate in gang.mates(dep, rid):       # RESTART_GANG: its gang goes with it
@@ -568,12 +623,14 @@ class ServeController(Autoscaling, DeploymentActors):
             if mh is not None:
                 dep.pids.pop(mate, None)
                 dep.ranks.pop(mate, None)
+                dep.listening.discard(mate)
                 dep.stopping.add(mate)
                 self._kill(mh)
         if stop:
             dep.stopping.add(rid)
             dep.draining[rid] = h
             asyncio.ensure_future(self._drain_one(dep, rid, h))
+        self._top_up_listeners(dep)
         app = self.apps.get(dep.app)
         if self.shutting_down or app is None or app.deps.get(dep.name) is not dep:
             self._bump()
@@ -873,6 +930,7 @@ class ServeController(Autoscaling, DeploymentActors):
                     "config": d.config, "replicas": dict(d.replicas), "pids": dict(d.pids),
                     "orphans": list(d.starting_handles.values()) + list(d.draining.values()),
                     "target": d.target, "gang_of": dict(d.gang_of), "ranks": dict(d.ranks),
+                    "listening": sorted(d.listening),
                     "status": d.status, "message": d.message,
                     "code_version": d.code_version, "actors": dict(d.actors)}
             apps[app.name] = {"route_prefix": app.route_prefix, "ingress": app.ingress,
@@ -910,6 +968,7 @@ class ServeController(Autoscaling, DeploymentActors):
                 dep.replicas, dep.pids = d["replicas"], d["pids"]
                 dep.target, dep.gang_of = d["target"], d["gang_of"]
                 dep.ranks = {rid: r for rid, r in d["ranks"].items() if rid in dep.replicas}
+                dep.listening = {rid for rid in d.get("listening", ()) if rid in dep.replicas}
                 dep.status, dep.message = d["status"], d["message"]
                 dep.code_version, dep.actors = d["code_version"], d["actors"]
                 if dep.actors:
@@ -1192,10 +1251,12 @@ def _same_code(a, b):
 SPARE_PROXIES = 2
 
 
-def _default_proxies():
-    import os
+def _cores():
     try:
-        cores = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores) + SPARE_PROXIES
+        return os.cpu_count() or 1
+
+
+def _default_proxies():
+    return _cores() + SPARE_PROXIES

@@ -102,9 +102,11 @@ class Autoscaling:
             dep.gang_of.pop(rid, None)
             dep.pids.pop(rid, None)
             dep.ranks.pop(rid, None)
+            dep.listening.discard(rid)
             dep.stopping.add(rid)
             dep.draining[rid] = h
             asyncio.ensure_future(self._drain_one(dep, rid, h))
+        self._top_up_listeners(dep)
         self._bump()
 
     async def _drain_one(self, dep, rid, h):

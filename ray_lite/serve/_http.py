@@ -51,16 +51,19 @@ class HTTPOptions:
     ``proxies`` (processes sharing the port), ``max_body_size``,
     ``metrics_export_port`` (Prometheus text on that port, as Ray's
     ``--metrics-export-port``), ``access_log`` (a line per request on
-    standard error) and ``direct_ingress`` (the ingress replicas take HTTP
-    themselves, see _direct; Ray's switch is ``RAY_SERVE_ENABLE_DIRECT_INGRESS``)."""
+    standard error), ``direct_ingress`` (the ingress replicas take HTTP
+    themselves, see _direct; Ray's switch is ``RAY_SERVE_ENABLE_DIRECT_INGRESS``)
+    and ``direct_ingress_listeners`` (how many of them listen; default: the
+    cores)."""
 
     FIELDS = ("host", "port", "request_timeout_s", "keep_alive_timeout_s", "proxies",
-              "max_body_size", "metrics_export_port", "access_log", "direct_ingress")
+              "max_body_size", "metrics_export_port", "access_log", "direct_ingress",
+              "direct_ingress_listeners")
 
     def __init__(self, host=None, port=None, request_timeout_s=None,
                  keep_alive_timeout_s=None, proxies=None, max_body_size=None,
                  metrics_export_port=None, access_log=None, direct_ingress=None,
-                 **ray_only):
+                 direct_ingress_listeners=None, **ray_only):
         # Ray's fields that mean nothing on one machine (location, num_cpus,
         # root_url, middlewares...) are accepted and ignored.
         from ._defaults import HTTP_HOST, HTTP_PORT, KEEP_ALIVE_TIMEOUT_S
@@ -74,6 +77,7 @@ class HTTPOptions:
         self.metrics_export_port = metrics_export_port
         self.access_log = access_log
         self.direct_ingress = direct_ingress
+        self.direct_ingress_listeners = check_listeners(direct_ingress_listeners)
         for name in ray_only:
             if name not in _RAY_ONLY_FIELDS:
                 raise TypeError(f"HTTPOptions got an unexpected field {name!r}")
@@ -83,6 +87,16 @@ class HTTPOptions:
 
     def __repr__(self):
         return f"HTTPOptions({self.to_dict()!r})"
+
+
+def check_listeners(n):
+    """``direct_ingress_listeners``: None (the default) or a whole number >= 1."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"http_options: direct_ingress_listeners must be a whole number "
+                         f">= 1, not {n!r}")
+    return n
 
 
 _RAY_ONLY_FIELDS = ("location", "num_cpus", "root_url", "root_path", "middlewares",

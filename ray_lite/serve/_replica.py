@@ -118,6 +118,8 @@ class ServeReplica:
         context.set_controller(controller)
         self._controller = controller
         self._direct = None     # a _direct.DirectServer: this replica takes HTTP itself
+        self._draining = False  # drain() began: it takes no more work
+        self._listen_starting = False
         self._rank = rank
         self._app = app_name
         self._deployment = deployment_name
@@ -219,18 +221,40 @@ class ServeReplica:
 
     async def _start_direct_ingress(self):
         """In direct-ingress mode, an ingress replica listens on its
-        application's port itself (see _direct)."""
-        options = await self._controller.direct_ingress.remote(self._app, self._deployment)
-        if options is None:
+        application's port itself (see _direct), if the controller says so:
+        as many listen as the machine has cores, the others stand by."""
+        options = await self._controller.direct_ingress.remote(self._app, self._deployment,
+                                                               self._id)
+        if options is not None:
+            await self._listen(options)
+
+    async def listen_direct(self, options):
+        """The controller's call to a replica standing by: a listener left,
+        take its place (True; False if this replica is stopping)."""
+        if self._direct is not None:
+            return True
+        if self._draining:
+            return False
+        await self._listen(options)
+        return True
+
+    async def _listen(self, options):
+        if self._direct is not None or self._listen_starting:
             return
         from ._direct import DirectServer
-        server = DirectServer(self, self._controller, self._rank, options)
+        self._listen_starting = True
         try:
-            await server.start()
-        except BaseException:
-            server.sock.close()
-            raise
+            server = DirectServer(self, self._controller, self._rank, options)
+            try:
+                await server.start()
+            except BaseException:
+                server.sock.close()
+                raise
+        finally:
+            self._listen_starting = False
         self._direct = server
+        if self._draining:      # drain() began while it started: it found no server to stop
+            await server.stop(0.0)
 
     async def _start(self, async_init, user_config):
         if async_init is not None:
@@ -341,6 +365,7 @@ class ServeReplica:
         the ASGI app's lifespan shutdown, if any; True if drained."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
+        self._draining = True
         if self._direct is not None:
             # No new connection; those open end after their answers.
             await self._direct.stop(timeout_s)

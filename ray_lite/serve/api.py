@@ -12,7 +12,7 @@ from ray_lite._private.process import backend
 from ray_lite._private.api.call_options import _user_stacklevel
 
 from . import _controller_checkpoint, _core, _defaults, _metrics, context
-from ._http import HTTPOptions, check_route_prefix
+from ._http import HTTPOptions, check_listeners, check_route_prefix
 from .deployment import Application, Deployment
 from .handle import DeploymentHandle
 from ._asgi import asgi_app_of_class, pickle_deployment_class
@@ -121,6 +121,7 @@ def _http_options(http_options):
     if http_options is None:
         return {}
     if isinstance(http_options, dict):
+        check_listeners(http_options.get("direct_ingress_listeners"))
         return dict(http_options)
     if isinstance(http_options, HTTPOptions):
         return http_options.to_dict()

@@ -208,3 +208,114 @@ def test_the_choice_counts_each_replicas_own_requests_against_its_limit():
     assert _proxy._choose_beside_direct(route, None) is None
     busy.streams[1] = 1         # one of its own left
     assert _proxy._choose_beside_direct(route, None) is busy
+
+
+def _listeners(port):
+    """The inodes of the sockets listening on ``port`` (IPv4 loopback)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        return {int(fields[9]) for fields in map(str.split, f)
+                if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port}
+
+
+def _listening_pids(port, pids):
+    listening = _listeners(port)
+    return {pid for pid in pids if _socket_inodes(pid) & listening}
+
+
+def test_as_many_replicas_listen_as_the_machine_has_cores(serve_runtime):
+    port = _serve_direct()
+    serve.run(whoami.options(num_replicas=3).bind())
+    replicas, proxy = _processes("default", "whoami")
+    cores = len(os.sched_getaffinity(0))
+    # Counted once each has started: a replica asks before it joins.
+    wait_until(lambda: len(_listening_pids(port, replicas)) == min(3, cores),
+               f"{min(3, cores)} replicas to listen", 30)
+    assert _listening_pids(port, [proxy]) == {proxy}
+
+
+def _serve_direct_listeners(n):
+    serve.start(http_options={"port": 0, "proxies": 1, "request_timeout_s": 10,
+                              "direct_ingress": True, "direct_ingress_listeners": n})
+    return _http_port()
+
+
+def test_the_replicas_beyond_the_listeners_stand_by_and_still_serve(serve_runtime):
+    port = _serve_direct_listeners(1)
+    serve.run(Holder.options(num_replicas=3, max_queued_requests=-1).bind())
+    replicas, _ = _processes("default", "Holder")
+    wait_until(lambda: len(_listening_pids(port, replicas)) == 1, "one replica to listen", 30)
+    (listener,) = _listening_pids(port, replicas)
+    held = _hold(port, listener)
+    try:
+        # Whoever accepts them (the proxy, the full listener), the requests
+        # go to the replicas standing by.
+        for _ in range(8):
+            status, _, body = http(port, "GET", "/")
+            assert status == 200 and int(body) in set(replicas) - {listener}
+    finally:
+        held.close()
+
+
+def test_a_listener_that_dies_is_replaced_by_a_replica_standing_by(serve_runtime):
+    import signal
+    port = _serve_direct_listeners(1)
+    serve.run(whoami.options(num_replicas=2).bind())
+    replicas, _ = _processes("default", "whoami")
+    wait_until(lambda: len(_listening_pids(port, replicas)) == 1, "one replica to listen", 30)
+    (listener,) = _listening_pids(port, replicas)
+    (standby,) = set(replicas) - {listener}
+    os.kill(listener, signal.SIGKILL)   # a replica this test's runtime started
+    # The one standing by listens at once, not its dead mate's replacement.
+    wait_until(lambda: _listening_pids(port, [standby]) == {standby},
+               "the replica standing by to listen", 30)
+    assert http(port, "GET", "/")[0] == 200
+    # Its replacement, once up, stands by: one listener, as asked.
+    wait_until(lambda: len(_processes("default", "whoami")[0]) == 2 and
+               listener not in _processes("default", "whoami")[0], "the replacement", 30)
+    replicas, _ = _processes("default", "whoami")
+    assert _listening_pids(port, replicas) == {standby}
+
+
+@serve.deployment(health_check_period_s=0.05, health_check_timeout_s=5)
+class FailsWhenTold:
+    """Fails its health checks once a file named after its pid exists."""
+
+    def __init__(self, folder):
+        self.mark = os.path.join(folder, str(os.getpid()))
+
+    def check_health(self):
+        if os.path.exists(self.mark):
+            raise RuntimeError("told to fail")
+
+    def __call__(self, request):
+        return str(os.getpid())
+
+
+def test_a_listener_taken_out_of_service_hands_its_place_on(serve_runtime, tmp_path):
+    # Failing its health checks, the listener is drained (not killed): a
+    # replica standing by listens before it goes.
+    port = _serve_direct_listeners(1)
+    serve.run(FailsWhenTold.options(num_replicas=2).bind(str(tmp_path)))
+    replicas, _ = _processes("default", "FailsWhenTold")
+    wait_until(lambda: len(_listening_pids(port, replicas)) == 1, "one replica to listen", 30)
+    (listener,) = _listening_pids(port, replicas)
+    (standby,) = set(replicas) - {listener}
+    (tmp_path / str(listener)).touch()
+    wait_until(lambda: _listening_pids(port, [standby]) == {standby},
+               "the replica standing by to listen", 30)
+    wait_until(lambda: listener not in _processes("default", "FailsWhenTold")[0] and
+               len(_processes("default", "FailsWhenTold")[0]) == 2, "the replacement", 30)
+    replicas, _ = _processes("default", "FailsWhenTold")
+    assert _listening_pids(port, replicas) == {standby}
+    assert http(port, "GET", "/")[0] == 200
+
+
+def test_the_listeners_option_is_checked():
+    import pytest
+
+    from ray_lite.serve import HTTPOptions
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="direct_ingress_listeners"):
+            HTTPOptions(direct_ingress_listeners=bad)
+    assert HTTPOptions(direct_ingress_listeners=2).to_dict()["direct_ingress_listeners"] == 2
