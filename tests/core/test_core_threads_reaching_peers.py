@@ -139,3 +139,49 @@ def test_an_actor_waiting_for_resources_starts_when_another_thread_frees_them(rt
     remove_placement_group(group)
     t.join(T)
     assert answers == ["pong"]
+
+
+@ray.remote
+class _Gate:
+    def __init__(self):
+        self.opened = asyncio.Event()
+
+    async def wait(self):
+        await self.opened.wait()
+
+    async def open(self):
+        self.opened.set()
+
+
+@ray.remote(max_concurrency=2)
+class _Mutual:
+    def __init__(self, name):
+        self.name = name
+
+    def ping(self):
+        return self.name
+
+    def call_when_open(self, gate, other):
+        ray.get(gate.wait.remote())
+        return ray.get(other.ping.remote())
+
+
+def test_two_actors_calling_each_other_first_at_once_both_get_their_answers(rt):
+    # Each makes a link to the other before the other's reaches it.  The
+    # second link used to replace the first on each side: the calls sent on
+    # the replaced one were never read (and a loop watching it spun).
+    for _ in range(3):
+        gate = _Gate.remote()
+        pairs = [(_Mutual.remote(f"a{i}"), _Mutual.remote(f"b{i}")) for i in range(4)]
+        calls = []
+        for a, b in pairs:
+            calls += [a.call_when_open.remote(gate, b), b.call_when_open.remote(gate, a)]
+        ray.get(gate.open.remote(), timeout=T)
+        assert ray.get(calls, timeout=T) == [n for i in range(4) for n in (f"b{i}", f"a{i}")]
+        # Later calls, both ways, on the links that stayed.
+        for a, b in pairs:
+            assert ray.get([a.call_when_open.remote(gate, b), b.call_when_open.remote(gate, a)],
+                           timeout=T) == [ray.get(b.ping.remote(), timeout=T),
+                                          ray.get(a.ping.remote(), timeout=T)]
+        for actor in [gate] + [x for p in pairs for x in p]:
+            ray.kill(actor)

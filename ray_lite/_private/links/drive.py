@@ -171,7 +171,7 @@ class DrivingMixin:
         peer = e.peer
         try:
             try:
-                link = self.links.get(peer)
+                link = self.reading_link(peer)
                 if link is not None:
                     handlers = self.handlers
                     deadline = time.monotonic() + HINT_BUDGET_S
@@ -271,7 +271,7 @@ class DrivingMixin:
         """
         if self._drain():
             return True
-        link = self.links.get(peer)
+        link = self.reading_link(peer)
         if link is None:
             return False
         try:
@@ -286,7 +286,8 @@ class DrivingMixin:
     def _poll(self, timeout, pred=None):
         if self._drain() or timeout == 0:
             return
-        if (self.single_waiter and len(self.links) == 1 and len(self.sentinels) <= 1
+        if (self.single_waiter and len(self.links) == 1 and not self.reading_links
+                and len(self.sentinels) <= 1
                 and not _limbo and len(_active) == 1):
             # One peer (a worker's driver, an actor's only caller): wait on
             # its ring directly; the ring notices the peer's death itself.

@@ -231,7 +231,7 @@ class _LoopBridge:
         tens of microseconds on a VM), which a short sleep in the selector
         would.  Other links are read only when the spin ends.
         """
-        link = self.node.links.get(peer)
+        link = self.node.reading_link(peer)
         if (link is None or self.closed or self.suspended or entry.ready
                 or not self._take_drive()):
             return entry.ready

@@ -208,7 +208,7 @@ class ServiceThread:
         """Under the drive lock: handle what woke us, drain, arm; the fds to poll."""
         node = self.node
         node.on_sentinels_fired(fired)
-        links = list(node.links.values())
+        links = node.all_links()
         fired = set(fired)
         for link in links:
             if link.fileno() in fired:

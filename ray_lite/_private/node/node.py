@@ -52,7 +52,10 @@ class Node(DrivingMixin):
         self.id = node_id
         self.driver_pid = driver_pid
         self.shm_prefix = shm_prefix
-        self.links = {}          # peer id -> Link
+        self.links = {}          # peer id -> Link (what we send on; the peer's replies come back on it)
+        # peer id -> the Link the peer made when we both made one at once
+        # (``add_reading_link``): its messages come on that one, ours go on ours.
+        self.reading_links = {}
         self.peer_pids = {}      # peer id -> pid
         self.sentinels = {}      # pidfd -> peer id
         self.dead_peers = {}     # peer id -> error factory kind
@@ -162,7 +165,16 @@ class Node(DrivingMixin):
     # --------------------------------------------------------------- links
     def add_link(self, peer, link, pid):
         link.on_full = self._on_link_full
+        old = self.links.get(peer)
         self.links[peer] = link
+        if old is not None and old is not link:
+            # A new process for the peer (an actor restarted before its old
+            # one's death was seen): the old link is read by nobody now, and
+            # a loop still watching it would find it readable forever.
+            self._drop_link(old)
+        extra = self.reading_links.pop(peer, None)
+        if extra is not None:
+            self._drop_link(extra)
         self._index_links()
         self.inflight.setdefault(peer, {})
         if pid is not None and pid != os.getpid():
@@ -177,9 +189,42 @@ class Node(DrivingMixin):
             self.bridges.watch(link, None)
         self.links_changed()
 
+    def add_reading_link(self, peer, link):
+        """``peer`` made a link to us while we made ours to it (each of two
+        workers called the other first at the same moment): each goes on
+        sending on the link it made, so that its messages stay in order, and
+        reads the other's too.  ``reading_link`` names the one a peer's
+        messages come on."""
+        link.on_full = self._on_link_full
+        old = self.reading_links.get(peer)
+        self.reading_links[peer] = link
+        if old is not None:
+            self._drop_link(old)
+        self._index_links()
+        self.bridges.watch(link, None)
+        self.links_changed()
+
+    def reading_link(self, peer):
+        """The link ``peer``'s messages come on."""
+        link = self.reading_links.get(peer)
+        return self.links.get(peer) if link is None else link
+
+    def all_links(self):
+        links = list(self.links.values())
+        if self.reading_links:
+            links += self.reading_links.values()
+        return links
+
+    def _drop_link(self, link):
+        self.bridges.unwatch_fd(link.fileno())
+        link.close()
+
     def remove_peer(self, peer):
         link = self.links.pop(peer, None)
+        extra = self.reading_links.pop(peer, None)
         self._index_links()
+        if extra is not None:
+            self._drop_link(extra)
         for fd, p in list(self.sentinels.items()):
             if p == peer:
                 del self.sentinels[fd]
@@ -196,6 +241,9 @@ class Node(DrivingMixin):
         # meanwhile) with each ring's poll bound once; one attribute, so that
         # a drain on another thread never pairs a new list with old polls.
         entries = tuple((peer, link, link._rx.poll) for peer, link in self.links.items())
+        if self.reading_links:
+            entries += tuple((peer, link, link._rx.poll)
+                             for peer, link in self.reading_links.items())
         self._drain_list = (entries, tuple(e[2] for e in entries))
 
     @sleep_point
@@ -274,13 +322,13 @@ class Node(DrivingMixin):
         if peer in self.dead_peers:
             return
         # Whatever the peer wrote before dying is still worth reading.
-        link = self.links.get(peer)
-        if link is not None:
-            try:
-                for msg in link.recv_all():
-                    self.handlers[msg[0]](peer, msg)
-            except (LinkClosed, OSError):
-                pass
+        for link in (self.links.get(peer), self.reading_links.get(peer)):
+            if link is not None:
+                try:
+                    for msg in link.recv_all():
+                        self.handlers[msg[0]](peer, msg)
+                except (LinkClosed, OSError):
+                    pass
         kind = self.peer_kind(peer)
         self.dead_peers[peer] = kind
         pid = self.peer_pids.get(peer)

@@ -82,7 +82,8 @@ class WorkerNode(TaskRunner, Node):
         self.loop = None
         self.loop_done = None   # resolved to end an async actor's loop (worker_main)
         self.executor = None
-        self._connect_lock = threading.Lock()
+        # Reentrant: connect() on a full ring drains, which may run _on_attach.
+        self._connect_lock = threading.RLock()
         self.held_calls = HeldCalls(self)       # calls waiting for a ref argument
         # Its table, also on the node: ``_on_method`` looks at it on every
         # call of a sync actor (B11).  ``self.held_calls.by_peer`` there
@@ -140,7 +141,17 @@ class WorkerNode(TaskRunner, Node):
             link = Link.attach(names)
         except LinkClosed:   # the requester closed it meanwhile (it died, or let go of us)
             return
-        self.add_link(requester, link, pid)
+        # Under the lock ``connect`` takes: another thread of ours may be
+        # making a link to the same peer right now.
+        with self._connect_lock:
+            if requester in self.links and requester != self.id and \
+                    self.peer_pids.get(requester) in (None, pid):
+                # It called us first while we called it first: we both made
+                # a link.  Replacing ours would lose what we sent on it; each
+                # side keeps sending on its own and reads the other's.
+                self.add_reading_link(requester, link)
+                return
+            self.add_link(requester, link, pid)
 
     def request(self, op, *args):
         """A request to the driver, answered; drives the links while waiting."""
