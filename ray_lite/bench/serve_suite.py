@@ -77,15 +77,16 @@ def _sizes(ctx):
 
 
 def _ab(port, n, c):
-    out = subprocess.run(["ab", "-n", str(n), "-c", str(c), f"http://127.0.0.1:{port}/"],
-                         capture_output=True, text=True, timeout=900).stdout
+    run = subprocess.run(["ab", "-n", str(n), "-c", str(c), f"http://127.0.0.1:{port}/"],
+                         capture_output=True, text=True, timeout=900)
+    out = run.stdout
 
     def grab(pattern, default=None):
         m = re.search(pattern, out)
         return float(m.group(1)) if m else default
     rps = grab(r"Requests per second:\s+([\d.]+)")
     if rps is None:
-        raise RuntimeError(f"ab failed: {out[-400:]}")
+        raise RuntimeError(f"ab failed: {run.stderr.strip()[-300:] or out[-400:]}")
     return {"rps": rps, "failed": int(grab(r"Failed requests:\s+(\d+)", 0)),
             "mean_ms": grab(r"Time per request:\s+([\d.]+) \[ms\] \(mean\)"),
             "p50_ms": grab(r"\n\s+50%\s+(\d+)"), "p99_ms": grab(r"\n\s+99%\s+(\d+)")}

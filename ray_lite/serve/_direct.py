@@ -1,19 +1,27 @@
 """Direct ingress: the ingress deployment's replicas take HTTP themselves.
 
 Switched on by Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (set before the
-runtime starts) or ``http_options={"direct_ingress": True}``.  Each replica
-of an application's ingress deployment then runs a ``DirectServer`` in its
-own process: it binds the application's port beside the proxies
-(SO_REUSEPORT, the kernel spreading new connections over every socket),
-parses with the proxies' compiled connection and runs a request of its own
-route in this process, with no hop over a ring.  What it should not take
-goes over the rings to the replica the router picks, exactly as from a proxy:
+runtime starts) or ``http_options={"direct_ingress": True}``.  As many
+replicas of an application's ingress deployment as the machine has cores
+(``direct_ingress_listeners``; the controller picks them, and a replica
+standing by takes a listener's place when it leaves) each run a
+``DirectServer`` in their own process: it binds the application's port
+beside the proxies (SO_REUSEPORT, the kernel spreading new connections over
+every socket), parses with the proxies' compiled connection and runs a
+request of its own route in this process, with no hop over a ring.  Fewer
+listeners than replicas, because each listener is woken for its own
+connections: one per core reads many requests per wake-up.  What it should
+not take goes over the rings to the replica the router picks, exactly as
+from a proxy (each listener links to every replica of its routes and sees
+their load):
 
 - a request for another application's route (each replica knows every
   route, as a proxy does);
 - a request while this replica has no free slot of its
-  ``max_ongoing_requests``, or has a stream or WebSocket open (a new
-  request would wait behind it: the router picks a less loaded replica);
+  ``max_ongoing_requests``;
+- while it has a stream or WebSocket open, or runs a request of a route
+  that is not fast (``ServiceTime``): where the router sends it, by load,
+  which may be here;
 - a request of a multiplexed model (its replica is the model's, by
   rendezvous hashing, as from a proxy);
 - a WebSocket (relayed to the replica the router picks, which may be this one).
@@ -50,10 +58,6 @@ def direct_ingress_on(http_options):
     if v is not None:
         return bool(v)
     return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes")
-
-
-async def _nothing():
-    return None
 
 
 class _OwnSlot:
@@ -131,14 +135,13 @@ class DirectServer(ProxyActor):
 
     # ------------------------------------------------------------ routing
     def _replica_cell_of(self, rep):
-        # Only its own: a proxy opens its links to every replica at once, but
-        # every replica doing so would open one to each other (48 replicas:
-        # 2,256 links, set up at once); a link opens at the first request
-        # sent on it instead, and the others' counts (open streams, requests
-        # of their own listeners) go unseen.
+        # Its own through its own process; the others' as a proxy maps them
+        # (a link to each replica: affordable for as many listeners as
+        # cores), so that its choices see their open streams and the
+        # requests their own listeners took.
         if rep.actor_id == self.local_id:
             return self.replica.replica_cell()
-        return _nothing()
+        return ProxyActor._replica_cell_of(self, rep)
 
     def _mark_local(self, routes):
         for r in routes:
@@ -157,9 +160,13 @@ class DirectServer(ProxyActor):
         rep = self.replica
         slots = rep._slots
         if slots.free > 0 and not slots.waiters:
-            if rep._open_streams == 0:
+            # Here, unless a request of this route would queue behind one
+            # already running here that is not fast (a stream, a slow
+            # handler): then where the router sends it, which may be here.
+            if rep._open_streams == 0 and (slots.free == slots.capacity or
+                                           route.service.fast()):
                 return local
-            return _router_choice(route, req)    # (this one, if the least loaded)
+            return _router_choice(route, req)
         # This replica is at its limit, whoever sent what it runs: another,
         # else the route's queue here (pumped when a slot of it frees).
         others = [s for s in route.replicas if s is not local]
