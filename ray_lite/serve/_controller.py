@@ -396,7 +396,7 @@ class ServeController(Autoscaling, DeploymentActors):
         listening, up to ``_listener_cap``."""
         if not self._direct_ingress_of(dep) or not self._proxies_started.done():
             return
-        dep.listening &= set(dep.replicas) | set(dep.starting_handles)
+        dep.listening &= set(dep.ranks)         # (a rank: starting or in service)
         room = self._listener_cap() - len(dep.listening)
         if room <= 0:
             return
