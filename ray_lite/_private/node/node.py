@@ -52,7 +52,7 @@ class Node(DrivingMixin):
         self.id = node_id
         self.driver_pid = driver_pid
         self.shm_prefix = shm_prefix
-        self.links = {}          # peer id -> Link (what we send on; the peer's replies come back on it)
+        self.links = {}          # peer id -> the Link we send to it on
         # peer id -> the Link the peer made when we both made one at once
         # (``add_reading_link``): its messages come on that one, ours go on ours.
         self.reading_links = {}
