@@ -1,11 +1,13 @@
 """Threads that reach a new peer (or free resources) while another thread of
 the same process sleeps in the drive loop get their answer: the sleeper is
-woken, and two threads reaching one peer share one link."""
+woken, two threads reaching one peer share one link, and two actors reaching
+each other at once both get their answers."""
 import asyncio
 import threading
 import time
 
 import ray_lite as ray
+from test_core_objects import Gate
 
 T = 60
 
@@ -141,18 +143,6 @@ def test_an_actor_waiting_for_resources_starts_when_another_thread_frees_them(rt
     assert answers == ["pong"]
 
 
-@ray.remote
-class _Gate:
-    def __init__(self):
-        self.opened = asyncio.Event()
-
-    async def wait(self):
-        await self.opened.wait()
-
-    async def open(self):
-        self.opened.set()
-
-
 @ray.remote(max_concurrency=2)
 class _Mutual:
     def __init__(self, name):
@@ -171,7 +161,7 @@ def test_two_actors_calling_each_other_first_at_once_both_get_their_answers(rt):
     # second link used to replace the first on each side: the calls sent on
     # the replaced one were never read (and a loop watching it spun).
     for _ in range(3):
-        gate = _Gate.remote()
+        gate = Gate.remote()
         pairs = [(_Mutual.remote(f"a{i}"), _Mutual.remote(f"b{i}")) for i in range(4)]
         calls = []
         for a, b in pairs:
