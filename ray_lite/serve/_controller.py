@@ -35,6 +35,10 @@ from ._controller_scaling import error_text as _error_text, quiet as _quiet
 from ._deployment_actors import DeploymentActors, new_code_version
 from ._defaults import LISTEN_TIMEOUT_S
 
+# With direct ingress, the proxies stop accepting while this many replicas
+# listen (see ServeController._proxies_accept).
+PROXIES_ASIDE_LISTENERS = 2
+
 
 class _Dep:
     def __init__(self, app, name, spec):
@@ -93,6 +97,7 @@ class ServeController(Autoscaling, DeploymentActors):
         self.proxy_watchers = set()         # tasks: one per proxy (and the store's)
         self.proxy_versions = {}            # proxy index -> version applied
         self.proxy_waiters = []
+        self._proxies_aside = False         # the proxies told to stop accepting (direct ingress)
         self.http_port = None
         self.next_id = 1                    # of the next replica (``name#id``)
         self.shutting_down = False
@@ -215,12 +220,48 @@ class ServeController(Autoscaling, DeploymentActors):
         return routes
 
     async def listen_routes(self, proxy_index, known_version):
+        """``(version, routes, accept)`` once the version differs from
+        ``known_version`` (or after a while): what a proxy, or a replica's
+        listener, routes by; ``accept``: whether a proxy takes new
+        connections (``_proxies_accept``)."""
         if known_version >= 0:
             self.proxy_versions[proxy_index] = max(self.proxy_versions.get(proxy_index, -1),
                                                    known_version)
             self._wake_proxy_waiters()
+            self._proxies_accept()      # (a listener's first call may change it)
         await self._changed(known_version, LISTEN_TIMEOUT_S)
-        return (self.version, self._routes())
+        accept = self._proxies_accept()     # (before the version: a change bumps it)
+        return (self.version, self._routes(), accept)
+
+    def _proxies_accept(self):
+        """Whether the proxies take new connections.  With direct ingress
+        they step aside while at least two replicas listen (``_listeners``):
+        a connection a proxy takes pays a hop the replicas' own do not, and
+        with every listener on the port the kernel gave the proxy its share
+        of them.  Two, so that one listener dying leaves another taking
+        connections while the proxies come back (a planned stop waits for
+        them: ``_stop_replicas``, ``_drain_one``).  A change bumps the
+        version, which the proxies apply before they say so."""
+        aside = bool(self.http_options.get("direct_ingress")) and \
+            self._listeners() >= PROXIES_ASIDE_LISTENERS
+        if aside != self._proxies_aside:
+            self._proxies_aside = aside
+            self._bump()
+        return not aside
+
+    def _listeners(self):
+        """How many replicas listen now: in service, chosen to listen, and
+        routing (their listener's route loop has run, which it starts after
+        its server)."""
+        n = 0
+        for app in self.apps.values():
+            if app.status == "DELETING":
+                continue
+            for dep in app.deps.values():
+                for rid in dep.listening:
+                    if rid in dep.replicas and f"direct:{rid}" in self.proxy_versions:
+                        n += 1
+        return n
 
     def _caught_up_keys(self):
         """Whose routes a change waits for: every proxy, and with direct
@@ -677,6 +718,12 @@ class ServeController(Autoscaling, DeploymentActors):
             pass
 
     async def _stop_replicas(self, dep):
+        if dep.listening and not self.shutting_down:
+            # Its listeners stop below: the proxies first take connections
+            # again, if these were what let them step aside.
+            dep.listening.clear()
+            self._bump()
+            await self._proxies_caught_up()
         dep.status = "DELETING" if dep.status != "DELETING" else dep.status
         items = list(dep.replicas.items()) + list(dep.draining.items())
         dep.stopping.update(rid for rid, _ in items)

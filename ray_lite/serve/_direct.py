@@ -30,10 +30,12 @@ The queue beyond every replica's limit, ``max_queued_requests`` and its 503
 (or ``backpressure_config``), the 408 of ``request_timeout_s``, the 404s,
 ``/-/healthz`` and ``/-/routes``, metrics and the access log are the proxy's
 own code (``DirectServer`` is a ``ProxyActor`` living in the replica), so
-they answer the same.  One proxy keeps listening (``proxies`` sets how
-many): it answers while no replica listens (before the first deployment, an
-application scaled to zero, a replica replaced) and takes its share of the
-connections like any replica.
+they answer the same.  One proxy (``proxies`` sets how many) answers while
+fewer than two replicas listen (before the first deployment, an application
+scaled to zero or to one replica, a listener being replaced); while two or
+more do, it steps aside: its socket stays bound but leaves the port's
+listeners, so that no connection pays its hop (the controller's
+``_proxies_accept``; the connections it holds stay open).
 """
 import asyncio
 import os
@@ -90,12 +92,10 @@ class DirectServer(ProxyActor):
         self.loop = loop = asyncio.get_running_loop()
         if self.request_timeout is not None:
             self.deadlines = Deadlines(loop, self.request_timeout, self._on_timeout)
-        version, routes = await self.controller.listen_routes.remote(self.listen_key, -1)
+        version, routes, _ = await self.controller.listen_routes.remote(self.listen_key, -1)
         await self._apply(version, routes)
-        conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
-        self.conn_cls = conn_cls
-        self.server = await loop.create_server(lambda: conn_cls(self), sock=self.sock,
-                                               backlog=4096)
+        self.conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
+        await self._serve()
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
 
@@ -110,21 +110,9 @@ class DirectServer(ProxyActor):
         if self.stopping or self.server is None:
             return await ProxyActor.stop(self, timeout_s)
         await self._stop_accepting()
-        queued = []
-        while True:
-            try:
-                sock, _ = self.sock.accept()
-            except OSError:         # BlockingIOError: none left
-                break
-            queued.append(sock)
-        self.stopping = True
-        self.server.close()
-        for sock in queued:
-            sock.setblocking(False)
-            try:
-                await self.loop.connect_accepted_socket(lambda: self.conn_cls(self), sock=sock)
-            except OSError:
-                sock.close()
+        queued = self._take_queued()
+        self._close_listening()
+        await self._adopt(queued)
         loop = self.loop
         start = loop.time()
         end = start + min(FIRST_REQUEST_WAIT_S, timeout_s)
@@ -132,6 +120,9 @@ class DirectServer(ProxyActor):
                                         for c in self.conns):
             await asyncio.sleep(0.005)
         return await ProxyActor.stop(self, max(0.0, start + timeout_s - loop.time()))
+
+    async def _follow(self, accept):
+        """(A proxy's: it keeps listening while it serves.)"""
 
     # ------------------------------------------------------------ routing
     def _replica_cell_of(self, rep):

@@ -288,6 +288,8 @@ class ProxyActor:
         self.version = -1
         self.conns = set()
         self.server = None
+        self.server_fd = -1     # its listening socket's descriptor (a duplicate of sock's)
+        self.aside = False      # stepped aside: not accepting while replicas listen
         self.stopping = False
         self.loop = None
         # Direct ingress: replicas take requests this caller does not see.
@@ -314,19 +316,81 @@ class ProxyActor:
         if HOLD_WAKES:
             release = _ring.release_wakes
             _ring.hold_wakes(lambda: loop.call_soon(release))
-        version, routes = await self.controller.listen_routes.remote(self.listen_key, -1)
+        version, routes, accept = await self.controller.listen_routes.remote(self.listen_key,
+                                                                             -1)
         await self._apply(version, routes)
-        conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
-        self.server = await self.loop.create_server(lambda: conn_cls(self),
-                                                    sock=self.sock, backlog=4096)
+        self.conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
+        if accept or not self.beside_direct:
+            await self._serve()
+        else:
+            self.aside = True
         self._route_task = asyncio.ensure_future(self._route_loop())
         return self.port
+
+    async def _serve(self):
+        """Accept connections: a server on a duplicate of the bound socket,
+        so that closing the server (``_step_aside``) keeps the port."""
+        sock = self.sock.dup()
+        self.server_fd = sock.fileno()
+        conn_cls = self.conn_cls
+        self.server = await self.loop.create_server(lambda: conn_cls(self), sock=sock,
+                                                    backlog=4096)
+        if self.stopping:           # (stopped meanwhile)
+            self.server.close()
+
+    async def _follow(self, accept):
+        """Step aside while replicas listen, back when they stop (direct
+        ingress; the controller decides: ``_proxies_accept``)."""
+        if not self.beside_direct or self.stopping or accept != self.aside:
+            return
+        if accept:
+            self.aside = False
+            self.sock.listen(4096)      # back among the port's listeners...
+            await self._serve()
+        else:
+            await self._step_aside()
+
+    async def _step_aside(self):
+        """Take no new connections, keeping the port bound and every
+        connection open: the ones the kernel queued here are taken first
+        (leaving the port's listeners resets those it still holds), then the
+        socket leaves the listeners (``shutdown``: it stays bound, and
+        ``listen`` takes it back)."""
+        await self._stop_accepting()
+        if self.stopping:
+            return
+        queued = self._take_queued()
+        self.aside = True
+        self.sock.shutdown(socket.SHUT_RD)
+        server, self.server = self.server, None
+        server.close()
+        await self._adopt(queued)
+
+    def _take_queued(self):
+        """The connections the kernel queued on the listening socket."""
+        queued = []
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except OSError:         # BlockingIOError: none left
+                return queued
+            queued.append(sock)
+
+    async def _adopt(self, queued):
+        """Serve connections taken with ``_take_queued``."""
+        conn_cls = self.conn_cls
+        for sock in queued:
+            sock.setblocking(False)
+            try:
+                await self.loop.connect_accepted_socket(lambda: conn_cls(self), sock=sock)
+            except OSError:
+                sock.close()
 
     async def _route_loop(self):
         while not self.stopping:
             try:
-                version, routes = await self.controller.listen_routes.remote(self.listen_key,
-                                                                             self.version)
+                version, routes, accept = await self.controller.listen_routes.remote(
+                    self.listen_key, self.version)
             except asyncio.CancelledError:
                 return
             except Exception:   # noqa: BLE001 - the controller is going away
@@ -336,6 +400,7 @@ class ProxyActor:
                 continue
             try:
                 await self._apply(version, routes)
+                await self._follow(accept)
             except Exception as exc:   # noqa: BLE001 - the loop must outlive a bug
                 # Its death would leave this proxy deaf to every later change
                 # and each change 15 s late ("proxies did not apply").
@@ -434,17 +499,21 @@ class ProxyActor:
             # server): a reset.  So stop accepting first, and give the
             # accepted ones the turns they need.  (uvloop makes a connection
             # in the same step as it accepts it.)
-            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_reader(self.server_fd)
             for _ in range(_ACCEPTED_TURNS):
                 await asyncio.sleep(0)
+
+    def _close_listening(self):
+        self.stopping = True
+        if self.server is not None:
+            self.server.close()
+        self.sock.close()       # (the server's is a duplicate)
 
     async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
         """Take no new connections; let requests in flight end (``timeout_s`` at most)."""
         if not self.stopping:
             await self._stop_accepting()
-        self.stopping = True
-        if self.server is not None:
-            self.server.close()
+        self._close_listening()
         _websocket.close_all()
         for conn in list(self.conns):
             if conn.closed:

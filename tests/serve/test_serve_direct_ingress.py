@@ -150,10 +150,14 @@ def test_a_replica_full_with_its_own_requests_is_full_for_the_proxy(serve_runtim
 
 
 def test_the_proxy_sends_to_a_replica_its_own_requests_left_free(serve_runtime):
-    port = _serve_direct()
+    # One listener: the proxy keeps listening (it steps aside for two).
+    port = _serve_direct_listeners(1)
     serve.run(Holder.options(num_replicas=2, max_queued_requests=-1).bind())
     replicas, proxy = _processes("default", "Holder")
-    held = _hold(port, replicas[0])
+    wait_until(lambda: len(_listening_pids(port, replicas)) == 1, "one replica to listen", 30)
+    (listener,) = _listening_pids(port, replicas)
+    (other,) = set(replicas) - {listener}
+    held = _hold(port, listener)
     try:
         for _ in range(8):      # each served at once, by the other replica
             with connection_to(port, proxy) as s:
@@ -161,7 +165,7 @@ def test_the_proxy_sends_to_a_replica_its_own_requests_left_free(serve_runtime):
                 s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
                 answer = s.recv(65536)
             assert answer.startswith(b"HTTP/1.1 200")
-            assert answer.endswith(str(replicas[1]).encode())
+            assert answer.endswith(str(other).encode())
     finally:
         held.close()
 
@@ -231,7 +235,9 @@ def test_as_many_replicas_listen_as_the_machine_has_cores(serve_runtime):
     # Counted once each has started: a replica asks before it joins.
     wait_until(lambda: len(_listening_pids(port, replicas)) == min(3, cores),
                f"{min(3, cores)} replicas to listen", 30)
-    assert _listening_pids(port, [proxy]) == {proxy}
+    # The proxy steps aside while two listen (one on a single core).
+    wait_until(lambda: bool(_listening_pids(port, [proxy])) == (cores < 2),
+               "the proxy to step aside" if cores >= 2 else "the proxy to listen", 30)
 
 
 def _serve_direct_listeners(n):
@@ -309,6 +315,72 @@ def test_a_listener_taken_out_of_service_hands_its_place_on(serve_runtime, tmp_p
     replicas, _ = _processes("default", "FailsWhenTold")
     assert _listening_pids(port, replicas) == {standby}
     assert http(port, "GET", "/")[0] == 200
+
+
+@serve.deployment
+class HeldAtStart:
+    """Answers its pid; a replica started while ``folder/door`` names a port
+    waits in its constructor for a byte from there."""
+
+    def __init__(self, folder):
+        door = os.path.join(folder, "door")
+        if os.path.exists(door):
+            with socket.create_connection(("127.0.0.1", int(open(door).read())),
+                                          timeout=60) as s:
+                s.recv(1)
+
+    def __call__(self, request):
+        return str(os.getpid())
+
+
+def test_the_proxy_steps_aside_while_two_replicas_listen(serve_runtime, tmp_path):
+    import signal
+    port = _serve_direct_listeners(2)
+    serve.run(HeldAtStart.options(num_replicas=2).bind(str(tmp_path)))
+    replicas, proxy = _processes("default", "HeldAtStart")
+    wait_until(lambda: _listening_pids(port, replicas + [proxy]) == set(replicas),
+               "the replicas to listen and the proxy to step aside", 30)
+    for _ in range(8):
+        status, _, body = http(port, "GET", "/")
+        assert status == 200 and int(body) in replicas
+    # One listener dies: the proxy takes connections again, beside the one
+    # left, while the replacement starts (held in its constructor here).
+    with socket.create_server(("127.0.0.1", 0)) as door:
+        (tmp_path / "door").write_text(str(door.getsockname()[1]))
+        os.kill(replicas[0], signal.SIGKILL)    # a replica this test's runtime started
+        door.settimeout(30)
+        held, _ = door.accept()     # the replacement, in its constructor
+        with held:
+            wait_until(lambda: _listening_pids(port, [proxy]) == {proxy},
+                       "the proxy to listen", 30)
+            assert _listening_pids(port, [replicas[1]]) == {replicas[1]}
+            assert http(port, "GET", "/")[0] == 200
+            held.sendall(b"x")
+    # The replacement listens: the proxy steps aside again.
+    wait_until(lambda: len(_processes("default", "HeldAtStart")[0]) == 2 and
+               replicas[0] not in _processes("default", "HeldAtStart")[0], "the replacement", 30)
+    now, _ = _processes("default", "HeldAtStart")
+    wait_until(lambda: _listening_pids(port, now + [proxy]) == set(now),
+               "the replacement to listen and the proxy to step aside", 30)
+    assert http(port, "GET", "/")[0] == 200
+
+
+def test_a_connection_the_proxy_took_is_served_after_it_steps_aside(serve_runtime):
+    port = _serve_direct_listeners(2)
+    serve.run(whoami.options(num_replicas=1).bind())
+    (replica,), proxy = _processes("default", "whoami")
+    wait_until(lambda: _listening_pids(port, [replica, proxy]) == {replica, proxy},
+               "the replica and the proxy to listen", 30)
+    with connection_to(port, proxy) as kept:
+        serve.run(whoami.options(num_replicas=2).bind())
+        wait_until(lambda: not _listening_pids(port, [proxy]), "the proxy to step aside", 30)
+        kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = kept.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200")
+    # The listeners stop with their application: the proxy is back first.
+    serve.delete("default")
+    assert _listening_pids(port, [proxy]) == {proxy}
+    assert http(port, "GET", "/")[0] == 404
 
 
 def test_the_listeners_option_is_checked():

@@ -33,7 +33,7 @@ class _PinnedRoutes:
 
     async def _answer(self, known_version):
         if known_version < 0:
-            return 0, self.routes
+            return 0, self.routes, True
         await asyncio.get_running_loop().create_future()
 
 
@@ -53,7 +53,7 @@ class _PinnedProxy(ProxyActor):
 
 def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
     serve.run(pid.bind(), name="stale", route_prefix="/")
-    _, routes = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
+    _, routes, _ = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
     (_app, _dep, handles, *_), = routes.values()
     assert len(handles) == 2
     # A proxy (port 0: a free one) that keeps this set of replicas for good.

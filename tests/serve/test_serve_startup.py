@@ -182,7 +182,8 @@ def test_every_proxy_enforces_the_whole_max_queued_requests(serve_runtime):
         serve.run(queued.bind())
         ctl = context.get_controller()
         for index in range(2):
-            _, routes = ray.get(ctl.listen_routes.remote(index, -1), timeout=60)
+            _, routes, accept = ray.get(ctl.listen_routes.remote(index, -1), timeout=60)
+            assert accept
             app, ingress, replicas, max_ongoing, max_queued, *_ = routes["/"]
             assert (ingress, len(replicas), max_queued) == ("queued", 1, 3)
         assert http(_http_port(), "GET", "/")[2] == b"ok"
