@@ -21,7 +21,7 @@ __all__ = [
     "VARIABLES", "ConfigVar",
     "NO_EXTENSIONS", "SHM_PREFIX",
     "SERVE_PROXY_SPIN_S", "SERVE_REPLICA_SPIN_S", "SERVE_REPLICA_NICE", "BACKEND",
-    "SERVE_PACK_BELOW_S", "SERVE_PROXY_HOLD_WAKES",
+    "SERVE_PACK_BELOW_S", "SERVE_PROXY_HOLD_WAKES", "SERVE_SYNC_OFF_LOOP_S",
     "SERVE_MEMDEBUG",
 ]
 
@@ -118,6 +118,12 @@ VARIABLES = (
               "an HTTP proxy packs a route's requests onto its first replicas that are "
               "under max_ongoing_requests while the route's replicas answer in less "
               "than this on average (0: never packs; requests are spread)", _micros_to_s),
+    ConfigVar("RAY_LITE_SERVE_SYNC_OFF_LOOP_US", "2000",
+              "microseconds from 0 to 1000000",
+              "a Serve replica runs a synchronous handler (HTTP or handle call) that took "
+              "this long or longer on a thread of its own from then on, so that its "
+              "event loop keeps serving meanwhile (0: every synchronous handler)",
+              _micros_to_s),
     ConfigVar("RAY_LITE_SERVE_PROXY_HOLD_WAKES", "1", "0 or 1",
               "1: an HTTP proxy wakes each replica it sent requests to once after "
               "each turn of its event loop, not at each request (0: at each)", _flag),
@@ -149,6 +155,7 @@ SERVE_REPLICA_SPIN_S = read("RAY_LITE_SERVE_REPLICA_SPIN_US")
 SERVE_REPLICA_NICE = read("RAY_LITE_SERVE_REPLICA_NICE")
 SERVE_PACK_BELOW_S = read("RAY_LITE_SERVE_PACK_BELOW_US")
 SERVE_PROXY_HOLD_WAKES = read("RAY_LITE_SERVE_PROXY_HOLD_WAKES")
+SERVE_SYNC_OFF_LOOP_S = read("RAY_LITE_SERVE_SYNC_OFF_LOOP_US")
 SERVE_MEMDEBUG = read("RAY_LITE_SERVE_MEMDEBUG")
 
 

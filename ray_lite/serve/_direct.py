@@ -41,8 +41,12 @@ import asyncio
 import os
 import sys
 
+from ray_lite._fast import ring as _ring
+
 from . import _core, _defaults
-from ._proxy import Deadlines, ProxyActor, _choose_beside_direct as _router_choice, framed
+from ._defaults import STREAM_WRITE_BATCH
+
+from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, _choose_beside_direct as _router_choice, framed
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
 from ._routing import RouteSubset
 from .multiplex import MODEL_ID_HEADER, header_value
@@ -92,6 +96,9 @@ class DirectServer(ProxyActor):
         self.loop = loop = asyncio.get_running_loop()
         if self.request_timeout is not None:
             self.deadlines = Deadlines(loop, self.request_timeout, self._on_timeout)
+        if HOLD_WAKES:      # as a proxy: the replicas it sends to woken once a turn
+            release = _ring.release_wakes
+            _ring.hold_wakes(lambda: loop.call_soon(release))
         version, routes, _ = await self.controller.listen_routes.remote(self.listen_key, -1)
         await self._apply(version, routes)
         self.conn_cls = self.observer.start(HttpConnection) if self.observer else HttpConnection
@@ -151,11 +158,16 @@ class DirectServer(ProxyActor):
         rep = self.replica
         slots = rep._slots
         if slots.free > 0 and not slots.waiters:
-            # Here, unless a request of this route would queue behind one
-            # already running here that is not fast (a stream, a slow
-            # handler): then where the router sends it, which may be here.
-            if rep._open_streams == 0 and (slots.free == slots.capacity or
-                                           route.service.fast()):
+            # Here, unless a request of this route would wait behind one
+            # already running here: a synchronous handler that runs apart
+            # (its calls run one at a time), or a handler that is not fast and
+            # does not stream (one that keeps the loop busy): then where the
+            # router sends it, by load, which may be here.  Streams run side
+            # by side on the loop: the ones a listener took stay here, with
+            # no hop, as Ray's direct ingress admits what its replica can.
+            service = route.service
+            if slots.free == slots.capacity or (
+                    not rep.http_calls_queue() and (service.streams or service.fast())):
                 return local
             return _router_choice(route, req)
         # This replica is at its limit, whoever sent what it runs: another,
@@ -238,6 +250,20 @@ class DirectServer(ProxyActor):
         head_only = req.method == "HEAD"
         ok = False
         chunks = self.replica.http_stream(token)
+        # The chunks a turn of the loop produced go out in one write (as a
+        # proxy writes the items already reported in one): a handler that
+        # yields many small events at once costs a system call per turn, not
+        # one per event.  Nothing waits for more: the write is due at the
+        # end of the turn.
+        pending = []
+        due = [False]
+
+        def flush():
+            due[0] = False
+            if pending:
+                if not conn.closed:
+                    write(b"".join(pending) if len(pending) > 1 else pending[0])
+                pending.clear()
         try:
             async for chunk in chunks:
                 if conn.closed:
@@ -246,11 +272,17 @@ class DirectServer(ProxyActor):
                     continue
                 data = framed(chunk, chunked)
                 if data:
-                    write(data)
+                    pending.append(data)
+                    if len(pending) >= STREAM_WRITE_BATCH:
+                        flush()
+                    elif not due[0]:
+                        due[0] = True
+                        self.loop.call_soon(flush)
                 if conn.write_paused:
                     await conn.drained()
             else:
                 ok = True
+            flush()
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # noqa: BLE001 - the status line is gone: close

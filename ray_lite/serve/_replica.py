@@ -6,6 +6,7 @@ streamed body).  HTTP requests arrive as plain str/bytes/int arguments that
 the codec carries as msgpack: nothing from the network is ever unpickled.
 """
 import asyncio
+import contextvars
 import inspect
 import logging
 import os
@@ -14,7 +15,7 @@ import traceback
 import types
 from time import monotonic as _monotonic
 
-from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S
+from ray_lite._config import SERVE_REPLICA_NICE, SERVE_REPLICA_SPIN_S, SERVE_SYNC_OFF_LOOP_S
 from ray_lite._private.objects.shipping import unship
 
 from . import _core, _defaults, _metrics, _websocket, context
@@ -136,6 +137,8 @@ class ServeReplica:
         self._taken_directly = 0    # requests of its own listener in flight (direct ingress)
         self._cell = None           # where callers read those two (replica_cell)
         self._destructed = False    # __del__ ran (see _call_destructor)
+        self._slow_sync = set()     # synchronous handlers run off the loop (_off_loop)
+        self._user_thread = None    # where they run: a ThreadPoolExecutor of one thread
         self._port_host = None
         self._slots = _core.Slots(config.get("max_ongoing_requests",
                                               _defaults.MAX_ONGOING_REQUESTS))
@@ -445,6 +448,41 @@ class ServeReplica:
         raise RayServeException(f"Tried to call a method '{method}' that does not exist. "
                                 f"Available methods: {methods}.")
 
+    def http_calls_queue(self):
+        """Whether this replica's HTTP handler runs apart from the loop
+        (``_off_loop``): its requests run one after another."""
+        return self._http_fn is not None and self._http_fn in self._slow_sync
+
+    async def _off_loop(self, key, fn, args, kwargs):
+        """Call synchronous handler ``fn`` on the replica's user-code thread.
+
+        A synchronous handler blocks the event loop while it runs: the
+        replica's other requests, its health checks and (direct ingress) its
+        listener, which would hand new requests to a free replica, all wait.
+        So one that took ``RAY_LITE_SERVE_SYNC_OFF_LOOP_US`` or longer runs
+        from then on on a thread of its own, as Ray runs user code on a
+        thread apart from the replica's loop; a quick one stays on the loop,
+        where it costs no hand-off (and goes back there once it runs quick).
+        One thread: a replica's synchronous calls still run one at a time."""
+        ex = self._user_thread
+        if ex is None:
+            from concurrent.futures import ThreadPoolExecutor
+            ex = self._user_thread = ThreadPoolExecutor(1, thread_name_prefix="serve-user-code")
+        ctx = contextvars.copy_context()     # (the request's scope, model id, calls)
+        slow = self._slow_sync
+
+        def run():
+            t0 = _monotonic()
+            try:
+                return ctx.run(fn, *args, **kwargs)
+            finally:
+                if _monotonic() - t0 < SERVE_SYNC_OFF_LOOP_S / 4:
+                    slow.discard(key)
+        r = await asyncio.get_running_loop().run_in_executor(ex, run)
+        if inspect.isawaitable(r) and not inspect.isasyncgen(r):
+            r = await r
+        return r
+
     # ----------------------------------------------------------- handles
     async def handle_request(self, method, args, kwargs, meta=None):
         """A handle call; ``meta``: ``(model_id, request_id, route)`` of a call
@@ -456,9 +494,16 @@ class ServeReplica:
             async with self._slots:
                 args, kwargs = await _resolve_args(args, kwargs)
                 fn = self._callable(method)
-                r = fn(*args, **kwargs)
-                if inspect.isawaitable(r):
-                    r = await r
+                key = getattr(fn, "__func__", fn)
+                if key in self._slow_sync:
+                    r = await self._off_loop(key, fn, args, kwargs)
+                else:
+                    t0 = _monotonic()
+                    r = fn(*args, **kwargs)
+                    if inspect.isawaitable(r):
+                        r = await r
+                    elif _monotonic() - t0 >= SERVE_SYNC_OFF_LOOP_S:
+                        self._slow_sync.add(key)
                 if inspect.isgenerator(r) or inspect.isasyncgen(r):
                     raise TypeError(f"Method '{getattr(fn, '__name__', method)}' returned a "
                                     f"generator. You must use `handle.options(stream=True)` "
@@ -531,13 +576,20 @@ class ServeReplica:
             _set_http_scope(scope)
             calls = calls_of_this_request(scope=scope)
             try:
-                if self._http_fn is None:
-                    self._http_fn = _http_entry(self._callable("__call__"))
-                r = self._http_fn((_Request or _load_request())(scope, receive))
-                if type(r) is _COROUTINE:
-                    r = await r
-                elif inspect.isawaitable(r) and not inspect.isasyncgen(r):
-                    r = await r
+                fn = self._http_fn
+                if fn is None:
+                    fn = self._http_fn = _http_entry(self._callable("__call__"))
+                request = (_Request or _load_request())(scope, receive)
+                if fn in self._slow_sync:
+                    r = await self._off_loop(fn, fn, (request,), {})
+                else:
+                    r = fn(request)
+                    if type(r) is _COROUTINE:
+                        r = await r
+                    elif inspect.isawaitable(r) and not inspect.isasyncgen(r):
+                        r = await r
+                    elif _monotonic() - t0 >= SERVE_SYNC_OFF_LOOP_S:
+                        self._slow_sync.add(fn)
                 t = type(r)
                 if t is str:
                     b = r.encode()

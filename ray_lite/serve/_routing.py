@@ -254,9 +254,9 @@ class ServiceTime:
 
     ``depth``: how many requests a packed replica takes, so that one waits
     for at most ``PACK_WAIT_S`` of handler time ahead of it (0: the route is
-    not fast, it is spread)."""
+    not fast, it is spread).  ``streams``: the last answer was streamed."""
 
-    __slots__ = ("mean", "depth")
+    __slots__ = ("mean", "depth", "streams")
 
     PACK_WAIT_S = ANSWER_CAP_S = 5 * SERVE_PACK_BELOW_S
     STREAM_SAMPLE_S = 0.01
@@ -264,11 +264,14 @@ class ServiceTime:
     def __init__(self):
         self.mean = None
         self.depth = 0
+        self.streams = False
 
     def observe(self, seconds):
+        self.streams = False
         self._add(seconds if seconds < self.ANSWER_CAP_S else self.ANSWER_CAP_S)
 
     def observe_stream(self):
+        self.streams = True
         self._add(self.STREAM_SAMPLE_S)
 
     def _add(self, seconds):
