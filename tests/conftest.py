@@ -332,24 +332,25 @@ def pytest_generate_tests(metafunc):
     # Those it names in SERVE_HTTP_PROXIES_ONLY run through the proxies only.
     modes = getattr(metafunc.module, "SERVE_HTTP_MODES", None)
     only = getattr(metafunc.module, "SERVE_HTTP_PROXIES_ONLY", ())
-    if modes and "serve_http_mode" in metafunc.fixturenames and \
-            metafunc.function.__name__ not in only:
-        metafunc.parametrize("serve_http_mode", modes, indirect=True)
+    if "serve_http_mode" in metafunc.fixturenames:
+        if metafunc.function.__name__ in only:
+            metafunc.parametrize("serve_http_mode", ("proxies",), indirect=True)
+        elif modes:
+            metafunc.parametrize("serve_http_mode", modes, indirect=True)
 
 
 @pytest.fixture
 def serve_http_mode(request):
-    """How Serve takes HTTP: "proxies" (the default), or "direct" (the ingress
-    replicas listen themselves: ``http_options["direct_ingress"]``)."""
-    return getattr(request, "param", "proxies")
+    """How Serve takes HTTP: "direct" (Serve's default: the ingress replicas
+    listen themselves), or "proxies" (``http_options["direct_ingress"] = False``)."""
+    return getattr(request, "param", "direct")
 
 
 @pytest.fixture
 def serve_http_options(serve_http_mode):
     """``serve_http_options(**opts)``: the HTTP options of ``serve_http_mode`` with ``opts``."""
     def options(**opts):
-        if serve_http_mode == "direct":
-            opts["direct_ingress"] = True
+        opts["direct_ingress"] = serve_http_mode == "direct"
         return opts
     return options
 

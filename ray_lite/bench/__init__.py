@@ -149,10 +149,10 @@ def _parser():
                         help="run nothing: show (and --plot) the result a --json run wrote")
     parser.add_argument("--beside-hog", action="store_true",
                         help="serve: run the HTTP loads beside one CPU-bound process (normal priority)")
-    parser.add_argument("--http-mode", choices=("proxies", "direct", "both"), default="proxies",
-                        help="serve: how ray_lite takes HTTP in the HTTP rows: through its "
-                             "proxies, direct ingress, or both (each row in each mode, "
-                             "interleaved)")
+    parser.add_argument("--http-mode", choices=("proxies", "direct", "both"), default="direct",
+                        help="serve: how ray_lite takes HTTP in the HTTP rows: direct "
+                             "ingress (the default), through its proxies, or both (each row "
+                             "in each mode, interleaved)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     # The unit tests' size, smaller than --quick (also RAY_LITE_BENCH_SMOKE=1).
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)

@@ -62,6 +62,8 @@ DESCRIPTION = ("Serve: HTTP req/s (ab, wrk), latency at c=1, CPU per request, ha
                "streaming, 48 replicas up, server-sent events, FastAPI ingress, CPU-bound")
 INSTALL = "apt-get install -y apache2-utils wrk"
 #: ``--http-mode``: what each names (``Context.http_mode``; default "proxies").
+# Serve's own default (direct ingress: _direct.direct_ingress_on).
+DEFAULT_HTTP_MODE = "direct"
 HTTP_MODE_CHOICES = {"proxies": ("proxies",), "direct": ("direct",), "both": HTTP_MODES}
 
 
@@ -218,7 +220,7 @@ _Srv = namedtuple("_Srv", "python raymod impl label goals mode", defaults=(None,
 
 def http_modes(ctx):
     """The HTTP modes of ray_lite this run measures (``ctx.http_mode``)."""
-    choice = getattr(ctx, "http_mode", None) or "proxies"
+    choice = getattr(ctx, "http_mode", None) or DEFAULT_HTTP_MODE
     if choice not in HTTP_MODE_CHOICES:
         raise ValueError(f"http mode must be one of {', '.join(HTTP_MODE_CHOICES)}, "
                          f"got {choice!r}")
@@ -226,9 +228,9 @@ def http_modes(ctx):
 
 
 def mode_label(mode, modes):
-    """ray_lite's label in ``mode``: "ray_lite" when the run measures the
-    proxies alone, else "ray_lite (proxies)" / "ray_lite (direct)"."""
-    return "ray_lite" if modes == ("proxies",) else f"ray_lite ({mode})"
+    """ray_lite's label in ``mode``: "ray_lite" when the run measures Serve's
+    default mode alone, else "ray_lite (proxies)" / "ray_lite (direct)"."""
+    return "ray_lite" if modes == (DEFAULT_HTTP_MODE,) else f"ray_lite ({mode})"
 
 
 def _http_servers(ctx, app=None):

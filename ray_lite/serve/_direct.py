@@ -1,7 +1,8 @@
 """Direct ingress: the ingress deployment's replicas take HTTP themselves.
 
-Switched on by Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (set before the
-runtime starts) or ``http_options={"direct_ingress": True}``.  As many
+The default: ``http_options={"direct_ingress": False}`` or Ray's
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=0`` (set before the runtime starts) has
+the proxies take every connection instead.  As many
 replicas of an application's ingress deployment as the machine has cores
 (``direct_ingress_listeners``; the controller picks them, and a replica
 standing by takes a listener's place when it leaves) each run a
@@ -48,7 +49,7 @@ from ._defaults import STREAM_WRITE_BATCH
 
 from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, _choose_beside_direct as _router_choice, framed
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
-from ._routing import RouteSubset
+from ._routing import RouteSubset, load
 from .multiplex import MODEL_ID_HEADER, header_value
 
 ENV_SWITCH = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
@@ -58,12 +59,15 @@ FIRST_REQUEST_WAIT_S = 1.0
 
 
 def direct_ingress_on(http_options):
-    """Whether Serve runs in direct-ingress mode: the HTTP options' ``direct_ingress``,
-    else Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS``."""
+    """Whether Serve runs in direct-ingress mode: the HTTP options'
+    ``direct_ingress``, else Ray's ``RAY_SERVE_ENABLE_DIRECT_INGRESS`` (0,
+    false or no: off), else on.  On by default because it won or tied every
+    HTTP benchmark against the proxies (docs/benchmarks.md), where Ray's
+    default is its proxies: the answers are the same either way."""
     v = (http_options or {}).get("direct_ingress")
     if v is not None:
         return bool(v)
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes")
+    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("0", "false", "no")
 
 
 class _OwnSlot:
@@ -158,17 +162,25 @@ class DirectServer(ProxyActor):
         rep = self.replica
         slots = rep._slots
         if slots.free > 0 and not slots.waiters:
-            # Here, unless a request of this route would wait behind one
-            # already running here: a synchronous handler that runs apart
-            # (its calls run one at a time), or a handler that is not fast and
-            # does not stream (one that keeps the loop busy): then where the
-            # router sends it, by load, which may be here.  Streams run side
-            # by side on the loop: the ones a listener took stay here, with
-            # no hop, as Ray's direct ingress admits what its replica can.
+            if slots.free == slots.capacity and rep._open_streams == 0:
+                return local        # idle (a stream's slot is free once its head is out)
+            if rep.http_calls_queue():
+                # Its synchronous handler runs apart, one call at a time: a
+                # request here would wait behind the one running.
+                return _router_choice(route, req)
             service = route.service
-            if slots.free == slots.capacity or (
-                    not rep.http_calls_queue() and (service.streams or service.fast())):
+            if service.streams:
+                # Streams run side by side on the loop, but one must not
+                # pile onto this replica while another has fewer: the
+                # router's pick among the others, unless it is as loaded as
+                # this one (then here: no hop).
+                others = [s for s in route.replicas if s is not local]
+                pick = _router_choice(RouteSubset(route, others), req) if others else None
+                return local if pick is None or load(pick) >= load(local) else pick
+            if service.fast():
                 return local
+            # Not fast (a handler that keeps its replica busy): where the
+            # router sends it, by load, which may be here.
             return _router_choice(route, req)
         # This replica is at its limit, whoever sent what it runs: another,
         # else the route's queue here (pumped when a slot of it frees).

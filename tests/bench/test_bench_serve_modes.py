@@ -107,8 +107,8 @@ def test_both_modes_run_in_the_same_rounds_alternating_and_are_labelled(fake_loa
     assert all("x_proxies" not in f.detail for (_, lab), f in by.items() if "proxies" in lab)
 
 
-@pytest.mark.parametrize("mode, label", [("proxies", "ray_lite"),
-                                         ("direct", "ray_lite (direct)")])
+@pytest.mark.parametrize("mode, label", [("proxies", "ray_lite (proxies)"),
+                                         ("direct", "ray_lite")])
 def test_one_mode_runs_ray_lite_once_a_round(fake_load, monkeypatch, mode, label):
     _bare_servers_probe(monkeypatch, present=False)
     ctx = Context(scale="smoke", log=lambda msg: None)
@@ -121,13 +121,13 @@ def test_one_mode_runs_ray_lite_once_a_round(fake_load, monkeypatch, mode, label
 
 def test_an_unknown_http_mode_is_refused():
     ctx = Context(scale="smoke")
-    assert serve_suite.http_modes(ctx) == ("proxies",)      # the default
+    assert serve_suite.http_modes(ctx) == ("direct",)      # the default, as Serve's
     ctx.http_mode = "sideways"
     with pytest.raises(ValueError, match="proxies, direct, both"):
         serve_suite.http_modes(ctx)
     from ray_lite.bench import _parser
     assert _parser().parse_args(["serve", "--http-mode", "both"]).http_mode == "both"
-    assert _parser().parse_args(["serve"]).http_mode == "proxies"
+    assert _parser().parse_args(["serve"]).http_mode == "direct"
 
 
 def test_the_cpu_bound_row_is_ab_c8_beside_uvicorn_with_a_worker_per_core(fake_load,

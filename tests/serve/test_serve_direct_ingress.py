@@ -26,10 +26,14 @@ def _serve_direct():
     return _http_port()
 
 
-def test_the_switch_is_the_option_else_rays_variable(monkeypatch):
+def test_the_switch_is_the_option_else_rays_variable_else_on(monkeypatch):
     monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
-    assert not direct_ingress_on({})
-    assert direct_ingress_on({"direct_ingress": True})
+    assert direct_ingress_on({})
+    assert not direct_ingress_on({"direct_ingress": False})
+    for off in ("0", "false", "No"):
+        monkeypatch.setenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", off)
+        assert not direct_ingress_on({})
+        assert direct_ingress_on({"direct_ingress": True})
     monkeypatch.setenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", "1")
     assert direct_ingress_on({})
     assert not direct_ingress_on({"direct_ingress": False})

@@ -321,13 +321,22 @@ def test_several_proxies_share_the_port(serve_runtime):
     assert all(http(port, "GET", "/")[2] == b"a" for _ in range(20))
 
 
-def test_by_default_one_proxy_per_core_and_two_spare(serve_runtime):
+def test_by_default_one_proxy_per_core_and_two_spare_without_direct_ingress(serve_runtime):
     # The spare ones take a core whose proxy sleeps while work is on its way.
     from ray_lite.serve._controller import SPARE_PROXIES
-    serve.start(http_options={"port": 0})
+    serve.start(http_options={"port": 0, "direct_ingress": False})
     serve.run(hello_a.bind())
     pids = ray.get(serve.context.get_controller().process_ids.remote(), timeout=30)["proxies"]
     assert len(pids) == len(os.sched_getaffinity(0)) + SPARE_PROXIES
+
+
+def test_by_default_direct_ingress_with_one_proxy(serve_runtime):
+    serve.start(http_options={"port": 0})
+    serve.run(hello_a.bind())
+    ids = ray.get(serve.context.get_controller().process_ids.remote(), timeout=30)
+    assert len(ids["proxies"]) == 1
+    from ray_lite.serve.api import _http_port
+    assert http(_http_port(), "GET", "/")[2] == b"a"
 
 
 @serve.deployment

@@ -18,6 +18,9 @@ from ray_lite.serve._routing import ServiceTime, choose_for_http
 
 from serve_helpers import http
 
+# The proxies' packing (a listening replica runs a fast route's requests itself).
+SERVE_HTTP_PROXIES_ONLY = ("test_a_fast_routes_overlapping_requests_go_to_one_replica",)
+
 THRESHOLD_S = _routing.SERVE_PACK_BELOW_S
 
 

@@ -2,7 +2,8 @@
 until it ends, for every proxy: with two replicas and an idle one, a second
 stream never joins the first on its replica, whichever of the proxies
 sharing the port takes each connection (each proxy counts its own requests;
-the replica's open streams are what the others see)."""
+the replica's open streams are what the others see), and with direct
+ingress whichever replica takes it."""
 import asyncio
 import os
 import socket
@@ -76,10 +77,13 @@ def _first_chunk(port):
 
 
 @pytest.mark.parametrize("deployment", [Held, HeldAsgi])
-def test_a_second_stream_goes_to_the_idle_replica(serve_runtime, deployment):
+@pytest.mark.parametrize("mode", ["proxies", "direct"])
+def test_a_second_stream_goes_to_the_idle_replica(serve_runtime, deployment, mode):
     from ray_lite.serve.api import _http_port
-    # More proxies than replicas: two proxies share each replica of choice.
-    serve.start(http_options={"port": 0, "proxies": 4})
+    # Through the proxies: more proxies than replicas, two proxies share each
+    # replica of choice.  Direct: each replica listens, and one that took
+    # the second stream's connection while it runs the first sends it on.
+    serve.start(http_options={"port": 0, "proxies": 4, "direct_ingress": mode == "direct"})
     port = _http_port()
     h = serve.run(deployment.bind())
 

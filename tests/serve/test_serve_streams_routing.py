@@ -153,7 +153,7 @@ class HttpStreamer:
 def test_two_http_streams_take_two_replicas_through_two_proxies(serve_runtime):
     pytest.importorskip("starlette")
     from ray_lite.serve.api import _http_port
-    serve.start(http_options={"port": 0, "proxies": 2})
+    serve.start(http_options={"port": 0, "proxies": 2, "direct_ingress": False})
     gate = Gate.remote()
     serve.run(HttpStreamer.bind(gate), name="sse", route_prefix="/s")
     port = _http_port()
