@@ -46,8 +46,8 @@ from ray_lite._fast import ring as _ring
 
 from . import _core, _defaults
 from ._defaults import STREAM_WRITE_BATCH
-
-from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, _choose_beside_direct as _router_choice, framed
+from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, framed
+from ._proxy import _choose_beside_direct as _router_choice
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
 from ._routing import RouteSubset, load
 from .multiplex import MODEL_ID_HEADER, header_value
@@ -296,6 +296,7 @@ class DirectServer(ProxyActor):
                 ok = True
             flush()
         except asyncio.CancelledError:
+            pending.clear()     # (its flush may still be due)
             raise
         except Exception as exc:   # noqa: BLE001 - the status line is gone: close
             if not req.finished:

@@ -344,9 +344,13 @@ class ProxyActor:
         if not self.beside_direct or self.stopping or accept != self.aside:
             return
         if accept:
+            self.sock.listen(4096)      # back among the port's listeners
+            try:
+                await self._serve()
+            except BaseException:
+                self.sock.shutdown(socket.SHUT_RD)     # (not listening unserved)
+                raise
             self.aside = False
-            self.sock.listen(4096)      # back among the port's listeners...
-            await self._serve()
         else:
             await self._step_aside()
 
