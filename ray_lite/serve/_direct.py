@@ -124,6 +124,7 @@ class DirectServer(ProxyActor):
         queued = self._take_queued()
         self._close_listening()
         await self._adopt(queued)
+        await self._accepted_turns()
         loop = self.loop
         start = loop.time()
         end = start + min(FIRST_REQUEST_WAIT_S, timeout_s)

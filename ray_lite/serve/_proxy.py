@@ -507,6 +507,14 @@ class ProxyActor:
             for _ in range(_ACCEPTED_TURNS):
                 await asyncio.sleep(0)
 
+    async def _accepted_turns(self):
+        """Let the connections accepted before the listening socket closed
+        run their ``connection_made`` (a loop may call it a turn later), so
+        that a stop sees them in ``conns``: one it missed would have its
+        request run after the drain and be killed unanswered."""
+        for _ in range(_ACCEPTED_TURNS):
+            await asyncio.sleep(0)
+
     def _close_listening(self):
         self.stopping = True
         if self.server is not None:
@@ -518,6 +526,7 @@ class ProxyActor:
         if not self.stopping:
             await self._stop_accepting()
         self._close_listening()
+        await self._accepted_turns()
         _websocket.close_all()
         for conn in list(self.conns):
             if conn.closed:
