@@ -501,8 +501,9 @@ class ProxyActor:
             # in a task in the next; a server closed between the two drops
             # that connection unread (its transport cannot attach to a closed
             # server): a reset.  So stop accepting first, and give the
-            # accepted ones the turns they need.  (uvloop makes a connection
-            # in the same step as it accepts it.)
+            # accepted ones the turns they need.  (uvloop makes the transport
+            # in the same step as it accepts it; its connection_made may
+            # still come a turn later: see _accepted_turns.)
             self.loop.remove_reader(self.server_fd)
             for _ in range(_ACCEPTED_TURNS):
                 await asyncio.sleep(0)
