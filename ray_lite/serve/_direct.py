@@ -45,7 +45,6 @@ import sys
 from ray_lite._fast import ring as _ring
 
 from . import _core, _defaults
-from ._defaults import STREAM_WRITE_BATCH
 from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, framed
 from ._proxy import _choose_beside_direct as _router_choice
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
@@ -263,20 +262,6 @@ class DirectServer(ProxyActor):
         head_only = req.method == "HEAD"
         ok = False
         chunks = self.replica.http_stream(token)
-        # The chunks a turn of the loop produced go out in one write (as a
-        # proxy writes the items already reported in one): a handler that
-        # yields many small events at once costs a system call per turn, not
-        # one per event.  Nothing waits for more: the write is due at the
-        # end of the turn.
-        pending = []
-        due = [False]
-
-        def flush():
-            due[0] = False
-            if pending:
-                if not conn.closed:
-                    write(b"".join(pending) if len(pending) > 1 else pending[0])
-                pending.clear()
         try:
             async for chunk in chunks:
                 if conn.closed:
@@ -285,19 +270,12 @@ class DirectServer(ProxyActor):
                     continue
                 data = framed(chunk, chunked)
                 if data:
-                    pending.append(data)
-                    if len(pending) >= STREAM_WRITE_BATCH:
-                        flush()
-                    elif not due[0]:
-                        due[0] = True
-                        self.loop.call_soon(flush)
+                    write(data)
                 if conn.write_paused:
                     await conn.drained()
             else:
                 ok = True
-            flush()
         except asyncio.CancelledError:
-            pending.clear()     # (its flush may still be due)
             raise
         except Exception as exc:   # noqa: BLE001 - the status line is gone: close
             if not req.finished:
