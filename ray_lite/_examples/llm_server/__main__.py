@@ -29,7 +29,8 @@ def _serve(args):
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(build({"size": args.size, "max_running": args.max_running,
                          "max_waiting": args.max_waiting, "model": args.model,
-                         "max_len": args.max_len}), route_prefix="/")
+                         "max_len": args.max_len,
+                         "ingress_replicas": args.ingress_replicas}), route_prefix="/")
         _ready(args.port)
         try:
             while not stop.wait(0.5):
@@ -60,6 +61,8 @@ def main(argv=None):
                         help="the context of --model, tokens (default 1024)")
     parser.add_argument("--max-running", type=int, default=64)
     parser.add_argument("--max-waiting", type=int, default=256)
+    parser.add_argument("--ingress-replicas", type=int, default=None,
+                        help="replicas of the HTTP ingress on Serve (default 2)")
     args = parser.parse_args(argv)
     (_serve if args.mode == "serve" else _handwritten)(args)
     return 0

@@ -129,8 +129,13 @@ async def _close(tokens):
         pass
 
 
+# One encoder for every chunk: json.dumps with its own separators builds a
+# new JSONEncoder each call, a cost paid once a token.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _sse(obj):
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+    return f"data: {_compact(obj)}\n\n"
 
 
 async def _serve(request, body, prompt, max_tokens, chat):

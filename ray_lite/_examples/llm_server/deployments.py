@@ -8,7 +8,8 @@ workers, one shard of the model each.  Each request is a streaming call of
 its ``generate`` method: the tokens come back to the ingress through the
 handle's streaming generator, a batch at a time.  A request the ingress
 stops (its client went away) is cancelled in the engine, which aborts the
-sequence at the next step and frees its KV cache.
+sequence at the next step and frees its KV cache.  The ingress runs as two
+replicas (``INGRESS_REPLICAS``), which take the HTTP connections themselves.
 
 With ``RAY_LITE_BACKEND=ray`` the same code runs on Ray Serve.  Given
 ``model=<name>`` (and ``transformers`` installed), the engine serves that
@@ -94,20 +95,31 @@ class OpenAIServer:
         api.bind(HandleEngine(engine), model_name, max_len, tokenizer)
 
 
+#: Replicas of the ingress: two, so that with direct ingress (Serve's
+#: default) both take the connections themselves and the proxy steps aside
+#: (it keeps listening while fewer than two replicas do, and each connection
+#: it takes pays its hop); and so that one replica's SSE work does not bound
+#: the whole server.
+INGRESS_REPLICAS = 2
+
+
 def build(args=None):
     """The application: ``args`` may give ``size`` (a name of
-    ``model.SIZES``), ``max_running`` and ``max_waiting``; or ``model``, the
-    name or folder of a ``transformers`` causal LM, and its ``max_len``."""
+    ``model.SIZES``), ``max_running``, ``max_waiting`` and
+    ``ingress_replicas``; or ``model``, the name or folder of a
+    ``transformers`` causal LM, and its ``max_len``."""
     args = dict(args or {})
     size = args.get("size", "small")
     max_running = int(args.get("max_running", 64))
     max_waiting = int(args.get("max_waiting", 256))
+    ingress = OpenAIServer.options(
+        num_replicas=int(args.get("ingress_replicas") or INGRESS_REPLICAS))
     model = args.get("model")
     if model:
         from .hf import DEFAULT_MAX_LEN, require
         require()
         max_len = int(args.get("max_len") or DEFAULT_MAX_LEN)
         engine = LLMEngine.bind(size, max_running, max_waiting, model, max_len)
-        return OpenAIServer.bind(engine, model, max_len, model)
+        return ingress.bind(engine, model, max_len, model)
     engine = LLMEngine.bind(size, max_running, max_waiting)
-    return OpenAIServer.bind(engine, MODEL_NAME.format(size=size), config_for(size).max_len)
+    return ingress.bind(engine, MODEL_NAME.format(size=size), config_for(size).max_len)
