@@ -450,8 +450,13 @@ class HttpConnection:
         self.phase = _HEAD
         self.seq += 1
         self.raw = 0
-        if p.should_upgrade() and _ws_take(self, req):
-            return
+        if p.should_upgrade():
+            if _ws_take(self, req):
+                return
+            # Answered as plain HTTP, and the connection ends after it
+            # (``end_after_answers``, once the parser stops at the upgrade):
+            # said now, for an answer may be written before dispatch returns.
+            req.keep_alive = False
         if self.current is None and not self.queue and not self.in_next:
             # The common case (no pipelining): straight to a replica.
             self.current = req

@@ -71,6 +71,19 @@ def test_upgrade_and_connect_get_one_answer_then_the_connection_ends(serve_port)
         assert b"connection: close" in out.lower()
 
 
+def test_an_upgrade_request_answered_at_once_says_the_connection_ends(serve_port):
+    # A 404 is written while the request is dispatched, before the parser
+    # stops at the upgrade: the answer still says that the connection ends.
+    serve.run(hello.bind(), route_prefix="/hello")
+    for request in (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings"
+                    b"\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+                    b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"):
+        out = raw(serve_port, request)
+        assert out.count(b"HTTP/1.1 ") == 1, out
+        assert out.startswith(b"HTTP/1.1 404"), out
+        assert b"\r\nconnection: close\r\n" in out.lower(), out
+
+
 def test_idle_keep_alive_connections_are_closed_after_the_timeout(serve_runtime):
     from ray_lite.serve.api import _http_port
     serve.start(http_options={"port": 0, "proxies": 1, "keep_alive_timeout_s": 0.3})
