@@ -505,8 +505,7 @@ class ProxyActor:
             # in the same step as it accepts it; its connection_made may
             # still come a turn later: see _accepted_turns.)
             self.loop.remove_reader(self.server_fd)
-            for _ in range(_ACCEPTED_TURNS):
-                await asyncio.sleep(0)
+            await self._accepted_turns()
 
     async def _accepted_turns(self):
         """Let the connections accepted before the listening socket closed
