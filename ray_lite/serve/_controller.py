@@ -34,6 +34,7 @@ from ._controller_scaling import Autoscaling, from_zero as _from_zero, \
 from ._controller_scaling import error_text as _error_text, quiet as _quiet
 from ._deployment_actors import DeploymentActors, new_code_version
 from ._defaults import LISTEN_TIMEOUT_S
+from ._listen import check_free
 
 # With direct ingress, the proxies stop accepting while this many replicas
 # listen (see ServeController._proxies_accept).
@@ -325,6 +326,10 @@ class ServeController(Autoscaling, DeploymentActors):
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or (
             1 if direct else _default_proxies())
+        if opts.get("port", _defaults.HTTP_PORT):
+            # A port another program holds fails here, with its address (the
+            # first proxy checks again: it may be taken meanwhile).
+            check_free(opts.get("host", _defaults.HTTP_HOST), opts.get("port", _defaults.HTTP_PORT))
         actor_cls = _proxy_class(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.

@@ -8,6 +8,23 @@ kernel split the traffic between two applications.
 """
 import socket
 
+from .exceptions import RayServeException
+
+
+def family_of(host):
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def check_free(host, port):
+    """Raise ``RayServeException`` naming ``host:port`` if another socket
+    holds it: said once, before any proxy starts, rather than as each
+    proxy's death."""
+    try:
+        free_port(family_of(host), host, port)
+    except OSError as exc:
+        raise RayServeException(
+            f"HTTP cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
 
 def free_port(family, host, port):
     """``port`` (a free one for 0) if no socket holds it, else EADDRINUSE:

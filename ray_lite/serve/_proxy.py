@@ -34,7 +34,7 @@ from ray_lite._fast import ring as _ring
 from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
-from ._listen import free_port, shared_socket
+from ._listen import family_of, free_port, shared_socket
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line, cancel_call
 from ._request_calls import request_id_maker
 from ._routing import (RouteSubset, ServiceTime, attach_replica_cell, choose_for_http,
@@ -296,7 +296,7 @@ class ProxyActor:
         self.beside_direct = bool(options.get("direct_ingress"))
         if self.beside_direct:
             self._choose = self._choose_beside_direct
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        family = family_of(self.host)
         if index == 0 and not options.get("replacing"):
             # The first proxy of this Serve: the port must be free.  The
             # proxies share it through SO_REUSEPORT, which would as well let

@@ -78,16 +78,17 @@ def _ask(ctl, method, *args, sent=None, timeout=None):
     """The answer of the controller's ``method``; a call that its death
     failed is made again, to the controller the runtime restarts, for
     ``CONTROLLER_RESTART_WAIT_S`` at most (``sent``: the first call's ref,
-    already made)."""
-    from ray_lite.exceptions import RayActorError
+    already made).  An error the method raised is the answer, even one
+    about another actor's death (a proxy's, a replica's)."""
+    from ray_lite.exceptions import RayActorError, RayTaskError
     wait = context.ControllerRestartWait(_defaults.CONTROLLER_RESTART_WAIT_S)
     while True:
         ref = sent if sent is not None else getattr(ctl, method).remote(*args)
         sent = None
         try:
             return _core.get(ref, timeout=timeout)
-        except RayActorError:
-            if not wait.again():
+        except RayActorError as exc:
+            if isinstance(exc, RayTaskError) or not wait.again():
                 raise
 
 

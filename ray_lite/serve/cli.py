@@ -192,6 +192,17 @@ def _quote(text):
     return "''" if not text else repr(str(text).replace("\n", " "))
 
 
+def _error_line(exc):
+    """What a failed start says: Serve's own error (the port is taken, a bad
+    option) as its message alone; anything else (a deployment's constructor
+    raised) with the remote traceback that locates it."""
+    from .exceptions import RayServeException
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RayServeException):
+        exc = cause
+    return f"{type(exc).__name__}: {exc}"
+
+
 # --------------------------------------------------------------- servers
 def _run(args):
     import ray_lite as ray
@@ -264,7 +275,7 @@ def _run(args):
     except KeyboardInterrupt:
         pass
     except Exception as exc:   # noqa: BLE001 - the deployment's or the port's error
-        _say(f"{type(exc).__name__}: {exc}", err=True)
+        _say(_error_line(exc), err=True)
         code = 1
     finally:
         try:

@@ -1,14 +1,19 @@
 """``HTTPOptions`` and the proxy's own paths as Ray Serve answers them:
 ``/-/healthz`` (503 until an application has a route, then 200 "success"),
 ``/-/routes`` ({route_prefix: app name}), ``request_timeout_s`` (408 naming the request, the
-proxy keeps serving), ``keep_alive_timeout_s``."""
+proxy keeps serving), ``keep_alive_timeout_s``; a port another program holds."""
 import asyncio
 import json
+import socket
 
 import pytest
 from starlette.requests import Request
 
+import ray_lite as ray
 from ray_lite import serve
+from ray_lite.serve import api as serve_api
+from ray_lite.serve.exceptions import RayServeException
+from ray_lite.util.state import list_actors
 
 from serve_helpers import http
 
@@ -24,6 +29,54 @@ class Sleepy:
         if request.query_params.get("sleep"):
             await asyncio.sleep(float(request.query_params["sleep"]))
         return "awake"
+
+
+@ray.remote
+class _DiesStarting:
+    def __init__(self):
+        raise OSError("no port for this one")
+
+    def ping(self):
+        return "pong"
+
+
+@ray.remote
+class _Controller:
+    """Stands for Serve's controller: its method fails because another actor died."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def start_child(self):
+        self.calls += 1
+        ray.get(_DiesStarting.remote().ping.remote(), timeout=30)
+
+    def calls_made(self):
+        return self.calls
+
+
+def test_a_port_another_program_holds_fails_at_once_naming_it(serve_runtime):
+    busy = socket.socket()
+    try:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RayServeException,
+                           match=f"HTTP cannot listen on 127.0.0.1:{port}: Address already in use"):
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+    finally:
+        busy.close()
+    # Found before any proxy started: none died trying, none was retried.
+    assert [a for a in list_actors() if a.get("class_name") == "ProxyActor"] == []
+
+
+def test_a_controller_call_failed_by_another_actors_death_is_not_made_again(serve_runtime):
+    # Only the controller's own death makes Serve call it again (the runtime
+    # restarts it); an error its method raised is the answer.
+    ctl = _Controller.remote()
+    with pytest.raises(ray.exceptions.RayActorError, match="no port for this one"):
+        serve_api._ask(ctl, "start_child", timeout=60)
+    assert ray.get(ctl.calls_made.remote(), timeout=30) == 1
 
 
 def test_http_options_fields_and_defaults():
