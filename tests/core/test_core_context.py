@@ -355,8 +355,10 @@ class AsyncAsks:
 
 @ray.remote
 def catches_its_cancel(started, out):
-    open(started, "w").close()
     try:
+        # (Inside the try: the cancel, sent once the file appears, can
+        # interrupt this process before the close returns.)
+        open(started, "w").close()
         time.sleep(T)
         verdict = "not interrupted"
     except KeyboardInterrupt:
