@@ -15,7 +15,7 @@ from ray_lite._fast import shm
 from ray_lite.exceptions import RayActorError, RayError
 from ray_lite.util._queue_ring import QueueRing
 from ray_lite.util.queue import Empty, Queue
-from test_ring import wait_until
+from serve_helpers import wait_until
 from test_util_queue import Consumer, put_all
 
 BIG = 400 * 1024        # over the ring's item limit (a quarter of 1 MiB)
@@ -238,12 +238,12 @@ def test_an_owner_killed_elsewhere_raises_and_its_ring_goes(rt):
     path = shm.segment_path(ring.name)
     assert os.path.exists(path)
     assert ray_lite.get(kill_owner.remote(q), timeout=30)
-    wait_until(lambda: not ring.owner_alive())
+    wait_until(lambda: not ring.owner_alive(), "the owner's death to show")
     with pytest.raises(RayActorError):
         q.get_nowait()
     with pytest.raises(RayActorError):
         q.put(1)
-    wait_until(lambda: not os.path.exists(path))
+    wait_until(lambda: not os.path.exists(path), f"{path} to go")
 
 
 def test_shutdown_closes_the_ring_for_every_copy(rt):
