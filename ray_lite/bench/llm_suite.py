@@ -202,7 +202,8 @@ def _contenders(ctx, shim_dir):
 
 
 def _name(size, n, what):
-    return f"LLM server, {size} model ({STEP_OF.get(size, size)}), {n} streams: {what}"
+    streams = "1 stream" if n == 1 else f"{n} streams"
+    return f"LLM server, {size} model ({STEP_OF.get(size, size)}), {streams}: {what}"
 
 
 def _figures(size, n, impl, label, loads, goal_ids):
