@@ -326,14 +326,15 @@ class ServeController(Autoscaling, DeploymentActors):
         self.http_options = opts
         n = int(opts.get("proxies") or opts.get("num_proxies") or 0) or (
             1 if direct else _default_proxies())
-        if opts.get("port", _defaults.HTTP_PORT):
+        asked = opts.get("port", _defaults.HTTP_PORT)
+        if asked:
             # A port another program holds fails here, with its address (the
             # first proxy checks again: it may be taken meanwhile).
-            check_free(opts.get("host", _defaults.HTTP_HOST), opts.get("port", _defaults.HTTP_PORT))
+            check_free(opts.get("host", _defaults.HTTP_HOST), asked)
         actor_cls = _proxy_class(ProxyActor)
         # The first proxy binds the port (it picks one if asked for port 0);
         # the others then share it and start together.
-        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=opts.get("port", _defaults.HTTP_PORT)))
+        first = actor_cls.remote(self._self_handle, 0, dict(opts, port=asked))
         started = [first]
         try:
             port = await first.start.remote()
