@@ -45,6 +45,7 @@ import sys
 from ray_lite._fast import ring as _ring
 
 from . import _core, _defaults
+from ._listen import refuse_syns
 from ._proxy import HOLD_WAKES, Deadlines, ProxyActor, framed
 from ._proxy import _choose_beside_direct as _router_choice
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, LocalCall
@@ -112,14 +113,18 @@ class DirectServer(ProxyActor):
     async def stop(self, timeout_s=_defaults.PROXY_DRAIN_TIMEOUT_S):
         """Stop listening and drain, as a proxy does, without dropping the
         connections that came meanwhile: closing a listening socket resets
-        those the kernel queued on it, and ending a connection before its
-        first request was read resets that one.  So the queued ones are
-        taken (in the same step as the close: no turn of the loop between),
-        and those that sent no request yet get ``FIRST_REQUEST_WAIT_S`` to
-        send one; each such request is answered, then its connection ends."""
+        those the kernel queued on it and the handshakes under way, and
+        ending a connection before its first request was read resets that
+        one.  So the queued ones are taken in the same step as the close (no
+        turn of the loop between), while no new connection starts on the
+        socket (``_listen.refuse_syns``: its client's SYN, sent again, goes
+        to another listener), and those that sent no request yet get
+        ``FIRST_REQUEST_WAIT_S`` to send one; each such request is answered,
+        then its connection ends."""
         if self.stopping or self.server is None:
             return await ProxyActor.stop(self, timeout_s)
         await self._stop_accepting()
+        refuse_syns(self.sock)
         queued = self._take_queued()
         self._close_listening()
         await self._adopt(queued)

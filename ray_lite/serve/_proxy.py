@@ -34,7 +34,7 @@ from ray_lite._fast import ring as _ring
 from . import _core, _defaults, _demand, _memdebug, _metrics, _websocket, context
 from ._defaults import STREAM_ITEMS_AHEAD, STREAM_WRITE_BATCH
 from ._http import CONNECTION_CLOSE, REASONS, control_answer, status_line, text_answer
-from ._listen import family_of, free_port, shared_socket
+from ._listen import family_of, free_port, refuse_syns, shared_socket, take_syns
 from ._proxy_conn import REQUEST_ID_HEADER, HttpConnection, bad_head_line, cancel_call
 from ._request_calls import request_id_maker
 from ._routing import (RouteSubset, ServiceTime, attach_replica_cell, choose_for_http,
@@ -344,6 +344,7 @@ class ProxyActor:
         if not self.beside_direct or self.stopping or accept != self.aside:
             return
         if accept:
+            take_syns(self.sock)
             self.sock.listen(4096)      # back among the port's listeners
             try:
                 await self._serve()
@@ -359,10 +360,12 @@ class ProxyActor:
         connection open: the ones the kernel queued here are taken first
         (leaving the port's listeners resets those it still holds), then the
         socket leaves the listeners (``shutdown``: it stays bound, and
-        ``listen`` takes it back)."""
+        ``listen`` takes it back).  From the last ``accept`` to the
+        ``shutdown`` no connection starts on it (``_listen.refuse_syns``)."""
         await self._stop_accepting()
         if self.stopping:
             return
+        refuse_syns(self.sock)
         queued = self._take_queued()
         self.aside = True
         self.sock.shutdown(socket.SHUT_RD)

@@ -358,7 +358,9 @@ def test_the_proxy_steps_aside_while_two_replicas_listen(serve_runtime, tmp_path
             wait_until(lambda: _listening_pids(port, [proxy]) == {proxy},
                        "the proxy to listen", 30)
             assert _listening_pids(port, [replicas[1]]) == {replicas[1]}
-            assert http(port, "GET", "/")[0] == 200
+            with connection_to(port, proxy) as via_proxy:    # (it takes SYNs again)
+                via_proxy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert via_proxy.recv(65536).startswith(b"HTTP/1.1 200")
             held.sendall(b"x")
     # The replacement listens: the proxy steps aside again.
     wait_until(lambda: len(_processes("default", "HeldAtStart")[0]) == 2 and
