@@ -12,6 +12,7 @@ import pytest
 from starlette.requests import Request
 
 from ray_lite import serve
+from ray_lite._fast import shm
 
 from serve_helpers import connection_to, process_gone, raw, wait_until
 
@@ -256,6 +257,9 @@ def test_a_replica_killed_mid_request(serve_port, serve_http_mode):
                 pid = int(f.readline())
             os.kill(pid, signal.SIGKILL)
             wait_until(lambda: process_gone(pid), "the killed replica's end")
+        # Its shared memory (its cell, which the router reads) goes with it.
+        wait_until(lambda: not [n for n in shm.list_segments() if f"_{pid}_" in n],
+                   "the killed replica's segments to be unlinked")
         return pid
 
     try:

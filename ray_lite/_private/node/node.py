@@ -27,6 +27,7 @@ import os
 import threading
 import time
 
+from ray_lite._fast import shm
 from ray_lite.exceptions import ActorDiedError, OwnerDiedError, WorkerCrashedError
 
 from ..actors import restarts
@@ -336,6 +337,10 @@ class Node(DrivingMixin):
         if pid and self.id == 0:
             # Its stored objects are lost (readers keep what they mapped).
             object_store.release_dead_owner(self, pid)
+            # So are the other segments it made (a Serve replica's cell; its
+            # links' peers unlink those): no one else would before shutdown.
+            for name in shm.list_segments(f"{self.shm_prefix}{pid}_"):
+                shm.unlink_segment(name)
         objects = self.objects
         if objects.holders:
             objects.release_dead_holder(peer)
