@@ -17,6 +17,7 @@ cdef class TaskRunner:
     cdef public object current_oid   # the pool task running on the main thread,
     cdef public object current_fn    # its function (None until loaded)
     cdef public object current_name  # and its name (get_runtime_context reads them)
+    cdef public object task_oids_from  # no oid this process made before the task is >= it
     cdef public bint current_thread_busy
     cdef public bint _interrupted
     cdef public bint _in_user_code

@@ -122,3 +122,44 @@ def test_an_actor_killed_from_a_task_says_so_to_the_driver(rt):
     assert ray.get(killer.remote(v), timeout=T) == "done"
     with pytest.raises(ActorDiedError, match="killed by `ray.kill`"):
         ray.get(v.ping.remote(), timeout=T)
+
+
+@ray.remote
+class Waiter:
+    async def wait(self, gate):
+        await gate.arrive.remote()
+        await asyncio.Event().wait()
+
+
+@ray.remote
+class Keeper:
+    """Makes a call and hands out its ref (so that the caller is its owner)."""
+
+    def start(self, waiter, gate):
+        self.ref = waiter.wait.remote(gate)
+        return [self.ref]
+
+
+@ray.remote(max_retries=0)
+def cancel_the_call(refs):
+    ray.cancel(refs[0])
+    with pytest.raises(TaskCancelledError):
+        ray.get(refs[0], timeout=T)
+    return "cancelled"
+
+
+def test_a_borrowed_ref_of_an_actor_call_is_cancelled_through_its_owner(rt):
+    """As in Ray: the cancel of a ref the canceller does not own goes to its
+    owner, which cancels the call; from the driver and from a task."""
+    gate, waiter, keeper = Gate.remote(), Waiter.remote(), Keeper.remote()
+    (ref,) = ray.get(keeper.start.remote(waiter, gate), timeout=T)     # owned by keeper
+    ray.get(gate.arrived.remote(), timeout=T)
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+    gate = Gate.remote()
+    ref = waiter.wait.remote(gate)              # owned by the driver, cancelled by a task
+    ray.get(gate.arrived.remote(), timeout=T)
+    assert ray.get(cancel_the_call.remote([ref]), timeout=T) == "cancelled"
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)

@@ -2,9 +2,10 @@
 
 ``ray.cancel(ref)`` is recursive by default, as in Ray: the tasks that the
 cancelled task submitted (and theirs) are cancelled too, so the CPUs they
-hold are free for the tasks that wait for them.  ``recursive=False`` leaves
-them running.
+hold are free for the tasks that wait for them, and the calls it made to
+actors are cancelled.  ``recursive=False`` leaves them running.
 """
+import asyncio
 import os
 import signal
 import time
@@ -202,5 +203,103 @@ def test_a_cancelled_tasks_children_of_an_earlier_task_are_left_alone():
         ray.cancel(first)
         with pytest.raises((TaskCancelledError, RayTaskError)):
             ray.get(first, timeout=T)
+    finally:
+        ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class Door:
+    """An async actor whose ``wait`` calls run until cancelled; it notes
+    which started and which were cancelled."""
+
+    def __init__(self):
+        self.started = set()
+        self.cancelled = set()
+
+    async def wait(self, name):
+        self.started.add(name)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.add(name)
+            raise
+
+    async def seen(self):
+        return sorted(self.started), sorted(self.cancelled)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def calls_the_door(reg, door, name):
+    reg.keep.remote(name, [door.wait.remote(name)], os.getpid())
+    _run_for_ever()
+
+
+def _door_started(door, reg, names):
+    """Until the calls ``names`` run in ``door`` and their refs are kept in ``reg``."""
+    _until(lambda: set(ray.get(door.seen.remote(), timeout=T)[0]) >= set(names),
+           f"{names} started")
+    _until(lambda: all(ray.get(reg.kept.remote(n), timeout=T) is not None for n in names),
+           f"{names} kept")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_cancelling_a_task_cancels_the_actor_calls_it_made(force):
+    """As in Ray: recursive reaches the calls a task made to actors, without
+    force (a running call of an async actor is cancelled)."""
+    ray.init(num_cpus=2)
+    try:
+        reg, door = Registry.remote(), Door.remote()
+        top = calls_the_door.remote(reg, door, "call")
+        _door_started(door, reg, ["call"])
+        ray.cancel(top, force=force)
+        with pytest.raises(_cancelled(force)):
+            ray.get(top, timeout=T)
+        _until(lambda: ray.get(door.seen.remote(), timeout=T)[1] == ["call"],
+               "the actor call cancelled")
+        if not force:       # (force: the owner of this ref died with the task)
+            with pytest.raises(TaskCancelledError):
+                ray.get(_kept(reg, "call"), timeout=T)
+    finally:
+        ray.shutdown()
+
+
+def test_cancel_with_recursive_false_leaves_the_actor_calls_running():
+    ray.init(num_cpus=2)
+    try:
+        reg, door = Registry.remote(), Door.remote()
+        top = calls_the_door.remote(reg, door, "call")
+        _door_started(door, reg, ["call"])
+        ray.cancel(top, recursive=False)
+        with pytest.raises(TaskCancelledError):
+            ray.get(top, timeout=T)
+        call = _kept(reg, "call")
+        ready, _ = ray.wait([call], timeout=NOT_YET)
+        assert ready == [] and ray.get(door.seen.remote(), timeout=T)[1] == []
+    finally:
+        ray.shutdown()
+
+
+def test_a_cancelled_tasks_actor_calls_of_an_earlier_task_are_left_alone():
+    ray.init(num_cpus=2)
+    try:
+        reg, door = Registry.remote(), Door.remote()
+
+        @ray.remote(num_cpus=0, max_retries=0)
+        def start_a_call(reg, door):
+            reg.keep.remote("first", [door.wait.remote("first")])
+            return os.getpid()
+
+        first_pid = ray.get(start_a_call.remote(reg, door), timeout=T)
+        _door_started(door, reg, ["first"])
+        top = calls_the_door.remote(reg, door, "second")
+        _door_started(door, reg, ["second"])
+        # The pool hands out the worker that became idle last: the one that ran start_a_call.
+        assert ray.get(reg.pid.remote("second"), timeout=T) == first_pid
+        ray.cancel(top)
+        _until(lambda: ray.get(door.seen.remote(), timeout=T)[1] == ["second"],
+               "the later task's call cancelled")
+        first = _kept(reg, "first")
+        ready, _ = ray.wait([first], timeout=NOT_YET)
+        assert ready == [] and ray.get(door.seen.remote(), timeout=T)[1] == ["second"]
     finally:
         ray.shutdown()

@@ -548,7 +548,9 @@ def cancel(ref, *, force=False, recursive=True):
     (``get_runtime_context().is_canceled()``): one that saw it ends with
     ``TaskCancelledError`` for its caller, as in Ray; ``force=True`` is refused.
     ``recursive`` (the default): the tasks a cancelled running task submitted,
-    and theirs, are cancelled too (not the calls it made to actors).
+    and theirs, are cancelled too, and so are the calls it made to actors
+    (without force, even when the task was cancelled with ``force=True``, as
+    in Ray).  A ref this process borrowed is cancelled through its owner.
     """
     if _backend.RAY:
         return _backend.ENGINE.core.cancel(ref, force, recursive)

@@ -41,6 +41,8 @@ ITEM = "I"
 END = "E"
 ACK = "K"
 CANCEL = "X"
+CANCEL_CALLS_OF = "Y"   # the driver to an actor: cancel the calls of a force-cancelled task's worker
+CANCEL_OWNED = "W"      # the driver to a call's owner: cancel it (a process that borrowed its ref asks)
 FETCH = "F"
 FETCHED = "O"
 RELEASE = "D"
@@ -126,8 +128,18 @@ def ack_msg(sid, consumed):
     return (ACK, sid, consumed)
 
 
-def cancel_msg(oid, force):
-    return (CANCEL, oid, force)
+def cancel_msg(oid, force, recursive=False):
+    """``recursive`` (the driver to the worker running task ``oid``): the
+    calls that task made to actors are cancelled too."""
+    return (CANCEL, oid, force, recursive)
+
+
+def cancel_calls_of_msg(node_id):
+    return (CANCEL_CALLS_OF, node_id)
+
+
+def cancel_owned_msg(oid):
+    return (CANCEL_OWNED, oid)
 
 
 def fetch_msg(oid):

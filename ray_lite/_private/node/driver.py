@@ -39,7 +39,7 @@ from ..scheduling.task_cancel import cancel_task
 from ..scheduling.task_dispatch import TaskDispatch
 from ..scheduling.task_retries import TaskRetries
 from . import introspect
-from .node import Node
+from .node import _OID_SHIFT, Node
 from .pool_worker import MaxCalls
 from .zygote import ZygoteClient, adopt_early
 
@@ -504,7 +504,17 @@ class DriverNode(Node):
         return self.pids.get(aid) if aid in self.actors else None
 
     def _req_cancel(self, peer, oid, force, recursive=True):
-        return cancel_task(self, oid, force, recursive)
+        if cancel_task(self, oid, force, recursive):
+            return True
+        # Not a pool task: a call to an actor that another process made
+        # (the oid says which) and ``peer`` borrowed its ref; its owner
+        # cancels it, as Ray passes such a cancel on to the owner.
+        owner = oid >> _OID_SHIFT
+        if owner == 0:
+            return self.cancel_own_call(oid)
+        if owner != peer:
+            return self.send(owner, P.cancel_owned_msg(oid))
+        return False
 
     # ----------------------------------------------------------- shutdown
     def shutdown(self):

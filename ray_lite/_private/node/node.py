@@ -307,6 +307,19 @@ class Node(DrivingMixin):
             else:                   # a dropped generator (Streams.defer_stream_release)
                 self.streams.release_stream(x)
 
+    def cancel_own_call(self, oid):
+        """Cancel call ``oid`` that this process made to an actor, if it has
+        not ended; True if it is one.  (Ray passes the cancel of a ref that
+        the canceller borrowed on to its owner: this process.)"""
+        for aid, fl in list(self.inflight.items()):
+            kind = fl.get(oid)
+            if aid != 0 and (kind == P.ACTOR_CALL or kind == P.STREAM):
+                return self.send(aid, P.cancel_msg(oid, False))
+        for aid, kept in list(self.retry_calls.items()):    # a restartable actor's
+            if oid in kept and oid in self.pending:
+                return self.send(aid, P.cancel_msg(oid, False))
+        return False
+
     # --------------------------------------------------------- peer death
     def death_error(self, peer, kind):
         if kind == P.ACTOR_CALL or kind == P.FETCH_FROM_ACTOR:

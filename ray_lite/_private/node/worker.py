@@ -28,7 +28,7 @@ from ..process.errors import (ActorExit, make_task_error, running_task_cancelled
                               unpicklable_task_error)
 from ..process.procutil import CANCEL_SIGNAL
 from . import timeline
-from .node import Node
+from .node import _OID_SHIFT, Node
 from .worker_streams import Generators
 
 asyncio = lazy_module("asyncio", globals())
@@ -64,6 +64,7 @@ class WorkerNode(TaskRunner, Node):
         self.live = set()          # oids of calls received and not finished
         self.current_oid = None    # the pool task running on the main thread,
         self.current_fn = self.current_name = None      # its function and name
+        self.task_oids_from = None  # the oids of the calls it makes are these on
         self._in_user_code = False
         self._interrupted = False
         self._task_thread = threading.get_ident()
@@ -97,6 +98,8 @@ class WorkerNode(TaskRunner, Node):
         # and concurrency groups' replace it when the actor starts.
         self.handlers.update({P.TASK: self._on_task, P.METHOD: self._on_method,
                               P.CANCEL: self._on_cancel, P.EXIT: self._on_exit,
+                              P.CANCEL_CALLS_OF: self._on_cancel_calls_of,
+                              P.CANCEL_OWNED: lambda peer, msg: self.cancel_own_call(msg[1]),
                               P.ACK: self.generators.on_ack})
         self.add_link(0, Link.attach(spec["link_names"]), spec["driver_pid"])
 
@@ -220,6 +223,43 @@ class WorkerNode(TaskRunner, Node):
             # A sync pool task: interrupt it where it waits for the runtime
             # (wait_until raises), or at once from the signal handler.
             self._interrupt = oid
+            if len(msg) > 3 and msg[3]:     # recursive: its calls to actors too
+                self._cancel_calls_since(self.task_oids_from)
+
+    def _cancel_calls_since(self, first):
+        """Cancel the calls to actors this process made, still running, whose
+        oid is ``first`` or later (those of the running task), as Ray's
+        recursive cancel does.  Sent from a thread of their own: this may run
+        in the signal handler that interrupted the task, maybe inside a send
+        on the very link (its lock is not reentrant)."""
+        calls = {(peer, oid) for peer, fl in list(self.inflight.items()) if peer != 0
+                 for oid, kind in list(fl.items())
+                 if oid >= first and (kind == P.ACTOR_CALL or kind == P.STREAM)}
+        pending = self.pending      # (a restartable actor's are kept for a resend)
+        calls.update((aid, oid) for aid, kept in list(self.retry_calls.items())
+                     for oid in list(kept) if oid >= first and oid in pending)
+        if calls:
+            threading.Thread(target=self._send_cancels, args=(calls,), daemon=True,
+                             name="ray_lite cancel").start()
+
+    def _send_cancels(self, calls):
+        for peer, oid in calls:
+            self.send(peer, P.cancel_msg(oid, False))
+
+    def _on_cancel_calls_of(self, peer, msg):
+        """The driver: the worker ``msg[1]`` was killed by a recursive
+        ``cancel(force=True)``; its calls here are cancelled (without force,
+        as Ray does).  What it sent before dying is read first."""
+        caller = msg[1]
+        for link in (self.links.get(caller), self.reading_links.get(caller)):
+            if link is not None:
+                try:
+                    for m in link.recv_all():
+                        self.handlers[m[0]](caller, m)
+                except (LinkClosed, OSError):
+                    pass
+        for oid in [o for o in self.live if o >> _OID_SHIFT == caller]:
+            self._on_cancel(caller, P.cancel_msg(oid, False))
 
     def _raise_interrupt(self):
         oid, self._interrupt = self._interrupt, None

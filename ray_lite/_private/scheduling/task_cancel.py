@@ -7,7 +7,9 @@ the caller gets the error when that death is seen.
 ``recursive`` (Ray's default): the pool tasks a running task submitted, and
 theirs, are cancelled the same way, so what they hold is free again.  The
 driver learns them as they are submitted (``ChildTasks``); calls a task made
-to actors go straight to the actor and are not reached."""
+to actors are cancelled by the worker that made them (it knows them;
+they went straight to the actors) or, when ``force`` killed it, by each
+actor at the driver's word."""
 import itertools
 import os
 import signal
@@ -114,11 +116,14 @@ def _cancel_one(driver, oid, force, recursive):
                     os.kill(w.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+                if recursive:       # its calls to actors: without force, as in Ray
+                    for aid in list(driver.actors):
+                        driver.send(aid, P.cancel_calls_of_msg(w.id))
             else:
                 # The message says which task; the signal interrupts
                 # it (a KeyboardInterrupt in the task, as in Ray) if
                 # it is still that one when the worker looks.
-                driver.send(w.id, P.cancel_msg(oid, False))
+                driver.send(w.id, P.cancel_msg(oid, False, recursive))
                 try:
                     os.kill(w.pid, CANCEL_SIGNAL)
                 except ProcessLookupError:
