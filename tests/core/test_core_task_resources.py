@@ -242,39 +242,28 @@ def _door_started(door, reg, names):
            f"{names} kept")
 
 
-@pytest.mark.parametrize("force", [False, True])
-def test_cancelling_a_task_cancels_the_actor_calls_it_made(force):
-    """As in Ray: recursive reaches the calls a task made to actors, without
-    force (a running call of an async actor is cancelled)."""
+@pytest.mark.parametrize("force, recursive", [(False, True), (True, True), (False, False)])
+def test_cancelling_a_task_cancels_the_actor_calls_it_made(force, recursive):
+    """As in Ray: recursive (the default) reaches the calls a task made to
+    actors, without force (a running call of an async actor is cancelled);
+    ``recursive=False`` leaves them running."""
     ray.init(num_cpus=2)
     try:
         reg, door = Registry.remote(), Door.remote()
         top = calls_the_door.remote(reg, door, "call")
         _door_started(door, reg, ["call"])
-        ray.cancel(top, force=force)
+        ray.cancel(top, force=force, recursive=recursive)
         with pytest.raises(_cancelled(force)):
             ray.get(top, timeout=T)
+        if not recursive:
+            ready, _ = ray.wait([_kept(reg, "call")], timeout=NOT_YET)
+            assert ready == [] and ray.get(door.seen.remote(), timeout=T)[1] == []
+            return
         _until(lambda: ray.get(door.seen.remote(), timeout=T)[1] == ["call"],
                "the actor call cancelled")
         if not force:       # (force: the owner of this ref died with the task)
             with pytest.raises(TaskCancelledError):
                 ray.get(_kept(reg, "call"), timeout=T)
-    finally:
-        ray.shutdown()
-
-
-def test_cancel_with_recursive_false_leaves_the_actor_calls_running():
-    ray.init(num_cpus=2)
-    try:
-        reg, door = Registry.remote(), Door.remote()
-        top = calls_the_door.remote(reg, door, "call")
-        _door_started(door, reg, ["call"])
-        ray.cancel(top, recursive=False)
-        with pytest.raises(TaskCancelledError):
-            ray.get(top, timeout=T)
-        call = _kept(reg, "call")
-        ready, _ = ray.wait([call], timeout=NOT_YET)
-        assert ready == [] and ray.get(door.seen.remote(), timeout=T)[1] == []
     finally:
         ray.shutdown()
 

@@ -307,6 +307,16 @@ class Node(DrivingMixin):
             else:                   # a dropped generator (Streams.defer_stream_release)
                 self.streams.release_stream(x)
 
+    def read_what_peer_sent(self, peer):
+        """Handle what ``peer`` (dead, or dying) sent that is not read yet."""
+        for link in (self.links.get(peer), self.reading_links.get(peer)):
+            if link is not None:
+                try:
+                    for msg in link.recv_all():
+                        self.handlers[msg[0]](peer, msg)
+                except (LinkClosed, OSError):
+                    pass
+
     def cancel_own_call(self, oid):
         """Cancel call ``oid`` that this process made to an actor, if it has
         not ended; True if it is one.  (Ray passes the cancel of a ref that
@@ -335,14 +345,7 @@ class Node(DrivingMixin):
     def _on_peer_died(self, peer):
         if peer in self.dead_peers:
             return
-        # Whatever the peer wrote before dying is still worth reading.
-        for link in (self.links.get(peer), self.reading_links.get(peer)):
-            if link is not None:
-                try:
-                    for msg in link.recv_all():
-                        self.handlers[msg[0]](peer, msg)
-                except (LinkClosed, OSError):
-                    pass
+        self.read_what_peer_sent(peer)   # (before dying: still worth reading)
         kind = self.peer_kind(peer)
         self.dead_peers[peer] = kind
         pid = self.peer_pids.get(peer)

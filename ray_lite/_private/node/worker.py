@@ -251,13 +251,7 @@ class WorkerNode(TaskRunner, Node):
         ``cancel(force=True)``; its calls here are cancelled (without force,
         as Ray does).  What it sent before dying is read first."""
         caller = msg[1]
-        for link in (self.links.get(caller), self.reading_links.get(caller)):
-            if link is not None:
-                try:
-                    for m in link.recv_all():
-                        self.handlers[m[0]](caller, m)
-                except (LinkClosed, OSError):
-                    pass
+        self.read_what_peer_sent(caller)
         for oid in [o for o in self.live if o >> _OID_SHIFT == caller]:
             self._on_cancel(caller, P.cancel_msg(oid, False))
 
