@@ -229,8 +229,11 @@ class Door:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def calls_the_door(reg, door, name):
-    reg.keep.remote(name, [door.wait.remote(name)], os.getpid())
+def calls_the_door(reg, door, name, waits_in_get=False):
+    call = door.wait.remote(name)
+    reg.keep.remote(name, [call], os.getpid())
+    if waits_in_get:
+        ray.get(call)
     _run_for_ever()
 
 
@@ -242,15 +245,17 @@ def _door_started(door, reg, names):
            f"{names} kept")
 
 
-@pytest.mark.parametrize("force, recursive", [(False, True), (True, True), (False, False)])
-def test_cancelling_a_task_cancels_the_actor_calls_it_made(force, recursive):
+@pytest.mark.parametrize("force, recursive, waits_in_get", [
+    (False, True, False), (False, True, True), (True, True, False), (False, False, False)])
+def test_cancelling_a_task_cancels_the_actor_calls_it_made(force, recursive, waits_in_get):
     """As in Ray: recursive (the default) reaches the calls a task made to
-    actors, without force (a running call of an async actor is cancelled);
+    actors, without force (a running call of an async actor is cancelled),
+    whether the task computes or waits for the call in ``get``;
     ``recursive=False`` leaves them running."""
     ray.init(num_cpus=2)
     try:
         reg, door = Registry.remote(), Door.remote()
-        top = calls_the_door.remote(reg, door, "call")
+        top = calls_the_door.remote(reg, door, "call", waits_in_get)
         _door_started(door, reg, ["call"])
         ray.cancel(top, force=force, recursive=recursive)
         with pytest.raises(_cancelled(force)):
