@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 from ray_lite._fast.http_conn import END_QUIETLY, bad_header
 
-from . import _core
+from . import _core, _defaults
 from ._asgi_scope import check_headers, header_block, websocket_scope
 from ._defaults import STREAM_ITEMS_AHEAD
 from ._http import refused_header, status_line, text_answer
@@ -96,13 +96,15 @@ def take(conn, req):
     return True
 
 
-def start(proxy, conn, req, route, rep, headers):
-    """Relay the WebSocket ``req`` asks for to ``rep``, one of ``route``'s replicas."""
+def start(proxy, conn, req, route, rep, headers, early=b""):
+    """Relay the WebSocket ``req`` asks for to ``rep``, one of ``route``'s
+    replicas (``early``: frames that came with the upgrade request)."""
     req.timer = None        # (its deadline while it waited: the relay has none)
     rep.inflight += 1
     proxy.inflight += 1
     req.rep = rep
     relay = _Relay(proxy, conn, req, rep, headers)
+    relay.early = early
     _relays.add(relay)
     proxy.loop.create_task(relay.run(route))
 
@@ -239,6 +241,8 @@ class _Relay(asyncio.Protocol):
             raise
         except Exception as exc:   # noqa: BLE001 - the replica died or failed
             if self.transport is None:
+                if self._start_elsewhere(route, exc):
+                    return
                 if not conn.closed:
                     print(f"proxy: websocket to {route.app}/{route.deployment} failed: "
                           f"{type(exc).__name__}", file=sys.stderr, flush=True)
@@ -248,6 +252,30 @@ class _Relay(asyncio.Protocol):
                 self.close(1011, "")
         finally:
             self._done()
+
+    def _start_elsewhere(self, route, exc):
+        """The replica was dead when the relay began (this proxy not yet
+        told): certain it never saw the WebSocket, drop it from the route
+        (until the controller's next set) and relay to another replica,
+        ``SEND_ATTEMPTS`` at most, as a request goes elsewhere.  False when
+        it cannot."""
+        conn, req, proxy = self.conn, self.req, self.proxy
+        if not getattr(exc, "never_sent", False) or conn.closed or \
+                req.sends >= _defaults.SEND_ATTEMPTS:
+            return False
+        req.sends += 1
+        if self.rep in route.replicas:
+            route.replicas = [r for r in route.replicas if r is not self.rep]
+        self._done()        # (its slot back)
+        others = route.replicas
+        if others:
+            start(proxy, conn, req, route,
+                  _choose(others, route.max_ongoing) or least_loaded(others),
+                  self.headers, self.early)
+        else:               # it waits in the route's queue for a replica
+            req.ws_headers = self.headers
+            proxy.route_request(conn, req, *req.url)
+        return True
 
     def _first(self, ev):
         """The app's first answer: accept (101 and relay), deny, or plain HTTP."""

@@ -1,10 +1,13 @@
 """A proxy whose replica set still holds a replica that died (the
 controller's replacement not in yet): the request it sends there is refused
 at once, unseen by the replica, and goes to another replica instead of
-getting a 500."""
+getting a 500; a WebSocket too."""
 import asyncio
+import importlib.util
 import os
 import signal
+
+import pytest
 
 import ray_lite as ray
 from ray_lite import serve
@@ -73,6 +76,60 @@ def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
         for _ in range(10):
             status, _, body = http(port, "GET", "/", timeout=T)
             assert status == 200 and int(body) != victim
+        assert ray.get(proxy.replica_count.remote(), timeout=T) == 1
+    finally:
+        ray.get(proxy.stop.remote(0), timeout=T)
+        ray.kill(proxy)
+
+
+def _pid_sockets_app():
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    async def pid_once(ws):
+        await ws.accept()
+        await ws.send_text(str(os.getpid()))
+        await ws.close()
+
+    return Starlette(routes=[WebSocketRoute("/ws", pid_once)])
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("websockets", "starlette")),
+                    reason="websockets or starlette is not installed")
+def test_websocket_refused_by_a_dead_replica_goes_to_another(serve_port):
+    import websockets
+
+    @serve.deployment(num_replicas=2, graceful_shutdown_wait_loop_s=0,
+                      graceful_shutdown_timeout_s=1)
+    @serve.ingress(_pid_sockets_app())
+    class PidSockets:
+        pass
+
+    serve.run(PidSockets.bind(), name="stale", route_prefix="/")
+    _, routes, _ = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
+    (_app, _dep, handles, *_), = routes.values()
+    proxy = _core.remote(_PinnedProxy).remote(_PinnedController(routes), 0,
+                                              {"host": "127.0.0.1", "port": 0})
+
+    async def pid_over_a_websocket(port):
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+            return int(await ws.recv())
+
+    def pid_of_a_websocket(port):
+        return asyncio.run(asyncio.wait_for(pid_over_a_websocket(port), T))
+
+    try:
+        port = ray.get(proxy.start.remote(), timeout=T)
+        # Idle, it relays every WebSocket to the same replica: the one to kill.
+        victim = pid_of_a_websocket(port)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: process_gone(victim), "the killed replica to exit")
+        ids = [_core.actor_id(h) for h in handles]
+        wait_until(lambda: ray.get(proxy.dead_replicas.remote(ids), timeout=T) == 1,
+                   "the proxy's process to see the death")
+        for _ in range(5):
+            assert pid_of_a_websocket(port) != victim
         assert ray.get(proxy.replica_count.remote(), timeout=T) == 1
     finally:
         ray.get(proxy.stop.remote(0), timeout=T)
