@@ -1,4 +1,5 @@
 """Shared helpers of the Serve tests (HTTP over loopback, raw sockets)."""
+import asyncio
 import http.client as _httpc
 import os
 import selectors
@@ -153,3 +154,27 @@ def refused_and_waiting(a, b, timeout=30):
     assert len(ready) == 1, "exactly one of the two waiting requests is refused"
     refused = ready[0][0].fileobj
     return refused, (b if refused is a else a)
+
+
+class _PinnedRoutes:
+    """A proxy's ``listen_routes``: the routes it was made with, then never a
+    change (the controller's replacement of a dead replica never arrives)."""
+
+    def __init__(self, routes):
+        self.routes = routes
+
+    def remote(self, index, known_version):
+        return self._answer(known_version)
+
+    async def _answer(self, known_version):
+        if known_version < 0:
+            return 0, self.routes, True
+        await asyncio.get_running_loop().create_future()
+
+
+class PinnedController:
+    """What a proxy needs of the controller: routes that never change (a
+    test's own proxy, beside Serve's, made from ``listen_routes(0, -1)``)."""
+
+    def __init__(self, routes):
+        self.listen_routes = _PinnedRoutes(routes)

@@ -263,6 +263,15 @@ _LOOKING = object()
 _ACCEPTED_TURNS = 3
 
 
+def _close_unclaimed(rep, token):
+    """Close stream ``token`` in replica ``rep`` if no call took it (none
+    will: its request ended); a stream that was taken ends with its call."""
+    try:
+        rep.handle.http_stream_cancel.remote(token)
+    except Exception:   # noqa: BLE001 - a dead replica's streams went with it
+        pass
+
+
 class ProxyActor:
     _choose = staticmethod(_choose)
     # The choice while replicas listen too (direct ingress); a replica's own
@@ -737,7 +746,8 @@ class ProxyActor:
             status, headers, body, token, service_s = r[1]
             if token:
                 req.route.service.observe_stream()
-                self.loop.create_task(self._stream(conn, req, status, headers, token, body))
+                self.loop.create_task(
+                    self._stream_next_turn(conn, req, req.rep, status, headers, token, body))
                 return
             req.route.service.observe(service_s)
             req.finished = True
@@ -783,7 +793,7 @@ class ProxyActor:
         or None when the head may not be sent (then ``req`` is answered 500)."""
         if bad_head_line(headers) is not None:
             # Not one byte of this head: conn.respond logs it and answers
-            # 500 instead; the replica's unclaimed stream expires.
+            # 500 instead; _stream closes the replica's stream.
             req.finished = True
             self.release(req)
             conn.respond(req, status, headers, b"")
@@ -819,16 +829,26 @@ class ProxyActor:
             conn.closed = True
             conn.transport.close()
 
+    async def _stream_next_turn(self, conn, req, rep, status, headers, token, first):
+        """``_stream``, run as a task of its own: if the request timed out or
+        its client left before the task ran, its stream is closed in
+        replica ``rep`` at once (the request no longer names its replica),
+        instead of running there unclaimed for ``UNCLAIMED_STREAM_S``."""
+        if req.finished:
+            _close_unclaimed(rep, token)
+        await self._stream(conn, req, status, headers, token, first)
+
     async def _stream(self, conn, req, status, headers, token, first=None):
         if req.finished:
             return      # (timed out, or its client left, before this task ran)
+        rep = req.rep       # (release, when the client leaves, forgets it)
         head = self._stream_head(conn, req, status, headers, first)
         if head is None:
+            _close_unclaimed(rep, token)
             return
         chunked, keep = head
         write = conn.transport.write
         ok = False
-        rep = req.rep       # (release, when the client leaves, forgets it)
         try:
             gen = req.gen = rep.handle.http_stream.options(
                 _generator_backpressure_num_objects=STREAM_ITEMS_AHEAD).remote(token)
@@ -877,8 +897,5 @@ class ProxyActor:
             # A stream call cancelled before it started in the replica (its
             # client left at once) never took the stream: close it there now,
             # or it would count as open until it expired unclaimed.
-            try:
-                rep.handle.http_stream_cancel.remote(token)
-            except Exception:   # noqa: BLE001 - a dead replica's streams went with it
-                pass
+            _close_unclaimed(rep, token)
         self._stream_end(conn, req, ok, chunked, keep)

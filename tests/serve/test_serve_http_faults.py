@@ -14,7 +14,7 @@ from starlette.requests import Request
 from ray_lite import serve
 from ray_lite._fast import shm
 
-from serve_helpers import connection_to, process_gone, raw, wait_until
+from serve_helpers import PinnedController, connection_to, process_gone, raw, wait_until
 
 # Each test that takes serve_port (or serve_http_mode) runs through the
 # proxies and with direct ingress (conftest).
@@ -439,3 +439,56 @@ def test_a_megabyte_of_chunk_extension_is_refused(serve_port):
         b"5;" + b"e" * 1_000_000 + b"\r\nhello\r\n0\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 400 "), out[:100]
     assert b"hello" not in out
+
+
+@serve.deployment
+async def endless_stream(request: Request):
+    """A streamed answer that never ends; its generator, closed, makes the
+    file ``?closed=`` names."""
+    from starlette.responses import StreamingResponse
+    closed = request.query_params["closed"]
+
+    async def chunks():
+        try:
+            yield "first\n"
+            await asyncio.Event().wait()
+        finally:
+            open(closed, "w").close()
+    return StreamingResponse(chunks())
+
+
+def test_a_stream_whose_client_left_before_it_was_claimed_is_closed(serve_runtime, tmp_path):
+    """The client leaves between the replica's streamed reply and the
+    proxy's task that claims the stream: the replica closes the stream at
+    once, instead of running it unclaimed for a minute."""
+    from ray_lite.serve._proxy import ProxyActor
+
+    class ClientLeavesFirst(ProxyActor):
+        async def _stream_next_turn(self, conn, req, rep, *args):
+            conn.transport.abort()      # the client leaves before this task runs
+            for _ in range(1000):
+                if req.finished:
+                    break
+                await asyncio.sleep(0.001)
+            await ProxyActor._stream_next_turn(self, conn, req, rep, *args)
+
+    from ray_lite.serve import _core, context
+    serve.start(http_options={"port": 0, "proxies": 1, "direct_ingress": False})
+    serve.run(endless_stream.bind(), name="endless", route_prefix="/")
+    _, routes, _ = _core.get(context.get_controller().listen_routes.remote(0, -1), timeout=60)
+    proxy = _core.remote(ClientLeavesFirst).remote(PinnedController(routes), 0,
+                                                   {"host": "127.0.0.1", "port": 0})
+    try:
+        port = _core.get(proxy.start.remote(), timeout=60)
+        closed = tmp_path / "closed"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\n\r\n" % str(closed).encode())
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+        wait_until(closed.exists, "the replica's stream to be closed", timeout=20)
+    finally:
+        _core.get(proxy.stop.remote(0), timeout=60)
+        _core.kill(proxy)

@@ -14,7 +14,7 @@ from ray_lite import serve
 from ray_lite.serve import _core, context
 from ray_lite.serve._proxy import ProxyActor
 
-from serve_helpers import http, process_gone, wait_until
+from serve_helpers import PinnedController, http, process_gone, wait_until
 
 T = 60
 
@@ -22,27 +22,6 @@ T = 60
 @serve.deployment(num_replicas=2, graceful_shutdown_wait_loop_s=0, graceful_shutdown_timeout_s=1)
 def pid(request):
     return str(os.getpid())
-
-
-class _PinnedRoutes:
-    """A proxy's ``listen_routes``: the routes it was made with, then never a
-    change (the controller's replacement of a dead replica never arrives)."""
-
-    def __init__(self, routes):
-        self.routes = routes
-
-    def remote(self, index, known_version):
-        return self._answer(known_version)
-
-    async def _answer(self, known_version):
-        if known_version < 0:
-            return 0, self.routes, True
-        await asyncio.get_running_loop().create_future()
-
-
-class _PinnedController:
-    def __init__(self, routes):
-        self.listen_routes = _PinnedRoutes(routes)
 
 
 class _PinnedProxy(ProxyActor):
@@ -60,7 +39,7 @@ def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
     (_app, _dep, handles, *_), = routes.values()
     assert len(handles) == 2
     # A proxy (port 0: a free one) that keeps this set of replicas for good.
-    proxy = _core.remote(_PinnedProxy).remote(_PinnedController(routes), 0,
+    proxy = _core.remote(_PinnedProxy).remote(PinnedController(routes), 0,
                                               {"host": "127.0.0.1", "port": 0})
     try:
         port = ray.get(proxy.start.remote(), timeout=T)
@@ -109,7 +88,7 @@ def test_websocket_refused_by_a_dead_replica_goes_to_another(serve_port):
     serve.run(PidSockets.bind(), name="stale", route_prefix="/")
     _, routes, _ = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
     (_app, _dep, handles, *_), = routes.values()
-    proxy = _core.remote(_PinnedProxy).remote(_PinnedController(routes), 0,
+    proxy = _core.remote(_PinnedProxy).remote(PinnedController(routes), 0,
                                               {"host": "127.0.0.1", "port": 0})
 
     async def pid_over_a_websocket(port):
