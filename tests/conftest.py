@@ -35,6 +35,8 @@ if TESTS_DIR not in sys.path:
 
 from ray_lite._fast import NO_EXTENSIONS, shm  # noqa: E402
 
+pytest_plugins = ["sigterm_teardown"]
+
 TWINS = ("compiled", "python")
 
 
