@@ -68,7 +68,7 @@ class TaskRunner:
         self.current_thread_busy = True
         self.current_oid = oid
         self.current_name = name
-        self.task_oids_from = self._oid_base | next(self._seq)   # (its calls' oids: these on)
+        self.task_oids_from = self.new_oid()    # (the oids of its calls: these on)
         self._interrupted = False
         try:
             try:

@@ -3,6 +3,7 @@ stand-in worker: what a task's and an actor call's steps run, send and leave
 behind, and what they hand to the worker's other methods."""
 import asyncio
 import collections
+import itertools
 import threading
 
 import pytest
@@ -54,6 +55,10 @@ def make_worker(impl, kind="pool", link=None):
             self._bridge_waiting = False
             self.arrivals = []      # what each _poll receives, in turn
             self.calls = []
+            self.oids = itertools.count(100)
+
+        def new_oid(self):
+            return next(self.oids)
 
         # The worker's other methods: recorded.
         def _drain(self):
@@ -158,6 +163,18 @@ def test_a_task_runs_answers_and_leaves_the_worker_idle(task_runner_impl):
     w.run_pool_task(5, task(8, None, (1,)))
     assert w.links[5].sent[-1] == (RESULT, 8, True, 2)
     assert w.calls == [("load", "f")]
+
+
+def test_the_oids_a_task_makes_are_its_first_oid_on(task_runner_impl):
+    """``task_oids_from``: no oid the worker made before the task is as
+    large, every one it makes while the task runs is (a recursive cancel
+    of the task cancels the actor calls it made by that)."""
+    w = make_worker(task_runner_impl)
+    before = w.new_oid()
+    made = []
+    w.live.add(7)
+    w.run_pool_task(5, task(7, lambda x: made.append(w.new_oid())))
+    assert before < w.task_oids_from <= made[0]
 
 
 def test_a_result_of_another_type_goes_through_the_store(task_runner_impl):

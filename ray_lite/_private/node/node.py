@@ -64,7 +64,7 @@ class Node(DrivingMixin):
         self.inflight = {}       # peer id -> {oid: kind} results expected from that peer
         self.pending = {}        # oid -> _Entry or [entries] (results expected)
         self.rpc_replies = {}    # req id -> (ok, payload)
-        self._deferred = []      # streams and actors dropped in __del__ (see _run_deferred)
+        self._deferred = []      # streams and actors dropped in __del__, cancels (_run_deferred)
         self._releases = []      # (owner, oid, weight) to give back (objects.send_releases)
         self._stash = []         # (peer, msg) read ahead of a drain (see WorkerNode)
         self._drain_list = ((), ())
@@ -304,6 +304,8 @@ class Node(DrivingMixin):
         for x in items:
             if type(x) is int:      # an actor whose last handle went (actor_handle_dropped)
                 self.end_dropped_actor(x)
+            elif type(x) is tuple:  # (actor, call): a cancel from a signal handler (WorkerNode)
+                self.send(x[0], P.cancel_msg(x[1], False))
             else:                   # a dropped generator (Streams.defer_stream_release)
                 self.streams.release_stream(x)
 

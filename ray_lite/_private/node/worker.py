@@ -206,7 +206,7 @@ class WorkerNode(TaskRunner, Node):
         elif not done.done():
             done.set_result(None)
 
-    def _on_cancel(self, peer, msg):
+    def _on_cancel(self, peer, msg, in_signal_handler=False):
         oid = msg[1]
         if oid not in self.live:
             return          # finished already (or never ours): nothing to cancel
@@ -224,25 +224,24 @@ class WorkerNode(TaskRunner, Node):
             # (wait_until raises), or at once from the signal handler.
             self._interrupt = oid
             if len(msg) > 3 and msg[3]:     # recursive: its calls to actors too
-                self._cancel_calls_since(self.task_oids_from)
+                self._cancel_calls_since(self.task_oids_from, in_signal_handler)
 
-    def _cancel_calls_since(self, first):
+    def _cancel_calls_since(self, first, later):
         """Cancel the calls to actors this process made, still running, whose
         oid is ``first`` or later (those of the running task), as Ray's
-        recursive cancel does.  Sent from a thread of their own: this may run
-        in the signal handler that interrupted the task, maybe inside a send
-        on the very link (its lock is not reentrant)."""
+        recursive cancel does.  ``later``: in the signal handler that
+        interrupted the task, maybe inside a send on the very link (its lock
+        is not reentrant): the cancels go at the next drain (``_run_deferred``:
+        the task's end, or its next call into the runtime)."""
         calls = {(peer, oid) for peer, fl in list(self.inflight.items()) if peer != 0
                  for oid, kind in list(fl.items())
                  if oid >= first and (kind == P.ACTOR_CALL or kind == P.STREAM)}
         pending = self.pending      # (a restartable actor's are kept for a resend)
         calls.update((aid, oid) for aid, kept in list(self.retry_calls.items())
                      for oid in list(kept) if oid >= first and oid in pending)
-        if calls:
-            threading.Thread(target=self._send_cancels, args=(calls,), daemon=True,
-                             name="ray_lite cancel").start()
-
-    def _send_cancels(self, calls):
+        if later:
+            self._deferred.extend(calls)
+            return
         for peer, oid in calls:
             self.send(peer, P.cancel_msg(oid, False))
 
@@ -290,7 +289,7 @@ class WorkerNode(TaskRunner, Node):
                 if link is not None:
                     for m in link.recv_all():
                         if m[0] == P.CANCEL:
-                            self._on_cancel(0, m)
+                            self._on_cancel(0, m, True)
                         else:
                             self._stash.append((0, m))
             finally:
