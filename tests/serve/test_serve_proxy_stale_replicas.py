@@ -33,8 +33,9 @@ class _PinnedProxy(ProxyActor):
         return len(self.routes[0].replicas)
 
 
-def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
-    serve.run(pid.bind(), name="stale", route_prefix="/")
+def _the_dead_replica_is_passed_over(pid_of, tries):
+    """Through a proxy that keeps the app's two replicas for good: kill the
+    one ``pid_of(port)`` reaches; ``tries`` more all reach the other."""
     _, routes, _ = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
     (_app, _dep, handles, *_), = routes.values()
     assert len(handles) == 2
@@ -43,23 +44,29 @@ def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
                                               {"host": "127.0.0.1", "port": 0})
     try:
         port = ray.get(proxy.start.remote(), timeout=T)
-        # Idle, it sends every request to the same replica: the one to kill.
-        status, _, body = http(port, "GET", "/", timeout=T)
-        assert status == 200
-        victim = int(body)
+        # Idle, it sends everything to the same replica: the one to kill.
+        victim = pid_of(port)
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: process_gone(victim), "the killed replica to exit")
         ids = [_core.actor_id(h) for h in handles]
         wait_until(lambda: ray.get(proxy.dead_replicas.remote(ids), timeout=T) == 1,
-                    "the proxy's process to see the death")
-        for _ in range(10):
-            status, _, body = http(port, "GET", "/", timeout=T)
-            assert status == 200 and int(body) != victim
+                   "the proxy's process to see the death")
+        for _ in range(tries):
+            assert pid_of(port) != victim
         assert ray.get(proxy.replica_count.remote(), timeout=T) == 1
     finally:
         ray.get(proxy.stop.remote(0), timeout=T)
         ray.kill(proxy)
 
+
+def test_request_refused_by_a_dead_replica_goes_to_another(serve_port):
+    serve.run(pid.bind(), name="stale", route_prefix="/")
+
+    def pid_over_http(port):
+        status, _, body = http(port, "GET", "/", timeout=T)
+        assert status == 200
+        return int(body)
+    _the_dead_replica_is_passed_over(pid_over_http, 10)
 
 def _pid_sockets_app():
     from starlette.applications import Starlette
@@ -86,10 +93,6 @@ def test_websocket_refused_by_a_dead_replica_goes_to_another(serve_port):
         pass
 
     serve.run(PidSockets.bind(), name="stale", route_prefix="/")
-    _, routes, _ = ray.get(context.get_controller().listen_routes.remote(0, -1), timeout=T)
-    (_app, _dep, handles, *_), = routes.values()
-    proxy = _core.remote(_PinnedProxy).remote(PinnedController(routes), 0,
-                                              {"host": "127.0.0.1", "port": 0})
 
     async def pid_over_a_websocket(port):
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
@@ -97,19 +100,4 @@ def test_websocket_refused_by_a_dead_replica_goes_to_another(serve_port):
 
     def pid_of_a_websocket(port):
         return asyncio.run(asyncio.wait_for(pid_over_a_websocket(port), T))
-
-    try:
-        port = ray.get(proxy.start.remote(), timeout=T)
-        # Idle, it relays every WebSocket to the same replica: the one to kill.
-        victim = pid_of_a_websocket(port)
-        os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: process_gone(victim), "the killed replica to exit")
-        ids = [_core.actor_id(h) for h in handles]
-        wait_until(lambda: ray.get(proxy.dead_replicas.remote(ids), timeout=T) == 1,
-                   "the proxy's process to see the death")
-        for _ in range(5):
-            assert pid_of_a_websocket(port) != victim
-        assert ray.get(proxy.replica_count.remote(), timeout=T) == 1
-    finally:
-        ray.get(proxy.stop.remote(0), timeout=T)
-        ray.kill(proxy)
+    _the_dead_replica_is_passed_over(pid_of_a_websocket, 5)
