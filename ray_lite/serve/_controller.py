@@ -23,7 +23,6 @@ import asyncio
 import itertools
 import os
 import random
-import signal
 import sys
 
 from ray_lite.exceptions import RayActorError
@@ -1072,23 +1071,14 @@ class ServeController(Autoscaling, DeploymentActors):
         the dead controller had created but not yet saved (it died between
         their creation and its next save).  Before this controller creates
         any."""
-        from ray_lite.util.state import list_actors
         known = set(self.proxy_pids)
         for app in self.apps.values():
             for dep in app.deps.values():
                 known.update(dep.pids.values())
         try:
-            actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1 << 30)
+            _core.kill_serve_processes(keep=known)
         except Exception as exc:   # noqa: BLE001 - a recovery without this check
             print(f"Serve: could not list the actors ({exc!r})", file=sys.stderr, flush=True)
-            return
-        for a in actors:
-            if a.get("class_name") in ("ServeReplica", "ProxyActor") and \
-                    a.get("pid") not in known:
-                try:
-                    os.kill(a["pid"], signal.SIGKILL)
-                except OSError:
-                    pass
 
     async def _complete(self, app):
         """Start the replicas ``app`` lacks (those that were starting when the

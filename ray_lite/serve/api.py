@@ -410,17 +410,24 @@ def shutdown():
         ctl = _controller_or_none()
         if ctl is None:
             return
+        from ray_lite.exceptions import RayActorError
+        # A controller that died is asked again once the runtime restarted it.
+        pids, stopped = None, False
         try:
-            pids = _core.get(ctl.process_ids.remote(), timeout=_defaults.SHUTDOWN_ASK_S)
-        except Exception:   # noqa: BLE001 - a dead or stuck controller
-            pids = None
-        try:
-            # The controller drains for at most the graceful timeout itself;
-            # this bound holds even when it cannot.
-            _core.get(ctl.shutdown.remote(),
-                      timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
-        except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
-            _kill_processes(pids)
+            pids = _ask(ctl, "process_ids", timeout=_defaults.SHUTDOWN_ASK_S)
+            gone = False
+        except RayActorError:   # dead, and not restarted
+            gone = True
+        except Exception:   # noqa: BLE001 - a stuck controller
+            gone = False
+        if not gone:
+            try:
+                # The controller drains for at most the graceful timeout
+                # itself; this bound holds even when it cannot.
+                _ask(ctl, "shutdown", timeout=_longest_graceful_s + _defaults.SHUTDOWN_MARGIN_S)
+                stopped = True
+            except Exception:   # noqa: BLE001 - a dead or stuck controller: force the stop
+                _kill_processes(pids)
         try:
             store = _controller_checkpoint.find_store()
             if store is not None:
@@ -428,6 +435,13 @@ def shutdown():
             _kill_and_wait(ctl, "num_apps")
         except Exception:   # noqa: BLE001
             pass
+        if not stopped:
+            # What that controller did not name (it may never have come back
+            # from a restart to say): every replica, proxy and deployment actor.
+            try:
+                _core.kill_serve_processes(named=True)
+            except Exception:   # noqa: BLE001 - the runtime is ending
+                pass
         context.clear_controller()
         _metrics.remove()
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import ray_lite
 from ray_lite import serve
 from ray_lite.serve import _core, context
 from ray_lite.util.state import list_actors
@@ -218,6 +219,26 @@ def test_the_checkpoint_store_restarts_and_gets_the_state_again(serve_runtime):
     assert int(handle.remote().result(timeout_s=30)) in replicas
 
 
+def test_a_controller_that_lost_its_checkpoint_too_ends_what_it_cannot_manage(serve_port):
+    # The store and the controller killed together: the new controller
+    # starts empty and ends the replicas and the proxy it finds (the docs'
+    # "When the controller dies"); Serve is usable again.
+    from ray_lite.serve._controller_checkpoint import STORE_NAME
+    serve.run(Pid.bind(), name="a", route_prefix="/a")
+    before = _process_ids()
+    (store,) = list_actors(filters=[("name", "=", STORE_NAME), ("state", "=", "ALIVE")])
+    os.kill(store["pid"], signal.SIGKILL)
+    os.kill(before["controller"], signal.SIGKILL)
+    for pid in before["replicas"]["a/Pid"] + before["proxies"]:
+        wait_until(lambda: process_gone(pid), f"process {pid}'s end")
+    assert serve.status().applications == {}
+    handle = serve.run(Pid.bind(), name="a", route_prefix="/a")
+    after = _process_ids()
+    assert int(handle.remote().result(timeout_s=30)) in after["replicas"]["a/Pid"]
+    # New proxies (the port was 0, "any free one": they have another).
+    assert after["proxies"] and not set(after["proxies"]) & set(before["proxies"])
+
+
 def test_a_proxy_that_dies_while_the_controller_is_down_is_replaced(serve_port):
     serve.run(Pid.bind(), name="a", route_prefix="/a")
     before = _process_ids()
@@ -251,6 +272,19 @@ def test_shutdown_after_a_restart_leaves_nothing(serve_runtime):
     # Killed by shutdown, it is not restarted (nor its checkpoint store).
     assert [a for a in list_actors() if a.get("ray_namespace") == context.SERVE_NAMESPACE
             and a["state"] == "ALIVE"] == []
+
+
+def test_shutdown_without_a_controller_still_ends_serves_processes(serve_runtime):
+    # The controller killed for good (as if its restart had failed): nothing
+    # can ask it which processes are Serve's, and shutdown finds them itself.
+    serve.run(Pid.bind(), name="a", route_prefix=None)
+    pids = _process_ids()
+    ray_lite.kill(context.get_controller(), no_restart=True)
+    wait_until(lambda: process_gone(pids["controller"]), "the controller's end")
+    serve.shutdown()
+    for pid in pids["replicas"]["a/Pid"] + pids["proxies"]:
+        wait_until(lambda: process_gone(pid), f"process {pid}'s end")
+    assert [a for a in list_actors() if a["state"] == "ALIVE"] == []
 
 
 @serve.deployment
