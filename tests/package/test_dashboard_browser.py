@@ -5,6 +5,7 @@ CI's artifact directory), else in the test's tmp_path."""
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -36,10 +37,32 @@ class BrowserApp:
 
 
 def _chromium(profile, *args):
+    """Run headless Chromium to its end, 180 s at most.
+
+    In a session of its own, its output in files: Chromium's helpers
+    (crashpad, zygote) inherit what it was given, so output through pipes
+    could be waited for forever after it was killed, and only the whole
+    group can be ended."""
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
            "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
            f"--user-data-dir={profile}", "--window-size=1280,1800", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    out_path, err_path = profile.parent / "chromium.out", profile.parent / "chromium.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("headless Chromium did not end within 180 s")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # its helpers, if any outlived it
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode,
+                                       out_path.read_text(errors="replace"),
+                                       err_path.read_text(errors="replace"))
 
 
 def _dom(profile, url):
