@@ -62,22 +62,21 @@ def dead_actor_ids():
     return _NONE_DEAD if n is None else n.dead_peers
 
 
-def kill_serve_processes(keep=(), named=False):
+def kill_serve_processes(keep=(), named_in=None):
     """SIGKILL the live processes of Serve's replicas and proxies but for the
-    pids in ``keep``; with ``named``, those of the actors named in Serve's
-    namespace too (deployment actors, the controller, its store).  Returns
-    their pids.  For what no controller tracks: the replicas a dead one had
-    not saved, or all of them when the controller is gone."""
+    pids in ``keep``; with ``named_in`` (Serve's namespace), those of the
+    actors named in it too (deployment actors, the controller, its store).
+    Returns their pids.  For what no controller tracks: the replicas a dead
+    one had not saved, or all of them when the controller is gone."""
     import os
     import signal
     from ray_lite.util.state import list_actors
-    from .context import SERVE_NAMESPACE
     killed = []
     for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1 << 30):
         pid = a.get("pid")
         if not pid or pid in keep or not (
                 a.get("class_name") in ("ServeReplica", "ProxyActor") or
-                (named and a.get("name") and a.get("ray_namespace") == SERVE_NAMESPACE)):
+                (named_in and a.get("name") and a.get("ray_namespace") == named_in)):
             continue
         try:
             os.kill(pid, signal.SIGKILL)

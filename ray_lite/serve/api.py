@@ -439,7 +439,7 @@ def shutdown():
             # What that controller did not name (it may never have come back
             # from a restart to say): every replica, proxy and deployment actor.
             try:
-                _core.kill_serve_processes(named=True)
+                _core.kill_serve_processes(named_in=context.SERVE_NAMESPACE)
             except Exception:   # noqa: BLE001 - the runtime is ending
                 pass
         context.clear_controller()
