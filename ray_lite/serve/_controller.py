@@ -1021,6 +1021,11 @@ class ServeController(Autoscaling, DeploymentActors):
                 dep.target, dep.gang_of = d["target"], d["gang_of"]
                 dep.ranks = {rid: r for rid, r in d["ranks"].items() if rid in dep.replicas}
                 dep.listening = {rid for rid in d.get("listening", ()) if rid in dep.replicas}
+                # Their listeners route by what they applied from the dead
+                # controller: a change waits for them too (``_caught_up_keys``)
+                # before their next long poll says what they have.
+                for rid in dep.listening:
+                    self.proxy_versions[f"direct:{rid}"] = -1
                 dep.status, dep.message = d["status"], d["message"]
                 dep.code_version, dep.actors = d["code_version"], d["actors"]
                 if dep.actors:
