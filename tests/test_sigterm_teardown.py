@@ -1,5 +1,6 @@
 """A SIGTERM to a test run ends it with every fixture's teardown
 (``sigterm_teardown``), so the processes its tests started end too."""
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -51,3 +52,27 @@ def test_a_terminated_run_tears_its_fixtures_down(tmp_path):
             run.wait()
         if child is not None and not process_gone(child):
             os.kill(child, signal.SIGKILL)      # (this test's own grandchild)
+
+
+def _waits_for_ever(ready):
+    ready.set()
+    signal.pause()
+
+
+def test_a_process_forked_from_the_run_ends_on_sigterm():
+    # It inherits the run's handler; a multiprocessing pool's terminate()
+    # relies on SIGTERM ending its workers (it hung when they got
+    # KeyboardInterrupt instead).
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_waits_for_ever, args=(ready,))
+    proc.start()
+    try:
+        assert ready.wait(60)
+        proc.terminate()
+        proc.join(60)
+        assert proc.exitcode == -signal.SIGTERM
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
