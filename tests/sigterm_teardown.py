@@ -4,12 +4,21 @@ started end with it).  Python's default SIGTERM kills at once and a
 ``ray-lite serve run`` a test started would outlive the run (a CI
 timeout, a ``kill`` of a stuck run).
 
-Only in the run's own process: one forked from it (a ``multiprocessing``
-worker) inherits the handler, and a worker that got KeyboardInterrupt
-where it expected to die hangs its pool's ``terminate()``.  There SIGTERM
-ends the process, as by default."""
+Only in the run's own process.  A process forked from it (a
+``multiprocessing`` worker) gets SIGTERM's default action back at once:
+a Python handler runs only when the process next runs Python code, and a
+child stuck in a C-level lock (one another thread of the run held at the
+fork) never does, so SIGTERM would not end it and a pool's ``terminate()``
+would wait for it for ever."""
 import os
 import signal
+
+
+def _default_sigterm_in_child():
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:      # (not the child's main thread: not expected)
+        pass
 
 
 def pytest_configure(config):
@@ -18,10 +27,11 @@ def pytest_configure(config):
     run_pid = os.getpid()
 
     def on_sigterm(signum, frame):
-        if os.getpid() != run_pid:
+        if os.getpid() != run_pid:      # (forked without os.fork's hooks)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)

@@ -54,21 +54,23 @@ def test_a_terminated_run_tears_its_fixtures_down(tmp_path):
             os.kill(child, signal.SIGKILL)      # (this test's own grandchild)
 
 
-def _waits_for_ever(ready):
+def _waits_for_ever(ready, disposition):
+    disposition.value = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     ready.set()
     signal.pause()
 
 
 def test_a_process_forked_from_the_run_ends_on_sigterm():
-    # It inherits the run's handler; a multiprocessing pool's terminate()
-    # relies on SIGTERM ending its workers (it hung when they got
-    # KeyboardInterrupt instead).
+    # It gets SIGTERM's default action back at the fork: a multiprocessing
+    # pool's terminate() relies on SIGTERM ending its workers, even one
+    # stuck where no Python handler would run (it hung in B17's test).
     ctx = multiprocessing.get_context("fork")
-    ready = ctx.Event()
-    proc = ctx.Process(target=_waits_for_ever, args=(ready,))
+    ready, disposition = ctx.Event(), ctx.Value("b", 0)
+    proc = ctx.Process(target=_waits_for_ever, args=(ready, disposition))
     proc.start()
     try:
         assert ready.wait(60)
+        assert disposition.value == 1
         proc.terminate()
         proc.join(60)
         assert proc.exitcode == -signal.SIGTERM

@@ -257,6 +257,26 @@ def check_load(sample_s=0.5, reading=None):
     return reading
 
 
+def _end_run(signum, frame):
+    signal.signal(signum, signal.SIG_DFL)
+    raise SystemExit(128 + signum)
+
+
+def _default_sigterm_after_fork():
+    # A process forked during a run (the standard library pool B17 times)
+    # would inherit _end_run, which runs only when it next runs Python code:
+    # one stuck in a C-level lock would outlive SIGTERM, and its pool's
+    # terminate() would wait for it for ever.
+    try:
+        if signal.getsignal(signal.SIGTERM) is _end_run:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:
+        pass
+
+
+_fork_hook = []
+
+
 @contextlib.contextmanager
 def _ended_through_finally_on_sigterm():
     """While a run lasts, SIGTERM (``timeout``, a job scheduler, ``kill``)
@@ -264,15 +284,15 @@ def _ended_through_finally_on_sigterm():
     servers, CPU hogs and clusters the suite started.  Python's default ends
     the process at once and leaves them running (a ``serve run`` in a
     session of its own is not ended with its parent).  A second SIGTERM ends
-    at once."""
-    def end(signum, frame):
-        signal.signal(signum, signal.SIG_DFL)
-        raise SystemExit(128 + signum)
+    at once.  A process forked meanwhile keeps the default."""
     try:
-        before = signal.signal(signal.SIGTERM, end)
+        before = signal.signal(signal.SIGTERM, _end_run)
     except ValueError:      # not the main thread: leave the signal alone
         yield
         return
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_default_sigterm_after_fork)
+        _fork_hook.append(True)
     try:
         yield
     finally:

@@ -232,6 +232,45 @@ def test_sigterm_ends_a_run_through_the_suites_finally():
         os.kill(child, 0)
 
 
+_FORK_DURING_A_RUN = """
+import multiprocessing, signal, sys
+import ray_lite.bench as bench
+
+def child(ready, disposition):
+    disposition.value = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    ready.set()
+    signal.pause()
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    ready, disposition = ctx.Event(), ctx.Value("b", 0)
+    with bench._ended_through_finally_on_sigterm():
+        proc = ctx.Process(target=child, args=(ready, disposition))
+        proc.start()
+    try:
+        assert ready.wait(60)
+        proc.terminate()
+        proc.join(60)
+        print(disposition.value, proc.exitcode)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+"""
+
+
+def test_a_process_forked_during_a_run_keeps_sigterms_default(tmp_path):
+    # B17 times the standard library's Pool, whose terminate() ends its
+    # workers with SIGTERM and waits for them.  (In a fresh interpreter: the
+    # test run's own SIGTERM handling would hide the run's.)
+    script = tmp_path / "fork_during_a_run.py"
+    script.write_text(_FORK_DURING_A_RUN)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", str(-signal.SIGTERM)]
+
+
 def test_unknown_suite_is_a_usage_error(capsys):
     assert bench.main(["no-such-suite"]) == 2
     assert "unknown suite" in capsys.readouterr().err
