@@ -5,11 +5,11 @@ started end with it).  Python's default SIGTERM kills at once and a
 timeout, a ``kill`` of a stuck run).
 
 Only in the run's own process.  A process forked from it (a
-``multiprocessing`` worker) gets SIGTERM's default action back at once:
-a Python handler runs only when the process next runs Python code, and a
-child stuck in a C-level lock (one another thread of the run held at the
-fork) never does, so SIGTERM would not end it and a pool's ``terminate()``
-would wait for it for ever."""
+``multiprocessing`` worker) gets SIGTERM's default action back at once.
+A Python handler only runs at the process's next check for signals: one
+that lands as a pool worker is about to block (in the wait for the queue's
+lock, which ``terminate()`` holds) is never acted on, and the pool's
+``terminate()`` waits for that worker for ever."""
 import os
 import signal
 

@@ -264,9 +264,10 @@ def _end_run(signum, frame):
 
 def _default_sigterm_after_fork():
     # A process forked during a run (the standard library pool B17 times)
-    # would inherit _end_run, which runs only when it next runs Python code:
-    # one stuck in a C-level lock would outlive SIGTERM, and its pool's
-    # terminate() would wait for it for ever.
+    # would inherit _end_run, which runs only at its next check for signals:
+    # a SIGTERM that lands as a pool worker is about to block (on the queue
+    # lock that terminate() holds) is never acted on, and the pool's
+    # terminate() waits for that worker for ever.
     try:
         if signal.getsignal(signal.SIGTERM) is _end_run:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
