@@ -284,7 +284,9 @@ def test_shutdown_without_a_controller_still_ends_serves_processes(serve_runtime
     serve.shutdown()
     for pid in pids["replicas"]["a/Pid"] + pids["proxies"]:
         wait_until(lambda: process_gone(pid), f"process {pid}'s end")
-    assert [a for a in list_actors() if a["state"] == "ALIVE"] == []
+    # (A process gone is dead to the runtime once it has read the death.)
+    wait_until(lambda: [a for a in list_actors() if a["state"] == "ALIVE"] == [],
+               "the runtime to see every actor dead")
 
 
 @serve.deployment
