@@ -22,16 +22,6 @@ def _default_sigterm_in_child():
 
 
 def pytest_configure(config):
-    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return
-    run_pid = os.getpid()
-
-    def on_sigterm(signum, frame):
-        if os.getpid() != run_pid:      # (forked without os.fork's hooks)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)

@@ -256,6 +256,8 @@ def _full_engine_refuses(port):
             return None                         # the first ended before the third came
         err = json.loads(body)["error"]
         assert status == 503 and err["code"] == 503 and "full" in err["message"]
+        stats = _stats(port)
+        assert stats["running"] == 1 or stats["finished"] > finished   # (or it just ended)
         running.close()                       # a slot frees: the waiting one runs
         events = _events(waiting.read_to_end())
         assert events[-1] == "[DONE]"
