@@ -310,6 +310,8 @@ class AsgiIngress:
         except asyncio.CancelledError:
             raise
         except Exception:   # noqa: BLE001 - the client gets a 500, the replica goes on
+            if reply.stream is not None and reply.stream.closed:
+                return      # the client left: what send raised (ASGI 2.4) ends the app
             rep = self._replica
             print(f"Replica {rep._deployment}#{rep._id}: {what} failed:\n"
                   f"{traceback.format_exc()}", file=sys.stderr, end="", flush=True)

@@ -95,7 +95,7 @@ def addr(s):
 def http_scope(method, path, query, headers, client, root_path, http_version, server):
     """The ASGI scope of an HTTP request, from the parts the proxy sends."""
     return {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
         "http_version": http_version, "method": method,
         "scheme": "http", "path": path,
         "raw_path": path.encode("utf-8", "surrogateescape"),

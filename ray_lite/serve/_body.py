@@ -12,6 +12,17 @@ frames each chunk as its own HTTP chunk, as Ray Serve does (a client that
 reads chunk by chunk sees each yield).  Nothing waits for a batch to fill,
 so an event the producer puts alone goes out alone, as soon as the stream
 takes it.
+
+A reader in the producer's own process (direct ingress: the replica writes
+to the client's socket itself) gives the stream a ``sink``: a chunk put
+while nothing is queued goes straight to the socket, in the producer's
+turn, and the reader wakes only for what the sink refused (its socket
+paused, or closed) and for the end.  A token costs no task switch, no
+future, and reaches the client a loop turn earlier.
+
+A producer that puts after its reader closed the stream (the client left)
+gets ``serve.exceptions.ClientDisconnected``, an ``OSError``: what an ASGI
+server of spec version 2.4 raises from ``send`` on a closed connection.
 """
 import asyncio
 import collections
@@ -20,6 +31,7 @@ import sys
 import traceback
 
 from ._json import json_body
+from .exceptions import ClientDisconnected
 
 # A producer waits while this many chunks, or this many bytes, are not taken
 # yet (a slow client must not make a replica buffer without bound); one take
@@ -37,7 +49,8 @@ class BodyStream:
     ``async for`` (each step takes what has queued: one chunk as bytes,
     several as a list of them), ``aclose`` ends the producer's task."""
 
-    __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task", "calls")
+    __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task", "calls",
+                 "sink", "closed")
 
     def __init__(self):
         self._items = collections.deque()
@@ -48,15 +61,26 @@ class BodyStream:
         self._putter = None
         self.task = None
         self.calls = None       # the handle calls of the request streaming this
+        # sink(chunk) -> True when it wrote the chunk itself (the reader's
+        # socket), False when it cannot now (the chunk is queued instead).
+        self.sink = None
+        self.closed = False     # by its reader (aclose): the client left
 
     async def put(self, chunk):
-        while ((len(self._items) >= AHEAD_CHUNKS or self._size >= BATCH_BYTES)
+        if self.closed:
+            raise ClientDisconnected("the client closed the connection")
+        items = self._items
+        if not items and self.sink is not None and self._end is None and self.sink(chunk):
+            return          # written: nothing queued ahead of it
+        while ((len(items) >= AHEAD_CHUNKS or self._size >= BATCH_BYTES)
                and self._end is None):
             self._putter = asyncio.get_running_loop().create_future()
             await self._putter
+        if self.closed:
+            raise ClientDisconnected("the client closed the connection")
         if self._end is not None:
-            return          # taken no more (closed): the producer's task is cancelled
-        self._items.append(chunk)
+            return          # the producer already ended it: taken no more
+        items.append(chunk)
         self._size += len(chunk)
         _settle_none(self._getter)
 
@@ -109,6 +133,8 @@ class BodyStream:
         return chunk
 
     async def aclose(self):
+        self.closed = True
+        self.sink = None
         self.end(END)
         self._items.clear()
         self._size = 0

@@ -265,8 +265,21 @@ class DirectServer(ProxyActor):
         chunked, keep = head
         write = conn.transport.write
         head_only = req.method == "HEAD"
+
+        def sink(chunk):
+            # Called in the producer's turn (see _body): the chunk goes to the
+            # socket now, or, while the socket is paused or gone, into the
+            # queue this loop takes from.
+            if conn.closed or conn.write_paused:
+                return False
+            if not head_only:
+                data = framed(chunk, chunked)
+                if data:
+                    write(data)
+            return True
+
         ok = False
-        chunks = self.replica.http_stream(token)
+        chunks = self.replica.http_stream(token, sink)
         try:
             async for chunk in chunks:
                 if conn.closed:

@@ -5,7 +5,8 @@ are in ``ray_lite.exceptions``."""
 from ray_lite.exceptions import RayError, TaskCancelledError
 
 __all__ = ["RayServeException", "BackPressureError", "DeploymentUnavailableError",
-           "RequestCancelledError", "ReplicaUnavailableError", "ConfigError"]
+           "RequestCancelledError", "ReplicaUnavailableError", "ConfigError",
+           "ClientDisconnected"]
 
 
 class RayServeException(RayError):
@@ -16,6 +17,11 @@ class ConfigError(ValueError, RayServeException):
     """A Serve config file (``ray-lite serve run/deploy config.yaml``) or a
     Serve option that does not follow Serve's schema; the message names the
     key at fault and where it is.  A ``ValueError``."""
+
+
+class ClientDisconnected(OSError):
+    """An ingress app's ASGI ``send`` after its client closed the connection
+    (ASGI spec version 2.4: an ``OSError``); the request is being cancelled."""
 
 
 class BackPressureError(RayServeException):

@@ -10,6 +10,7 @@ import pytest
 
 from ray_lite.serve import _body
 from ray_lite.serve._body import AHEAD_CHUNKS, BATCH_BYTES, BodyStream, pumped
+from ray_lite.serve.exceptions import ClientDisconnected
 
 
 def run(coro):
@@ -202,3 +203,85 @@ def test_an_iterator_that_fails_while_closing_is_reported_not_raised(capfd):
             await stream.task
     run(main())
     assert "cleanup failed" in capfd.readouterr().err
+
+
+def test_a_sink_writes_each_chunk_as_it_is_put_and_what_it_refuses_keeps_its_place():
+    """Direct ingress: the replica's own reader gives the stream a sink, the
+    client's socket.  A chunk put while nothing is queued goes to it in the
+    producer's turn; one it refuses (the socket paused) is queued, and so is
+    every chunk after it until the reader took the queue: no chunk overtakes
+    another."""
+    async def main():
+        written = []
+        paused = [False]
+
+        def sink(chunk):
+            if paused[0]:
+                return False
+            written.append(chunk)
+            return True
+        stream = BodyStream()
+        stream.sink = sink
+        await stream.put(b"a")
+        await stream.put(b"b")
+        assert written == [b"a", b"b"]          # no take needed: already out
+        paused[0] = True
+        await stream.put(b"c")
+        paused[0] = False
+        await stream.put(b"d")                  # behind c, though the sink takes again
+        assert written == [b"a", b"b"]
+        assert _chunks([await stream.__anext__()]) == [b"c", b"d"]
+        await stream.put(b"e")                  # the queue is empty again: straight out
+        assert written == [b"a", b"b", b"e"]
+        stream.end()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+    run(main())
+
+
+def test_a_put_after_the_reader_closed_the_stream_raises_an_oserror():
+    """The client left and the reader closed the stream: the producer's put
+    raises ``ClientDisconnected``, an ``OSError``, as ``send`` does on a
+    closed connection in an ASGI server of spec version 2.4; a put that was
+    waiting for room raises it too.  The sink is dropped with the stream."""
+    async def main():
+        stream = BodyStream()
+        stream.sink = lambda chunk: True
+        await stream.aclose()
+        assert stream.sink is None
+        with pytest.raises(ClientDisconnected) as caught:
+            await stream.put(b"late")
+        assert isinstance(caught.value, OSError)
+
+        full = BodyStream()
+        for _ in range(AHEAD_CHUNKS):
+            await full.put(b"x")
+        waiting = asyncio.ensure_future(full.put(b"one too many"))
+        await _let_the_loop_run()
+        assert not waiting.done()
+        await full.aclose()
+        with pytest.raises(ClientDisconnected):
+            await waiting
+    run(main())
+
+
+def test_an_asgi_send_after_the_client_left_raises_an_oserror():
+    """An ingress app streams; the client leaves (the stream is closed):
+    its next ``send`` raises an ``OSError`` (what a framework of ASGI 2.4,
+    Starlette's ``StreamingResponse``, turns into its own disconnect),
+    and the scope says 2.4."""
+    from ray_lite.serve._asgi import _Reply
+    from ray_lite.serve._asgi_scope import http_scope
+
+    scope = http_scope("GET", "/", b"", b"", "127.0.0.1:1", "", "1.1", "127.0.0.1:2")
+    assert scope["asgi"]["spec_version"] == "2.4"
+
+    async def main():
+        reply = _Reply()
+        await reply.send({"type": "http.response.start", "status": 200, "headers": []})
+        await reply.send({"type": "http.response.body", "body": b"one", "more_body": True})
+        assert reply.head.done() and reply.stream is not None
+        await reply.stream.aclose()
+        with pytest.raises(OSError):
+            await reply.send({"type": "http.response.body", "body": b"two", "more_body": True})
+    run(main())
