@@ -45,6 +45,14 @@ def slow_startup_warning_period_s():
                       SLOW_STARTUP_WARNING_PERIOD_S, float)
 
 
+def freeze_gc_on_startup():
+    """``RAY_SERVE_FREEZE_GC_ON_STARTUP`` (on unless 0, false or no): a
+    replica moves what its start-up made into the collector's permanent
+    generation once it is ready (read when used)."""
+    raw = os.environ.get("RAY_SERVE_FREEZE_GC_ON_STARTUP", "").strip().lower()
+    return raw not in ("0", "false", "no")
+
+
 # A deployment's record_autoscaling_stats() that takes longer gives no sample.
 AUTOSCALING_STATS_TIMEOUT_S = env_number("RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S",
                                          10.0, float)

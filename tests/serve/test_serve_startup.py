@@ -302,3 +302,31 @@ def test_proxies_that_die_while_the_runtime_stops_are_not_replaced(monkeypatch, 
     asyncio.run(ServeController._replace_proxy_when_dead(controller, 0, proxy))
     assert controller.proxies == [proxy]
     assert "replacement" not in capsys.readouterr().err
+
+
+@serve.deployment(num_replicas=1)
+class HeapProbe:
+    def __init__(self):
+        self.marker = [["made in the constructor"]]     # tracked by the collector
+
+    def __call__(self):
+        import gc
+        # A frozen object is in the permanent generation, which the
+        # collector (and gc.get_objects) no longer walks.
+        walked = any(o is self.marker for o in gc.get_objects())
+        return {"walked": walked, "tracked": gc.is_tracked(self.marker)}
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_a_ready_replica_has_frozen_what_its_start_up_made(serve_runtime, setting):
+    """As Ray Serve (RAY_SERVE_FREEZE_GC_ON_STARTUP, on by default): once a
+    replica is ready, its start-up's objects are in the collector's
+    permanent generation, so a full collection does not walk them again
+    while requests wait; 0 turns it off."""
+    options = {} if setting is None else {
+        "runtime_env": {"env_vars": {"RAY_SERVE_FREEZE_GC_ON_STARTUP": setting}}}
+    handle = serve.run(HeapProbe.options(ray_actor_options=options).bind(),
+                       name="heap", route_prefix=None)
+    seen = handle.remote().result(timeout_s=30)
+    assert seen["tracked"], seen
+    assert seen["walked"] is (setting == "0"), seen
