@@ -243,7 +243,8 @@ def floor_main():
     async def main():
         engine = AsyncEngine(LocalBackend(config_for(size), max(streams, 1)),
                              max_running=max(streams, 1), record_steps=True)
-        await _floor(engine, streams, int(prompt_len), 4)      # warm-up
+        # Warm-up: one whole load, as the HTTP servers get (llm_suite).
+        await _floor(engine, streams, int(prompt_len), int(max_tokens))
         for _ in range(loads):
             engine.step_log = []
             out = await _floor(engine, streams, int(prompt_len), int(max_tokens))
