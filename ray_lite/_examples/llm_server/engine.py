@@ -17,9 +17,9 @@ The engine sends the next step before it gives the event loop back, so the
 consumers of a step's tokens run while the workers compute the next one.
 
 A sequence added with ``timed=True`` carries the ``time.perf_counter_ns()``
-stamps of the step that produced its latest tokens (CLOCK_MONOTONIC, shared
-by every process of the machine): ``add`` (the sequence was added to the
-engine), ``send`` (the step sent), ``work_start``
+stamps of the step that produced the first of its tokens not yet taken
+(CLOCK_MONOTONIC, shared by every process of the machine): ``add`` (the
+sequence was added to the engine), ``send`` (the step sent), ``work_start``
 and ``work_end`` (the first worker started, the last one finished),
 ``replies`` (the engine has every reply), ``pushed`` (the token is in the
 sequence's stream) and, from ``generate``, ``gen`` (the generator yields
@@ -344,7 +344,9 @@ class AsyncEngine:
             for seq, token, done in sched.commit(seqs, tokens):
                 stream = seq.stream
                 stream.push(token)
-                if stream.stamps is not None:
+                if stream.stamps is not None and len(stream.tokens) - stream.taken == 1:
+                    # The stamps of a batch are its first token's: a first
+                    # batch of two tokens still shows the prefill's way.
                     stream.stamps = {"add": seq.add_ns, "send": t_send,
                                      "work_start": min(r[2] for r in replies),
                                      "work_end": max(r[3] for r in replies),
