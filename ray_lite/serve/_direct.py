@@ -263,14 +263,15 @@ class DirectServer(ProxyActor):
             await self.replica.http_stream_cancel(token)
             return
         chunked, keep = head
-        write = conn.transport.write
+        transport = conn.transport
+        write = transport.write
         head_only = req.method == "HEAD"
 
         def sink(chunk):
             # Called in the producer's turn (see _body): the chunk goes to the
             # socket now, or, while the socket is paused or gone, into the
             # queue this loop takes from.
-            if conn.closed or conn.write_paused:
+            if conn.closed or conn.write_paused or transport.is_closing():
                 return False
             if not head_only:
                 data = framed(chunk, chunked)
