@@ -12,7 +12,11 @@ and no Python in the loop (what shared/anchors/spin_pingpong.c measures).
     killed); the child is always reaped.
 
 Both processes spin: on a machine with one free core this measures the
-scheduler, not the cache line.
+scheduler, not the cache line.  A spinner that has not seen its peer's
+answer within ``SPINS_PER_CHECK`` spins (tens of microseconds; a round trip
+takes well under one on a free pair of cores) yields its CPU: beside other
+load the peer, waiting for a core, then gets this one, and the run ends
+instead of timing out a round trip per scheduler tick.
 """
 from libc.stdint cimport int64_t, uint64_t
 from posix.signal cimport kill
@@ -34,6 +38,9 @@ cdef extern from "<sys/wait.h>" nogil:
 
 cdef extern from "<signal.h>" nogil:
     int SIGKILL
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 cdef extern from "<sys/prctl.h>" nogil:
     int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
@@ -75,8 +82,10 @@ cdef void child_loop(int64_t* ping, int64_t* pong, int64_t n, pid_t parent) noex
     for i in range(1, n + 1):
         while rl_floor_load(ping) != i:
             spins += 1
-            if (spins & (SPINS_PER_CHECK - 1)) == 0 and getppid() != parent:
-                _exit(3)
+            if (spins & (SPINS_PER_CHECK - 1)) == 0:
+                if getppid() != parent:
+                    _exit(3)
+                sched_yield()
             if rl_floor_load(ping) < 0:      # the parent gave up
                 _exit(2)
         rl_floor_store(pong, i)
@@ -119,9 +128,11 @@ def spin_round_trips(long round_trips, long block=1000, double timeout_s=10.0):
                 rl_floor_store(ping, i)
                 while rl_floor_load(pong) != i:
                     spins += 1
-                    if (spins & (SPINS_PER_CHECK - 1)) == 0 and now_ns() > deadline:
-                        timed_out = True
-                        break
+                    if (spins & (SPINS_PER_CHECK - 1)) == 0:
+                        if now_ns() > deadline:
+                            timed_out = True
+                            break
+                        sched_yield()
                 if timed_out:
                     break
                 if i % block == 0:
