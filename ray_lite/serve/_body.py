@@ -13,13 +13,6 @@ reads chunk by chunk sees each yield).  Nothing waits for a batch to fill,
 so an event the producer puts alone goes out alone, as soon as the stream
 takes it.
 
-A reader in the producer's own process (direct ingress: the replica writes
-to the client's socket itself) gives the stream a ``sink``: a chunk put
-while nothing is queued goes straight to the socket, in the producer's
-turn, and the reader wakes only for what the sink refused (its socket
-paused, or closed) and for the end.  A token costs no task switch, no
-future, and reaches the client a loop turn earlier.
-
 A producer that puts after its reader closed the stream (the client left)
 gets ``serve.exceptions.ClientDisconnected``, an ``OSError``: what an ASGI
 server of spec version 2.4 raises from ``send`` on a closed connection.
@@ -50,7 +43,7 @@ class BodyStream:
     several as a list of them), ``aclose`` ends the producer's task."""
 
     __slots__ = ("_items", "_size", "_end", "_error", "_getter", "_putter", "task", "calls",
-                 "sink", "closed")
+                 "closed")
 
     def __init__(self):
         self._items = collections.deque()
@@ -61,17 +54,12 @@ class BodyStream:
         self._putter = None
         self.task = None
         self.calls = None       # the handle calls of the request streaming this
-        # sink(chunk) -> True when it wrote the chunk itself (the reader's
-        # socket), False when it cannot now (the chunk is queued instead).
-        self.sink = None
         self.closed = False     # by its reader (aclose): the client left
 
     async def put(self, chunk):
         if self.closed:
             raise ClientDisconnected("the client closed the connection")
         items = self._items
-        if not items and self.sink is not None and self._end is None and self.sink(chunk):
-            return          # written: nothing queued ahead of it
         while ((len(items) >= AHEAD_CHUNKS or self._size >= BATCH_BYTES)
                and self._end is None):
             self._putter = asyncio.get_running_loop().create_future()
@@ -134,7 +122,6 @@ class BodyStream:
 
     async def aclose(self):
         self.closed = True
-        self.sink = None
         self.end(END)
         self._items.clear()
         self._size = 0

@@ -263,24 +263,10 @@ class DirectServer(ProxyActor):
             await self.replica.http_stream_cancel(token)
             return
         chunked, keep = head
-        transport = conn.transport
-        write = transport.write
+        write = conn.transport.write
         head_only = req.method == "HEAD"
-
-        def sink(chunk):
-            # Called in the producer's turn (see _body): the chunk goes to the
-            # socket now, or, while the socket is paused or gone, into the
-            # queue this loop takes from.
-            if conn.closed or conn.write_paused or transport.is_closing():
-                return False
-            if not head_only:
-                data = framed(chunk, chunked)
-                if data:
-                    write(data)
-            return True
-
         ok = False
-        chunks = self.replica.http_stream(token, sink)
+        chunks = self.replica.http_stream(token)
         try:
             async for chunk in chunks:
                 if conn.closed:

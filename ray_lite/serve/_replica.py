@@ -694,17 +694,12 @@ class ServeReplica:
             self._streams_changed(-1)
             asyncio.ensure_future(agen.aclose())
 
-    async def http_stream(self, token, sink=None):
+    async def http_stream(self, token):
         """The body of the streamed response ``token``: each item a chunk (bytes),
-        or a list of the chunks that queued up meanwhile (see ``_body``).
-        ``sink``: a reader in this process writes the chunks itself, as
-        they are put (``BodyStream.sink``); the items are then what it
-        refused."""
+        or a list of the chunks that queued up meanwhile (see ``_body``)."""
         agen = self._streams.pop(token, None)
         if agen is None:
             return
-        if sink is not None:
-            agen.sink = sink
         self._inflight += 1
         try:
             async for chunk in agen:

@@ -205,50 +205,14 @@ def test_an_iterator_that_fails_while_closing_is_reported_not_raised(capfd):
     assert "cleanup failed" in capfd.readouterr().err
 
 
-def test_a_sink_writes_each_chunk_as_it_is_put_and_what_it_refuses_keeps_its_place():
-    """Direct ingress: the replica's own reader gives the stream a sink, the
-    client's socket.  A chunk put while nothing is queued goes to it in the
-    producer's turn; one it refuses (the socket paused) is queued, and so is
-    every chunk after it until the reader took the queue: no chunk overtakes
-    another."""
-    async def main():
-        written = []
-        paused = [False]
-
-        def sink(chunk):
-            if paused[0]:
-                return False
-            written.append(chunk)
-            return True
-        stream = BodyStream()
-        stream.sink = sink
-        await stream.put(b"a")
-        await stream.put(b"b")
-        assert written == [b"a", b"b"]          # no take needed: already out
-        paused[0] = True
-        await stream.put(b"c")
-        paused[0] = False
-        await stream.put(b"d")                  # behind c, though the sink takes again
-        assert written == [b"a", b"b"]
-        assert _chunks([await stream.__anext__()]) == [b"c", b"d"]
-        await stream.put(b"e")                  # the queue is empty again: straight out
-        assert written == [b"a", b"b", b"e"]
-        stream.end()
-        with pytest.raises(StopAsyncIteration):
-            await stream.__anext__()
-    run(main())
-
-
 def test_a_put_after_the_reader_closed_the_stream_raises_an_oserror():
     """The client left and the reader closed the stream: the producer's put
     raises ``ClientDisconnected``, an ``OSError``, as ``send`` does on a
     closed connection in an ASGI server of spec version 2.4; a put that was
-    waiting for room raises it too.  The sink is dropped with the stream."""
+    waiting for room raises it too."""
     async def main():
         stream = BodyStream()
-        stream.sink = lambda chunk: True
         await stream.aclose()
-        assert stream.sink is None
         with pytest.raises(ClientDisconnected) as caught:
             await stream.put(b"late")
         assert isinstance(caught.value, OSError)
