@@ -247,7 +247,9 @@ def floor_main():
         await _floor(engine, streams, int(prompt_len), int(max_tokens))
         for _ in range(loads):
             engine.step_log = []
+            cpu = time.process_time()
             out = await _floor(engine, streams, int(prompt_len), int(max_tokens))
+            out["cpu_s"] = time.process_time() - cpu
             # Decode steps with every stream running: the steady state.
             steady = [s for s in engine.step_log if s[2] == streams] or engine.step_log
             out["step_s"] = sorted(s[0] for s in steady)

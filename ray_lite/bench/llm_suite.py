@@ -39,7 +39,7 @@ import time
 
 from .._private.process.boot import python_argv
 from ._harness import ERROR, UNAVAILABLE, Figure, missing, percentile
-from ._procs import kill_survivors, tree_snapshot
+from ._procs import kill_survivors, tree_cpu_s, tree_snapshot
 from ._servers import free_port
 
 DESCRIPTION = ("LLM server end to end (B22): TTFT, ITL, tokens/s at 1/16/64 streams, "
@@ -145,6 +145,16 @@ class _Server:
         self.err.close()
 
 
+def _measured_load(srv, n, sz):
+    """One load of ``n`` streams, with ``cpu_s``: the CPU time that every
+    process of the server took meanwhile (the client is not one of them)."""
+    from ._llm_load import http_load
+    cpu = tree_cpu_s(srv.proc.pid)
+    load = http_load(srv.port, n, sz["prompt"], sz["tokens"])
+    load["cpu_s"] = tree_cpu_s(srv.proc.pid) - cpu
+    return load
+
+
 def _http_contender(python, mode, env, sz, size, cwd):
     """Every load of ``sz`` on a fresh server: {streams: [summary, ...]},
     and with the first model size "timed": one timed stream's summary, with
@@ -170,8 +180,7 @@ def _http_contender(python, mode, env, sz, size, cwd):
                 # first token of a lone client, is not measured in the wake
                 # of a burst.
                 http_load(srv.port, max(sz["streams"]), sz["prompt"], sz["tokens"])
-            out[n] = [http_load(srv.port, n, sz["prompt"], sz["tokens"])
-                      for _ in range(_loads(sz, n))]
+            out[n] = [_measured_load(srv, n, sz) for _ in range(_loads(sz, n))]
         if size == sz["models"][0]:
             timed = out["timed"] = http_load(srv.port, 1, sz["prompt"], sz["timed_tokens"],
                                              timed=True)
@@ -235,6 +244,15 @@ def _figures(size, n, impl, label, loads, goal_ids):
                    percentile(itl, 50) if itl else None, stat="p50",
                    spread={"p99": percentile(itl, 99)} if itl else {},
                    trials=len(loads), samples=len(itl))]
+    if n > 1 and all("cpu_s" in load for load in loads):
+        # What a token costs in CPU on all cores together: on a machine whose
+        # cores are all busy, tokens/s is this figure's inverse share of them.
+        per_token = [1e6 * load["cpu_s"] / load["tokens"] for load in loads]
+        figs.append(Figure("B22", _name(size, n, "CPU per output token, all the server's "
+                                                   "processes"), impl, label, "us",
+                           statistics.median(per_token),
+                           spread={"min": min(per_token), "max": max(per_token)},
+                           trials=len(per_token), samples=sum(load["tokens"] for load in loads)))
     if "step_s" in loads[0]:
         steps = sorted(1000 * s for load in loads for s in load["step_s"])
         shards = sorted(1000 * s for load in loads for s in load["shard_s"])

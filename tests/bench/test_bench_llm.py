@@ -55,6 +55,11 @@ def test_the_llm_suite_measures_every_contender_and_names_its_goals(tmp_path):
         assert all(f["unit"] == "us" and f["samples"] >= 2 for f in rows), rows
     step = [f for f in figures if "engine step" in f["name"]]
     assert step and step[0]["label"].startswith("floor") and "shard p50" in step[0]["spread"]
+    cpu = [f for f in figures if f["name"].endswith("CPU per output token, all the server's "
+                                                    "processes")]
+    assert {f["label"] for f in cpu} == {"floor: one process, no runtime", "ray_lite",
+                                         "hand-written: uvicorn + pipes"}
+    assert all(f["unit"] == "us" and f["value"] >= 0 and f["samples"] > 0 for f in cpu), cpu
     assert all(len(line.encode()) <= 100 for line in run.stdout.splitlines()), run.stdout
     assert run.returncode == 0, run.stderr[-2000:]
 
