@@ -329,6 +329,26 @@ def test_the_scheduler_admits_at_step_boundaries_up_to_its_bounds():
     assert not sched.running and sorted(sched.free_slots) == [0, 1] and sched.to_free
 
 
+def test_sequences_that_join_together_get_neighbouring_slots_in_order_every_time():
+    # The model reads neighbouring slots in order as one slice of its cache
+    # (a list of slots is a copy): a batch that ended and gave its slots back
+    # must not come back in another order.
+    sched = Scheduler(max_running=4, max_waiting=0)
+    for _ in range(3):
+        seqs = [Sequence(encode("p"), 1) for _ in range(4)]
+        for seq in seqs:
+            sched.add(seq)
+        plan, running = sched.schedule()
+        assert [slot for slot, _ in plan[0]] == [0, 1, 2, 3]
+        sched.commit(running, [65] * 4)         # each ends after its one token
+    seqs = [Sequence(encode("p"), 3) for _ in range(4)]
+    for seq in seqs:
+        sched.add(seq)
+    running = sched.schedule()[1]
+    sched.commit(running, [65] * 4)
+    assert sched.schedule()[0][1] == [0, 1, 2, 3]        # their decode step's slots
+
+
 def test_a_sequence_ends_at_an_end_token_before_its_max_tokens():
     sched = Scheduler(max_running=2, max_waiting=0, eos=[0])
     a, b = Sequence(encode("a"), 5), Sequence(encode("b"), 5)

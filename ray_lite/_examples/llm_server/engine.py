@@ -27,6 +27,7 @@ it).  ``ray-lite bench llm`` follows a token to the client with them.
 """
 import asyncio
 import collections
+import heapq
 import itertools
 import time
 
@@ -117,7 +118,13 @@ class Scheduler:
         self.eos = frozenset(eos or ())              # tokens that end a sequence
         self.waiting = collections.OrderedDict()    # id -> Sequence
         self.running = {}                            # id -> Sequence
-        self.free_slots = list(range(max_running - 1, -1, -1))
+        # A heap: a sequence gets the lowest free slot, so that sequences
+        # that join together hold neighbouring slots in their batch's order,
+        # which the model reads as one slice of its cache (a list of slots
+        # is a copy). A stack gave the slots of a finished batch back in
+        # reverse, and every other load of the same batch ran at about two
+        # thirds of the speed.
+        self.free_slots = list(range(max_running))
         self.to_free = []                            # slots to free in the next step
 
     def add(self, seq):
@@ -143,7 +150,7 @@ class Scheduler:
         joining = []
         while self.waiting and self.free_slots:
             _, seq = self.waiting.popitem(last=False)
-            seq.slot = self.free_slots.pop()
+            seq.slot = heapq.heappop(self.free_slots)
             self.running[seq.id] = seq
             joining.append(seq)
         decoding = [s for s in self.running.values() if s.out]   # the joining have none
@@ -174,7 +181,7 @@ class Scheduler:
         seqs = list(self.waiting.values()) + list(self.running.values())
         self.waiting.clear()
         self.running.clear()
-        self.free_slots = list(range(self.max_running - 1, -1, -1))
+        self.free_slots = list(range(self.max_running))
         self.to_free = []
         for seq in seqs:
             seq.slot = None
@@ -183,7 +190,7 @@ class Scheduler:
     def _release(self, seq):
         if seq.slot is not None:
             self.to_free.append(seq.slot)
-            self.free_slots.append(seq.slot)
+            heapq.heappush(self.free_slots, seq.slot)
             seq.slot = None
 
 
