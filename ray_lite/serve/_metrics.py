@@ -196,13 +196,17 @@ class ProxyObserver:
         ms = (_monotonic() - t0) * 1000.0 if t0 is not None else 0.0   # (None: not dispatched)
         route = req.route
         if self.latency is not None:
+            # The error first: the request count is read off the latency
+            # histogram, and a scrape (another process reading the metric
+            # files meanwhile) must never find a request counted whose
+            # error is not yet.
+            if error:
+                self._error(route, method, status)
             key = (route, method, status)
             child = self.children.get(key)
             if child is None:
                 child = self.children[key] = self._child(route, method, status)
             child.observe(ms)
-            if error:
-                self._error(route, method, status)
         if self.access_log:
             url = req.url
             path = url[0] if type(url) is tuple else url.decode("utf-8", "replace")
