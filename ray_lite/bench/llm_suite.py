@@ -246,7 +246,7 @@ def _figures(size, n, impl, label, loads, goal_ids):
                    trials=len(loads), samples=len(itl))]
     if n > 1 and all("cpu_s" in load for load in loads):
         # What a token costs in CPU on all cores together: on a machine whose
-        # cores are all busy, tokens/s is this figure's inverse share of them.
+        # cores are all busy, tokens/s is the cores' CPU seconds over it.
         per_token = [1e6 * load["cpu_s"] / load["tokens"] for load in loads]
         figs.append(Figure("B22", _name(size, n, "CPU per output token, all the server's "
                                                    "processes"), impl, label, "us",

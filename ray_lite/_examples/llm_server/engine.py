@@ -120,10 +120,9 @@ class Scheduler:
         self.running = {}                            # id -> Sequence
         # A heap: a sequence gets the lowest free slot, so that sequences
         # that join together hold neighbouring slots in their batch's order,
-        # which the model reads as one slice of its cache (a list of slots
-        # is a copy). A stack gave the slots of a finished batch back in
-        # reverse, and every other load of the same batch ran at about two
-        # thirds of the speed.
+        # which the model reads as one slice of its cache.  Any other order
+        # (a stack's, say, which hands a finished batch's slots back
+        # reversed) makes every decode step copy the batch's cache rows.
         self.free_slots = list(range(max_running))
         self.to_free = []                            # slots to free in the next step
 
