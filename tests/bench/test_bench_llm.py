@@ -64,6 +64,31 @@ def test_the_llm_suite_measures_every_contender_and_names_its_goals(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+def test_a_timed_stream_that_came_in_one_chunk_gives_a_row_saying_so():
+    # A busy ingress merges what arrived meanwhile: a timed stream may then
+    # have no chunk after its first, and the breakdown says why it is empty.
+    from ray_lite.bench.llm_suite import _breakdown_rows
+    stamps = {"send": 0, "work_start": 10_000, "work_end": 20_000, "replies": 25_000,
+              "pushed": 26_000, "gen": 27_000, "recv": 40_000, "sse": 45_000,
+              "read": 60_000}
+    contenders = [("ray_lite", "ray_lite", "ray_lite", None),
+                  ("handwritten", "anchor", "hand", None)]
+    per_round = {"ray_lite": [{"timed": {"stamps": [], "first_stamps": [dict(stamps, t0=0,
+                                                                              enter=1, add=2)]}}],
+                 "handwritten": [{"timed": {"stamps": [stamps], "first_stamps": []}}]}
+    rows = _breakdown_rows("tiny", per_round, contenders)
+    failed = {(f.label, f.name): f.reason for f in rows if f.status != "ok"}
+    assert failed == {
+        ("ray_lite", "one token's way, tiny model, 1 stream"):
+            "every token of the timed stream came in its first chunk: no token's way to time",
+        ("hand", "first token's way, tiny model, 1 stream"):
+            "no first chunk carried its timestamps"}
+    way = {f.name.split(": ", 1)[1]: f.value for f in rows
+           if f.status == "ok" and f.label == "hand" and "one token's way" in f.name}
+    assert way["handle: engine to ingress"] == 13.0 and way["engine step end to client's read"] \
+        == 35.0
+
+
 def test_the_suite_runs_the_example_shipped_in_the_package(tmp_path):
     # Outside the checkout, with nothing on PYTHONPATH: the app the suite's
     # servers run (python -m APP) is found inside the installed package.
