@@ -682,24 +682,41 @@ class ServeReplica:
     def _new_stream(self, agen):
         self._stream_seq += 1
         token = self._stream_seq
-        self._streams[token] = agen
+        # A proxy that never asks for it (its client left) must not leak it:
+        # a timer closes it.  The timer runs in a context of its own, and the
+        # request's context (its scope, the handle calls it made) stays in
+        # the entry, which the proxy's claim drops: a timer keeps its context
+        # until it fires (asyncio's even once cancelled), and a busy replica
+        # would hold every streamed request of the last UNCLAIMED_STREAM_S.
+        expiry = asyncio.get_running_loop().call_later(
+            _defaults.UNCLAIMED_STREAM_S, self._expire_stream, token,
+            context=contextvars.Context())
+        self._streams[token] = (agen, expiry, contextvars.copy_context())
         self._streams_changed(1)
-        # A proxy that never asks for it (its client left) must not leak it.
-        asyncio.get_running_loop().call_later(_defaults.UNCLAIMED_STREAM_S, self._expire_stream, token)
         return token
 
+    def _claim_stream(self, token):
+        """The stream ``token``'s entry, taken out (None if it is gone), its
+        expiry cancelled."""
+        entry = self._streams.pop(token, None)
+        if entry is not None:
+            entry[1].cancel()
+        return entry
+
     def _expire_stream(self, token):
-        agen = self._streams.pop(token, None)
-        if agen is not None:
+        entry = self._claim_stream(token)
+        if entry is not None:
+            agen, _, request_context = entry
             self._streams_changed(-1)
-            asyncio.ensure_future(agen.aclose())
+            request_context.run(asyncio.ensure_future, agen.aclose())
 
     async def http_stream(self, token):
         """The body of the streamed response ``token``: each item a chunk (bytes),
         or a list of the chunks that queued up meanwhile (see ``_body``)."""
-        agen = self._streams.pop(token, None)
-        if agen is None:
+        entry = self._claim_stream(token)
+        if entry is None:
             return
+        agen = entry[0]
         self._inflight += 1
         try:
             async for chunk in agen:
@@ -717,8 +734,9 @@ class ServeReplica:
             self._leave()
 
     async def http_stream_cancel(self, token):
-        agen = self._streams.pop(token, None)
-        if agen is not None:
+        entry = self._claim_stream(token)
+        if entry is not None:
+            agen = entry[0]
             self._streams_changed(-1)
             await agen.aclose()
 

@@ -101,6 +101,48 @@ def test_streaming_responses_are_chunked(serve_port):
     assert out.endswith(b"chunk0;chunk1;chunk2;")
 
 
+class _State:
+    pass
+
+
+@serve.deployment
+class StreamsAndForgets:
+    """Streams a response from a request whose context holds an object, and
+    tells whether any request's object is still alive after a collection."""
+
+    def __init__(self):
+        import contextvars
+        import weakref
+        self.states = weakref.WeakSet()
+        self.request_state = contextvars.ContextVar("request_state")
+
+    async def __call__(self, request: Request):
+        if request.query_params.get("alive"):
+            import gc
+            gc.collect()
+            return {"alive": len(self.states)}
+        state = _State()
+        self.states.add(state)
+        self.request_state.set(state)      # held by the request's context only
+
+        async def gen():
+            for i in range(3):
+                yield f"{i};"
+        return StreamingResponse(gen(), media_type="text/plain")
+
+
+def test_a_streamed_request_is_not_kept_alive_after_its_stream_ends(serve_port):
+    # The replica's guard against a stream nobody claims is a timer; once the
+    # proxy (or the listening replica) has taken the stream, nothing of the
+    # request may outlive it, or a busy replica holds a minute of requests.
+    serve.run(StreamsAndForgets.bind())
+    for _ in range(3):
+        s, _, b = http(serve_port, "GET", "/")
+        assert s == 200 and b == b"0;1;2;"
+    s, _, b = http(serve_port, "GET", "/?alive=1")
+    assert s == 200 and json.loads(b) == {"alive": 0}
+
+
 def _dechunk(body):
     """The chunks of a chunked body, checking its framing; the terminator must end it."""
     chunks = []

@@ -457,6 +457,67 @@ async def endless_stream(request: Request):
     return StreamingResponse(chunks())
 
 
+@serve.deployment
+class StreamNobodyClaims:
+    """A streamed answer whose generator, closed, writes the id of the
+    request whose context it was closed in to the file ``?closed=`` names;
+    its replica drops an unclaimed stream after 0.2 s."""
+
+    def __init__(self):
+        from ray_lite.serve import _defaults
+        _defaults.UNCLAIMED_STREAM_S = 0.2
+
+    async def __call__(self, request: Request):
+        from starlette.responses import StreamingResponse
+
+        from ray_lite.serve import context
+        closed = request.query_params["closed"]
+
+        async def chunks():
+            try:
+                yield "first\n"
+                await asyncio.Event().wait()
+            finally:
+                with open(closed + ".tmp", "w") as f:
+                    f.write(context._get_serve_request_context().request_id)
+                os.rename(closed + ".tmp", closed)
+        return StreamingResponse(chunks())
+
+
+def test_a_stream_nobody_claims_is_closed_in_its_requests_context(serve_runtime, tmp_path):
+    """A proxy that never asks for a streamed answer (it went away): the
+    replica's timer closes the stream, and the user's generator ends in its
+    request's context, as it would have on the proxy's claim."""
+    from ray_lite.serve._proxy import ProxyActor
+
+    class NeverClaims(ProxyActor):
+        async def _stream_next_turn(self, conn, req, rep, *args):
+            conn.transport.close()
+
+    from ray_lite.serve import _core, context
+    serve.start(http_options={"port": 0, "proxies": 1, "direct_ingress": False})
+    serve.run(StreamNobodyClaims.bind(), name="unclaimed", route_prefix="/")
+    _, routes, _ = _core.get(context.get_controller().listen_routes.remote(0, -1), timeout=60)
+    proxy = _core.remote(NeverClaims).remote(PinnedController(routes), 0,
+                                             {"host": "127.0.0.1", "port": 0})
+    try:
+        port = _core.get(proxy.start.remote(), timeout=60)
+        closed = tmp_path / "closed"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\nX-Request-Id: unclaimed-1\r\n"
+                      b"\r\n" % str(closed).encode())
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+        wait_until(closed.exists, "the replica's timer to close the stream", timeout=20)
+        assert closed.read_text() == "unclaimed-1"
+    finally:
+        _core.get(proxy.stop.remote(0), timeout=60)
+        _core.kill(proxy)
+
+
 def test_a_stream_whose_client_left_before_it_was_claimed_is_closed(serve_runtime, tmp_path):
     """The client leaves between the replica's streamed reply and the
     proxy's task that claims the stream: the replica closes the stream at
