@@ -66,6 +66,62 @@ def test_a_cancelled_running_async_actor_call_raises_a_ray_task_error(rt):
     assert isinstance(e.value, TaskCancelledError)
 
 
+def test_an_async_actor_call_cancelled_before_it_starts_raises_and_is_forgotten(rt, tmp_path):
+    # The call's message and its cancel are read together while the actor's
+    # loop is busy: the call's Task is cancelled before its first step, so
+    # its coroutine never runs; the caller still gets its answer.
+    import os
+    import select
+
+    @ray.remote
+    class Held:
+        def hold(self, started, release):
+            # Says it runs, then blocks the actor's loop (a plain def runs
+            # on it) until the test writes to ``release``.
+            out = os.open(started, os.O_RDWR)
+            os.write(out, b"!")
+            os.close(out)
+            fd = os.open(release, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                readable, _, _ = select.select([fd], [], [], T)
+                return bool(readable) and os.read(fd, 1)
+            finally:
+                os.close(fd)
+
+        async def call(self):
+            return "ran"
+
+        async def running_calls(self):
+            import gc
+            from ray_lite._private.actors.async_actor import AsyncActor
+            (actor,) = [o for o in gc.get_objects() if type(o) is AsyncActor]
+            return sorted(oid for oid, task in actor.running.items() if task.done())
+
+    started, release = str(tmp_path / "started"), str(tmp_path / "release")
+    os.mkfifo(started)
+    os.mkfifo(release)
+    a = Held.remote()
+    assert ray.get(a.call.remote(), timeout=T) == "ran"
+    heard = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(release, os.O_RDWR)      # (no wait for a reader)
+    try:
+        held = a.hold.remote(started, release)
+        assert select.select([heard], [], [], T)[0], "hold() did not start"
+        refs = [a.call.remote() for _ in range(3)]     # read once hold() returns
+        for ref in refs:
+            ray.cancel(ref)
+        os.write(writer, b"x")
+        assert ray.get(held, timeout=T) == b"x"
+    finally:
+        os.close(writer)
+        os.close(heard)
+    for ref in refs:
+        with pytest.raises(TaskCancelledError):
+            ray.get(ref, timeout=T)
+    # Nothing of them stays in the actor.
+    assert ray.get(a.running_calls.remote(), timeout=T) == []
+
+
 def test_a_queued_task_cancelled_is_a_plain_task_cancelled_error(rt):
     gates = [Gate.remote() for _ in range(2)]
     blockers = [spin.remote(g) for g in gates]

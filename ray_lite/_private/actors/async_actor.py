@@ -126,7 +126,9 @@ class AsyncActor:
         """
         if _eager_task_in is None:
             # Registered now, so that a cancel arriving before it starts finds it.
-            self.running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
+            task = self.running[msg[1]] = self.call_task(self._run_method_async(peer, msg))
+            task.add_done_callback(functools.partial(self._call_cancelled_before_start,
+                                                     peer, msg))
             return
         kept = self.deferred_calls
         if not kept:
@@ -232,6 +234,14 @@ class AsyncActor:
         self.slots.release()
         self.running.pop(msg[1], None)
         self._answer_cancelled_before_start(peer, msg)
+
+    def _call_cancelled_before_start(self, peer, msg, task):
+        # A Task cancelled before its first step never runs its coroutine
+        # (no finally either): the caller is answered and the call forgotten
+        # here.  (Its coroutine took no slot: it takes one once it runs.)
+        if task.cancelled():
+            self.running.pop(msg[1], None)
+            self._answer_cancelled_before_start(peer, msg)
 
     def _answer_cancelled_before_start(self, peer, msg):
         node = self.node
