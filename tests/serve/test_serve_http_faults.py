@@ -3,6 +3,7 @@ HTTP/1.0 keep-alive, upgrade requests it does not serve, idle keep-alive
 connections, a client that does not read its stream, oversized uploads; and
 under faults: a killed proxy, routes that change while requests wait."""
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -441,11 +442,13 @@ def test_a_megabyte_of_chunk_extension_is_refused(serve_port):
     assert b"hello" not in out
 
 
-@serve.deployment
-async def endless_stream(request: Request):
-    """A streamed answer that never ends; its generator, closed, makes the
-    file ``?closed=`` names."""
+def _endless_stream(request):
+    """A streamed answer that never ends; its generator, closed, writes the
+    id of the request whose context it was closed in to the file
+    ``?closed=`` names."""
     from starlette.responses import StreamingResponse
+
+    from ray_lite.serve import context
     closed = request.query_params["closed"]
 
     async def chunks():
@@ -453,35 +456,54 @@ async def endless_stream(request: Request):
             yield "first\n"
             await asyncio.Event().wait()
         finally:
-            open(closed, "w").close()
+            with open(closed + ".tmp", "w") as f:
+                f.write(context._get_serve_request_context().request_id)
+            os.rename(closed + ".tmp", closed)
     return StreamingResponse(chunks())
 
 
 @serve.deployment
+async def endless_stream(request: Request):
+    return _endless_stream(request)
+
+
+@serve.deployment
 class StreamNobodyClaims:
-    """A streamed answer whose generator, closed, writes the id of the
-    request whose context it was closed in to the file ``?closed=`` names;
-    its replica drops an unclaimed stream after 0.2 s."""
+    """``endless_stream``, in a replica that drops a stream nobody claimed
+    after 0.2 s."""
 
     def __init__(self):
         from ray_lite.serve import _defaults
         _defaults.UNCLAIMED_STREAM_S = 0.2
 
     async def __call__(self, request: Request):
-        from starlette.responses import StreamingResponse
+        return _endless_stream(request)
 
-        from ray_lite.serve import context
-        closed = request.query_params["closed"]
 
-        async def chunks():
+@contextlib.contextmanager
+def _one_request_through(proxy_class, app, request):
+    """Serve ``app`` through one proxy of ``proxy_class`` (given the
+    controller's routes), send ``request`` on a connection and read until
+    it closes; the proxy stops when the block ends."""
+    from ray_lite.serve import _core, context
+    serve.start(http_options={"port": 0, "proxies": 1, "direct_ingress": False})
+    serve.run(app, name="app", route_prefix="/")
+    _, routes, _ = _core.get(context.get_controller().listen_routes.remote(0, -1), timeout=60)
+    proxy = _core.remote(proxy_class).remote(PinnedController(routes), 0,
+                                             {"host": "127.0.0.1", "port": 0})
+    try:
+        port = _core.get(proxy.start.remote(), timeout=60)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(request)
             try:
-                yield "first\n"
-                await asyncio.Event().wait()
-            finally:
-                with open(closed + ".tmp", "w") as f:
-                    f.write(context._get_serve_request_context().request_id)
-                os.rename(closed + ".tmp", closed)
-        return StreamingResponse(chunks())
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+        yield
+    finally:
+        _core.get(proxy.stop.remote(0), timeout=60)
+        _core.kill(proxy)
 
 
 def test_a_stream_nobody_claims_is_closed_in_its_requests_context(serve_runtime, tmp_path):
@@ -494,28 +516,12 @@ def test_a_stream_nobody_claims_is_closed_in_its_requests_context(serve_runtime,
         async def _stream_next_turn(self, conn, req, rep, *args):
             conn.transport.close()
 
-    from ray_lite.serve import _core, context
-    serve.start(http_options={"port": 0, "proxies": 1, "direct_ingress": False})
-    serve.run(StreamNobodyClaims.bind(), name="unclaimed", route_prefix="/")
-    _, routes, _ = _core.get(context.get_controller().listen_routes.remote(0, -1), timeout=60)
-    proxy = _core.remote(NeverClaims).remote(PinnedController(routes), 0,
-                                             {"host": "127.0.0.1", "port": 0})
-    try:
-        port = _core.get(proxy.start.remote(), timeout=60)
-        closed = tmp_path / "closed"
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\nX-Request-Id: unclaimed-1\r\n"
-                      b"\r\n" % str(closed).encode())
-            try:
-                while s.recv(65536):
-                    pass
-            except ConnectionResetError:
-                pass
+    closed = tmp_path / "closed"
+    with _one_request_through(NeverClaims, StreamNobodyClaims.bind(),
+                              b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\n"
+                              b"X-Request-Id: unclaimed-1\r\n\r\n" % str(closed).encode()):
         wait_until(closed.exists, "the replica's timer to close the stream", timeout=20)
-        assert closed.read_text() == "unclaimed-1"
-    finally:
-        _core.get(proxy.stop.remote(0), timeout=60)
-        _core.kill(proxy)
+    assert closed.read_text() == "unclaimed-1"
 
 
 def test_a_stream_whose_client_left_before_it_was_claimed_is_closed(serve_runtime, tmp_path):
@@ -533,23 +539,8 @@ def test_a_stream_whose_client_left_before_it_was_claimed_is_closed(serve_runtim
                 await asyncio.sleep(0.001)
             await ProxyActor._stream_next_turn(self, conn, req, rep, *args)
 
-    from ray_lite.serve import _core, context
-    serve.start(http_options={"port": 0, "proxies": 1, "direct_ingress": False})
-    serve.run(endless_stream.bind(), name="endless", route_prefix="/")
-    _, routes, _ = _core.get(context.get_controller().listen_routes.remote(0, -1), timeout=60)
-    proxy = _core.remote(ClientLeavesFirst).remote(PinnedController(routes), 0,
-                                                   {"host": "127.0.0.1", "port": 0})
-    try:
-        port = _core.get(proxy.start.remote(), timeout=60)
-        closed = tmp_path / "closed"
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\n\r\n" % str(closed).encode())
-            try:
-                while s.recv(65536):
-                    pass
-            except ConnectionResetError:
-                pass
+    closed = tmp_path / "closed"
+    with _one_request_through(ClientLeavesFirst, endless_stream.bind(),
+                              b"GET /?closed=%s HTTP/1.1\r\nHost: x\r\n\r\n"
+                              % str(closed).encode()):
         wait_until(closed.exists, "the replica's stream to be closed", timeout=20)
-    finally:
-        _core.get(proxy.stop.remote(0), timeout=60)
-        _core.kill(proxy)
