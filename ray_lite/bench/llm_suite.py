@@ -61,8 +61,9 @@ def _sizes(ctx):
             "rounds": ctx.pick(3, 1, 1), "loads": ctx.pick(2, 1, 1),
             # The timed stream is long enough that some of its tokens come
             # after its first chunk even when a busy machine holds the ingress
-            # back (it merges what arrived meanwhile: one chunk of 8 in 20
-            # beside two CPU hogs with 8 tokens; none of 40 with 32).
+            # back and the engine hands the rest over as one batch (beside
+            # two CPU hogs: 2 streams of 30 in one chunk with 8 tokens; none
+            # of 30 with 32).
             "timed_tokens": ctx.pick(128, 64, 32), "first_timed": ctx.pick(8, 4, 2)}
 
 

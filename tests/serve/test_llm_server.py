@@ -391,44 +391,6 @@ def test_a_timed_generate_yields_each_batch_with_its_steps_stamps():
         assert [stamps[k] for k in order] == sorted(stamps[k] for k in order), stamps
 
 
-def test_batches_that_arrived_while_the_ingress_was_busy_reach_it_as_one(serve_runtime):
-    # An ingress behind its engine takes what has arrived as one batch (as
-    # vLLM's output collector does), with the first batch's stamps.
-    from ray_lite._examples.llm_server.deployments import HandleEngine
-
-    from ray_lite import serve
-
-    @serve.deployment
-    class Steps:
-        def __init__(self):
-            self.ended = {}
-
-        async def generate(self, prompt, max_tokens, timed=False):
-            for i in range(max_tokens):
-                yield ([i], {"first": i}) if timed else [i]
-            self.ended.setdefault(prompt[0], asyncio.Event()).set()
-
-        async def ended_all(self, key):
-            await self.ended.setdefault(key, asyncio.Event()).wait()
-
-    handle = serve.run(Steps.bind(), name="steps", route_prefix=None)
-
-    async def main(key, timed):
-        engine = HandleEngine(handle)
-        batches = engine.generate([key], 6, timed)
-        first = await batches.__anext__()
-        await asyncio.wait_for(handle.ended_all.remote(key), 30)   # all six reported
-        return [first] + [b async for b in batches]
-
-    for key, timed in ((0, False), (1, True)):
-        got = asyncio.run(main(key, timed))
-        if timed:
-            assert all(stamps == {"first": tokens[0]} for tokens, stamps in got), got
-            got = [tokens for tokens, _ in got]
-        assert [t for b in got for t in b] == list(range(6)), got
-        assert len(got) <= 2, got      # the first, then the rest as one
-
-
 # -- the hand-written server ----------------------------------------------------------------
 
 def test_the_handwritten_server_serves_the_same_api():

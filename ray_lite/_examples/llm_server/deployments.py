@@ -62,14 +62,6 @@ class LLMEngine:
         self.engine.backend.shutdown()
 
 
-def _merged(batch, later, timed):
-    """``batch`` with the tokens of ``later`` after its own; timed batches
-    keep the first's stamps (its first token's way is what they time)."""
-    if timed:
-        return batch[0] + later[0], batch[1]
-    return batch + later
-
-
 class HandleEngine:
     """The engine deployment as the API's engine client."""
 
@@ -80,18 +72,9 @@ class HandleEngine:
     async def generate(self, prompt, max_tokens, timed=False):
         stream = self._generate.remote(prompt, max_tokens, timed) if timed else \
             self._generate.remote(prompt, max_tokens)
-        # The ObjectRefGenerator under the stream: it tells whether the next
-        # batch has already arrived (Serve's developer API, Ray's too).
-        refs = await stream._to_object_ref_gen()
         finished = False
         try:
             async for tokens in stream:
-                # Batches that arrived while the caller was busy go out as
-                # one, as vLLM's output collector merges outputs nobody has
-                # taken yet: an ingress behind its engine then writes one
-                # chunk, not one per step, and catches up.
-                while refs.next_ready():
-                    tokens = _merged(tokens, await stream.__anext__(), timed)
                 yield tokens
             finished = True
         finally:
