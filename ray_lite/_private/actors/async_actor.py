@@ -238,9 +238,9 @@ class AsyncActor:
     def _call_cancelled_before_start(self, peer, msg, task):
         # A Task cancelled before its first step never runs its coroutine
         # (no finally either): the caller is answered and the call forgotten
-        # here.  (Its coroutine took no slot: it takes one once it runs.)
-        if task.cancelled():
-            self.running.pop(msg[1], None)
+        # here, once: a coroutine that ran took the call out of ``running``
+        # itself.  (Its coroutine took no slot: it takes one once it runs.)
+        if task.cancelled() and self.running.pop(msg[1], None) is task:
             self._answer_cancelled_before_start(peer, msg)
 
     def _answer_cancelled_before_start(self, peer, msg):
