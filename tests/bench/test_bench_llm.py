@@ -65,8 +65,8 @@ def test_the_llm_suite_measures_every_contender_and_names_its_goals(tmp_path):
 
 
 def test_a_timed_stream_that_came_in_one_chunk_gives_a_row_saying_so():
-    # A busy ingress merges what arrived meanwhile: a timed stream may then
-    # have no chunk after its first, and the breakdown says why it is empty.
+    # On a busy machine the rest of a short timed stream can come with its
+    # first chunk: the breakdown then says why it is empty.
     from ray_lite.bench.llm_suite import _breakdown_rows
     stamps = {"send": 0, "work_start": 10_000, "work_end": 20_000, "replies": 25_000,
               "pushed": 26_000, "gen": 27_000, "recv": 40_000, "sse": 45_000,
