@@ -8,6 +8,7 @@ actors are cancelled.  ``recursive=False`` leaves them running.
 import asyncio
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -230,6 +231,10 @@ class Door:
 
 @ray.remote(num_cpus=0, max_retries=0)
 def calls_the_door(reg, door, name, waits_in_get=False):
+    _call_the_door(reg, door, name, waits_in_get)
+
+
+def _call_the_door(reg, door, name, waits_in_get):
     call = door.wait.remote(name)
     reg.keep.remote(name, [call], os.getpid())
     if waits_in_get:
@@ -269,6 +274,42 @@ def test_cancelling_a_task_cancels_the_actor_calls_it_made(force, recursive, wai
         if not force:       # (force: the owner of this ref died with the task)
             with pytest.raises(TaskCancelledError):
                 ray.get(_kept(reg, "call"), timeout=T)
+    finally:
+        ray.shutdown()
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def calls_the_door_signalled_while_cancelling(reg, door, name):
+    """``calls_the_door`` waiting in ``get``, in a worker where the cancel
+    signal lands while the cancel's message is being handled (the moment
+    a busy machine picks now and then; made certain here)."""
+    from ray_lite._private.process import state
+    from ray_lite._private.process.procutil import CANCEL_SIGNAL
+
+    node = state.node
+    cancel_calls = node._cancel_calls_since
+
+    def signal_lands_first(first, later):
+        node.on_cancel_signal(CANCEL_SIGNAL, sys._getframe())
+        cancel_calls(first, later)
+
+    node._cancel_calls_since = signal_lands_first
+    _call_the_door(reg, door, name, True)
+
+
+def test_a_cancel_signal_landing_while_its_message_is_handled_still_cancels_the_calls():
+    ray.init(num_cpus=2)
+    try:
+        reg, door = Registry.remote(), Door.remote()
+        top = calls_the_door_signalled_while_cancelling.remote(reg, door, "call")
+        _door_started(door, reg, ["call"])
+        ray.cancel(top)
+        with pytest.raises(TaskCancelledError):
+            ray.get(top, timeout=T)
+        _until(lambda: ray.get(door.seen.remote(), timeout=T)[1] == ["call"],
+               "the actor call cancelled")
+        with pytest.raises(TaskCancelledError):
+            ray.get(_kept(reg, "call"), timeout=T)
     finally:
         ray.shutdown()
 

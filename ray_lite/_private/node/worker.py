@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import threading
+from types import FunctionType
 
 from ray_lite._fast.task_runner import TaskRunner
 from ray_lite._lazy import lazy_module
@@ -19,6 +20,7 @@ from ..actors.held_calls import HeldCalls
 from ..actors.method_lookup import UNSET, class_function, method_table
 from ..job.runtime_env import process_runtime_env
 from ..links import protocol as P
+from ..links.drive import DrivingMixin
 from ..links.transport import Link, LinkClosed
 from ..objects.refs import _NEVER_STORED, ObjectRef, raisable, stored_result
 from ..objects.returns import split_returns
@@ -41,6 +43,17 @@ traceback = lazy_module("traceback", globals())
 relabel_from_repr = None
 
 _ACTOR_EXITS = (SystemExit, AsyncioActorExit)     # SystemExit: ActorExit included
+
+
+def _inside_drive(frame):
+    """Whether ``frame`` (where a signal interrupted the main thread) is in
+    a section that holds the drive lock: a wait or a drain, which look for a
+    cancel on their way out (``DrivingMixin``), or the cancel handler itself."""
+    while frame is not None:
+        if frame.f_code in _DRIVE_CODE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class WorkerNode(TaskRunner, Node):
@@ -221,10 +234,12 @@ class WorkerNode(TaskRunner, Node):
             w()
         if oid == self.current_oid:
             # A sync pool task: interrupt it where it waits for the runtime
-            # (wait_until raises), or at once from the signal handler.
-            self._interrupt = oid
+            # (wait_until raises), or at once from the signal handler.  Its
+            # calls first: once ``_interrupt`` is up, a cancel signal landing
+            # here may raise, and what follows would not run.
             if len(msg) > 3 and msg[3]:     # recursive: its calls to actors too
                 self._cancel_calls_since(self.task_oids_from, in_signal_handler)
+            self._interrupt = oid
 
     def _cancel_calls_since(self, first, later):
         """Cancel the calls to actors this process made, still running, whose
@@ -295,9 +310,13 @@ class WorkerNode(TaskRunner, Node):
             finally:
                 self._release_drive()
         else:
-            # This thread was interrupted while driving (a get in the task):
-            # the wait reads the X on its way out and raises there.
+            # Another thread drives, or this one was interrupted while
+            # driving (a get in the task, maybe halfway through handling
+            # this very X): the wait reads the X on its way out and raises
+            # there.  Raising here would cut the drain short.
             self._cancel_signalled = True
+            if _inside_drive(frame):
+                return
         if self._interrupt is not None and self._in_user_code:
             self._raise_interrupt()
 
@@ -552,6 +571,11 @@ class WorkerNode(TaskRunner, Node):
                 # call to end, maybe asleep in poll (driving the links): no
                 # message tells it (``actor_exit._exit_when_idle``).
                 self.wake_poll()
+
+
+_DRIVE_CODE = frozenset(
+    [f.__code__ for f in vars(DrivingMixin).values() if isinstance(f, FunctionType)]
+    + [Node._on_link_full.__code__, WorkerNode.on_cancel_signal.__code__])
 
 
 def _set_up_for_the_job(node, spec):
