@@ -73,6 +73,7 @@ from ray_lite._fast._broadcast_py import (
     VERSION,
     _WAITING_FOR,
     _buffer_views,
+    hands_cpu_over,
     _deadline as _deadline_s,
     _map_readonly,
     _set_done,
@@ -494,8 +495,10 @@ cdef class MessageQueue:
         # queues the woken process on *our* core (wake-affine), where it
         # would wait until we block.  Only paid when somebody was asleep,
         # i.e. at the first message after an idle period; measured here it
-        # took the wake-up from ~75 to ~40 µs when both shared a core.
-        sched_yield()
+        # took the wake-up from ~75 to ~40 µs when both shared a core.  Not
+        # from an event loop's thread, which has other work (hands_cpu_over).
+        if hands_cpu_over():
+            sched_yield()
 
     # ------------------------------------------------------------ writer
 

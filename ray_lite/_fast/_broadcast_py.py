@@ -71,6 +71,7 @@ per reader, so that no other process can wake them (``broadcast_wake``).
 import ctypes
 import mmap
 import os
+import sys
 import time
 
 from ray_lite._lazy import lazy_module
@@ -84,6 +85,18 @@ from .errors import (RL_CLOSED, RL_PEER_DIED, RL_TIMEOUT, BufferTooSmallError, C
 from .wait_policy import BROADCAST_SPIN_CHECKS, BROADCAST_YIELD_NS, SLICE_NS, SLICE_WEAK_NS, ns_to_s
 
 asyncio = lazy_module("asyncio", globals())
+
+
+def hands_cpu_over():
+    """Whether a wake-up made by this thread hands its CPU to the process it
+    woke (``sched_yield``; see ``MessageQueue._bump``): only when no event
+    loop runs in this thread.  A plain thread that wakes a reader waits for
+    it next, so the reader may as well have its core now; an event loop has
+    other work to run meanwhile (an engine that broadcasts a step and then
+    hands the last step's tokens on would hold them back until the woken
+    worker's turn on its core ended)."""
+    aio = sys.modules.get("asyncio")
+    return aio is None or aio._get_running_loop() is None
 
 __all__ = ["MessageQueue", "HANDLE_TAG", "DEFAULT_MAX_CHUNK_BYTES", "DEFAULT_MAX_CHUNKS",
            "MIN_CHUNK_BYTES", "MAX_READERS"]
@@ -600,7 +613,8 @@ class MessageQueue:
         futex_wake(addr)
         # Hand the CPU to the woken process if the kernel queued it on our
         # core (see the compiled twin); only paid when somebody slept.
-        os.sched_yield()
+        if hands_cpu_over():
+            os.sched_yield()
 
     # ------------------------------------------------------------ reader
 

@@ -583,6 +583,21 @@ def test_asyncio_reader_woken_by_a_writer_thread(broadcast_impl):
         _closing(w, r)
 
 
+def test_a_wake_up_hands_the_cpu_over_only_from_a_thread_without_an_event_loop(broadcast_impl):
+    """A plain thread that wakes a sleeping peer waits for it next, so it
+    yields its core to it; an event loop's thread has other work to run."""
+    hands_over = broadcast_impl.hands_cpu_over
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        beside = await loop.run_in_executor(None, hands_over)   # a thread beside the loop
+        return hands_over(), beside
+
+    assert hands_over() is True
+    assert asyncio.run(main()) == (False, True)
+    assert hands_over() is True     # the loop is gone
+
+
 def test_asyncio_ends_in_two_processes(broadcast_impl, twin):
     # The writer waits for room on its descriptor, the reader (another process,
     # either twin) for messages on its own: each is woken by the other end.
