@@ -484,14 +484,24 @@ def test_init_sets_the_signal_wakeup_fd_only_when_none_is_set():
         os.close(w)
 
 
-def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost():
+def _a_runtime_frame(monkeypatch):
+    """A frame of the runtime's own code, called from here: its look at a
+    call's arguments, the moment it calls the probe."""
+    from ray_lite._private.api import call_options
+    frames = []
+    monkeypatch.setattr(call_options, "probe_serialisable",
+                        lambda value: frames.append(sys._getframe(1)) or 0)
+    call_options._check_args_serialisable(([],), {}, "f")
+    return frames[0]
+
+
+def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost(monkeypatch):
     import signal
     from ray_lite._private.process import interrupts
-    # Frames of code "in" the runtime's files: one plain, one a sleep point.
+    # A frame of code "in" the runtime's files that is a sleep point.
     fake = os.path.join(interrupts._RUNTIME_DIRS[0], "_fake_for_test.py")
     ns = {}
     exec(compile("import sys\n"
-                 "def bookkeeping():\n    return sys._getframe()\n"
                  "def sleeping():\n    return sys._getframe()\n", fake, "exec"), ns)
     interrupts.sleep_point(ns["sleeping"])
     resent = threading.Event()
@@ -501,11 +511,31 @@ def test_sigint_inside_runtime_bookkeeping_is_deferred_not_lost():
             interrupts._on_sigint(signal.SIGINT, sys._getframe())
         with pytest.raises(KeyboardInterrupt):      # a sleep point: at once
             interrupts._on_sigint(signal.SIGINT, ns["sleeping"]())
-        interrupts._on_sigint(signal.SIGINT, ns["bookkeeping"]())   # deferred...
-        assert resent.wait(T)                                       # ...and sent again
+        interrupts._on_sigint(signal.SIGINT, _a_runtime_frame(monkeypatch))  # deferred...
+        assert resent.wait(T)                                                # ...and sent again
     finally:
         signal.signal(signal.SIGINT, previous)
         interrupts._SLEEP_POINTS.discard(ns["sleeping"].__code__)
+
+
+def test_a_runtime_section_is_runtime_code_that_user_code_called(monkeypatch):
+    """The rule of a pool worker's cancel signal: not raised inside the
+    runtime's code that the task called (up to the process's entry), but
+    in the task's own code, or in the standard library's when the runtime
+    called the task's code through it (asyncio's loop)."""
+    import asyncio
+    from ray_lite._private.process.interrupts import in_runtime_section
+    here = sys._getframe()
+    assert in_runtime_section(_a_runtime_frame(monkeypatch), None)
+    assert not in_runtime_section(here, None)
+    # The walk ends at the entry: runtime code that the entry itself called
+    # (the task runner) is not a section.
+    assert not in_runtime_section(_a_runtime_frame(monkeypatch), _a_runtime_frame.__code__)
+
+    async def user_code():
+        return sys._getframe()
+    frame = asyncio.run(user_code())     # asyncio's frames are outside it
+    assert not in_runtime_section(frame, None)
 
 
 OUTPUT_DRIVER = """

@@ -7,6 +7,7 @@ actors are cancelled.  ``recursive=False`` leaves them running.
 """
 import asyncio
 import os
+import select
 import signal
 import sys
 import time
@@ -217,7 +218,7 @@ class Door:
         self.started = set()
         self.cancelled = set()
 
-    async def wait(self, name):
+    async def wait(self, name, payload=None):
         self.started.add(name)
         try:
             await asyncio.Event().wait()
@@ -310,6 +311,54 @@ def test_a_cancel_signal_landing_while_its_message_is_handled_still_cancels_the_
                "the actor call cancelled")
         with pytest.raises(TaskCancelledError):
             ray.get(_kept(reg, "call"), timeout=T)
+    finally:
+        ray.shutdown()
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def calls_the_door_signalled_inside_the_call(reg, door, name):
+    """Calls the door once its cancel has come, the cancel signal landing
+    inside the runtime's own code of that ``.remote()`` (where it looks at
+    the call's arguments: a moment a busy machine picks now and then; made
+    certain here)."""
+    from ray_lite._private.api import call_options
+    from ray_lite._private.process import state
+    from ray_lite._private.process.procutil import CANCEL_SIGNAL
+
+    node = state.node
+    # Hold the signal back until the cancel has come: its message (sent
+    # before the signal) is then waiting to be read.
+    r, w = os.pipe()
+    handler = signal.signal(CANCEL_SIGNAL, lambda signum, frame: os.write(w, b"x"))
+    reg.arrive.remote(name)
+    assert select.select([r], [], [], T)[0], "no cancel signal came"
+    signal.signal(CANCEL_SIGNAL, handler)
+    probe = call_options.probe_serialisable
+
+    def signal_lands_here(value):
+        call_options.probe_serialisable = probe
+        node.on_cancel_signal(CANCEL_SIGNAL, sys._getframe(1))
+        return probe(value)
+
+    call_options.probe_serialisable = signal_lands_here
+    door.wait.remote(name, [name])      # (a list: its arguments are looked at)
+    _run_for_ever()
+
+
+def test_a_cancel_signal_landing_inside_a_call_the_task_makes_lets_the_call_finish():
+    """The task's interrupt is raised in its own code, once the runtime's
+    code it was in is done: the call goes out whole, and the task ends
+    cancelled (cut short inside ``.remote()``, the call would be lost)."""
+    ray.init(num_cpus=2)
+    try:
+        reg, door = Registry.remote(), Door.remote()
+        top = calls_the_door_signalled_inside_the_call.remote(reg, door, "call")
+        _until(lambda: ray.get(reg.arrived.remote(["call"]), timeout=T), "the task running")
+        ray.cancel(top, recursive=False)
+        with pytest.raises(TaskCancelledError):
+            ray.get(top, timeout=T)
+        _until(lambda: ray.get(door.seen.remote(), timeout=T)[0] == ["call"],
+               "the call the task was making started")
     finally:
         ray.shutdown()
 

@@ -28,6 +28,7 @@ from ..objects.shipping import unship
 from ..process import state
 from ..process.errors import (ActorExit, make_task_error, running_task_cancelled, sendable_error,
                               unpicklable_task_error)
+from ..process.interrupts import in_runtime_section, resend_later
 from ..process.procutil import CANCEL_SIGNAL
 from . import timeline
 from .node import _OID_SHIFT, Node
@@ -318,6 +319,13 @@ class WorkerNode(TaskRunner, Node):
             if _inside_drive(frame):
                 return
         if self._interrupt is not None and self._in_user_code:
+            if in_runtime_section(frame, worker_main.__code__):
+                # The task called the runtime (a .remote(), a put, a ref's
+                # release) and the signal landed in it: raised there, the
+                # interrupt would leave a call half-booked.  Again once the
+                # runtime's code is done (microseconds).
+                resend_later(CANCEL_SIGNAL)
+                return
             self._raise_interrupt()
 
     # -------------------------------------------------------------- tasks

@@ -18,6 +18,12 @@ microseconds).
 Installed by ``init`` only over Python's default handler, and put back by
 ``shutdown``; a handler of the user's own is left alone.
 
+A pool worker's cancel signal follows the same rule (``in_runtime_section``
+and ``resend_later``): a task's ``KeyboardInterrupt`` is raised in the
+task's own code, never inside the runtime code that code called (a
+``.remote()``, a ``put``, a ref's release), which would be cut short
+halfway through booking a call.
+
 A signal must also *wake* the main thread's sleep in the runtime.  Python
 runs a signal's handler when the main thread next runs bytecode; a sleep in
 ``poll`` ends early only if the signal lands in that thread during that
@@ -33,15 +39,22 @@ serves every handler, the user's own too (a SIGTERM that shuts down).
 import _thread
 import os
 import signal
+import sys
 import threading
 import time
 
+# The runtime's own files: the package's _private and _fast folders (this
+# file is in _private/process).
 _RUNTIME_DIRS = tuple(
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                 d) + os.sep
     for d in ("_private", "_fast"))
+# The standard library: a runtime section may call it (pickle, a lock), and
+# the runtime calls user code through it (asyncio's loop).
+_STDLIB = sys.stdlib_module_names
 _SLEEP_POINTS = set()       # code objects
 _previous = None
-_redelivery = [False]       # a resend is on its way
+_redelivery = set()         # the signals whose resend is on its way
 _RESEND_AFTER_S = 0.0005
 _MAIN_IDENT = threading.main_thread().ident
 _wakeup = [-1, -1]          # the wake-up pipe (read end, write end), ours while set
@@ -64,11 +77,45 @@ def _innermost_runtime_code(frame):
     return None
 
 
-def _resend(main_ident):
+def in_runtime_section(frame, outermost):
+    """Whether the main thread, interrupted at ``frame``, is in the runtime's
+    own code that user code called, and not asleep at one of its sleep
+    points.  The walk outward stops at a frame of the code object
+    ``outermost`` (the process's entry, which calls the user's code): the
+    runtime's frames between it and the user's (the task runner, a
+    wrapper) are not such a section."""
+    in_runtime = False
+    while frame is not None:
+        code = frame.f_code
+        if code is outermost:
+            return False
+        filename = code.co_filename
+        if filename.startswith(_RUNTIME_DIRS):
+            if not in_runtime and code in _SLEEP_POINTS:
+                return False
+            in_runtime = True
+        elif in_runtime and (frame.f_globals.get("__name__") or "").partition(".")[0] \
+                not in _STDLIB:
+            return True         # user code (or a library it uses) called it
+        frame = frame.f_back
+    return False
+
+
+def resend_later(signum):
+    """Have ``signum`` sent to the main thread again a moment from now (once,
+    however often asked meanwhile): for a handler that found the runtime's
+    own code interrupted, to act once that code is done.  A bare thread: the
+    threading module's locks may be what was interrupted."""
+    if signum not in _redelivery:
+        _redelivery.add(signum)
+        _thread.start_new_thread(_resend, (threading.main_thread().ident, signum))
+
+
+def _resend(main_ident, signum):
     time.sleep(_RESEND_AFTER_S)
-    _redelivery[0] = False
+    _redelivery.discard(signum)
     try:
-        signal.pthread_kill(main_ident, signal.SIGINT)
+        signal.pthread_kill(main_ident, signum)
     except (OSError, ValueError):
         pass
 
@@ -77,11 +124,8 @@ def _on_sigint(signum, frame):
     code = _innermost_runtime_code(frame)
     if code is None or code in _SLEEP_POINTS:
         raise KeyboardInterrupt
-    # Inside the runtime's bookkeeping: come back when it is done.  A bare
-    # thread: the threading module's locks may be what we interrupted.
-    if not _redelivery[0]:
-        _redelivery[0] = True
-        _thread.start_new_thread(_resend, (threading.main_thread().ident,))
+    # Inside the runtime's bookkeeping: come back when it is done.
+    resend_later(signal.SIGINT)
 
 
 def install():
