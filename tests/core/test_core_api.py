@@ -375,6 +375,25 @@ def test_unserialisable_argument_and_result(rt):
 
 
 @pytest.mark.local_only
+def test_a_generator_cannot_be_passed_on_and_the_error_says_what_to_pass(rt):
+    """As in Ray, an ObjectRefGenerator stays in the process that made the
+    call; its refs travel."""
+    import pickle
+
+    @ray.remote
+    def count(n):
+        yield from range(n)
+
+    gen = count.remote(2)
+    for attempt in (lambda: double.remote([gen]), lambda: ray.put(gen),
+                    lambda: pickle.dumps(gen)):
+        with pytest.raises(TypeError, match="ObjectRefGenerator cannot be passed"):
+            attempt()
+    assert ray.get(double.remote(next(gen)), timeout=T) == 0
+    assert ray.get(list(gen), timeout=T) == [1]
+
+
+@pytest.mark.local_only
 def test_an_actor_method_with_an_unserialisable_result_raises_and_the_actor_lives_on(rt):
     import threading
 

@@ -323,6 +323,11 @@ class ObjectRefGenerator(metaclass=AlsoRay):
     def __repr__(self):
         return f"ObjectRefGenerator({self._s.sid:016x})"
 
+    def __reduce__(self):
+        # The stream lives in the process that made the call, as in Ray.
+        raise TypeError("an ObjectRefGenerator cannot be passed to another task or actor, "
+                        "nor pickled (as in Ray): pass the refs it gives, or a list of them")
+
     def __del__(self):
         s = getattr(self, "_s", None)
         node = state.node
