@@ -333,6 +333,8 @@ def calls_the_door_signalled_inside_the_call(reg, door, name):
     reg.arrive.remote(name)
     assert select.select([r], [], [], T)[0], "no cancel signal came"
     signal.signal(CANCEL_SIGNAL, handler)
+    os.close(r)
+    os.close(w)
     probe = call_options.probe_serialisable
 
     def signal_lands_here(value):
@@ -359,6 +361,36 @@ def test_a_cancel_signal_landing_inside_a_call_the_task_makes_lets_the_call_fini
             ray.get(top, timeout=T)
         _until(lambda: ray.get(door.seen.remote(), timeout=T)[0] == ["call"],
                "the call the task was making started")
+    finally:
+        ray.shutdown()
+
+
+def test_a_cancel_reaches_an_async_generator_task_busy_in_its_own_code():
+    """The runtime runs an async generator task's steps through asyncio's
+    loop: the cancel signal lands in the task's code, below the loop's
+    frames and the runtime's, and is raised there."""
+    ray.init(num_cpus=1)
+    try:
+        @ray.remote(max_retries=0)
+        async def busy(reg):
+            yield 0
+            reg.arrive.remote("busy")
+            while True:
+                pass
+
+        reg = Registry.remote()
+        gen = busy.remote(reg)
+        assert ray.get(next(gen), timeout=T) == 0
+        _until(lambda: ray.get(reg.arrived.remote(["busy"]), timeout=T), "the task busy")
+        ray.cancel(gen)
+        with pytest.raises(TaskCancelledError):
+            for ref in gen:
+                ray.get(ref, timeout=T)
+        # Interrupted in its code (not only given up by this process): the
+        # worker is free again.
+        from ray_lite._private.process import state
+        node = state.node
+        assert node.wait_until(lambda: all(w.task is None for w in node.pool.values()), T)
     finally:
         ray.shutdown()
 
